@@ -1,0 +1,53 @@
+# Sourced by bin/run and bin/test: makes .venv and installs the project into it when needed.
+# Everything the project needs comes from here, so a machine with only the OS image works.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv="$root/.venv"
+extras="${TRIO_HA_EXTRAS:-dev}"
+
+pick_python() {
+    for py in "${PYTHON:-}" python3.11 python3.12 python3.13 python3; do
+        [ -n "$py" ] || continue
+        if command -v "$py" >/dev/null 2>&1 &&
+            "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            echo "$py"; return 0
+        fi
+    done
+    echo "trio-ha needs Python 3.11 or newer on PATH" >&2
+    return 1
+}
+
+if [ ! -x "$venv/bin/python" ]; then
+    py=$(pick_python)
+    if ! "$py" -m venv "$venv" 2>/dev/null; then
+        # Debian splits venv/ensurepip out of the interpreter package.
+        if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+            apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+            rm -rf "$venv"; "$py" -m venv "$venv"
+        else
+            echo "could not create $venv (install your distribution's python3-venv)" >&2
+            exit 1
+        fi
+    fi
+    "$venv/bin/python" -m pip install -q --upgrade pip
+fi
+
+if ! command -v cc >/dev/null 2>&1 || [ ! -f /usr/include/zlib.h ]; then
+    # The native module needs a C compiler and zlib's header (CRC-32).
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && apt-get install -y -qq gcc zlib1g-dev >/dev/null
+    else
+        echo "warning: no C compiler or zlib.h: the native module will not build" >&2
+    fi
+fi
+
+# Reinstall when anything that shapes the install changed (dependencies, the C source).
+stamp="$venv/.trio-ha-install"
+want=$(cat "$root/pyproject.toml" "$root/setup.py" "$root"/native/* 2>/dev/null | sha256sum | cut -d' ' -f1)
+want="$want $extras"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "installing trio-ha[$extras] into $venv ..." >&2
+    "$venv/bin/python" -m pip install -q -e "$root[$extras]"
+    echo "$want" > "$stamp"
+fi
+export PATH="$venv/bin:$PATH"

@@ -1,0 +1,42 @@
+"""cffi builder for ``trio_ha._native`` (out-of-line API mode).
+
+setup.py names this module in ``cffi_modules``, so ``pip install`` compiles the C core into the
+package. The header is the single source of the interface: cdef reads it with the #include and
+#define-of-expressions lines dropped, since cffi's parser only takes declarations.
+"""
+
+import os
+import pathlib
+import re
+
+from cffi import FFI
+
+HERE = pathlib.Path(__file__).resolve().parent
+HEADER = (HERE / "trio_ha_native.h").read_text()
+
+
+def _rel(path: pathlib.Path) -> str:
+    # setuptools rejects absolute source paths; pip builds from the project root, so this is
+    # "native/..." there, and still right when the script is run from anywhere else.
+    return os.path.relpath(path, os.getcwd())
+
+
+def _cdef_text(header: str) -> str:
+    text = re.sub(r"/\*.*?\*/", "", header, flags=re.S)
+    lines = [line for line in text.splitlines() if not line.startswith("#include")]
+    return "\n".join(lines)
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_cdef_text(HEADER))
+ffibuilder.set_source(
+    "trio_ha._native",
+    '#include "trio_ha_native.h"',
+    sources=[_rel(HERE / "trio_ha_native.c")],
+    include_dirs=[_rel(HERE)],
+    libraries=["z"],
+    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

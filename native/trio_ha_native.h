@@ -1,0 +1,152 @@
+/*
+ * trio_ha native core: the few coarse calls on the hot paths (append, scan, flush, transfer).
+ *
+ * Every call works on caller-owned memory (a segment's mmap, a request body) and is one
+ * call per record or per batch, so the Python side pays one crossing for a lot of bytes.
+ * cffi releases the GIL around each call. All integers on disk are big-endian (RocketMQ's
+ * Java ByteBuffer order); the record layout is RocketMQ 4.9's (reference §1).
+ *
+ * Errors are negative return values, never exceptions or aborts: the store maps them to
+ * RocketMQ's PutMessageStatus and a scan reports why it stopped.
+ */
+#include <stdint.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+/* Bumped whenever a signature or struct below changes; checked by trio_ha._backend. */
+#define TH_NATIVE_VERSION 1
+
+/* ---- error codes of the encoders ------------------------------------------------------ */
+#define TH_ERR_NO_SPACE        -1  /* record(s) + the 8-byte blank do not fit before seg_size */
+#define TH_ERR_BAD_ARGUMENT    -2  /* host length not 8/20, topic longer than 127 bytes, ... */
+#define TH_ERR_BATCH_FORMAT    -3  /* a SEND_BATCH_MESSAGE item is malformed or truncated   */
+#define TH_ERR_BODY_TOO_LARGE  -4  /* a body is longer than max_body_size                    */
+#define TH_ERR_PROPS_TOO_LARGE -5  /* properties longer than 32767 bytes                     */
+#define TH_ERR_TOO_MANY        -6  /* more batch items than out_cap                          */
+
+/* ---- why a scan stopped ---------------------------------------------------------------- */
+#define TH_STOP_END        0  /* reached `limit` exactly on a record boundary                */
+#define TH_STOP_PARTIAL    1  /* the record at `end` runs past `limit` (or < 8 header bytes)  */
+#define TH_STOP_BLANK      2  /* a blank (end-of-segment) record sits at `end`               */
+#define TH_STOP_FULL       3  /* `out_cap` records were returned; call again from `end`      */
+#define TH_STOP_BAD_MAGIC  4  /* neither a message magic nor the blank magic (includes 0)    */
+#define TH_STOP_BAD_SIZE   5  /* TOTALSIZE out of range or fields disagree with it           */
+#define TH_STOP_BAD_CRC    6  /* body CRC mismatch (only with TH_SCAN_CHECK_CRC)             */
+
+#define TH_SCAN_CHECK_CRC  1  /* verify BODYCRC of every record                              */
+#define TH_SCAN_TAGS       2  /* fill tags_code from the TAGS property (Java String.hashCode) */
+
+/* One decoded record header, as positions into the scanned buffer (no copies). */
+typedef struct {
+    int64_t phys_offset;        /* base_offset + position of the record                    */
+    int64_t queue_offset;
+    int64_t born_timestamp;
+    int64_t store_timestamp;
+    int64_t prepared_tx_offset;
+    int64_t tags_code;          /* 0 unless TH_SCAN_TAGS and a non-empty TAGS property       */
+    int32_t size;               /* TOTALSIZE                                                 */
+    int32_t queue_id;
+    int32_t flag;
+    int32_t sys_flag;
+    int32_t body_crc;           /* as stored                                                 */
+    int32_t reconsume_times;
+    uint32_t born_host_pos;     /* positions are relative to `buf`                           */
+    uint32_t store_host_pos;
+    uint32_t body_pos;
+    uint32_t body_len;
+    uint32_t topic_pos;
+    uint32_t props_pos;
+    uint16_t topic_len;
+    uint16_t props_len;
+    uint8_t born_host_len;      /* 8 (IPv4) or 20 (IPv6)                                     */
+    uint8_t store_host_len;
+    uint8_t version;            /* 1: magic 0xDAA320A7, 1-byte topic length; 2: 0xDAA320AB    */
+    uint8_t crc_ok;             /* 1 ok, 0 mismatch (only with TH_STOP_BAD_CRC), 2 unchecked */
+} th_record_info;
+
+typedef struct {
+    uint64_t end;    /* position just past the last whole valid record returned             */
+    int32_t stop;    /* TH_STOP_*                                                            */
+    int32_t size;    /* TOTALSIZE found at `end` when stop is PARTIAL/BLANK/BAD_*, else 0    */
+} th_scan_result;
+
+/* One stored item of a batch append. */
+typedef struct {
+    int64_t phys_offset;
+    int32_t size;
+    int32_t reserved;
+} th_batch_entry;
+
+uint32_t th_version(void);
+
+/* CRC-32 (zlib polynomial) masked to 31 bits, as RocketMQ stores BODYCRC. */
+uint32_t th_crc32(const uint8_t *buf, size_t len);
+
+/* Java's String.hashCode over the UTF-16 code units of a UTF-8 string (RocketMQ tagsCode);
+   each malformed UTF-8 byte counts as U+FFFD. */
+int32_t th_java_hash(const uint8_t *utf8, size_t len);
+
+/*
+ * Encode one v1 record at seg[pos]. PHYSICALOFFSET = base_offset + pos. BODYCRC is computed
+ * here. Writes only if record_size + 8 <= seg_size - pos (RocketMQ's END_FILE_MIN_BLANK_LENGTH
+ * rule), otherwise returns TH_ERR_NO_SPACE and writes nothing. Returns the new position.
+ * born_host/store_host are 4+4 or 16+4 bytes (address, big-endian port); the V6 sysflag bits
+ * are set from their lengths.
+ */
+int64_t th_encode_record(uint8_t *seg, uint64_t seg_size, uint64_t pos, int64_t base_offset,
+                         const uint8_t *topic, size_t topic_len,
+                         const uint8_t *body, size_t body_len,
+                         const uint8_t *props, size_t props_len,
+                         int32_t queue_id, int32_t flag, int64_t queue_offset, int32_t sys_flag,
+                         int64_t born_timestamp, const uint8_t *born_host, size_t born_host_len,
+                         int64_t store_timestamp, const uint8_t *store_host, size_t store_host_len,
+                         int32_t reconsume_times, int64_t prepared_tx_offset);
+
+/*
+ * Convert a SEND_BATCH_MESSAGE body (items of TOTALSIZE, MAGIC, BODYCRC, FLAG, 4-byte body
+ * length + body, 2-byte properties length + properties) into consecutive v1 records at
+ * seg[pos]: item i gets QUEUEOFFSET first_queue_offset + i; topic, queue, sysflag, hosts and
+ * timestamps are shared. batch_props (may be empty) are appended to every item's properties,
+ * with a \x02 between them when the item's own properties are non-empty and do not already
+ * end in \x02. All items go in, or none: TH_ERR_NO_SPACE (nothing written) if the batch plus
+ * the 8-byte blank rule does not fit. Fills out[0..n) and *count; returns the new position.
+ */
+int64_t th_encode_batch(uint8_t *seg, uint64_t seg_size, uint64_t pos, int64_t base_offset,
+                        const uint8_t *items, size_t items_len,
+                        const uint8_t *topic, size_t topic_len,
+                        const uint8_t *batch_props, size_t batch_props_len,
+                        int32_t queue_id, int64_t first_queue_offset, int32_t sys_flag,
+                        int64_t born_timestamp, const uint8_t *born_host, size_t born_host_len,
+                        int64_t store_timestamp, const uint8_t *store_host, size_t store_host_len,
+                        uint64_t max_body_size,
+                        th_batch_entry *out, size_t out_cap, size_t *count);
+
+/*
+ * Walk records in buf[pos, limit): validate magic, sizes (TOTALSIZE must equal the size the
+ * fields add up to, and be at most max_record), optionally the body CRC, and describe up to
+ * out_cap records in out. Returns the number of records described; res says where and why it
+ * stopped. Never reads at or past `limit`.
+ */
+size_t th_scan(const uint8_t *buf, uint64_t limit, uint64_t pos, int64_t base_offset,
+               int32_t flags, uint32_t max_record,
+               th_record_info *out, size_t out_cap, th_scan_result *res);
+
+/* ---- memory and files -------------------------------------------------------------------- */
+
+/* msync(MS_SYNC) of [addr, addr + len), widened to whole pages. 0 or -errno. */
+int th_msync(uint8_t *addr, size_t len);
+
+/* Touch every page of [addr, addr+len) with a write of zero so later appends do not fault;
+   then madvise(WILLNEED). 0 or -errno. */
+int th_warm(uint8_t *addr, size_t len);
+
+/* memset(addr, 0, len): zeroing a truncated tail without holding the GIL. */
+void th_zero(uint8_t *addr, size_t len);
+
+/* posix_fallocate(fd, offset, len): reserve blocks so a full disk fails here, not as SIGBUS
+   on a store into the mapping. 0 or an errno value. */
+int th_fallocate(int fd, int64_t offset, int64_t len);
+
+/* Non-blocking sendfile(out_fd, in_fd, &offset, count): bytes sent, or -errno (-EAGAIN when
+   the socket is full). */
+int64_t th_sendfile(int out_fd, int in_fd, int64_t offset, size_t count);

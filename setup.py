@@ -1,0 +1,1 @@
+from setuptools import setup; setup(cffi_modules=["native/build_native.py:ffibuilder"])  # noqa: E702

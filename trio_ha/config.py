@@ -1,0 +1,172 @@
+"""Configuration values, named as RocketMQ names them.
+
+Field names are RocketMQ's ``MessageStoreConfig`` names in snake_case, with RocketMQ's defaults,
+so an operator's ``broker.conf`` maps over directly (``StoreConfig.from_properties``). Two rules
+RocketMQ breaks and we keep: sizes are 64-bit and range-checked (a 25 GiB
+``haSlaveFallbehindMax`` is not silently clamped, issue #2611), and an explicitly configured
+value always wins over a derived default (issue #6537).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import typing
+from collections.abc import Mapping
+
+import attrs
+
+GiB = 1024**3
+MiB = 1024**2
+INT64_MAX = 2**63 - 1
+
+
+class FlushDiskType(enum.Enum):
+    ASYNC_FLUSH = "ASYNC_FLUSH"
+    SYNC_FLUSH = "SYNC_FLUSH"
+
+
+class BrokerRole(enum.Enum):
+    ASYNC_MASTER = "ASYNC_MASTER"
+    SYNC_MASTER = "SYNC_MASTER"
+    SLAVE = "SLAVE"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, malformed or out of range."""
+
+
+def _in_range(low: int, high: int = INT64_MAX):
+    def check(instance, attribute, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{attribute.name} must be an integer, got {value!r}")
+        if not low <= value <= high:
+            raise ConfigError(f"{attribute.name}={value} is outside [{low}, {high}]")
+
+    return check
+
+
+def _positive(instance, attribute, value) -> None:
+    _in_range(1)(instance, attribute, value)
+
+
+def _non_negative(instance, attribute, value) -> None:
+    _in_range(0)(instance, attribute, value)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+# RocketMQ spells a few names differently from a plain camelCase of ours.
+_RENAMED = {
+    "flushIntervalConsumeQueue": "flush_interval_consume_queue",
+    "osPageCacheBusyTimeOutMills": "os_page_cache_busy_timeout_mills",
+    "warmMapedFileEnable": "warm_mapped_file_enable",
+}
+
+
+@attrs.frozen(kw_only=True)
+class StoreConfig:
+    """Everything a store needs to know. Times are milliseconds unless named otherwise."""
+
+    store_path_root_dir: str = attrs.field(
+        default=os.path.join(os.path.expanduser("~"), "store")
+    )
+    #: commitlog directory; ``<store_path_root_dir>/commitlog`` when unset
+    store_path_commit_log: str | None = None
+    mapped_file_size_commit_log: int = attrs.field(default=GiB, validator=_in_range(4096))
+    mapped_file_size_consume_queue: int = attrs.field(
+        default=300_000 * 20, validator=_in_range(20)
+    )
+    flush_disk_type: FlushDiskType = attrs.field(
+        default=FlushDiskType.ASYNC_FLUSH, converter=FlushDiskType
+    )
+    flush_interval_commit_log: int = attrs.field(default=500, validator=_positive)
+    flush_commit_log_least_pages: int = attrs.field(default=4, validator=_non_negative)
+    flush_commit_log_thorough_interval: int = attrs.field(default=10_000, validator=_positive)
+    flush_interval_consume_queue: int = attrs.field(default=1000, validator=_positive)
+    flush_consume_queue_least_pages: int = attrs.field(default=2, validator=_non_negative)
+    flush_consume_queue_thorough_interval: int = attrs.field(
+        default=60_000, validator=_positive
+    )
+    sync_flush_timeout: int = attrs.field(default=5000, validator=_positive)
+    #: how long a put may wait for the next commitlog segment before CREATE_MAPEDFILE_FAILED
+    allocate_timeout: int = attrs.field(default=5000, validator=_positive)
+    #: hours a commitlog segment is kept after its last write
+    file_reserved_time: int = attrs.field(default=72, validator=_positive)
+    #: hour(s) of day, ";"-separated, when expired files are deleted without disk pressure
+    delete_when: str = "04"
+    disk_max_used_space_ratio: int = attrs.field(default=75, validator=_in_range(10, 95))
+    clean_resource_interval: int = attrs.field(default=10_000, validator=_positive)
+    delete_commit_log_files_interval: int = attrs.field(default=100, validator=_non_negative)
+    #: body size limit (4 MiB), as RocketMQ's maxMessageSize
+    max_message_size: int = attrs.field(default=4 * MiB, validator=_in_range(1, 2**31 - 1))
+    check_crc_on_recover: bool = True
+    #: write every page of a new segment in a worker thread before appends reach it
+    warm_mapped_file_enable: bool = True
+    #: ``ip:port`` recorded as STOREHOST in every record (brokerIP1:listenPort)
+    store_host: str = "127.0.0.1:10911"
+    broker_role: BrokerRole = attrs.field(default=BrokerRole.ASYNC_MASTER, converter=BrokerRole)
+    os_page_cache_busy_timeout_mills: int = attrs.field(default=1000, validator=_positive)
+
+    @mapped_file_size_consume_queue.validator
+    def _cq_multiple(self, attribute, value) -> None:
+        if value % 20:
+            raise ConfigError(f"{attribute.name}={value} must be a multiple of 20")
+
+    @property
+    def commitlog_dir(self) -> str:
+        return self.store_path_commit_log or os.path.join(self.store_path_root_dir, "commitlog")
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, str] | str, **overrides) -> "StoreConfig":
+        """Build a config from RocketMQ's camelCase keys (a mapping, or the text of a
+        ``broker.conf``). Keys that are not store settings are ignored: a broker.conf also
+        holds broker and network settings. ``overrides`` (snake_case) win over the file."""
+        if isinstance(properties, str):
+            properties = parse_properties_text(properties)
+        fields = attrs.fields_dict(cls)
+        by_camel = {_camel(name): name for name in fields}
+        by_camel.update(_RENAMED)
+        hints = typing.get_type_hints(cls)
+        values: dict[str, object] = {}
+        for key, raw in properties.items():
+            name = by_camel.get(key.strip())
+            if name is None:
+                continue
+            values[name] = _parse_value(name, hints[name], str(raw).strip())
+        values.update(overrides)
+        return cls(**values)
+
+
+def _parse_value(name: str, hint, raw: str):
+    try:
+        if hint is bool:
+            if raw.lower() not in ("true", "false"):
+                raise ValueError(raw)
+            return raw.lower() == "true"
+        if hint is int:
+            return int(raw)
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            return hint(raw.upper())
+    except ValueError:
+        raise ConfigError(f"{name}: cannot parse {raw!r}") from None
+    return raw or None if hint == (str | None) else raw
+
+
+def parse_properties_text(text: str) -> dict[str, str]:
+    """Java-properties-style ``key=value`` lines; ``#`` and ``!`` start comments."""
+    result: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            key, sep, value = line.partition(":")
+        if not sep:
+            raise ConfigError(f"line {number}: expected key=value, got {line!r}")
+        result[key.strip()] = value.strip()
+    return result

@@ -1,0 +1,9 @@
+"""The storage layer: commitlog segments, consume queues, dispatch, recovery, flush."""
+
+from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
+from .store import MessageStore, StoreLockedError, StoreStatistics, open_store
+
+__all__ = [
+    "GetMessageResult", "GetMessageStatus", "MessageStore", "PutMessageResult",
+    "PutMessageStatus", "StoreLockedError", "StoreStatistics", "open_store",
+]

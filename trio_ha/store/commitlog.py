@@ -1,0 +1,275 @@
+"""CommitLog: every message of every topic, appended to one log of segments.
+
+Appending is synchronous and runs on the event loop: a put computes its queue offset and store
+timestamp, encodes the record straight into the active segment's mapping (native encoder) and
+moves the ``written`` watermark, with no await in between — so appends are atomic with respect
+to each other without RocketMQ's put lock, and the store timestamp rises with the offset.
+
+What is slow lives in worker threads, behind awaits that happen *outside* that critical
+section: creating and warming the next segment (the allocator keeps one spare ready, so an
+append normally just switches to it), and msync for flushing. A put that finds the active
+segment full while the spare is still being prepared waits for it, bounded by
+``allocate_timeout`` (CREATE_MAPEDFILE_FAILED after that, as RocketMQ's 5 s wait).
+
+Flushing is one coroutine, ``flush()``, used by the async flush service (every 500 ms when at
+least 4 pages are dirty, everything every 10 s) and by group commit (SYNC_FLUSH: flush whatever
+is written, then again; every put that arrived during one msync is made durable by the next).
+The ``flushed`` watermark wakes the puts it covers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+
+import attrs
+import trio
+
+from .. import _backend
+from ..config import StoreConfig
+from ..watermark import Watermark
+from ..wire import record as rec
+from .segment import Segment
+from .segments import SegmentQueue
+
+log = logging.getLogger(__name__)
+
+
+class AllocationTimeout(Exception):
+    """The next segment was not ready within allocate_timeout."""
+
+
+class RecordTooLarge(Exception):
+    """The record cannot fit in an empty segment."""
+
+
+@attrs.define(eq=False)
+class CommitLog:
+    config: StoreConfig
+    segments: SegmentQueue
+    #: one past the last appended byte (readable end of the log)
+    written: Watermark
+    #: everything below is on disk
+    flushed: Watermark
+    #: store timestamp of the last appended record
+    last_store_timestamp: int = 0
+    #: store timestamp of the last record known flushed (checkpoint physicMsgTimestamp)
+    flushed_store_timestamp: int = 0
+    _spare: Segment | None = None
+    _spare_ready: trio.Event = attrs.field(factory=trio.Event)
+    _spare_wanted: trio.Event = attrs.field(factory=trio.Event)
+    _flush_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    _store_host: bytes = b""
+
+    @classmethod
+    def load(cls, config: StoreConfig) -> "CommitLog":
+        segments = SegmentQueue.load(config.commitlog_dir, config.mapped_file_size_commit_log)
+        commitlog = cls(config, segments, Watermark(), Watermark())
+        commitlog._store_host = rec.encode_host(*rec.parse_host_port(config.store_host))
+        return commitlog
+
+    def close(self) -> None:
+        if self._spare is not None:
+            # Nothing was written to it: remove it so the directory holds only real data.
+            self._spare.destroy()
+            self._spare = None
+        self.segments.close()
+
+    @property
+    def segment_size(self) -> int:
+        return self.segments.segment_size
+
+    @property
+    def store_host(self) -> bytes:
+        return self._store_host
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.written.value
+
+    def set_end(self, offset: int) -> None:
+        """After recovery: the log ends (and is durable) at ``offset``."""
+        self.segments.truncate(offset)
+        last = self.segments.last
+        if last is not None and offset > last.base_offset:
+            tail = offset - last.base_offset
+            if tail < last.size:
+                # Bytes past the end are never served, but zero them anyway: a later
+                # recovery must not find an old record that happens to line up there.
+                _backend.engine.zero(last.handle, tail, last.size - tail)
+        self.written.reset(offset)
+        self.flushed.reset(offset)
+
+    # ---- segments ---------------------------------------------------------------------------
+
+    def _next_base(self) -> int:
+        return self.segments.next_base(self.written.value)
+
+    def _take_spare(self) -> Segment | None:
+        spare = self._spare
+        if spare is None or spare.base_offset != self._next_base():
+            return None
+        self._spare = None
+        self._spare_ready = trio.Event()
+        spare.wrote_position = spare.flushed_position = 0
+        self.segments.append_segment(spare)
+        self._spare_wanted.set()
+        return spare
+
+    def writable_segment(self) -> Segment | None:
+        """The segment the next append goes to, or None while the spare is not ready."""
+        last = self.segments.last
+        if last is not None and not last.is_full:
+            return last
+        return self._take_spare()
+
+    async def wait_for_segment(self) -> None:
+        """Wait for the allocator's spare; AllocationTimeout after allocate_timeout."""
+        self._spare_wanted.set()
+        with trio.move_on_after(self.config.allocate_timeout / 1000):
+            await self._spare_ready.wait()
+            return
+        raise AllocationTimeout(
+            f"next commitlog segment not ready after {self.config.allocate_timeout} ms"
+        )
+
+    def create_first_segment(self, base_offset: int) -> Segment:
+        """Blocking (worker thread): the segment at ``base_offset`` of an empty log."""
+        segment = Segment.create(
+            self.segments.directory, base_offset, self.segment_size,
+            warm=self.config.warm_mapped_file_enable,
+        )
+        segment.wrote_position = segment.flushed_position = 0
+        return segment
+
+    async def run_allocator(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Keep one spare segment ready after the last (RocketMQ's AllocateMappedFileService)."""
+        task_status.started()
+        while True:
+            base = self._next_base()
+            spare = self._spare
+            if spare is not None and spare.base_offset != base:
+                spare.destroy()  # the log was truncated or restarted elsewhere
+                self._spare = spare = None
+            if spare is None:
+                created = await trio.to_thread.run_sync(
+                    self.create_first_segment, base, abandon_on_cancel=False
+                )
+                if base != self._next_base():
+                    created.destroy()
+                    continue
+                self._spare = created
+                self._spare_ready.set()
+            self._spare_wanted = trio.Event()
+            await self._spare_wanted.wait()
+
+    def end_segment(self, segment: Segment) -> None:
+        """Fill the rest of ``segment`` with the blank record: the next append rolls over."""
+        remaining = segment.size - segment.wrote_position
+        if remaining >= rec.END_FILE_MIN_BLANK_LENGTH:
+            segment.write(segment.wrote_position, rec.encode_blank(remaining))
+        segment.wrote_position = segment.size
+        self.written.raise_to(segment.end_offset)
+
+    def next_store_timestamp(self) -> int:
+        """Wall-clock ms, never below the previous record's: store time rises with offset."""
+        now = time.time_ns() // 1_000_000
+        if now < self.last_store_timestamp:
+            now = self.last_store_timestamp
+        return now
+
+    def record_appended(self, segment: Segment, new_position: int, store_timestamp: int) -> None:
+        segment.wrote_position = new_position
+        self.last_store_timestamp = store_timestamp
+        self.written.raise_to(segment.base_offset + new_position)
+
+    # ---- reads -----------------------------------------------------------------------------------
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Bytes ``[offset, offset+length)`` of the log (within one segment, below the end)."""
+        segment = self.segments.find(offset)
+        if segment is None or offset + length > segment.wrote_offset:
+            raise IndexError(f"commitlog range {offset}+{length} is not readable")
+        return segment.read(offset - segment.base_offset, length)
+
+    def read_available(self, offset: int, max_length: int) -> bytes:
+        """Up to ``max_length`` bytes from ``offset`` to the end of its segment's data."""
+        segment = self.segments.find(offset)
+        if segment is None:
+            return b""
+        start = offset - segment.base_offset
+        end = min(segment.wrote_position, start + max_length)
+        return segment.read(start, end - start) if end > start else b""
+
+    # ---- flushing -------------------------------------------------------------------------------
+
+    def dirty_pages(self) -> int:
+        return math.ceil(max(0, self.written.value - self.flushed.value) / 4096)
+
+    async def flush(self, least_pages: int = 0) -> int:
+        """Make everything written so far durable (or nothing, if fewer than ``least_pages``
+        pages are dirty and the active segment is not full). Returns the flushed offset."""
+        async with self._flush_lock:
+            start = self.flushed.value
+            target = self.written.value
+            if target <= start:
+                return start
+            if least_pages and self.dirty_pages() < least_pages:
+                last = self.segments.last
+                if last is None or not last.is_full:
+                    return start
+            store_timestamp = self.last_store_timestamp
+            work: list[tuple[Segment, int, int]] = []
+            offset = start
+            while offset < target:
+                segment = self.segments.find(offset)
+                if segment is None:
+                    break
+                end = min(segment.wrote_offset, target)
+                work.append((segment, offset - segment.base_offset, end - segment.base_offset))
+                offset = end
+                if end < segment.end_offset:
+                    break
+            with contextlib.ExitStack() as holds:
+                for segment, _, _ in work:
+                    holds.enter_context(segment.hold())
+                await trio.to_thread.run_sync(_sync_ranges, work, abandon_on_cancel=False)
+            for segment, _, end in work:
+                segment.flushed_position = max(segment.flushed_position, end)
+            self.flushed_store_timestamp = store_timestamp
+            self.flushed.raise_to(offset)
+            return offset
+
+    async def run_async_flush(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """ASYNC_FLUSH: every flushIntervalCommitLog, flush if enough pages are dirty; a full
+        flush at least every flushCommitLogThoroughInterval."""
+        config = self.config
+        task_status.started()
+        last_thorough = trio.current_time()
+        while True:
+            await trio.sleep(config.flush_interval_commit_log / 1000)
+            now = trio.current_time()
+            least = config.flush_commit_log_least_pages
+            if now - last_thorough >= config.flush_commit_log_thorough_interval / 1000:
+                least = 0
+                last_thorough = now
+            await self.flush(least)
+
+    async def run_group_commit(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """SYNC_FLUSH: whenever anything is written and not flushed, flush it all. Puts that
+        arrive during one sync are covered by the next: one fdatasync serves them all."""
+        task_status.started()
+        while True:
+            await self.written.wait_for(self.flushed.value + 1)
+            await self.flush(0)
+
+
+def _sync_ranges(work: list[tuple[Segment, int, int]]) -> None:
+    for segment, start, end in work:
+        segment.sync_range(start, end)

@@ -1,0 +1,146 @@
+"""Dispatch: build the consume queues from the commitlog (RocketMQ's ReputMessageService).
+
+The dispatcher follows a cursor through the commitlog and, for every whole record below a
+limit, writes its consume-queue entry. It does not care who wrote the bytes: on a master they
+come from puts, on a slave from replication, during abnormal recovery from the disk. So a
+record cut short at the limit is "wait for more" (a slave receives byte ranges, not records:
+RocketMQ issue #9002), and only a record that is wrong in itself stops it with an error.
+
+The limit is a watermark: the written offset under ASYNC_FLUSH, the flushed offset under
+SYNC_FLUSH (5.x's confirm offset), so a consumer never sees a message that a crash could
+still take back. Records are found by the native scanner in batches, without reading bodies.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import trio
+
+from .. import _backend
+from ..watermark import Watermark
+from ..wire import record as rec
+from .commitlog import CommitLog
+from .consume_queue import ConsumeQueueTable, is_valid_topic
+
+log = logging.getLogger(__name__)
+
+SCAN_BATCH = 4096
+# A single dispatch round indexes at most this many records before yielding to the loop.
+ROUND_BUDGET = 16384
+
+
+@attrs.define(eq=False)
+class Dispatcher:
+    commitlog: CommitLog
+    queues: ConsumeQueueTable
+    max_record_size: int
+    cursor: int = 0
+    #: everything below is indexed
+    dispatched: Watermark = attrs.field(factory=Watermark)
+    #: store timestamp of the last indexed record (checkpoint logicsMsgTimestamp)
+    last_store_timestamp: int = 0
+    #: set when a record is corrupt: the dispatcher stops there instead of guessing
+    error: str | None = None
+    _scanner: object = None
+    _topics: dict[bytes, str | None] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        self._scanner = _backend.engine.scanner(SCAN_BATCH)
+
+    def start_at(self, offset: int) -> None:
+        self.cursor = offset
+        self.dispatched.reset(offset)
+
+    def _topic(self, segment, info) -> str | None:
+        raw = segment.read(info.topic_pos, info.topic_len)
+        topic = self._topics.get(raw, False)
+        if topic is False:
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+            topic = text if text is not None and is_valid_topic(text) else None
+            if len(self._topics) < 100_000:
+                self._topics[raw] = topic
+        return topic
+
+    def index(self, segment, result) -> None:
+        """Write the consume-queue entries of the records a scan found in ``segment``."""
+        queues = self.queues
+        infos = result.infos
+        for i in range(result.count):
+            info = infos[i]
+            tx_type = info.sys_flag & rec.TRANSACTION_TYPE_MASK
+            if tx_type == rec.TRANSACTION_PREPARED or tx_type == rec.TRANSACTION_ROLLBACK:
+                continue  # half and rolled-back transaction records are never consumed
+            topic = self._topic(segment, info)
+            if topic is None or info.queue_id < 0:
+                log.error(
+                    "dispatch: record at %d has an invalid topic or queue id %d; not indexed",
+                    info.phys_offset, info.queue_id,
+                )
+                continue
+            queues.find_or_create(topic, info.queue_id).put(
+                info.phys_offset, info.size, info.tags_code, info.queue_offset
+            )
+            self.last_store_timestamp = info.store_timestamp
+
+    def dispatch_available(self, limit: int, budget: int = ROUND_BUDGET) -> int:
+        """Index whole records in ``[cursor, limit)``, up to ``budget`` of them. Synchronous.
+        Returns how many records were passed."""
+        segments = self.commitlog.segments
+        passed = 0
+        while self.cursor < limit and passed < budget and self.error is None:
+            segment = segments.find(self.cursor)
+            if segment is None:
+                if self.cursor < segments.min_offset:
+                    log.warning(
+                        "dispatch: cursor %d is below the commitlog start %d; jumping",
+                        self.cursor, segments.min_offset,
+                    )
+                    self.cursor = segments.min_offset
+                    continue
+                break
+            start = self.cursor - segment.base_offset
+            end = min(segment.wrote_position, limit - segment.base_offset)
+            if end <= start:
+                break
+            with segment.hold():
+                result = self._scanner.scan(
+                    segment.handle, end, start, segment.base_offset, _backend.SCAN_TAGS,
+                    self.max_record_size,
+                )
+                self.index(segment, result)
+            passed += result.count
+            self.cursor = segment.base_offset + result.end
+            stop = result.stop
+            if stop == _backend.STOP_BLANK:
+                self.cursor = segment.end_offset
+            elif stop == _backend.STOP_PARTIAL:
+                break  # the rest of the record is not there yet
+            elif stop not in (_backend.STOP_END, _backend.STOP_FULL):
+                self.error = (
+                    f"corrupt commitlog record at offset {self.cursor}: {result.reason} "
+                    f"(TOTALSIZE {result.size}); dispatch stopped there"
+                )
+                log.error("dispatch: %s", self.error)
+        self.dispatched.raise_to(self.cursor)
+        return passed
+
+    async def run(self, limit: Watermark, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Follow ``limit`` for ever, indexing what appears below it."""
+        task_status.started()
+        while True:
+            await limit.wait_for(self.cursor + 1)
+            if self.dispatch_available(limit.value) == 0 and self.cursor < limit.value:
+                # Nothing whole to index yet (a partial record) or stopped by an error:
+                # wait for more bytes rather than spin.
+                await limit.wait_for(limit.value + 1)
+            else:
+                await trio.lowlevel.checkpoint()
+
+    @property
+    def behind_bytes(self) -> int:
+        return max(0, self.commitlog.max_offset - self.cursor)

@@ -1,0 +1,85 @@
+"""Statuses and results of store operations, with RocketMQ's names."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from ..wire.record import StoredMessage
+
+
+class PutMessageStatus(enum.Enum):
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    CREATE_MAPEDFILE_FAILED = "CREATE_MAPEDFILE_FAILED"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    OS_PAGECACHE_BUSY = "OS_PAGECACHE_BUSY"
+    UNKNOWN_ERROR = "UNKNOWN_ERROR"
+
+    @property
+    def stored(self) -> bool:
+        """The message is in the commitlog (RocketMQ counts these as sent)."""
+        return self in _STORED
+
+
+_STORED = {
+    PutMessageStatus.PUT_OK,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE,
+}
+
+
+class GetMessageStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+
+
+@attrs.frozen
+class PutMessageResult:
+    """What a put did. For a batch, offsets and ids are those of every stored record and
+    ``commitlog_offset``/``queue_offset`` those of the first; ``size`` is the total."""
+
+    status: PutMessageStatus
+    commitlog_offset: int = -1
+    size: int = 0
+    queue_offset: int = -1
+    msg_ids: tuple[str, ...] = ()
+    store_timestamp: int = 0
+    remark: str = ""
+
+    @property
+    def msg_id(self) -> str:
+        """RocketMQ's offsetMsgId; comma-joined for a batch, as the broker returns it."""
+        return ",".join(self.msg_ids)
+
+    @property
+    def count(self) -> int:
+        return len(self.msg_ids)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutMessageStatus.PUT_OK
+
+
+@attrs.frozen
+class GetMessageResult:
+    """A read of one consume queue: the messages found and where the next read starts."""
+
+    status: GetMessageStatus
+    messages: tuple[StoredMessage, ...] = ()
+    next_begin_offset: int = 0
+    min_offset: int = 0
+    max_offset: int = 0

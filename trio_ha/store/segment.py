@@ -1,0 +1,209 @@
+"""Segment: one fixed-size, memory-mapped file of a log (RocketMQ's MappedFile).
+
+A segment is named by the log offset of its first byte as 20 zero-padded digits and always has
+exactly its configured size; the log's bytes live at ``[base_offset, base_offset + size)``.
+Appends are plain copies into the shared mapping (by the native encoder, on the event loop);
+durability comes from ``msync`` of the written range in a worker thread — never
+``mmap.flush()``, which holds the GIL for the whole sync.
+
+A segment is shared by appenders, readers and the retention task. Readers ``hold()`` it; a
+segment retired by retention is unmapped and unlinked only when its last holder lets go, so a
+reader never sees its memory disappear.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+
+import attrs
+
+from .. import _backend
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = mmap.PAGESIZE
+NAME_DIGITS = 20
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:0{NAME_DIGITS}d}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """The base offset a file name stands for, or None for files that are not segments."""
+    if len(name) == NAME_DIGITS and name.isdigit():
+        return int(name)
+    return None
+
+
+class SegmentError(OSError):
+    """A segment file is missing, mis-sized or cannot be mapped."""
+
+
+@attrs.define(eq=False)
+class Segment:
+    path: str
+    base_offset: int
+    size: int
+    _fd: int
+    _mmap: mmap.mmap
+    handle: object  # the record engine's handle on the mapping
+    #: bytes appended (readable end within the segment)
+    wrote_position: int = 0
+    #: bytes known to be on disk
+    flushed_position: int = 0
+    _holders: int = 0
+    _retired: bool = False
+    _closed: bool = False
+
+    # ---- life cycle -------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: str, base_offset: int, size: int, *, warm: bool) -> "Segment":
+        """Create a zero-filled segment file (blocking: call from a worker thread).
+
+        The file is sized under a temporary name and renamed, so a crash never leaves a
+        mis-sized segment behind; its blocks are reserved (fallocate) so a full disk fails here
+        rather than as SIGBUS on a later store into the mapping; with ``warm`` every page is
+        written once so appends on the event loop never take a first-touch fault.
+        """
+        path = os.path.join(directory, segment_name(base_offset))
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            _backend.engine.fallocate(fd, 0, size)
+            os.rename(tmp, path)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        segment = cls._map(path, base_offset, size, fd)
+        if warm:
+            _backend.engine.warm(segment.handle, 0, size)
+        return segment
+
+    @classmethod
+    def open(cls, path: str, size: int) -> "Segment":
+        """Map an existing segment; its positions start at ``size`` until recovery sets them."""
+        base = parse_segment_name(os.path.basename(path))
+        if base is None:
+            raise SegmentError(f"{path}: not a segment file name")
+        fd = os.open(path, os.O_RDWR)
+        actual = os.fstat(fd).st_size
+        if actual != size:
+            os.close(fd)
+            raise SegmentError(
+                f"{path}: size {actual} differs from the configured segment size {size}; "
+                "a store must be opened with the segment size it was written with"
+            )
+        segment = cls._map(path, base, size, fd)
+        segment.wrote_position = segment.flushed_position = size
+        return segment
+
+    @classmethod
+    def _map(cls, path: str, base_offset: int, size: int, fd: int) -> "Segment":
+        try:
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            os.close(fd)
+            raise SegmentError(f"{path}: cannot map: {exc}") from exc
+        return cls(path, base_offset, size, fd, mm, _backend.engine.handle_for(mm))
+
+    def close(self) -> None:
+        """Unmap and close now. Callers make sure no reader or worker thread still uses it."""
+        if self._closed:
+            return
+        self._closed = True
+        release = getattr(self.handle, "release", None)
+        if release is not None:  # a memoryview (Python engine)
+            release()
+        else:
+            _backend.engine.ffi.release(self.handle)
+        self.handle = None
+        self._mmap.close()
+        os.close(self._fd)
+
+    def destroy(self) -> None:
+        """Remove the file, now if nobody holds the segment, else when the last holder lets
+        go."""
+        self._retired = True
+        if self._holders == 0:
+            self._destroy_now()
+
+    def _destroy_now(self) -> None:
+        self.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        log.info("deleted segment %s", self.path)
+
+    @contextlib.contextmanager
+    def hold(self):
+        """Keep the mapping alive while the body runs (retention waits for it)."""
+        if self._closed:
+            raise SegmentError(f"{self.path} was already deleted")
+        self._holders += 1
+        try:
+            yield self
+        finally:
+            self._holders -= 1
+            if self._retired and self._holders == 0:
+                self._destroy_now()
+
+    # ---- positions ----------------------------------------------------------------------
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.size
+
+    @property
+    def wrote_offset(self) -> int:
+        return self.base_offset + self.wrote_position
+
+    @property
+    def is_full(self) -> bool:
+        return self.wrote_position == self.size
+
+    @property
+    def is_retired(self) -> bool:
+        return self._retired
+
+    @property
+    def holders(self) -> int:
+        return self._holders
+
+    def view(self, start: int = 0, end: int | None = None) -> memoryview:
+        """A zero-copy view of ``[start, end)`` within the segment; release it (or drop it)
+        before the segment can close."""
+        return memoryview(self._mmap)[start : self.size if end is None else end]
+
+    def read(self, start: int, length: int) -> bytes:
+        return self._mmap[start : start + length]
+
+    def write(self, position: int, data) -> None:
+        self._mmap[position : position + len(data)] = data
+
+    # ---- durability -----------------------------------------------------------------------
+
+    def dirty_pages(self) -> int:
+        return self.wrote_position // PAGE_SIZE - self.flushed_position // PAGE_SIZE
+
+    def sync_range(self, start: int, end: int) -> None:
+        """Make ``[start, end)`` durable. Blocking: runs in a worker thread."""
+        if end <= start:
+            return
+        try:
+            _backend.engine.msync(self.handle, start, end - start)
+        except NotImplementedError:  # Python engine: no raw pointer, sync the whole file
+            os.fdatasync(self._fd)
+
+    @property
+    def fd(self) -> int:
+        return self._fd
+
+    def mtime(self) -> float:
+        return os.fstat(self._fd).st_mtime

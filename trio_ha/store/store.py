@@ -1,0 +1,696 @@
+"""MessageStore: the commitlog, its consume queues and the services that keep them, as one
+async context manager.
+
+``open_store(config)`` locks the directory, recovers it (see ``recovery``), brings the consume
+queues up to date, and runs the store's services as tasks in its own nursery: segment
+pre-allocation, commitlog flush (async flush or group commit), dispatch, consume-queue flush
+with the checkpoint, and retention. Leaving the block stops taking puts, flushes everything,
+writes the checkpoint and removes the ``abort`` file — unless something was left undone, in
+which case the next open performs crash recovery, as it would after a kill.
+
+Everything here runs on one trio event loop; blocking work (file creation, msync/fdatasync,
+recovery scans) is handed to worker threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Iterable, Sequence
+
+import attrs
+import trio
+
+from .. import _backend
+from ..config import BrokerRole, FlushDiskType, StoreConfig
+from ..watermark import Watermark
+from ..wire import record as rec
+from ..wire.errors import RecordDecodeError
+from . import retention
+from .checkpoint import Checkpoint
+from .commitlog import AllocationTimeout, CommitLog
+from .consume_queue import ConsumeQueueTable, is_valid_topic
+from .dispatch import Dispatcher
+from .recovery import RecoveryReport, recover
+from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
+
+log = logging.getLogger(__name__)
+
+# The record encoder reserves 64 KiB beyond the body limit for the rest of the record.
+RECORD_OVERHEAD_LIMIT = 64 * 1024
+_BLANK_CQ_SIZE = 0x7FFFFFFF
+
+# Directories open in this process: POSIX locks do not exclude the process that holds them.
+_open_roots: set[str] = set()
+
+
+class StoreLockedError(RuntimeError):
+    """The store directory is already open (in this or another process)."""
+
+
+@attrs.frozen
+class StoreStatistics:
+    backend: str
+    min_commitlog_offset: int
+    max_commitlog_offset: int
+    flushed_offset: int
+    dispatched_offset: int
+    dispatch_behind_bytes: int
+    consume_queues: int
+    segments: int
+    puts: int
+    put_failures: int
+    dispatch_error: str | None
+    recovery: RecoveryReport | None
+
+
+@attrs.define(eq=False)
+class MessageStore:
+    config: StoreConfig
+    commitlog: CommitLog
+    queues: ConsumeQueueTable
+    dispatcher: Dispatcher
+    checkpoint: Checkpoint
+    recovery: RecoveryReport | None = None
+    _queue_offsets: dict[tuple[str, int], int] = attrs.field(factory=dict)
+    _lock_fd: int = -1
+    _root: str = ""
+    _running: bool = False
+    _closed: bool = False
+    _puts: int = 0
+    _put_failures: int = 0
+    _born_hosts: dict[str, bytes] = attrs.field(factory=dict)
+
+    # ---- opening -------------------------------------------------------------------------
+
+    @classmethod
+    def _open_blocking(cls, config: StoreConfig) -> "MessageStore":
+        root = os.path.realpath(config.store_path_root_dir)
+        os.makedirs(root, exist_ok=True)
+        lock_fd = _lock_root(root)
+        try:
+            commitlog = CommitLog.load(config)
+            try:
+                queues = ConsumeQueueTable.load(
+                    os.path.join(root, "consumequeue"), config.mapped_file_size_consume_queue
+                )
+            except BaseException:
+                commitlog.close()
+                raise
+            store = cls(
+                config, commitlog, queues,
+                Dispatcher(commitlog, queues, max_record_size=_max_record_size(config)),
+                Checkpoint.load(os.path.join(root, "checkpoint")),
+                lock_fd=lock_fd, root=root,
+            )
+            try:
+                store._recover()
+            except BaseException:
+                store._close_files()
+                raise
+            return store
+        except BaseException:
+            _unlock_root(root, lock_fd)
+            raise
+
+    def _recover(self) -> None:
+        abnormal = os.path.exists(self._abort_path)
+        self.recovery = recover(
+            self.commitlog, self.queues, self.dispatcher, self.checkpoint,
+            abnormal=abnormal, check_crc=self.config.check_crc_on_recover,
+            max_record=_max_record_size(self.config),
+        )
+        log.info("store %s recovered: %s", self._root, self.recovery)
+        if not self.commitlog.segments.segments:
+            first = self.commitlog.create_first_segment(0)
+            self.commitlog.segments.append_segment(first)
+        # Bring the consume queues up to the recovered end before taking puts (RocketMQ's
+        # start() blocks until reput has caught up), then derive the next queue offsets.
+        while self.dispatcher.dispatch_available(self.commitlog.max_offset):
+            pass
+        self._queue_offsets = {
+            (queue.topic, queue.queue_id): queue.max_offset for queue in self.queues
+        }
+
+    @property
+    def _abort_path(self) -> str:
+        return os.path.join(self._root, "abort")
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    # ---- services -----------------------------------------------------------------------------
+
+    @property
+    def confirmed(self) -> Watermark:
+        """What consumers may see: flushed bytes under SYNC_FLUSH, written ones otherwise."""
+        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            return self.commitlog.flushed
+        return self.commitlog.written
+
+    async def _run_services(self, nursery: trio.Nursery) -> None:
+        commitlog = self.commitlog
+        await nursery.start(commitlog.run_allocator)
+        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            await nursery.start(commitlog.run_group_commit)
+        else:
+            await nursery.start(commitlog.run_async_flush)
+        await nursery.start(self.dispatcher.run, self.confirmed)
+        await nursery.start(self._run_queue_flush)
+        await nursery.start(retention.run_retention, self)
+
+    async def _run_queue_flush(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Flush consume queues every flushIntervalConsumeQueue (2 dirty pages at least, all
+        of them every flushConsumeQueueThoroughInterval), then the checkpoint."""
+        config = self.config
+        task_status.started()
+        last_thorough = trio.current_time()
+        while True:
+            await trio.sleep(config.flush_interval_consume_queue / 1000)
+            least = config.flush_consume_queue_least_pages
+            if trio.current_time() - last_thorough >= config.flush_consume_queue_thorough_interval / 1000:
+                least, last_thorough = 0, trio.current_time()
+            await self.flush_consume_queues(least)
+
+    async def flush_consume_queues(self, least_pages: int = 0) -> None:
+        """Sync dirty consume-queue pages, then record in the checkpoint only what is now
+        durable on both sides: the flushed commitlog's and the flushed queues' timestamps."""
+        logics_timestamp = self.dispatcher.last_store_timestamp
+        work = [item for queue in self.queues for item in queue.dirty_segments(least_pages)]
+        with contextlib.ExitStack() as holds:
+            for segment, _, _ in work:
+                holds.enter_context(segment.hold())
+            if work:
+                await trio.to_thread.run_sync(_sync_ranges, work, abandon_on_cancel=False)
+        for segment, _, end in work:
+            segment.flushed_position = max(segment.flushed_position, end)
+        checkpoint = self.checkpoint
+        changed = False
+        if work and logics_timestamp > checkpoint.logics_msg_timestamp:
+            checkpoint.logics_msg_timestamp = logics_timestamp
+            changed = True
+        physic = self.commitlog.flushed_store_timestamp
+        if physic > checkpoint.physic_msg_timestamp:
+            checkpoint.physic_msg_timestamp = physic
+            changed = True
+        if changed:
+            await trio.to_thread.run_sync(checkpoint.write, abandon_on_cancel=False)
+
+    async def _shutdown(self) -> None:
+        """Stop taking puts, make everything durable, and say so with the abort file."""
+        self._closed = True
+        await self.commitlog.flush(0)
+        while self.dispatcher.dispatch_available(self.confirmed.value):
+            await trio.lowlevel.checkpoint()
+        await self.flush_consume_queues(0)
+        clean = self.dispatcher.error is None and self.dispatcher.behind_bytes == 0
+        if clean:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._abort_path)
+        else:
+            log.warning(
+                "store %s closed with work left (dispatch behind %d bytes, error %s); "
+                "the next open will run crash recovery",
+                self._root, self.dispatcher.behind_bytes, self.dispatcher.error,
+            )
+
+    def _close_files(self) -> None:
+        self.commitlog.close()
+        self.queues.close()
+
+    # ---- puts -------------------------------------------------------------------------------
+
+    def _writable_status(self) -> PutMessageStatus | None:
+        if self._closed or not self._running:
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE
+        if self.config.broker_role is BrokerRole.SLAVE:
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE
+        if self.dispatcher.error is not None:
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE
+        return None
+
+    def _born_host(self, born_host: str | None) -> bytes:
+        if born_host is None:
+            return self.commitlog.store_host
+        encoded = self._born_hosts.get(born_host)
+        if encoded is None:
+            encoded = rec.encode_host(*rec.parse_host_port(born_host))
+            if len(self._born_hosts) < 4096:
+                self._born_hosts[born_host] = encoded
+        return encoded
+
+    def _illegal(self, remark: str, status=PutMessageStatus.MESSAGE_ILLEGAL) -> PutMessageResult:
+        self._put_failures += 1
+        return PutMessageResult(status, remark=remark)
+
+    def _check_message(self, topic: str, queue_id: int, body_len: int) -> PutMessageResult | None:
+        if not is_valid_topic(topic):
+            return self._illegal(f"topic {topic!r} is not a valid topic name (1-127 of [%|a-zA-Z0-9_-])")
+        if not 0 <= queue_id < 2**31:
+            return self._illegal(f"queue id {queue_id} out of range")
+        if body_len > self.config.max_message_size:
+            return self._illegal(
+                f"body of {body_len} bytes exceeds maxMessageSize {self.config.max_message_size}"
+            )
+        return None
+
+    async def put_message(self, message: rec.Message, queue_id: int = 0) -> PutMessageResult:
+        """Append one message; the result says whether it is stored, and how durably."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        status = self._writable_status()
+        if status is not None:
+            return self._illegal("store is not writable", status)
+        bad = self._check_message(message.topic, queue_id, len(message.body))
+        if bad is not None:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return bad
+        props = message.encoded_properties()
+        if len(props) > rec.MAX_PROPERTIES_LENGTH:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return self._illegal(
+                f"properties of {len(props)} bytes exceed {rec.MAX_PROPERTIES_LENGTH}",
+                PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+            )
+        topic = message.topic.encode()
+        born_host = self._born_host(message.born_host)
+        tx_type = message.sys_flag & rec.TRANSACTION_TYPE_MASK
+        consumable = tx_type not in (rec.TRANSACTION_PREPARED, rec.TRANSACTION_ROLLBACK)
+        key = (message.topic, queue_id)
+        commitlog = self.commitlog
+        engine = _backend.engine
+        while True:
+            segment = commitlog.writable_segment()
+            if segment is None:
+                try:
+                    await commitlog.wait_for_segment()
+                except AllocationTimeout as exc:
+                    return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+                continue
+            # From here to record_appended nothing awaits: the append is atomic.
+            position = segment.wrote_position
+            queue_offset = self._queue_offsets.get(key, 0) if consumable else 0
+            store_timestamp = commitlog.next_store_timestamp()
+            born_timestamp = message.born_timestamp
+            new_position = engine.encode_record(
+                segment.handle, segment.size, position, segment.base_offset, topic,
+                message.body, props, queue_id, message.flag, queue_offset, message.sys_flag,
+                store_timestamp if born_timestamp is None else born_timestamp, born_host,
+                store_timestamp, commitlog.store_host, message.reconsume_times,
+                message.prepared_transaction_offset,
+            )
+            if new_position >= 0:
+                break
+            if new_position == _backend.ERR_NO_SPACE and position > 0:
+                commitlog.end_segment(segment)
+                continue
+            return self._illegal(_encode_error(new_position, len(topic)), _encode_status(new_position))
+        commitlog.record_appended(segment, new_position, store_timestamp)
+        if consumable:
+            self._queue_offsets[key] = queue_offset + 1
+        self._puts += 1
+        offset = segment.base_offset + position
+        end = segment.base_offset + new_position
+        wait = message.properties.get(rec.PROPERTY_WAIT_STORE_MSG_OK) != "false"
+        status = await self._wait_durable(end, wait)
+        return PutMessageResult(
+            status, offset, new_position - position, queue_offset,
+            _OffsetIds(commitlog.store_host, (offset,)), store_timestamp,
+        )
+
+    async def put_messages(self, messages: Sequence[rec.Message], queue_id: int = 0) -> PutMessageResult:
+        """Append a batch of messages of one topic to one queue, all or nothing, with
+        consecutive queue and commitlog offsets (SEND_BATCH_MESSAGE semantics)."""
+        messages = list(messages)
+        topics = {m.topic for m in messages}
+        if len(topics) != 1:
+            await trio.lowlevel.checkpoint()
+            return self._illegal("a batch needs at least one message, all of one topic")
+        first = messages[0]
+        if any(m.sys_flag & rec.TRANSACTION_TYPE_MASK for m in messages):
+            await trio.lowlevel.checkpoint()
+            return self._illegal("transaction messages cannot be batched")
+        try:
+            body = rec.encode_batch(messages)
+        except ValueError as exc:
+            await trio.lowlevel.checkpoint()
+            return self._illegal(str(exc), PutMessageStatus.PROPERTIES_SIZE_EXCEEDED)
+        wait = all(
+            m.properties.get(rec.PROPERTY_WAIT_STORE_MSG_OK) != "false" for m in messages
+        )
+        return await self.put_batch(
+            first.topic, queue_id, body, born_host=first.born_host,
+            born_timestamp=first.born_timestamp, wait_store_msg_ok=wait,
+        )
+
+    async def put_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes | bytearray | memoryview,
+        *,
+        batch_properties: bytes = b"",
+        sys_flag: int = 0,
+        born_host: str | None = None,
+        born_timestamp: int | None = None,
+        wait_store_msg_ok: bool = True,
+    ) -> PutMessageResult:
+        """Append an already-encoded SEND_BATCH_MESSAGE body (the broker's path: no
+        per-message Python work, the native encoder converts every item)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        status = self._writable_status()
+        if status is not None:
+            return self._illegal("store is not writable", status)
+        bad = self._check_message(topic, queue_id, 0)
+        if bad is None and len(body) > self.config.max_message_size:
+            bad = self._illegal(
+                f"batch body of {len(body)} bytes exceeds maxMessageSize {self.config.max_message_size}"
+            )
+        if bad is None and sys_flag & rec.TRANSACTION_TYPE_MASK:
+            bad = self._illegal("transaction messages cannot be batched")
+        if bad is not None:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return bad
+        topic_bytes = topic.encode()
+        born = self._born_host(born_host)
+        key = (topic, queue_id)
+        commitlog = self.commitlog
+        engine = _backend.engine
+        while True:
+            segment = commitlog.writable_segment()
+            if segment is None:
+                try:
+                    await commitlog.wait_for_segment()
+                except AllocationTimeout as exc:
+                    return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+                continue
+            position = segment.wrote_position
+            queue_offset = self._queue_offsets.get(key, 0)
+            store_timestamp = commitlog.next_store_timestamp()
+            new_position, offsets = engine.encode_batch(
+                segment.handle, segment.size, position, segment.base_offset, body,
+                topic_bytes, batch_properties, queue_id, queue_offset, sys_flag,
+                store_timestamp if born_timestamp is None else born_timestamp, born,
+                store_timestamp, commitlog.store_host, self.config.max_message_size,
+            )
+            if new_position >= 0:
+                break
+            if new_position == _backend.ERR_NO_SPACE and position > 0:
+                commitlog.end_segment(segment)
+                continue
+            return self._illegal(_encode_error(new_position, len(topic_bytes)), _encode_status(new_position))
+        commitlog.record_appended(segment, new_position, store_timestamp)
+        self._queue_offsets[key] = queue_offset + len(offsets)
+        self._puts += len(offsets)
+        status = await self._wait_durable(segment.base_offset + new_position, wait_store_msg_ok)
+        return PutMessageResult(
+            status, segment.base_offset + position, new_position - position, queue_offset,
+            _OffsetIds(commitlog.store_host, offsets), store_timestamp,
+        )
+
+    async def _wait_durable(self, end: int, wait: bool) -> PutMessageStatus:
+        """Hold a put until its guarantees hold (SYNC_FLUSH: its bytes are synced), at most
+        syncFlushTimeout; always a checkpoint."""
+        if wait and self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            with trio.move_on_after(self.config.sync_flush_timeout / 1000):
+                await self.commitlog.flushed.wait_for(end)
+                return PutMessageStatus.PUT_OK
+            return PutMessageStatus.FLUSH_DISK_TIMEOUT
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return PutMessageStatus.PUT_OK
+
+    # ---- reads --------------------------------------------------------------------------------
+
+    @property
+    def min_commitlog_offset(self) -> int:
+        return self.commitlog.min_offset
+
+    @property
+    def max_commitlog_offset(self) -> int:
+        """One past the last byte readers may see (the confirmed end of the log)."""
+        return self.confirmed.value
+
+    def max_queue_offset(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get(topic, queue_id)
+        return queue.max_offset if queue is not None else 0
+
+    def min_queue_offset(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get(topic, queue_id)
+        return queue.min_offset if queue is not None else 0
+
+    def topics(self) -> set[str]:
+        return {topic for topic, _ in self.queues.queues}
+
+    def _decode_at(self, offset: int, size: int | None = None) -> rec.StoredMessage | None:
+        limit = self.confirmed.value
+        segment = self.commitlog.segments.find(offset)
+        if segment is None or offset + 8 > limit or offset < self.commitlog.min_offset:
+            return None
+        if size is None:
+            size = int.from_bytes(segment.read(offset - segment.base_offset, 4), "big", signed=True)
+        if size <= 0 or offset + size > min(limit, segment.wrote_offset):
+            return None
+        try:
+            return rec.decode_record(segment.read(offset - segment.base_offset, size))
+        except RecordDecodeError:
+            return None
+
+    def read_queue(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        max_count: int,
+        *,
+        max_bytes: int | None = None,
+    ) -> GetMessageResult:
+        """Messages of one queue from ``queue_offset`` with RocketMQ's GetMessageStatus and
+        next offset. Synchronous: it reads only mapped memory."""
+        queue = self.queues.get(topic, queue_id)
+        if queue is None:
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE)
+        low, high = queue.min_offset, queue.max_offset
+        if high == 0:
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, (), 0, low, high)
+        if queue_offset < low:
+            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, (), low, low, high)
+        if queue_offset == high:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, (), high, low, high)
+        if queue_offset > high:
+            return GetMessageResult(
+                GetMessageStatus.OFFSET_OVERFLOW_BADLY, (), low if low == 0 else high, low, high
+            )
+        messages: list[rec.StoredMessage] = []
+        next_offset = queue_offset
+        total = 0
+        status = GetMessageStatus.NO_MATCHED_MESSAGE
+        commitlog_min = self.commitlog.min_offset
+        while len(messages) < max_count and next_offset < high:
+            entries = queue.entries(next_offset, max_count - len(messages))
+            if not entries:
+                break
+            for entry in entries:
+                if entry.size == _BLANK_CQ_SIZE or entry.commitlog_offset < commitlog_min:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                    next_offset += 1
+                    continue
+                if max_bytes is not None and messages and total + entry.size > max_bytes:
+                    break
+                message = self._decode_at(entry.commitlog_offset, entry.size)
+                if message is None:
+                    status = GetMessageStatus.OFFSET_FOUND_NULL
+                    next_offset += 1
+                    continue
+                messages.append(message)
+                total += entry.size
+                next_offset += 1
+            else:
+                continue
+            break
+        if messages:
+            status = GetMessageStatus.FOUND
+        return GetMessageResult(status, tuple(messages), next_offset, low, high)
+
+    async def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        max_count: int = 32,
+        *,
+        max_bytes: int | None = None,
+    ) -> list[rec.StoredMessage]:
+        """Up to ``max_count`` decoded messages of (topic, queue) from ``queue_offset``."""
+        await trio.lowlevel.checkpoint()
+        return list(
+            self.read_queue(topic, queue_id, queue_offset, max_count, max_bytes=max_bytes).messages
+        )
+
+    async def look_message_by_offset(self, commitlog_offset: int) -> rec.StoredMessage | None:
+        """The record starting at ``commitlog_offset``, or None if no valid record starts
+        there."""
+        await trio.lowlevel.checkpoint()
+        return self._decode_at(commitlog_offset)
+
+    def get_commitlog_data(self, offset: int, max_bytes: int) -> bytes:
+        """Raw commitlog bytes from ``offset``, up to the confirmed end and the end of the
+        segment holding ``offset`` (for replication and export)."""
+        limit = self.confirmed.value
+        if offset >= limit:
+            return b""
+        return self.commitlog.read_available(offset, min(max_bytes, limit - offset))
+
+    def _store_timestamp_at(self, commitlog_offset: int) -> int | None:
+        segment = self.commitlog.segments.find(commitlog_offset)
+        if segment is None:
+            return None
+        start = commitlog_offset - segment.base_offset
+        head = segment.read(start, 72)
+        if len(head) < 72:
+            return None
+        sys_flag = int.from_bytes(head[36:40], "big")
+        at = 48 + (20 if sys_flag & rec.SYSFLAG_BORNHOST_V6 else 8)
+        return int.from_bytes(head[at : at + 8], "big", signed=True)
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp`` (ms);
+        the queue's max offset when every message is older. Binary search: store times
+        rise with commitlog offset, so they rise along a queue too."""
+        queue = self.queues.get(topic, queue_id)
+        if queue is None:
+            return 0
+        low, high = queue.min_offset, queue.max_offset
+        while low < high:
+            middle = (low + high) // 2
+            entry = queue.entry(middle)
+            stamp = None if entry is None else self._store_timestamp_at(entry.commitlog_offset)
+            if stamp is None or stamp < timestamp:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def get_message_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
+        queue = self.queues.get(topic, queue_id)
+        entry = queue.entry(queue_offset) if queue is not None else None
+        return None if entry is None else self._store_timestamp_at(entry.commitlog_offset)
+
+    def get_earliest_message_time(self, topic: str, queue_id: int) -> int | None:
+        return self.get_message_store_timestamp(topic, queue_id, self.min_queue_offset(topic, queue_id))
+
+    async def wait_dispatched(self, offset: int | None = None) -> None:
+        """Wait until consume queues cover the log up to ``offset`` (default: everything
+        written so far)."""
+        target = self.commitlog.max_offset if offset is None else offset
+        await self.dispatcher.dispatched.wait_for(target)
+
+    async def flush(self) -> int:
+        """Flush the commitlog now; returns the flushed offset."""
+        return await self.commitlog.flush(0)
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(
+            backend=_backend.native_backend,
+            min_commitlog_offset=self.commitlog.min_offset,
+            max_commitlog_offset=self.commitlog.max_offset,
+            flushed_offset=self.commitlog.flushed.value,
+            dispatched_offset=self.dispatcher.cursor,
+            dispatch_behind_bytes=self.dispatcher.behind_bytes,
+            consume_queues=len(self.queues.queues),
+            segments=len(self.commitlog.segments.segments),
+            puts=self._puts,
+            put_failures=self._put_failures,
+            dispatch_error=self.dispatcher.error,
+            recovery=self.recovery,
+        )
+
+
+class _OffsetIds(tuple):
+    """msgIds of stored records, made from their offsets only when someone reads them."""
+
+    __slots__ = ()
+
+    def __new__(cls, store_host: bytes, offsets: Iterable[int]):
+        return super().__new__(cls, (rec.message_id(store_host, o) for o in offsets))
+
+
+def _encode_status(code: int) -> PutMessageStatus:
+    if code == _backend.ERR_PROPS_TOO_LARGE:
+        return PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
+    if code in (_backend.ERR_BODY_TOO_LARGE, _backend.ERR_BATCH_FORMAT, _backend.ERR_NO_SPACE,
+                _backend.ERR_BAD_ARGUMENT, _backend.ERR_TOO_MANY):
+        return PutMessageStatus.MESSAGE_ILLEGAL
+    return PutMessageStatus.UNKNOWN_ERROR
+
+
+def _encode_error(code: int, topic_len: int) -> str:
+    return {
+        _backend.ERR_NO_SPACE: "record larger than a commitlog segment",
+        _backend.ERR_BAD_ARGUMENT: f"bad record field (topic of {topic_len} bytes, host)",
+        _backend.ERR_BATCH_FORMAT: "malformed batch body",
+        _backend.ERR_BODY_TOO_LARGE: "a batch item's body exceeds maxMessageSize",
+        _backend.ERR_PROPS_TOO_LARGE: f"properties exceed {rec.MAX_PROPERTIES_LENGTH} bytes",
+        _backend.ERR_TOO_MANY: "too many items in one batch",
+    }.get(code, f"encoder error {code}")
+
+
+def _max_record_size(config: StoreConfig) -> int:
+    return min(config.max_message_size + RECORD_OVERHEAD_LIMIT, 2**31 - 1)
+
+
+def _sync_ranges(work) -> None:
+    for segment, start, end in work:
+        segment.sync_range(start, end)
+
+
+def _lock_root(root: str) -> int:
+    if root in _open_roots:
+        raise StoreLockedError(f"store {root} is already open in this process")
+    path = os.path.join(root, "lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+    except OSError:
+        os.close(fd)
+        raise StoreLockedError(
+            f"store {root} is in use by another process (its lock file {path} is locked)"
+        ) from None
+    os.pwrite(fd, b"lock", 0)
+    _open_roots.add(root)
+    return fd
+
+
+def _unlock_root(root: str, fd: int) -> None:
+    _open_roots.discard(root)
+    if fd >= 0:
+        os.close(fd)  # closing the descriptor releases the POSIX lock
+
+
+@contextlib.asynccontextmanager
+async def open_store(config: StoreConfig):
+    """Open (recovering if needed) the store at ``config.store_path_root_dir`` and run its
+    services until the block ends; yields the MessageStore."""
+    store = await trio.to_thread.run_sync(MessageStore._open_blocking, config)
+    try:
+        with open(store._abort_path, "wb"):
+            pass
+        async with trio.open_nursery() as nursery:
+            await store._run_services(nursery)
+            store._running = True
+            try:
+                yield store
+            finally:
+                with trio.CancelScope(shield=True):
+                    await store._shutdown()
+                nursery.cancel_scope.cancel()
+    finally:
+        store._closed = True
+        store._close_files()
+        _unlock_root(store._root, store._lock_fd)
+
+
+__all__ = [
+    "MessageStore", "StoreLockedError", "StoreStatistics", "open_store"
+]

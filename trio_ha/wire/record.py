@@ -1,0 +1,492 @@
+"""RocketMQ commitlog records: layout, values, and a pure-Python codec.
+
+This is the reference implementation of the record format (reference §1). The store's hot
+paths use the native encoder and scanner, which must produce and accept exactly these bytes;
+the tests hold the two against each other. Nothing here does I/O: bytes in, frozen values out.
+
+Layout of a v1 record (all integers big-endian)::
+
+    TOTALSIZE 4 | MAGIC 4 | BODYCRC 4 | QUEUEID 4 | FLAG 4 | QUEUEOFFSET 8 | PHYSICALOFFSET 8
+    | SYSFLAG 4 | BORNTIMESTAMP 8 | BORNHOST 8|20 | STORETIMESTAMP 8 | STOREHOST 8|20
+    | RECONSUMETIMES 4 | PREPAREDTRANSACTIONOFFSET 8 | BODYLEN 4 + body
+    | TOPICLEN 1 (v1) or 2 (v2) + topic | PROPSLEN 2 + properties
+
+A segment ends with a blank record: TOTALSIZE = the rest of the segment, MAGIC = BLANK.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+import zlib
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from .errors import RecordDecodeError
+
+MAGIC_V1 = 0xDAA320A7
+MAGIC_V2 = 0xDAA320AB
+BLANK_MAGIC = 0xCBD43194
+END_FILE_MIN_BLANK_LENGTH = 8
+
+# Fixed part of a record before BODYLEN, for IPv4 born and store hosts.
+FIXED_PART_IPV4 = 84
+MAX_TOPIC_LENGTH = 127  # v1 stores the topic length in one signed byte
+MAX_PROPERTIES_LENGTH = 32767  # a signed short
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+
+# SYSFLAG bits (MessageSysFlag).
+SYSFLAG_COMPRESSED = 0x1
+SYSFLAG_MULTI_TAGS = 0x2
+TRANSACTION_TYPE_MASK = 0xC
+TRANSACTION_NOT_TYPE = 0x0
+TRANSACTION_PREPARED = 0x4
+TRANSACTION_COMMIT = 0x8
+TRANSACTION_ROLLBACK = 0xC
+SYSFLAG_BORNHOST_V6 = 0x10
+SYSFLAG_STOREHOST_V6 = 0x20
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+# Property keys the store and broker read (MessageConst).
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
+PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
+
+_HEAD = struct.Struct(">iIiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP (48 bytes)
+_Q = struct.Struct(">q")
+_I = struct.Struct(">i")
+_H = struct.Struct(">H")
+_BLANK = struct.Struct(">iI")
+_BATCH_ITEM_HEAD = struct.Struct(">iiii")  # TOTALSIZE, MAGIC, BODYCRC, FLAG
+
+
+def body_crc(body: bytes | bytearray | memoryview) -> int:
+    """BODYCRC as RocketMQ stores it: zlib's CRC-32 of the body, masked to 31 bits."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode``: 31*h + each UTF-16 code unit, as a signed 32-bit int.
+
+    RocketMQ stores it as the consume-queue tagsCode, sign-extended to 64 bits.
+    """
+    units = text.encode("utf-16-be", "surrogatepass")
+    h = 0
+    for i in range(0, len(units), 2):
+        h = (31 * h + ((units[i] << 8) | units[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    """The consume queue's tag slot for a message with these tags (0 when none)."""
+    return java_string_hash(tags) if tags else 0
+
+
+# ---- hosts ------------------------------------------------------------------------------
+
+
+def encode_host(host: str, port: int) -> bytes:
+    """A born/store host field: 4 or 16 address bytes, then the port as a 4-byte int."""
+    address = ipaddress.ip_address(host)
+    if not 0 <= port <= 0xFFFF:
+        raise ValueError(f"port out of range: {port}")
+    return address.packed + _I.pack(port)
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``'1.2.3.4:10911'`` or ``'[::1]:10911'`` into (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected host:port, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def decode_host(field: bytes | memoryview) -> str:
+    """A host field back into ``ip:port`` (IPv6 addresses in brackets)."""
+    raw = bytes(field)
+    if len(raw) == 8:
+        return f"{ipaddress.IPv4Address(raw[:4])}:{_I.unpack_from(raw, 4)[0]}"
+    if len(raw) == 20:
+        return f"[{ipaddress.IPv6Address(raw[:16])}]:{_I.unpack_from(raw, 16)[0]}"
+    raise RecordDecodeError(f"host field must be 8 or 20 bytes, got {len(raw)}")
+
+
+def message_id(store_host: bytes, commitlog_offset: int) -> str:
+    """RocketMQ's offsetMsgId: hex of store address, store port and commitlog offset."""
+    return (store_host + _Q.pack(commitlog_offset)).hex().upper()
+
+
+def decode_message_id(msg_id: str) -> tuple[str, int]:
+    """An offsetMsgId back into (``ip:port``, commitlog offset)."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raise RecordDecodeError(f"message id is not hex: {msg_id!r}") from None
+    if len(raw) not in (16, 28):
+        raise RecordDecodeError(f"message id must be 32 or 56 hex digits, got {len(msg_id)}")
+    return decode_host(raw[:-8]), _Q.unpack_from(raw, len(raw) - 8)[0]
+
+
+# ---- properties -------------------------------------------------------------------------
+
+
+def encode_properties(properties: Mapping[str, str], *, trailing_separator: bool = False) -> str:
+    """``name\\x01value\\x02...``; RocketMQ 4.9.1-5.1 omit the last ``\\x02``, others keep it."""
+    text = PROPERTY_SEPARATOR.join(
+        f"{name}{NAME_VALUE_SEPARATOR}{value}" for name, value in properties.items()
+    )
+    if trailing_separator and text:
+        text += PROPERTY_SEPARATOR
+    return text
+
+
+def decode_properties(raw: bytes | bytearray | memoryview | str) -> dict[str, str]:
+    """Parse properties the way RocketMQ does: both separator styles, empty parts dropped."""
+    text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8", "replace")
+    result: dict[str, str] = {}
+    for chunk in text.split(PROPERTY_SEPARATOR):
+        if len(chunk) < 3:
+            continue
+        name, sep, value = chunk.partition(NAME_VALUE_SEPARATOR)
+        if sep and name and value:
+            result[name] = value
+    return result
+
+
+# ---- values -------------------------------------------------------------------------------
+
+
+def _keys_text(keys: str | Iterable[str] | None) -> str | None:
+    if keys is None:
+        return None
+    if isinstance(keys, str):
+        return keys
+    return " ".join(keys)
+
+
+@attrs.frozen
+class Message:
+    """A message to put: what a producer sends. TAGS and KEYS become properties."""
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: str | tuple[str, ...] | None = attrs.field(
+        default=None,
+        converter=lambda k: k if k is None or isinstance(k, str) else tuple(k),
+    )
+    properties: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp: int | None = None  # epoch ms; the store's clock when None
+    born_host: str | None = None  # "ip:port"; the store host when None
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+    def all_properties(self) -> dict[str, str]:
+        """Properties as stored: TAGS, KEYS, then the rest in insertion order."""
+        merged: dict[str, str] = {}
+        if self.tags:
+            merged[PROPERTY_TAGS] = self.tags
+        keys = _keys_text(self.keys)
+        if keys:
+            merged[PROPERTY_KEYS] = keys
+        merged.update(self.properties)
+        return merged
+
+    def encoded_properties(self, *, trailing_separator: bool = False) -> bytes:
+        return encode_properties(
+            self.all_properties(), trailing_separator=trailing_separator
+        ).encode()
+
+
+@attrs.frozen
+class StoredMessage:
+    """A record as it sits in the commitlog, every field decoded."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    size: int
+    body: bytes
+    body_crc: int
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: str
+    store_timestamp: int
+    store_host: str
+    reconsume_times: int
+    prepared_transaction_offset: int
+    properties: dict[str, str]
+    version: int = 1
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(k for k in self.properties.get(PROPERTY_KEYS, "").split(" ") if k)
+
+    @property
+    def msg_id(self) -> str:
+        """The offsetMsgId of this record."""
+        return message_id(encode_host(*parse_host_port(self.store_host)), self.commitlog_offset)
+
+    @property
+    def crc_ok(self) -> bool:
+        return body_crc(self.body) == self.body_crc
+
+
+# ---- encoding ------------------------------------------------------------------------------
+
+
+def record_size(
+    body_len: int,
+    topic_len: int,
+    props_len: int,
+    *,
+    born_host_len: int = 8,
+    store_host_len: int = 8,
+    version: int = 1,
+) -> int:
+    """TOTALSIZE of a record with these variable parts (91 + N + T + P for IPv4 v1)."""
+    topic_width = 1 if version == 1 else 2
+    return (
+        FIXED_PART_IPV4 - 16 + born_host_len + store_host_len
+        + 4 + max(body_len, 0) + topic_width + topic_len + 2 + props_len
+    )
+
+
+def encode_record(
+    *,
+    topic: bytes,
+    body: bytes,
+    properties: bytes,
+    queue_id: int,
+    flag: int,
+    queue_offset: int,
+    commitlog_offset: int,
+    sys_flag: int,
+    born_timestamp: int,
+    born_host: bytes,
+    store_timestamp: int,
+    store_host: bytes,
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+    version: int = 1,
+) -> bytes:
+    """One record, byte for byte as RocketMQ's CommitLog encoder writes it."""
+    if version not in (1, 2):
+        raise ValueError(f"unknown record version {version}")
+    if len(born_host) == 20:
+        sys_flag |= SYSFLAG_BORNHOST_V6
+    if len(store_host) == 20:
+        sys_flag |= SYSFLAG_STOREHOST_V6
+    if len(born_host) not in (8, 20) or len(store_host) not in (8, 20):
+        raise ValueError("host fields must be 8 or 20 bytes")
+    if version == 1 and len(topic) > MAX_TOPIC_LENGTH:
+        raise ValueError(f"topic longer than {MAX_TOPIC_LENGTH} bytes needs a v2 record")
+    if len(properties) > MAX_PROPERTIES_LENGTH:
+        raise ValueError(f"properties longer than {MAX_PROPERTIES_LENGTH} bytes")
+    size = record_size(
+        len(body), len(topic), len(properties),
+        born_host_len=len(born_host), store_host_len=len(store_host), version=version,
+    )
+    parts = [
+        _HEAD.pack(
+            size, MAGIC_V1 if version == 1 else MAGIC_V2, body_crc(body), queue_id, flag,
+            queue_offset, commitlog_offset, sys_flag, born_timestamp,
+        ),
+        born_host,
+        _Q.pack(store_timestamp),
+        store_host,
+        _I.pack(reconsume_times),
+        _Q.pack(prepared_transaction_offset),
+        _I.pack(len(body)),
+        body,
+        bytes([len(topic)]) if version == 1 else _H.pack(len(topic)),
+        topic,
+        _H.pack(len(properties)),
+        properties,
+    ]
+    out = b"".join(parts)
+    assert len(out) == size
+    return out
+
+
+def encode_blank(remaining: int) -> bytes:
+    """The 8-byte end-of-segment marker: TOTALSIZE = bytes left in the segment."""
+    return _BLANK.pack(remaining, BLANK_MAGIC)
+
+
+def encode_batch(messages: Iterable[Message], *, trailing_separator: bool = False) -> bytes:
+    """A SEND_BATCH_MESSAGE body, as a RocketMQ client encodes it (reference §1.11)."""
+    parts = []
+    for message in messages:
+        props = message.encoded_properties(trailing_separator=trailing_separator)
+        if len(props) > MAX_PROPERTIES_LENGTH:
+            raise ValueError(f"properties longer than {MAX_PROPERTIES_LENGTH} bytes")
+        size = 4 + 4 + 4 + 4 + 4 + len(message.body) + 2 + len(props)
+        parts.append(_BATCH_ITEM_HEAD.pack(size, 0, 0, message.flag))
+        parts.append(_I.pack(len(message.body)))
+        parts.append(message.body)
+        parts.append(_H.pack(len(props)))
+        parts.append(props)
+    return b"".join(parts)
+
+
+@attrs.frozen
+class BatchItem:
+    flag: int
+    body: bytes
+    properties: bytes
+
+
+def decode_batch(data: bytes | memoryview, *, max_items: int = 1 << 16) -> list[BatchItem]:
+    """Split a SEND_BATCH_MESSAGE body into items, validating every declared length."""
+    view = memoryview(data)
+    items: list[BatchItem] = []
+    pos = 0
+    while pos < len(view):
+        if len(items) >= max_items:
+            raise RecordDecodeError(f"batch has more than {max_items} items")
+        if len(view) - pos < 22:
+            raise RecordDecodeError(f"batch item at {pos} is truncated")
+        size, _magic, _crc, flag = _BATCH_ITEM_HEAD.unpack_from(view, pos)
+        body_len = _I.unpack_from(view, pos + 16)[0]
+        if body_len < 0 or pos + 20 + body_len + 2 > len(view):
+            raise RecordDecodeError(f"batch item at {pos} has a bad body length {body_len}")
+        props_len = _H.unpack_from(view, pos + 20 + body_len)[0]
+        end = pos + 22 + body_len + props_len
+        if end > len(view) or size != end - pos:
+            raise RecordDecodeError(f"batch item at {pos} has inconsistent sizes")
+        items.append(
+            BatchItem(
+                flag=flag,
+                body=bytes(view[pos + 20 : pos + 20 + body_len]),
+                properties=bytes(view[pos + 22 + body_len : end]),
+            )
+        )
+        pos = end
+    return items
+
+
+# ---- decoding ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class RecordHeader:
+    """What a scan needs of a record without touching its body."""
+
+    size: int
+    magic: int
+
+    @property
+    def is_blank(self) -> bool:
+        return self.magic == BLANK_MAGIC
+
+
+def peek_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> RecordHeader:
+    """TOTALSIZE and MAGIC at ``pos`` (8 bytes must be present)."""
+    if len(buf) - pos < 8:
+        raise RecordDecodeError(f"need 8 bytes for a record header at {pos}")
+    size, magic = _BLANK.unpack_from(buf, pos)
+    return RecordHeader(size, magic)
+
+
+def decode_record(
+    buf: bytes | bytearray | memoryview,
+    pos: int = 0,
+    *,
+    check_crc: bool = False,
+    max_size: int = DEFAULT_MAX_MESSAGE_SIZE + 64 * 1024 + 65536,
+) -> StoredMessage:
+    """Decode the record at ``buf[pos:]``. Every declared length is checked against the buffer
+    and against TOTALSIZE before it is used; any problem raises RecordDecodeError."""
+    view = memoryview(buf)
+    avail = len(view) - pos
+    header = peek_header(view, pos)
+    if header.magic == MAGIC_V1:
+        version = 1
+    elif header.magic == MAGIC_V2:
+        version = 2
+    elif header.is_blank:
+        raise RecordDecodeError(f"blank (end-of-segment) record at {pos}")
+    else:
+        raise RecordDecodeError(f"bad magic {header.magic:#010x} at {pos}")
+    size = header.size
+    if size < record_size(0, 0, 0) or size > max_size:
+        raise RecordDecodeError(f"record size {size} at {pos} out of range")
+    if size > avail:
+        raise RecordDecodeError(f"record at {pos} needs {size} bytes, {avail} available")
+    rec = view[pos : pos + size]
+    (
+        _size, _magic, crc, queue_id, flag, queue_offset, commitlog_offset, sys_flag,
+        born_timestamp,
+    ) = _HEAD.unpack_from(rec, 0)
+    p = _HEAD.size
+    born_len = 20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8
+    store_len = 20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8
+    try:
+        born_host = rec[p : p + born_len]
+        p += born_len
+        (store_timestamp,) = _Q.unpack_from(rec, p)
+        p += 8
+        store_host = rec[p : p + store_len]
+        p += store_len
+        (reconsume_times,) = _I.unpack_from(rec, p)
+        (prepared,) = _Q.unpack_from(rec, p + 4)
+        (body_len,) = _I.unpack_from(rec, p + 12)
+        p += 16
+        if body_len < 0 or p + body_len > size:
+            raise RecordDecodeError(f"record at {pos}: body length {body_len} out of range")
+        body = bytes(rec[p : p + body_len])
+        p += body_len
+        if version == 1:
+            topic_len = rec[p]
+            p += 1
+        else:
+            (topic_len,) = _H.unpack_from(rec, p)
+            p += 2
+        topic = bytes(rec[p : p + topic_len])
+        p += topic_len
+        (props_len,) = _H.unpack_from(rec, p)
+        p += 2
+        props = rec[p : p + props_len]
+        p += props_len
+    except (struct.error, IndexError):
+        raise RecordDecodeError(f"record at {pos} is shorter than its fields") from None
+    if p != size:
+        raise RecordDecodeError(f"record at {pos}: fields add up to {p}, TOTALSIZE is {size}")
+    if check_crc and body_crc(body) != crc:
+        raise RecordDecodeError(f"record at {pos}: body CRC mismatch")
+    try:
+        topic_text = topic.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RecordDecodeError(f"record at {pos}: topic is not UTF-8") from None
+    return StoredMessage(
+        topic=topic_text,
+        queue_id=queue_id,
+        queue_offset=queue_offset,
+        commitlog_offset=commitlog_offset,
+        size=size,
+        body=body,
+        body_crc=crc,
+        flag=flag,
+        sys_flag=sys_flag,
+        born_timestamp=born_timestamp,
+        born_host=decode_host(born_host),
+        store_timestamp=store_timestamp,
+        store_host=decode_host(store_host),
+        reconsume_times=reconsume_times,
+        prepared_transaction_offset=prepared,
+        properties=decode_properties(props),
+        version=version,
+    )
