@@ -57,6 +57,8 @@ class CommitLog:
     last_store_timestamp: int = 0
     #: store timestamp of the last record known flushed (checkpoint physicMsgTimestamp)
     flushed_store_timestamp: int = 0
+    #: how many flushes synced something (group commit shows as far fewer than puts)
+    flush_count: int = 0
     _spare: Segment | None = None
     _spare_ready: trio.Event = attrs.field(factory=trio.Event)
     _spare_wanted: trio.Event = attrs.field(factory=trio.Event)
@@ -243,6 +245,7 @@ class CommitLog:
             for segment, _, end in work:
                 segment.flushed_position = max(segment.flushed_position, end)
             self.flushed_store_timestamp = store_timestamp
+            self.flush_count += 1
             self.flushed.raise_to(offset)
             return offset
 

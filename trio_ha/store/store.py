@@ -56,6 +56,7 @@ class StoreStatistics:
     min_commitlog_offset: int
     max_commitlog_offset: int
     flushed_offset: int
+    flushes: int
     dispatched_offset: int
     dispatch_behind_bytes: int
     consume_queues: int
@@ -596,6 +597,7 @@ class MessageStore:
             min_commitlog_offset=self.commitlog.min_offset,
             max_commitlog_offset=self.commitlog.max_offset,
             flushed_offset=self.commitlog.flushed.value,
+            flushes=self.commitlog.flush_count,
             dispatched_offset=self.dispatcher.cursor,
             dispatch_behind_bytes=self.dispatcher.behind_bytes,
             consume_queues=len(self.queues.queues),

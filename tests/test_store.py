@@ -1,0 +1,475 @@
+"""The store against RocketMQ's store test scenarios (reference §9) and its contract."""
+
+import os
+import random
+import shutil
+import tempfile
+import time
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trio_ha import (
+    BrokerRole,
+    FlushDiskType,
+    GetMessageStatus,
+    Message,
+    PutMessageStatus,
+    StoreConfig,
+    StoreLockedError,
+    open_store,
+)
+from trio_ha.store import retention
+from trio_ha.wire import record as rec
+
+
+def body_for(i: int, size: int) -> bytes:
+    return (f"{i}:".encode() * (size // 2 + 1))[:size]
+
+
+async def test_write_and_read_across_segments(make_config):
+    config = make_config()
+    async with open_store(config) as store:
+        results = []
+        for i in range(600):
+            message = Message("TopicTest", body_for(i, 200 + i % 50), tags=f"T{i % 3}", keys=f"k{i}")
+            results.append(await store.put_message(message, queue_id=i % 2))
+        assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+        assert store.statistics().segments > 2
+        await store.wait_dispatched()
+        for queue_id in (0, 1):
+            found = []
+            offset = 0
+            while True:
+                batch = await store.get_messages("TopicTest", queue_id, offset, 32)
+                if not batch:
+                    break
+                found.extend(batch)
+                offset = batch[-1].queue_offset + 1
+            assert [m.queue_offset for m in found] == list(range(300))
+            expected = [r for i, r in enumerate(results) if i % 2 == queue_id]
+            assert [m.commitlog_offset for m in found] == [r.commitlog_offset for r in expected]
+        for i, result in enumerate(results):
+            message = await store.look_message_by_offset(result.commitlog_offset)
+            assert message.body == body_for(i, 200 + i % 50)
+            assert message.keys == (f"k{i}",) and message.tags == f"T{i % 3}"
+            assert message.msg_id == result.msg_id and message.crc_ok
+
+
+async def test_queue_offsets_and_msg_ids_follow_rocketmq_rules(make_config):
+    async with open_store(make_config()) as store:
+        first = await store.put_message(Message("A", b"1"), queue_id=0)
+        second = await store.put_message(Message("A", b"2"), queue_id=0)
+        other = await store.put_message(Message("A", b"3"), queue_id=1)
+        assert (first.queue_offset, second.queue_offset, other.queue_offset) == (0, 1, 0)
+        assert second.commitlog_offset == first.commitlog_offset + first.size
+        assert first.msg_id == rec.message_id(rec.encode_host("127.0.0.1", 10911), first.commitlog_offset)
+        await store.wait_dispatched()
+        assert store.max_queue_offset("A", 0) == 2 and store.max_queue_offset("A", 1) == 1
+
+
+async def test_transaction_half_and_rollback_records_get_no_queue_offset(make_config):
+    async with open_store(make_config()) as store:
+        normal = await store.put_message(Message("Tx", b"n"), queue_id=0)
+        half = await store.put_message(Message("Tx", b"h", sys_flag=rec.TRANSACTION_PREPARED), queue_id=0)
+        rollback = await store.put_message(Message("Tx", b"r", sys_flag=rec.TRANSACTION_ROLLBACK), queue_id=0)
+        commit = await store.put_message(Message("Tx", b"c", sys_flag=rec.TRANSACTION_COMMIT), queue_id=0)
+        assert (normal.queue_offset, half.queue_offset, rollback.queue_offset, commit.queue_offset) == (0, 0, 0, 1)
+        await store.wait_dispatched()
+        assert store.max_queue_offset("Tx", 0) == 2
+        assert [m.body for m in await store.get_messages("Tx", 0, 0, 10)] == [b"n", b"c"]
+        # The half message is in the commitlog all the same.
+        assert (await store.look_message_by_offset(half.commitlog_offset)).body == b"h"
+
+
+async def test_batch_put_gets_consecutive_offsets_all_or_nothing(make_config):
+    async with open_store(make_config()) as store:
+        messages = [Message("Batch", body_for(i, 100), tags="b", keys=f"bk{i}") for i in range(64)]
+        result = await store.put_messages(messages, queue_id=3)
+        assert result.status is PutMessageStatus.PUT_OK and result.count == 64
+        assert len(result.msg_id.split(",")) == 64
+        await store.wait_dispatched()
+        stored = await store.get_messages("Batch", 3, 0, 64)
+        assert [m.body for m in stored] == [m.body for m in messages]
+        assert [m.queue_offset for m in stored] == list(range(64))
+        assert [m.msg_id for m in stored] == list(result.msg_ids)
+        offsets = [m.commitlog_offset for m in stored]
+        assert all(b == a + s.size for a, b, s in zip(offsets, offsets[1:], stored))
+        # Mixed topics, transactions and empty batches are refused.
+        mixed = await store.put_messages([Message("A", b""), Message("B", b"")])
+        assert mixed.status is PutMessageStatus.MESSAGE_ILLEGAL
+        tx = await store.put_messages([Message("A", b"", sys_flag=rec.TRANSACTION_PREPARED)])
+        assert tx.status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert (await store.put_messages([])).status is PutMessageStatus.MESSAGE_ILLEGAL
+        bad = await store.put_batch("Batch", 3, b"\x00\x00\x00\x30garbage")
+        assert bad.status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert store.max_queue_offset("Batch", 3) == 64
+
+
+async def test_batch_larger_than_free_space_moves_whole_to_next_segment(make_config):
+    async with open_store(make_config()) as store:
+        filler = await store.put_message(Message("F", b"x" * 60_000))
+        result = await store.put_messages([Message("F", body_for(i, 1000)) for i in range(10)])
+        assert result.ok
+        # The whole batch went to the next segment: it starts exactly at a segment boundary.
+        assert result.commitlog_offset == 64 * 1024 > filler.commitlog_offset
+
+
+async def test_oversize_body_is_message_illegal_and_store_keeps_working(make_config):
+    async with open_store(make_config(max_message_size=1000)) as store:
+        too_big = await store.put_message(Message("T", b"x" * 1001))
+        assert too_big.status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert (await store.put_message(Message("T", b"x" * 1000))).ok
+        batch = await store.put_messages([Message("T", b"x" * 600), Message("T", b"x" * 600)])
+        assert batch.status is PutMessageStatus.MESSAGE_ILLEGAL  # batch body > maxMessageSize
+        await store.wait_dispatched()
+        assert store.max_queue_offset("T", 0) == 1
+
+
+async def test_record_larger_than_a_segment_is_illegal_not_an_endless_roll(make_config):
+    async with open_store(make_config(mapped_file_size_commit_log=8192)) as store:
+        result = await store.put_message(Message("T", b"x" * 9000))
+        assert result.status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert (await store.put_message(Message("T", b"ok"))).ok
+
+
+async def test_properties_over_32767_bytes_are_rejected_and_queue_unchanged(make_config):
+    async with open_store(make_config()) as store:
+        result = await store.put_message(Message("T", b"x", properties={"big": "v" * 32767}))
+        assert result.status is PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
+        assert (await store.put_message(Message("T", b"y"))).queue_offset == 0
+
+
+async def test_invalid_topics_are_rejected(make_config):
+    async with open_store(make_config()) as store:
+        for topic in ("", "../escape", "a/b", "x" * 128, "spaces are bad"):
+            result = await store.put_message(Message(topic, b"x"))
+            assert result.status is PutMessageStatus.MESSAGE_ILLEGAL, topic
+        assert not os.path.exists(os.path.join(store.root, "escape"))
+
+
+async def test_get_message_statuses(make_config):
+    async with open_store(make_config()) as store:
+        assert (store.read_queue("Nope", 0, 0, 1)).status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
+        for i in range(3):
+            await store.put_message(Message("S", bytes([i])))
+        await store.wait_dispatched()
+        found = store.read_queue("S", 0, 1, 10)
+        assert found.status is GetMessageStatus.FOUND and found.next_begin_offset == 3
+        assert [m.body for m in found.messages] == [b"\x01", b"\x02"]
+        one = store.read_queue("S", 0, 3, 10)
+        assert one.status is GetMessageStatus.OFFSET_OVERFLOW_ONE and one.next_begin_offset == 3
+        badly = store.read_queue("S", 0, 9, 10)
+        assert badly.status is GetMessageStatus.OFFSET_OVERFLOW_BADLY
+        limited = store.read_queue("S", 0, 0, 10, max_bytes=1)
+        assert len(limited.messages) == 1 and limited.next_begin_offset == 1
+
+
+async def test_repeated_open_and_close_keeps_everything(make_config):
+    config = make_config()
+    offsets = []
+    for round_ in range(5):
+        async with open_store(config) as store:
+            assert store.recovery.abnormal is False
+            result = await store.put_message(Message("R", f"round {round_}".encode()))
+            assert result.queue_offset == round_
+            offsets.append(result.commitlog_offset)
+    async with open_store(config) as store:
+        bodies = [m.body for m in await store.get_messages("R", 0, 0, 10)]
+        assert bodies == [f"round {i}".encode() for i in range(5)]
+
+
+async def test_second_open_of_a_store_in_use_fails_clearly(make_config):
+    config = make_config()
+    async with open_store(config):
+        with pytest.raises(StoreLockedError, match="already open"):
+            async with open_store(config):
+                pass
+    async with open_store(config):  # released on close
+        pass
+
+
+async def test_lock_excludes_another_process(make_config):
+    config = make_config()
+    async with open_store(config) as store:
+        code = (
+            "import trio, sys\n"
+            "from trio_ha import StoreConfig, open_store, StoreLockedError\n"
+            f"cfg = StoreConfig(store_path_root_dir={store.root!r}, mapped_file_size_commit_log=65536, mapped_file_size_consume_queue=2000)\n"
+            "async def main():\n"
+            "    try:\n"
+            "        async with open_store(cfg): pass\n"
+            "    except StoreLockedError as e:\n"
+            "        print('LOCKED', e); sys.exit(3)\n"
+            "trio.run(main)\n"
+        )
+        proc = await trio.run_process([os.sys.executable, "-c", code], capture_stdout=True, check=False)
+        assert proc.returncode == 3 and b"in use by another process" in proc.stdout
+
+
+async def test_slave_refuses_puts(make_config):
+    async with open_store(make_config(broker_role=BrokerRole.SLAVE)) as store:
+        result = await store.put_message(Message("T", b"x"))
+        assert result.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+
+
+async def test_sync_flush_puts_are_flushed_before_they_return(make_config):
+    async with open_store(make_config(flush_disk_type=FlushDiskType.SYNC_FLUSH)) as store:
+        for i in range(20):
+            result = await store.put_message(Message("D", body_for(i, 300)))
+            assert result.ok
+            assert store.commitlog.flushed.value >= result.commitlog_offset + result.size
+
+
+async def test_group_commit_serves_many_puts_with_few_syncs(make_config):
+    async with open_store(make_config(flush_disk_type=FlushDiskType.SYNC_FLUSH)) as store:
+        before = store.statistics().flushes
+        results = []
+
+        async def writer(n):
+            for i in range(8):
+                results.append(await store.put_message(Message("G", body_for(i, 100)), queue_id=n % 4))
+
+        async with trio.open_nursery() as nursery:
+            for n in range(64):
+                nursery.start_soon(writer, n)
+        assert len(results) == 512 and all(r.ok for r in results)
+        syncs = store.statistics().flushes - before
+        assert 0 < syncs < len(results) / 4
+
+
+async def test_group_commit_timeout_gives_flush_disk_timeout_and_keeps_the_message(make_config):
+    config = make_config(flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=200)
+    async with open_store(config) as store:
+        results = []
+        # A stalled disk: the flusher cannot get in while we hold its lock.
+        async with store.commitlog._flush_lock:
+            async with trio.open_nursery() as nursery:
+                for i in range(100):
+                    nursery.start_soon(lambda i=i: _append_result(store, results, i))
+        assert len(results) == 100
+        assert {r.status for r in results} == {PutMessageStatus.FLUSH_DISK_TIMEOUT}
+        assert all(r.status.stored for r in results)
+        # Once the disk is back, new puts succeed and the timed-out ones are durable too.
+        later = await store.put_message(Message("W", b"after"))
+        assert later.ok
+        assert store.commitlog.flushed.value >= max(r.commitlog_offset for r in results)
+        await store.wait_dispatched()
+        assert store.max_queue_offset("W", 0) == 101
+
+
+async def _append_result(store, results, i):
+    results.append(await store.put_message(Message("W", body_for(i, 50))))
+
+
+async def test_wait_false_skips_the_sync_flush_wait(make_config):
+    config = make_config(flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=100)
+    async with open_store(config) as store:
+        async with store.commitlog._flush_lock:
+            result = await store.put_message(Message("W", b"x", properties={"WAIT": "false"}))
+        assert result.status is PutMessageStatus.PUT_OK
+
+
+async def test_sync_flush_consumers_never_see_unflushed_messages(make_config):
+    config = make_config(flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=100)
+    async with open_store(config) as store:
+        async with store.commitlog._flush_lock:
+            result = await store.put_message(Message("V", b"x"))
+            assert result.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+            assert store.max_queue_offset("V", 0) == 0
+            assert await store.look_message_by_offset(result.commitlog_offset) is None
+        await store.flush()
+        await store.wait_dispatched()
+        assert store.max_queue_offset("V", 0) == 1
+
+
+async def test_lookup_by_time_binary_search(make_config):
+    async with open_store(make_config()) as store:
+        stamps = []
+        for i in range(40):
+            result = await store.put_message(Message("Time", body_for(i, 20)))
+            stamps.append(result.store_timestamp)
+            if i % 10 == 9:
+                await trio.sleep(0.02)
+        await store.wait_dispatched()
+        for i in (0, 9, 10, 25, 39):
+            found = store.get_offset_in_queue_by_time("Time", 0, stamps[i])
+            assert found == stamps.index(stamps[i])
+            assert store.get_message_store_timestamp("Time", 0, found) == stamps[i]
+        assert store.get_offset_in_queue_by_time("Time", 0, 0) == 0
+        assert store.get_offset_in_queue_by_time("Time", 0, stamps[-1] + 1) == 40
+        assert store.get_earliest_message_time("Time", 0) == stamps[0]
+
+
+async def test_lookup_by_offset_rejects_offsets_that_are_not_record_starts(make_config):
+    async with open_store(make_config()) as store:
+        result = await store.put_message(Message("L", b"hello"))
+        for bad in (result.commitlog_offset + 1, result.commitlog_offset + result.size, -5, 10**12):
+            assert await store.look_message_by_offset(bad) is None
+
+
+async def test_store_timestamps_rise_with_offsets(make_config):
+    async with open_store(make_config()) as store:
+        results = [await store.put_message(Message("M", b"x")) for _ in range(200)]
+        stamps = [r.store_timestamp for r in results]
+        assert stamps == sorted(stamps)
+
+
+async def test_shutdown_with_dispatch_behind_keeps_abort_file(make_config):
+    config = make_config()
+    async with open_store(config) as store:
+        await store.put_message(Message("A", b"x"))
+        await store.wait_dispatched()
+        # A dispatcher that stopped on an error leaves work undone: the next open must
+        # run crash recovery (RocketMQ's testDispatchBehindWhenShutdown).
+        store.dispatcher.error = "simulated: queue write failed"
+    assert os.path.exists(os.path.join(config.store_path_root_dir, "abort"))
+    async with open_store(config) as store:
+        assert store.recovery.abnormal
+        assert [m.body for m in await store.get_messages("A", 0, 0, 5)] == [b"x"]
+    assert not os.path.exists(os.path.join(config.store_path_root_dir, "abort"))
+
+
+async def test_checkpoint_records_flushed_timestamps(make_config):
+    config = make_config(flush_disk_type=FlushDiskType.SYNC_FLUSH)
+    async with open_store(config) as store:
+        result = await store.put_message(Message("C", b"x"))
+        await store.wait_dispatched()
+        await store.flush_consume_queues(0)
+        assert store.checkpoint.physic_msg_timestamp == result.store_timestamp
+        assert store.checkpoint.logics_msg_timestamp == result.store_timestamp
+    from trio_ha.store.checkpoint import Checkpoint
+
+    on_disk = Checkpoint.load(os.path.join(config.store_path_root_dir, "checkpoint"))
+    assert on_disk.physic_msg_timestamp == result.store_timestamp
+    assert os.path.getsize(os.path.join(config.store_path_root_dir, "checkpoint")) == 4096
+    assert on_disk.min_timestamp == result.store_timestamp - 3000
+
+
+async def test_retention_deletes_old_segments_and_queue_files_but_waits_for_holders(make_config):
+    config = make_config(delete_commit_log_files_interval=0)
+    async with open_store(config) as store:
+        for i in range(400):
+            await store.put_message(Message("Old", body_for(i, 900)))
+        await store.flush()
+        await store.wait_dispatched()
+        segments = list(store.commitlog.segments.segments)
+        assert len(segments) >= 5
+        old = time.time() - 73 * 3600
+        for segment in segments[:3]:
+            os.utime(segment.path, (old, old))
+        held = segments[0]
+        with held.hold():
+            deleted = await retention.delete_expired_files(store, force=True)
+            assert deleted == 3
+            assert os.path.exists(held.path)  # a reader still holds it
+            assert held.read(0, 4) != b""
+        assert not os.path.exists(held.path)
+        assert not any(os.path.exists(s.path) for s in segments[:3])
+        assert store.min_commitlog_offset == segments[3].base_offset
+        low = store.min_queue_offset("Old", 0)
+        assert low > 0
+        first = await store.get_messages("Old", 0, low, 1)
+        assert first and first[0].commitlog_offset >= store.min_commitlog_offset
+        too_small = store.read_queue("Old", 0, 0, 1)
+        assert too_small.status is GetMessageStatus.OFFSET_TOO_SMALL and too_small.next_begin_offset == low
+        # Not expired: nothing more goes.
+        assert await retention.delete_expired_files(store, force=True) == 0
+
+
+async def test_from_properties_reads_rocketmq_keys():
+    config = StoreConfig.from_properties(
+        "brokerRole=SYNC_MASTER\nflushDiskType=SYNC_FLUSH\nstorePathRootDir=/tmp/x\n"
+        "mappedFileSizeCommitLog=1073741824\nlistenPort=10911\n# comment\nmaxMessageSize=1024\n"
+    )
+    assert config.broker_role is BrokerRole.SYNC_MASTER
+    assert config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+    assert config.store_path_root_dir == "/tmp/x" and config.max_message_size == 1024
+
+
+# ---- property-based: everything put comes back, across many segment boundaries --------------
+
+message_strategy = st.builds(
+    lambda topic, body, tags, props: (topic, body, tags, props),
+    st.sampled_from(["TopicA", "TopicB", "T%|x-y_z"]),
+    st.builds(
+        lambda size, seed: random.Random(seed).randbytes(size),
+        st.one_of(st.integers(0, 600), st.integers(3000, 9000)),
+        st.integers(0, 2**32),
+    ),
+    st.one_of(st.none(), st.text("abcXYZ", min_size=1, max_size=5)),
+    st.dictionaries(st.sampled_from(["a", "bb", "UNIQ_KEY"]), st.text("xyz\u00e9\u4e2d", min_size=1, max_size=10), max_size=3),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=st.lists(
+        st.tuples(st.booleans(), st.lists(message_strategy, min_size=1, max_size=6), st.integers(0, 2)),
+        min_size=1,
+        max_size=40,
+    ),
+    flush=st.sampled_from(list(FlushDiskType)),
+)
+async def test_everything_put_reads_back_identically(ops, flush):
+    root = tempfile.mkdtemp(prefix="trio-ha-prop-")
+    try:
+        config = StoreConfig(
+            store_path_root_dir=root, mapped_file_size_commit_log=16 * 1024,
+            mapped_file_size_consume_queue=20 * 8, flush_disk_type=flush,
+        )
+        expected = []  # (result offset, queue offset, Message, queue id)
+        async with open_store(config) as store:
+            for as_batch, specs, queue_id in ops:
+                messages = [Message(t, b, tags=tg, properties=p) for t, b, tg, p in specs]
+                if as_batch and len({m.topic for m in messages}) == 1:
+                    result = await store.put_messages(messages, queue_id=queue_id)
+                    assert result.ok, result
+                    for i, (m, msg_id) in enumerate(zip(messages, result.msg_ids)):
+                        _, offset = rec.decode_message_id(msg_id)
+                        expected.append((offset, result.queue_offset + i, m, queue_id))
+                else:
+                    for m in messages:
+                        result = await store.put_message(m, queue_id=queue_id)
+                        assert result.ok, result
+                        expected.append((result.commitlog_offset, result.queue_offset, m, queue_id))
+            await store.wait_dispatched()
+            await _check_all(store, expected)
+        async with open_store(config) as store:  # and after a restart
+            await _check_all(store, expected)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def _check_all(store, expected):
+    for offset, queue_offset, message, queue_id in expected:
+        by_offset = await store.look_message_by_offset(offset)
+        by_queue = await store.get_messages(message.topic, queue_id, queue_offset, 1)
+        for stored in (by_offset, by_queue[0]):
+            assert stored.body == message.body and stored.topic == message.topic
+            assert stored.queue_offset == queue_offset and stored.commitlog_offset == offset
+            assert stored.tags == message.tags and stored.crc_ok
+            assert stored.properties == message.all_properties()
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.sampled_from([0, 1, 4 * 1024 * 1024, 4 * 1024 * 1024 - 1, 2_000_000]), min_size=2, max_size=5))
+async def test_bodies_up_to_4_mib_round_trip(sizes):
+    root = tempfile.mkdtemp(prefix="trio-ha-big-")
+    try:
+        config = StoreConfig(
+            store_path_root_dir=root, mapped_file_size_commit_log=4 * 1024 * 1024 + 64 * 1024,
+            mapped_file_size_consume_queue=200, warm_mapped_file_enable=False,
+        )
+        async with open_store(config) as store:
+            results = []
+            for i, size in enumerate(sizes):
+                results.append(await store.put_message(Message("Big", body_for(i, size))))
+            assert all(r.ok for r in results)
+            for i, (size, result) in enumerate(zip(sizes, results)):
+                stored = await store.look_message_by_offset(result.commitlog_offset)
+                assert stored.body == body_for(i, size)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
