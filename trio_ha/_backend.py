@@ -308,7 +308,7 @@ class _PythonEngine:
 
     def warm(self, handle, start: int, length: int) -> None:
         page = 4096
-        first = start - start % page
+        first = start + (-start % page)  # only pages that begin inside the range
         for p in range(first, start + length, page):
             handle[p] = 0
 

@@ -27,6 +27,10 @@ from .consume_queue import ConsumeQueueTable, is_valid_topic
 log = logging.getLogger(__name__)
 
 SCAN_BATCH = 4096
+# After a round, pause this long before the next (RocketMQ's reput sleeps 1 ms too): a lone
+# message is indexed at once, a stream of appends is indexed in batches instead of waking the
+# dispatcher for every record.
+ROUND_PAUSE = 0.001
 # A single dispatch round indexes at most this many records before yielding to the loop.
 ROUND_BUDGET = 16384
 
@@ -139,7 +143,7 @@ class Dispatcher:
                 # wait for more bytes rather than spin.
                 await limit.wait_for(limit.value + 1)
             else:
-                await trio.lowlevel.checkpoint()
+                await trio.sleep(ROUND_PAUSE)
 
     @property
     def behind_bytes(self) -> int:

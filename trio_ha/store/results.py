@@ -6,7 +6,7 @@ import enum
 
 import attrs
 
-from ..wire.record import StoredMessage
+from ..wire.record import StoredMessage, message_id
 
 
 class PutMessageStatus(enum.Enum):
@@ -49,25 +49,32 @@ class GetMessageStatus(enum.Enum):
 
 @attrs.frozen
 class PutMessageResult:
-    """What a put did. For a batch, offsets and ids are those of every stored record and
-    ``commitlog_offset``/``queue_offset`` those of the first; ``size`` is the total."""
+    """What a put did. For a batch, ``record_offsets`` and ``msg_ids`` cover every stored
+    record, ``commitlog_offset``/``queue_offset`` are those of the first, ``size`` the total."""
 
     status: PutMessageStatus
     commitlog_offset: int = -1
     size: int = 0
     queue_offset: int = -1
-    msg_ids: tuple[str, ...] = ()
+    #: commitlog offset of each stored record
+    record_offsets: tuple[int, ...] = ()
     store_timestamp: int = 0
     remark: str = ""
+    store_host: bytes = b""
+
+    @property
+    def msg_ids(self) -> tuple[str, ...]:
+        """RocketMQ's offsetMsgId of each record (made on demand: most callers never ask)."""
+        return tuple(message_id(self.store_host, offset) for offset in self.record_offsets)
 
     @property
     def msg_id(self) -> str:
-        """RocketMQ's offsetMsgId; comma-joined for a batch, as the broker returns it."""
+        """The offsetMsgId; comma-joined for a batch, as the broker returns it."""
         return ",".join(self.msg_ids)
 
     @property
     def count(self) -> int:
-        return len(self.msg_ids)
+        return len(self.record_offsets)
 
     @property
     def ok(self) -> bool:

@@ -32,6 +32,7 @@ from . import retention
 from .checkpoint import Checkpoint
 from .commitlog import AllocationTimeout, CommitLog
 from .consume_queue import ConsumeQueueTable, is_valid_topic
+from .segment import Segment
 from .dispatch import Dispatcher
 from .recovery import RecoveryReport, recover
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
@@ -80,9 +81,12 @@ class MessageStore:
     _root: str = ""
     _running: bool = False
     _closed: bool = False
+    #: running, open, and a master: the put fast path's one check
+    _accepting: bool = False
     _puts: int = 0
     _put_failures: int = 0
     _born_hosts: dict[str, bytes] = attrs.field(factory=dict)
+    _topics: dict[str, bytes] = attrs.field(factory=dict)
 
     # ---- opening -------------------------------------------------------------------------
 
@@ -203,6 +207,7 @@ class MessageStore:
     async def _shutdown(self) -> None:
         """Stop taking puts, make everything durable, and say so with the abort file."""
         self._closed = True
+        self._accepting = False
         await self.commitlog.flush(0)
         while self.dispatcher.dispatch_available(self.confirmed.value):
             await trio.lowlevel.checkpoint()
@@ -224,13 +229,41 @@ class MessageStore:
 
     # ---- puts -------------------------------------------------------------------------------
 
-    def _writable_status(self) -> PutMessageStatus | None:
+    def _refusal(self, topic: str, queue_id: int, body_len: int) -> PutMessageResult | None:
+        """Why a put must be refused before it touches the log, or None. (The put paths
+        first try a cached fast check; this is the full one, with the reasons.)"""
         if self._closed or not self._running:
-            return PutMessageStatus.SERVICE_NOT_AVAILABLE
+            return self._illegal("store is closed", PutMessageStatus.SERVICE_NOT_AVAILABLE)
         if self.config.broker_role is BrokerRole.SLAVE:
-            return PutMessageStatus.SERVICE_NOT_AVAILABLE
+            return self._illegal(
+                "a slave does not accept writes", PutMessageStatus.SERVICE_NOT_AVAILABLE
+            )
         if self.dispatcher.error is not None:
-            return PutMessageStatus.SERVICE_NOT_AVAILABLE
+            return self._illegal(
+                f"store is read-only: {self.dispatcher.error}",
+                PutMessageStatus.SERVICE_NOT_AVAILABLE,
+            )
+        if self._topic_bytes(topic) is None:
+            return self._illegal(
+                f"topic {topic!r} is not a valid topic name (1-127 of [%|a-zA-Z0-9_-])"
+            )
+        if not 0 <= queue_id < 2**31:
+            return self._illegal(f"queue id {queue_id} out of range")
+        if body_len > self.config.max_message_size:
+            return self._illegal(
+                f"body of {body_len} bytes exceeds maxMessageSize {self.config.max_message_size}"
+            )
+        return None
+
+    def _accepts(self, topic: str, queue_id: int, body_len: int) -> bytes | None:
+        """The fast path of ``_refusal``: the encoded topic when nothing stands in the way."""
+        if (
+            self._accepting
+            and self.dispatcher.error is None
+            and 0 <= queue_id < 0x80000000
+            and body_len <= self._max_message_size
+        ):
+            return self._topics.get(topic)
         return None
 
     def _born_host(self, born_host: str | None) -> bytes:
@@ -247,59 +280,70 @@ class MessageStore:
         self._put_failures += 1
         return PutMessageResult(status, remark=remark)
 
-    def _check_message(self, topic: str, queue_id: int, body_len: int) -> PutMessageResult | None:
-        if not is_valid_topic(topic):
-            return self._illegal(f"topic {topic!r} is not a valid topic name (1-127 of [%|a-zA-Z0-9_-])")
-        if not 0 <= queue_id < 2**31:
-            return self._illegal(f"queue id {queue_id} out of range")
-        if body_len > self.config.max_message_size:
-            return self._illegal(
-                f"body of {body_len} bytes exceeds maxMessageSize {self.config.max_message_size}"
-            )
-        return None
+    def _topic_bytes(self, topic: str) -> bytes | None:
+        """The encoded topic, or None if it is not a valid topic name (cached: a store sees
+        few distinct topics, and this runs on every put)."""
+        encoded = self._topics.get(topic)
+        if encoded is None and is_valid_topic(topic):
+            encoded = topic.encode()
+            if len(self._topics) < 65536:
+                self._topics[topic] = encoded
+        return encoded
+
+    async def _next_segment(self) -> Segment | PutMessageResult:
+        """The segment to append to, waiting for the allocator if the last one is full."""
+        commitlog = self.commitlog
+        while True:
+            segment = commitlog.writable_segment()
+            if segment is not None:
+                return segment
+            try:
+                await commitlog.wait_for_segment()
+            except AllocationTimeout as exc:
+                return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
 
     async def put_message(self, message: rec.Message, queue_id: int = 0) -> PutMessageResult:
-        """Append one message; the result says whether it is stored, and how durably."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        status = self._writable_status()
-        if status is not None:
-            return self._illegal("store is not writable", status)
-        bad = self._check_message(message.topic, queue_id, len(message.body))
-        if bad is not None:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return bad
+        """Append one message; the result says whether it is stored, and how durably.
+
+        The one checkpoint comes first, before anything is written: a cancelled put has not
+        happened, and a put that happened is never turned into a Cancelled exception (except
+        while it waits for SYNC_FLUSH, where the caller chose to stop waiting)."""
+        await trio.lowlevel.checkpoint()
+        topic = self._accepts(message.topic, queue_id, len(message.body))
+        if topic is None:
+            refusal = self._refusal(message.topic, queue_id, len(message.body))
+            if refusal is not None:
+                return refusal
+            topic = self._topics[message.topic]
         props = message.encoded_properties()
         if len(props) > rec.MAX_PROPERTIES_LENGTH:
-            await trio.lowlevel.cancel_shielded_checkpoint()
             return self._illegal(
                 f"properties of {len(props)} bytes exceed {rec.MAX_PROPERTIES_LENGTH}",
                 PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
             )
-        topic = message.topic.encode()
         born_host = self._born_host(message.born_host)
         tx_type = message.sys_flag & rec.TRANSACTION_TYPE_MASK
-        consumable = tx_type not in (rec.TRANSACTION_PREPARED, rec.TRANSACTION_ROLLBACK)
+        consumable = tx_type != rec.TRANSACTION_PREPARED and tx_type != rec.TRANSACTION_ROLLBACK
         key = (message.topic, queue_id)
         commitlog = self.commitlog
-        engine = _backend.engine
+        store_host = commitlog.store_host
+        encode = _backend.engine.encode_record
         while True:
-            segment = commitlog.writable_segment()
-            if segment is None:
-                try:
-                    await commitlog.wait_for_segment()
-                except AllocationTimeout as exc:
-                    return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
-                continue
+            segment = commitlog.segments.segments[-1]
+            if segment.wrote_position == segment.size:
+                segment = await self._next_segment()
+                if isinstance(segment, PutMessageResult):
+                    return segment
             # From here to record_appended nothing awaits: the append is atomic.
             position = segment.wrote_position
             queue_offset = self._queue_offsets.get(key, 0) if consumable else 0
             store_timestamp = commitlog.next_store_timestamp()
             born_timestamp = message.born_timestamp
-            new_position = engine.encode_record(
+            new_position = encode(
                 segment.handle, segment.size, position, segment.base_offset, topic,
                 message.body, props, queue_id, message.flag, queue_offset, message.sys_flag,
                 store_timestamp if born_timestamp is None else born_timestamp, born_host,
-                store_timestamp, commitlog.store_host, message.reconsume_times,
+                store_timestamp, store_host, message.reconsume_times,
                 message.prepared_transaction_offset,
             )
             if new_position >= 0:
@@ -307,18 +351,20 @@ class MessageStore:
             if new_position == _backend.ERR_NO_SPACE and position > 0:
                 commitlog.end_segment(segment)
                 continue
-            return self._illegal(_encode_error(new_position, len(topic)), _encode_status(new_position))
+            return self._illegal(
+                _encode_error(new_position, len(topic)), _encode_status(new_position)
+            )
         commitlog.record_appended(segment, new_position, store_timestamp)
         if consumable:
             self._queue_offsets[key] = queue_offset + 1
         self._puts += 1
         offset = segment.base_offset + position
-        end = segment.base_offset + new_position
-        wait = message.properties.get(rec.PROPERTY_WAIT_STORE_MSG_OK) != "false"
-        status = await self._wait_durable(end, wait)
+        status = PutMessageStatus.PUT_OK
+        if self._sync_flush and message.properties.get(rec.PROPERTY_WAIT_STORE_MSG_OK) != "false":
+            status = await self._wait_durable(segment.base_offset + new_position)
         return PutMessageResult(
-            status, offset, new_position - position, queue_offset,
-            _OffsetIds(commitlog.store_host, (offset,)), store_timestamp,
+            status, offset, new_position - position, queue_offset, (offset,), store_timestamp,
+            "", store_host,
         )
 
     async def put_messages(self, messages: Sequence[rec.Message], queue_id: int = 0) -> PutMessageResult:
@@ -360,33 +406,24 @@ class MessageStore:
     ) -> PutMessageResult:
         """Append an already-encoded SEND_BATCH_MESSAGE body (the broker's path: no
         per-message Python work, the native encoder converts every item)."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        status = self._writable_status()
-        if status is not None:
-            return self._illegal("store is not writable", status)
-        bad = self._check_message(topic, queue_id, 0)
-        if bad is None and len(body) > self.config.max_message_size:
-            bad = self._illegal(
-                f"batch body of {len(body)} bytes exceeds maxMessageSize {self.config.max_message_size}"
-            )
-        if bad is None and sys_flag & rec.TRANSACTION_TYPE_MASK:
-            bad = self._illegal("transaction messages cannot be batched")
-        if bad is not None:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return bad
-        topic_bytes = topic.encode()
+        await trio.lowlevel.checkpoint()
+        refusal = None
+        if self._accepts(topic, queue_id, len(body)) is None:
+            # The whole body counts against maxMessageSize, as RocketMQ checks a batch.
+            refusal = self._refusal(topic, queue_id, len(body))
+        if refusal is None and sys_flag & rec.TRANSACTION_TYPE_MASK:
+            refusal = self._illegal("transaction messages cannot be batched")
+        if refusal is not None:
+            return refusal
+        topic_bytes = self._topics[topic]
         born = self._born_host(born_host)
         key = (topic, queue_id)
         commitlog = self.commitlog
         engine = _backend.engine
         while True:
-            segment = commitlog.writable_segment()
-            if segment is None:
-                try:
-                    await commitlog.wait_for_segment()
-                except AllocationTimeout as exc:
-                    return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
-                continue
+            segment = await self._next_segment()
+            if isinstance(segment, PutMessageResult):
+                return segment
             position = segment.wrote_position
             queue_offset = self._queue_offsets.get(key, 0)
             store_timestamp = commitlog.next_store_timestamp()
@@ -405,22 +442,28 @@ class MessageStore:
         commitlog.record_appended(segment, new_position, store_timestamp)
         self._queue_offsets[key] = queue_offset + len(offsets)
         self._puts += len(offsets)
-        status = await self._wait_durable(segment.base_offset + new_position, wait_store_msg_ok)
+        status = PutMessageStatus.PUT_OK
+        if self._sync_flush and wait_store_msg_ok:
+            status = await self._wait_durable(segment.base_offset + new_position)
         return PutMessageResult(
             status, segment.base_offset + position, new_position - position, queue_offset,
-            _OffsetIds(commitlog.store_host, offsets), store_timestamp,
+            tuple(offsets), store_timestamp, "", commitlog.store_host,
         )
 
-    async def _wait_durable(self, end: int, wait: bool) -> PutMessageStatus:
-        """Hold a put until its guarantees hold (SYNC_FLUSH: its bytes are synced), at most
-        syncFlushTimeout; always a checkpoint."""
-        if wait and self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            with trio.move_on_after(self.config.sync_flush_timeout / 1000):
-                await self.commitlog.flushed.wait_for(end)
-                return PutMessageStatus.PUT_OK
-            return PutMessageStatus.FLUSH_DISK_TIMEOUT
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return PutMessageStatus.PUT_OK
+    @property
+    def _sync_flush(self) -> bool:
+        return self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+
+    @property
+    def _max_message_size(self) -> int:
+        return self.config.max_message_size
+
+    async def _wait_durable(self, end: int) -> PutMessageStatus:
+        """Hold a put until its bytes are synced (SYNC_FLUSH), at most syncFlushTimeout."""
+        with trio.move_on_after(self.config.sync_flush_timeout / 1000):
+            await self.commitlog.flushed.wait_for(end)
+            return PutMessageStatus.PUT_OK
+        return PutMessageStatus.FLUSH_DISK_TIMEOUT
 
     # ---- reads --------------------------------------------------------------------------------
 
@@ -609,15 +652,6 @@ class MessageStore:
         )
 
 
-class _OffsetIds(tuple):
-    """msgIds of stored records, made from their offsets only when someone reads them."""
-
-    __slots__ = ()
-
-    def __new__(cls, store_host: bytes, offsets: Iterable[int]):
-        return super().__new__(cls, (rec.message_id(store_host, o) for o in offsets))
-
-
 def _encode_status(code: int) -> PutMessageStatus:
     if code == _backend.ERR_PROPS_TOO_LARGE:
         return PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
@@ -681,6 +715,7 @@ async def open_store(config: StoreConfig):
         async with trio.open_nursery() as nursery:
             await store._run_services(nursery)
             store._running = True
+            store._accepting = config.broker_role is not BrokerRole.SLAVE
             try:
                 yield store
             finally:

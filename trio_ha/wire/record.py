@@ -199,9 +199,24 @@ class Message:
         return merged
 
     def encoded_properties(self, *, trailing_separator: bool = False) -> bytes:
-        return encode_properties(
-            self.all_properties(), trailing_separator=trailing_separator
-        ).encode()
+        """The PROPERTIES field of this message's record (the put path calls this for every
+        message, so it avoids building the merged dict when it can)."""
+        properties = self.properties
+        if PROPERTY_TAGS in properties or PROPERTY_KEYS in properties:
+            text = encode_properties(self.all_properties())
+        else:
+            parts = []
+            if self.tags:
+                parts.append("TAGS\x01" + self.tags)
+            keys = self.keys
+            if keys:
+                parts.append("KEYS\x01" + (keys if isinstance(keys, str) else " ".join(keys)))
+            if properties:
+                parts.extend([f"{name}\x01{value}" for name, value in properties.items()])
+            text = "\x02".join(parts)
+        if trailing_separator and text:
+            text += PROPERTY_SEPARATOR
+        return text.encode()
 
 
 @attrs.frozen
@@ -285,6 +300,8 @@ def encode_record(
     """One record, byte for byte as RocketMQ's CommitLog encoder writes it."""
     if version not in (1, 2):
         raise ValueError(f"unknown record version {version}")
+    # The host fields decide the V6 bits; a stale bit would make the record unreadable.
+    sys_flag &= ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
     if len(born_host) == 20:
         sys_flag |= SYSFLAG_BORNHOST_V6
     if len(store_host) == 20:

@@ -1,0 +1,698 @@
+/*
+ * trio_ha native core: record encoding, batch conversion, scanning and a few memory/file
+ * helpers. The contract is trio_ha_native.h; the Python twin (trio_ha/_backend.py and
+ * trio_ha/wire/record.py) is the oracle the tests hold this file against.
+ *
+ * Rules kept throughout: every multi-byte integer is read and written byte by byte in
+ * big-endian order (no pointer casts, so no alignment or aliasing questions); every read in
+ * th_scan is bounds-checked against the record's TOTALSIZE, which is itself checked against
+ * `limit` first; the encoders check the whole write against seg_size before touching seg.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+#ifndef _FILE_OFFSET_BITS
+#define _FILE_OFFSET_BITS 64
+#endif
+
+#include "trio_ha_native.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
+#include <unistd.h>
+#include <zlib.h>
+
+/* ---- record layout constants (reference §1.1, §1.2) ------------------------------------ */
+
+#define MAGIC_V1 0xDAA320A7u
+#define MAGIC_V2 0xDAA320ABu
+#define BLANK_MAGIC 0xCBD43194u
+#define END_FILE_MIN_BLANK_LENGTH 8u
+
+#define SYSFLAG_BORNHOST_V6 0x10
+#define SYSFLAG_STOREHOST_V6 0x20
+
+#define MAX_TOPIC_LENGTH 127u
+#define MAX_PROPERTIES_LENGTH 32767u
+
+/* TOTALSIZE .. BORNTIMESTAMP */
+#define HEAD_SIZE 48u
+/* Smallest v1 record: IPv4 hosts, empty body, topic and properties (record_size(0, 0, 0)). */
+#define MIN_RECORD_SIZE 91u
+
+/* A SEND_BATCH_MESSAGE item: TOTALSIZE, MAGIC, BODYCRC, FLAG, BODYLEN (+ body), PROPSLEN. */
+#define BATCH_ITEM_FIXED 22u
+
+#define WARM_PAGE 4096u
+
+/* ---- big-endian helpers ----------------------------------------------------------------- */
+
+static inline uint32_t rd_u32(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) |
+           (uint32_t)p[3];
+}
+
+static inline int32_t rd_i32(const uint8_t *p)
+{
+    /* uint32 -> int32 through memcpy: two's complement without implementation-defined
+       conversion. */
+    uint32_t u = rd_u32(p);
+    int32_t v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+static inline uint16_t rd_u16(const uint8_t *p)
+{
+    return (uint16_t)(((unsigned)p[0] << 8) | (unsigned)p[1]);
+}
+
+static inline int64_t rd_i64(const uint8_t *p)
+{
+    uint64_t u = ((uint64_t)rd_u32(p) << 32) | (uint64_t)rd_u32(p + 4);
+    int64_t v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+static inline void wr_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static inline void wr_i32(uint8_t *p, int32_t v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    wr_u32(p, u);
+}
+
+static inline void wr_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+
+static inline void wr_i64(uint8_t *p, int64_t v)
+{
+    uint64_t u;
+    memcpy(&u, &v, sizeof u);
+    wr_u32(p, (uint32_t)(u >> 32));
+    wr_u32(p + 4, (uint32_t)u);
+}
+
+/* Wrapping int64 addition (base_offset + pos), defined for every input. */
+static inline int64_t add_wrap(int64_t a, uint64_t b)
+{
+    uint64_t ua;
+    memcpy(&ua, &a, sizeof ua);
+    ua += b;
+    int64_t r;
+    memcpy(&r, &ua, sizeof r);
+    return r;
+}
+
+/* ---- version, CRC, Java hash -------------------------------------------------------------- */
+
+uint32_t th_version(void)
+{
+    return TH_NATIVE_VERSION;
+}
+
+static uint32_t crc32_full(const uint8_t *buf, size_t len)
+{
+    uLong crc = crc32(0L, Z_NULL, 0);
+    /* zlib's length is a uInt; feed huge buffers in chunks. */
+    while (len > 0) {
+        uInt n = len > (size_t)0x40000000u ? (uInt)0x40000000u : (uInt)len;
+        crc = crc32(crc, buf, n);
+        buf += n;
+        len -= n;
+    }
+    return (uint32_t)crc;
+}
+
+uint32_t th_crc32(const uint8_t *buf, size_t len)
+{
+    if (len == 0)
+        return 0;
+    return crc32_full(buf, len) & 0x7FFFFFFFu;
+}
+
+/*
+ * Java String.hashCode of the UTF-16 form of a UTF-8 byte string. Malformed input is
+ * replaced exactly as Python's bytes.decode("utf-8", "replace") does (the Unicode "maximal
+ * subpart" practice): an invalid lead byte is one U+FFFD, and a valid lead followed by too
+ * few valid continuation bytes is one U+FFFD for the valid prefix. Surrogate code points
+ * (ED A0..BF) and overlongs (C0, C1, E0 80..9F, F0 80..8F) are invalid; above U+10FFFF too.
+ */
+static uint32_t java_hash_update(uint32_t h, const uint8_t *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint32_t b = s[i];
+        if (b < 0x80) {
+            h = 31u * h + b;
+            i++;
+            continue;
+        }
+        size_t need;
+        uint32_t lo = 0x80, hi = 0xBF, cp;
+        if (b >= 0xC2 && b <= 0xDF) {
+            need = 1;
+            cp = b & 0x1F;
+        } else if (b >= 0xE0 && b <= 0xEF) {
+            need = 2;
+            cp = b & 0x0F;
+            if (b == 0xE0)
+                lo = 0xA0;
+            else if (b == 0xED)
+                hi = 0x9F;
+        } else if (b >= 0xF0 && b <= 0xF4) {
+            need = 3;
+            cp = b & 0x07;
+            if (b == 0xF0)
+                lo = 0x90;
+            else if (b == 0xF4)
+                hi = 0x8F;
+        } else {
+            h = 31u * h + 0xFFFDu;
+            i++;
+            continue;
+        }
+        size_t k = 1;
+        for (; k <= need; k++) {
+            if (i + k >= n)
+                break;
+            uint32_t c = s[i + k];
+            uint32_t l = k == 1 ? lo : 0x80, u = k == 1 ? hi : 0xBF;
+            if (c < l || c > u)
+                break;
+            cp = (cp << 6) | (c & 0x3F);
+        }
+        if (k <= need) {
+            /* bytes s[i .. i+k) are the maximal valid prefix: one replacement character */
+            h = 31u * h + 0xFFFDu;
+            i += k;
+            continue;
+        }
+        i += need + 1;
+        if (cp >= 0x10000) {
+            uint32_t v = cp - 0x10000;
+            h = 31u * h + (0xD800u | (v >> 10));
+            h = 31u * h + (0xDC00u | (v & 0x3FF));
+        } else {
+            h = 31u * h + cp;
+        }
+    }
+    return h;
+}
+
+static int32_t u32_to_i32(uint32_t u)
+{
+    int32_t v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+int32_t th_java_hash(const uint8_t *utf8, size_t len)
+{
+    return u32_to_i32(java_hash_update(0, utf8, len));
+}
+
+/* ---- encoding ------------------------------------------------------------------------------ */
+
+/* TOTALSIZE of a v1 record (reference §1.1), in 64 bits so nothing can overflow. */
+static inline uint64_t v1_record_size(uint64_t body_len, uint64_t topic_len, uint64_t props_len,
+                                      uint64_t born_host_len, uint64_t store_host_len)
+{
+    return HEAD_SIZE + born_host_len + 8 + store_host_len + 4 + 8 + 4 + body_len + 1 +
+           topic_len + 2 + props_len;
+}
+
+static inline int host_len_ok(size_t n)
+{
+    return n == 8 || n == 20;
+}
+
+/* Does a record (or batch) of `need` bytes plus the 8-byte blank fit in seg[pos, seg_size)? */
+static inline int fits(uint64_t seg_size, uint64_t pos, uint64_t need)
+{
+    if (pos > seg_size)
+        return 0;
+    uint64_t room = seg_size - pos;
+    return need <= room && room - need >= END_FILE_MIN_BLANK_LENGTH;
+}
+
+/* Everything a record shares with its batch siblings. */
+typedef struct {
+    const uint8_t *topic;
+    size_t topic_len;
+    int32_t queue_id;
+    int32_t sys_flag; /* V6 bits already merged in */
+    int64_t born_timestamp;
+    const uint8_t *born_host;
+    size_t born_host_len;
+    int64_t store_timestamp;
+    const uint8_t *store_host;
+    size_t store_host_len;
+} record_common;
+
+/*
+ * Write one v1 record of `size` bytes at dst (the caller checked the room). props2 is
+ * appended to props1 (used for batch items: item props, optional \x02, batch props).
+ */
+static void write_record(uint8_t *dst, uint32_t size, const record_common *c, int32_t flag,
+                         int64_t queue_offset, int64_t phys_offset, int32_t reconsume_times,
+                         int64_t prepared_tx_offset, const uint8_t *body, size_t body_len,
+                         const uint8_t *props1, size_t props1_len, int add_separator,
+                         const uint8_t *props2, size_t props2_len)
+{
+    uint8_t *p = dst;
+    wr_u32(p, size);
+    wr_u32(p + 4, MAGIC_V1);
+    wr_u32(p + 8, th_crc32(body, body_len));
+    wr_i32(p + 12, c->queue_id);
+    wr_i32(p + 16, flag);
+    wr_i64(p + 20, queue_offset);
+    wr_i64(p + 28, phys_offset);
+    wr_i32(p + 36, c->sys_flag);
+    wr_i64(p + 40, c->born_timestamp);
+    p += HEAD_SIZE;
+    memcpy(p, c->born_host, c->born_host_len);
+    p += c->born_host_len;
+    wr_i64(p, c->store_timestamp);
+    p += 8;
+    memcpy(p, c->store_host, c->store_host_len);
+    p += c->store_host_len;
+    wr_i32(p, reconsume_times);
+    wr_i64(p + 4, prepared_tx_offset);
+    wr_u32(p + 12, (uint32_t)body_len);
+    p += 16;
+    if (body_len)
+        memcpy(p, body, body_len);
+    p += body_len;
+    *p++ = (uint8_t)c->topic_len;
+    if (c->topic_len)
+        memcpy(p, c->topic, c->topic_len);
+    p += c->topic_len;
+    size_t props_len = props1_len + (add_separator ? 1 : 0) + props2_len;
+    wr_u16(p, (uint16_t)props_len);
+    p += 2;
+    if (props1_len)
+        memcpy(p, props1, props1_len);
+    p += props1_len;
+    if (add_separator)
+        *p++ = 0x02;
+    if (props2_len)
+        memcpy(p, props2, props2_len);
+}
+
+static int32_t merge_v6_flags(int32_t sys_flag, size_t born_host_len, size_t store_host_len)
+{
+    /* The host fields decide the V6 bits (as the broker sets them): a stale bit from the
+       caller would make the record unreadable, so both bits are derived, never trusted. */
+    sys_flag &= ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6);
+    if (born_host_len == 20)
+        sys_flag |= SYSFLAG_BORNHOST_V6;
+    if (store_host_len == 20)
+        sys_flag |= SYSFLAG_STOREHOST_V6;
+    return sys_flag;
+}
+
+int64_t th_encode_record(uint8_t *seg, uint64_t seg_size, uint64_t pos, int64_t base_offset,
+                         const uint8_t *topic, size_t topic_len,
+                         const uint8_t *body, size_t body_len,
+                         const uint8_t *props, size_t props_len,
+                         int32_t queue_id, int32_t flag, int64_t queue_offset, int32_t sys_flag,
+                         int64_t born_timestamp, const uint8_t *born_host, size_t born_host_len,
+                         int64_t store_timestamp, const uint8_t *store_host, size_t store_host_len,
+                         int32_t reconsume_times, int64_t prepared_tx_offset)
+{
+    if (topic_len > MAX_TOPIC_LENGTH || !host_len_ok(born_host_len) ||
+        !host_len_ok(store_host_len))
+        return TH_ERR_BAD_ARGUMENT;
+    if (props_len > MAX_PROPERTIES_LENGTH)
+        return TH_ERR_PROPS_TOO_LARGE;
+    if (body_len > (size_t)INT32_MAX)
+        return TH_ERR_BAD_ARGUMENT;
+    uint64_t size = v1_record_size(body_len, topic_len, props_len, born_host_len, store_host_len);
+    if (size > (uint64_t)INT32_MAX)
+        return TH_ERR_BAD_ARGUMENT; /* TOTALSIZE is a Java int */
+    if (!fits(seg_size, pos, size))
+        return TH_ERR_NO_SPACE;
+    record_common c = {
+        .topic = topic, .topic_len = topic_len, .queue_id = queue_id,
+        .sys_flag = merge_v6_flags(sys_flag, born_host_len, store_host_len),
+        .born_timestamp = born_timestamp, .born_host = born_host,
+        .born_host_len = born_host_len, .store_timestamp = store_timestamp,
+        .store_host = store_host, .store_host_len = store_host_len,
+    };
+    write_record(seg + pos, (uint32_t)size, &c, flag, queue_offset, add_wrap(base_offset, pos),
+                 reconsume_times, prepared_tx_offset, body, body_len, props, props_len, 0,
+                 NULL, 0);
+    return (int64_t)(pos + size);
+}
+
+/* One parsed SEND_BATCH_MESSAGE item. */
+typedef struct {
+    int32_t flag;
+    const uint8_t *body;
+    uint32_t body_len;
+    const uint8_t *props;
+    uint32_t props_len;
+} batch_item;
+
+/*
+ * Parse the item at items[off, items_len) as wire.record.decode_batch does. Returns the
+ * offset just past it, or 0 on a malformed/truncated item (an item is never empty).
+ */
+static size_t parse_batch_item(const uint8_t *items, size_t items_len, size_t off,
+                               batch_item *it)
+{
+    if (items_len - off < BATCH_ITEM_FIXED)
+        return 0;
+    const uint8_t *p = items + off;
+    int32_t size = rd_i32(p);
+    int32_t body_len = rd_i32(p + 16);
+    if (body_len < 0 || (uint64_t)body_len + BATCH_ITEM_FIXED > items_len - off)
+        return 0;
+    uint32_t props_len = rd_u16(p + 20 + (size_t)body_len);
+    uint64_t item_len = (uint64_t)BATCH_ITEM_FIXED + (uint64_t)body_len + props_len;
+    if (item_len > items_len - off || size < 0 || (uint64_t)size != item_len)
+        return 0;
+    it->flag = rd_i32(p + 12);
+    it->body = p + 20;
+    it->body_len = (uint32_t)body_len;
+    it->props = p + 22 + (size_t)body_len;
+    it->props_len = props_len;
+    return off + (size_t)item_len;
+}
+
+static inline int needs_separator(const batch_item *it, size_t batch_props_len)
+{
+    return batch_props_len > 0 && it->props_len > 0 && it->props[it->props_len - 1] != 0x02;
+}
+
+int64_t th_encode_batch(uint8_t *seg, uint64_t seg_size, uint64_t pos, int64_t base_offset,
+                        const uint8_t *items, size_t items_len,
+                        const uint8_t *topic, size_t topic_len,
+                        const uint8_t *batch_props, size_t batch_props_len,
+                        int32_t queue_id, int64_t first_queue_offset, int32_t sys_flag,
+                        int64_t born_timestamp, const uint8_t *born_host, size_t born_host_len,
+                        int64_t store_timestamp, const uint8_t *store_host, size_t store_host_len,
+                        uint64_t max_body_size,
+                        th_batch_entry *out, size_t out_cap, size_t *count)
+{
+    if (count)
+        *count = 0;
+    if (topic_len > MAX_TOPIC_LENGTH || !host_len_ok(born_host_len) ||
+        !host_len_ok(store_host_len))
+        return TH_ERR_BAD_ARGUMENT;
+
+    /* Pass 1: the wire format of every item, and how many there are. */
+    size_t n = 0;
+    batch_item it;
+    for (size_t off = 0; off < items_len; n++) {
+        off = parse_batch_item(items, items_len, off, &it);
+        if (off == 0)
+            return TH_ERR_BATCH_FORMAT;
+    }
+    if (n == 0)
+        return TH_ERR_BATCH_FORMAT;
+    if (n > out_cap)
+        return TH_ERR_TOO_MANY;
+
+    /* Pass 2: per-item limits (in item order, body before properties) and the total size. */
+    uint64_t total = 0;
+    for (size_t off = 0; off < items_len;) {
+        off = parse_batch_item(items, items_len, off, &it);
+        if (it.body_len > max_body_size)
+            return TH_ERR_BODY_TOO_LARGE;
+        uint64_t props_len = (uint64_t)it.props_len + batch_props_len +
+                             (needs_separator(&it, batch_props_len) ? 1 : 0);
+        if (props_len > MAX_PROPERTIES_LENGTH)
+            return TH_ERR_PROPS_TOO_LARGE;
+        uint64_t size = v1_record_size(it.body_len, topic_len, props_len, born_host_len,
+                                       store_host_len);
+        if (size > (uint64_t)INT32_MAX)
+            return TH_ERR_BODY_TOO_LARGE; /* TOTALSIZE is a Java int */
+        total += size;
+    }
+    if (!fits(seg_size, pos, total))
+        return TH_ERR_NO_SPACE;
+
+    /* Pass 3: write. Nothing above wrote, so every error left seg untouched. */
+    record_common c = {
+        .topic = topic, .topic_len = topic_len, .queue_id = queue_id,
+        .sys_flag = merge_v6_flags(sys_flag, born_host_len, store_host_len),
+        .born_timestamp = born_timestamp, .born_host = born_host,
+        .born_host_len = born_host_len, .store_timestamp = store_timestamp,
+        .store_host = store_host, .store_host_len = store_host_len,
+    };
+    size_t i = 0;
+    for (size_t off = 0; off < items_len; i++) {
+        off = parse_batch_item(items, items_len, off, &it);
+        int sep = needs_separator(&it, batch_props_len);
+        uint64_t props_len = (uint64_t)it.props_len + batch_props_len + (sep ? 1 : 0);
+        uint32_t size = (uint32_t)v1_record_size(it.body_len, topic_len, props_len,
+                                                 born_host_len, store_host_len);
+        int64_t phys = add_wrap(base_offset, pos);
+        write_record(seg + pos, size, &c, it.flag, add_wrap(first_queue_offset, i), phys, 0, 0,
+                     it.body, it.body_len, it.props, it.props_len, sep, batch_props,
+                     batch_props_len);
+        out[i].phys_offset = phys;
+        out[i].size = (int32_t)size;
+        out[i].reserved = 0;
+        pos += size;
+    }
+    if (count)
+        *count = i;
+    return (int64_t)pos;
+}
+
+/* ---- scanning ------------------------------------------------------------------------------ */
+
+/*
+ * The TAGS property's hash as decode_properties + java_string_hash would give it: split on
+ * \x02, split each chunk at its first \x01, drop chunks with an empty name or value, the last
+ * TAGS wins. \x01 and \x02 are ASCII, so they never sit inside a replaced UTF-8 sequence and
+ * the split can be done on bytes; the name compares equal to "TAGS" only byte for byte.
+ */
+static int64_t tags_code_of(const uint8_t *props, size_t len)
+{
+    const uint8_t *value = NULL;
+    size_t value_len = 0;
+    size_t start = 0;
+    while (start <= len) {
+        const uint8_t *chunk = props + start;
+        size_t rest = len - start;
+        const uint8_t *sep2 = rest ? memchr(chunk, 0x02, rest) : NULL;
+        size_t chunk_len = sep2 ? (size_t)(sep2 - chunk) : rest;
+        if (chunk_len >= 3) {
+            const uint8_t *sep1 = memchr(chunk, 0x01, chunk_len);
+            if (sep1) {
+                size_t name_len = (size_t)(sep1 - chunk);
+                size_t vlen = chunk_len - name_len - 1;
+                if (name_len == 4 && vlen > 0 && memcmp(chunk, "TAGS", 4) == 0) {
+                    value = sep1 + 1;
+                    value_len = vlen;
+                }
+            }
+        }
+        if (!sep2)
+            break;
+        start += chunk_len + 1;
+    }
+    if (!value)
+        return 0;
+    return (int64_t)th_java_hash(value, value_len);
+}
+
+/*
+ * Decode the record buf[pos, pos + size) (the caller checked pos + size <= limit and
+ * size >= MIN_RECORD_SIZE) into *i. Returns 0 if its fields do not add up to TOTALSIZE.
+ * Every read is at an offset below `size`, checked before it is made. The *_pos fields are
+ * uint32 (th_record_info): buffers past 4 GiB would wrap them, segments are at most 1 GiB.
+ */
+static int parse_record(const uint8_t *buf, uint64_t pos, uint32_t size, uint32_t magic,
+                        int64_t base_offset, int32_t flags, th_record_info *i)
+{
+    const uint8_t *r = buf + pos;
+    const uint64_t end = size; /* offsets below are relative to r */
+    i->size = rd_i32(r);
+    i->body_crc = rd_i32(r + 8);
+    i->queue_id = rd_i32(r + 12);
+    i->flag = rd_i32(r + 16);
+    i->queue_offset = rd_i64(r + 20);
+    i->sys_flag = rd_i32(r + 36);
+    i->born_timestamp = rd_i64(r + 40);
+    uint64_t born_len = (i->sys_flag & SYSFLAG_BORNHOST_V6) ? 20 : 8;
+    uint64_t store_len = (i->sys_flag & SYSFLAG_STOREHOST_V6) ? 20 : 8;
+    uint64_t p = HEAD_SIZE;
+    i->born_host_pos = (uint32_t)(pos + p);
+    i->born_host_len = (uint8_t)born_len;
+    p += born_len;
+    if (p + 8 + store_len + 16 > end)
+        return 0;
+    i->store_timestamp = rd_i64(r + p);
+    p += 8;
+    i->store_host_pos = (uint32_t)(pos + p);
+    i->store_host_len = (uint8_t)store_len;
+    p += store_len;
+    i->reconsume_times = rd_i32(r + p);
+    i->prepared_tx_offset = rd_i64(r + p + 4);
+    int32_t body_len = rd_i32(r + p + 12);
+    p += 16;
+    if (body_len < 0 || p + (uint64_t)body_len > end)
+        return 0;
+    const uint64_t body_off = p;
+    i->body_pos = (uint32_t)(pos + p);
+    i->body_len = (uint32_t)body_len;
+    p += (uint64_t)body_len;
+    uint64_t topic_len;
+    if (magic == MAGIC_V1) {
+        i->version = 1;
+        if (p + 1 > end)
+            return 0;
+        topic_len = r[p];
+        p += 1;
+    } else {
+        i->version = 2;
+        if (p + 2 > end)
+            return 0;
+        topic_len = rd_u16(r + p);
+        p += 2;
+    }
+    i->topic_pos = (uint32_t)(pos + p);
+    i->topic_len = (uint16_t)topic_len;
+    p += topic_len;
+    if (p + 2 > end)
+        return 0;
+    uint64_t props_len = rd_u16(r + p);
+    p += 2;
+    const uint64_t props_off = p;
+    i->props_pos = (uint32_t)(pos + p);
+    i->props_len = (uint16_t)props_len;
+    p += props_len;
+    if (p != end)
+        return 0;
+    i->phys_offset = add_wrap(base_offset, pos);
+    i->tags_code = 0;
+    if ((flags & TH_SCAN_TAGS) && props_len)
+        i->tags_code = tags_code_of(r + props_off, props_len);
+    if (flags & TH_SCAN_CHECK_CRC) {
+        uint32_t crc = th_crc32(r + body_off, (size_t)body_len);
+        i->crc_ok = (i->body_crc >= 0 && crc == (uint32_t)i->body_crc) ? 1 : 0;
+    } else {
+        i->crc_ok = 2;
+    }
+    return 1;
+}
+
+static size_t scan_stop(th_scan_result *res, size_t n, uint64_t end, int32_t stop, int32_t size)
+{
+    res->end = end;
+    res->stop = stop;
+    res->size = size;
+    return n;
+}
+
+size_t th_scan(const uint8_t *buf, uint64_t limit, uint64_t pos, int64_t base_offset,
+               int32_t flags, uint32_t max_record,
+               th_record_info *out, size_t out_cap, th_scan_result *res)
+{
+    size_t n = 0;
+    for (;;) {
+        if (pos == limit)
+            return scan_stop(res, n, pos, TH_STOP_END, 0);
+        if (n >= out_cap)
+            return scan_stop(res, n, pos, TH_STOP_FULL, 0);
+        if (pos > limit || limit - pos < 8)
+            return scan_stop(res, n, pos, TH_STOP_PARTIAL, 0);
+        const uint8_t *r = buf + pos;
+        int32_t size = rd_i32(r);
+        uint32_t magic = rd_u32(r + 4);
+        if (magic == BLANK_MAGIC)
+            return scan_stop(res, n, pos, TH_STOP_BLANK, size);
+        if (magic != MAGIC_V1 && magic != MAGIC_V2)
+            return scan_stop(res, n, pos, TH_STOP_BAD_MAGIC, size);
+        if (size < (int32_t)MIN_RECORD_SIZE || (uint32_t)size > max_record)
+            return scan_stop(res, n, pos, TH_STOP_BAD_SIZE, size);
+        if ((uint64_t)size > limit - pos)
+            return scan_stop(res, n, pos, TH_STOP_PARTIAL, size);
+        th_record_info *info = &out[n];
+        if (!parse_record(buf, pos, (uint32_t)size, magic, base_offset, flags, info))
+            return scan_stop(res, n, pos, TH_STOP_BAD_SIZE, size);
+        if (info->crc_ok == 0) /* described in out[n] but not counted */
+            return scan_stop(res, n, pos, TH_STOP_BAD_CRC, size);
+        n++;
+        pos += (uint64_t)size;
+    }
+}
+
+/* ---- memory and files ---------------------------------------------------------------------- */
+
+static uintptr_t page_size(void)
+{
+    long ps = sysconf(_SC_PAGESIZE);
+    return ps > 0 ? (uintptr_t)ps : (uintptr_t)4096;
+}
+
+int th_msync(uint8_t *addr, size_t len)
+{
+    uintptr_t ps = page_size();
+    uintptr_t a = (uintptr_t)addr;
+    uintptr_t start = a & ~(ps - 1);
+    size_t span = len + (size_t)(a - start);
+    if (msync((void *)start, span, MS_SYNC) != 0)
+        return -errno;
+    return 0;
+}
+
+int th_warm(uint8_t *addr, size_t len)
+{
+    if (len == 0)
+        return 0;
+    /* One volatile store of zero per 4096-byte page, never outside [addr, addr + len): the
+       first at addr itself, then at each page boundary. */
+    volatile uint8_t *v = addr;
+    uintptr_t a = (uintptr_t)addr;
+    size_t first_boundary = (size_t)((WARM_PAGE - (a & (WARM_PAGE - 1))) & (WARM_PAGE - 1));
+    v[0] = 0;
+    for (size_t off = first_boundary == 0 ? WARM_PAGE : first_boundary; off < len;
+         off += WARM_PAGE)
+        v[off] = 0;
+    uintptr_t ps = page_size();
+    uintptr_t start = a & ~(ps - 1);
+    (void)madvise((void *)start, len + (size_t)(a - start), MADV_WILLNEED);
+    return 0;
+}
+
+void th_zero(uint8_t *addr, size_t len)
+{
+    if (len)
+        memset(addr, 0, len);
+}
+
+int th_fallocate(int fd, int64_t offset, int64_t len)
+{
+    return posix_fallocate(fd, (off_t)offset, (off_t)len);
+}
+
+int64_t th_sendfile(int out_fd, int in_fd, int64_t offset, size_t count)
+{
+    off_t off = (off_t)offset;
+    ssize_t n = sendfile(out_fd, in_fd, &off, count);
+    if (n < 0)
+        return -(int64_t)errno;
+    return (int64_t)n;
+}
