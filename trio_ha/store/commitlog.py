@@ -95,16 +95,24 @@ class CommitLog:
     def max_offset(self) -> int:
         return self.written.value
 
-    def set_end(self, offset: int) -> None:
-        """After recovery: the log ends (and is durable) at ``offset``."""
+    def set_end(self, offset: int, *, zero_tail: bool) -> None:
+        """After recovery (blocking): the log ends at ``offset``; everything below it is
+        synced to disk before anyone is told it is flushed.
+
+        With ``zero_tail`` the rest of the last segment is zeroed and synced too. Recovery
+        asks for it when the log ended in a torn or corrupt record: RocketMQ leaves those
+        bytes, and a later crash can then line a new record up with an old one behind it
+        that scans as valid. A clean end (zeros) needs no zeroing."""
         self.segments.truncate(offset)
         last = self.segments.last
-        if last is not None and offset > last.base_offset:
+        if last is not None and zero_tail and offset >= last.base_offset:
             tail = offset - last.base_offset
             if tail < last.size:
-                # Bytes past the end are never served, but zero them anyway: a later
-                # recovery must not find an old record that happens to line up there.
                 _backend.engine.zero(last.handle, tail, last.size - tail)
+                last.sync_range(tail, last.size)
+        # What survived a crash may be in the page cache only: make it durable now.
+        for segment in self.segments.segments[-2:]:
+            segment.sync_range(0, min(segment.wrote_position, max(0, offset - segment.base_offset)))
         self.written.reset(offset)
         self.flushed.reset(offset)
 

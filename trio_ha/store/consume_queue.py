@@ -32,6 +32,23 @@ _ENTRY = struct.Struct(">qiq")
 _BLANK_ENTRY = _ENTRY.pack(0, 0x7FFFFFFF, 0)
 
 
+def _entry_valid(segment: Segment, index: int) -> bool:
+    offset, size, _tags = _ENTRY.unpack(segment.read(index * ENTRY_SIZE, ENTRY_SIZE))
+    return offset >= 0 and size > 0
+
+
+def _valid_prefix(segment: Segment) -> int:
+    """How many entries at the start of ``segment`` are valid (they form a prefix)."""
+    low, high = 0, segment.size // ENTRY_SIZE
+    while low < high:
+        middle = (low + high) // 2
+        if _entry_valid(segment, middle):
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
 @attrs.frozen
 class QueueEntry:
     commitlog_offset: int
@@ -143,36 +160,36 @@ class ConsumeQueue:
     # ---- recovery and retention -----------------------------------------------------------------
 
     def recover(self) -> None:
-        """Find the last valid entry (RocketMQ: scan from the third-to-last file) and cut the
-        queue right after it."""
+        """Find the last valid entry and cut the queue right after it.
+
+        RocketMQ scans entry by entry from the third-to-last file; entries are only ever
+        appended, so a file is a run of valid entries followed by zeros (a torn entry at the
+        boundary is invalid too), and a bisection finds the boundary without touching the
+        300,000 entries of a full file one by one in Python."""
         segments = self.files.segments
         if not segments:
             return
         index = max(0, len(segments) - 3)
         end = segments[index].base_offset
-        max_phys = 0
         for segment in segments[index:]:
-            raw = segment.read(0, segment.size)
-            valid = 0
-            for offset, size, _tags in _ENTRY.iter_unpack(raw):
-                if offset < 0 or size <= 0:
-                    break
-                valid += 1
-                if size != 0x7FFFFFFF:
-                    max_phys = offset + size
+            valid = _valid_prefix(segment)
             end = segment.base_offset + valid * ENTRY_SIZE
             if valid * ENTRY_SIZE < segment.size:
+                # Past the prefix there are zeros, or one torn entry: clear that slot only
+                # (zeroing to the end of a 6 MB file on every open would dirty all of it).
+                at = valid * ENTRY_SIZE
+                if segment.read(at, ENTRY_SIZE) != bytes(ENTRY_SIZE):
+                    segment.write(at, bytes(ENTRY_SIZE))
+                segment.wrote_position = segment.flushed_position = at
                 break
         self._cut(end)
-        self.max_physical_offset = max_phys
-        if not max_phys and index > 0:
-            # Only blank entries in the scanned window: fall back to the last real entry.
-            self.max_physical_offset = self._last_real_physical_end()
+        self.max_physical_offset = self._last_real_physical_end()
 
     def _last_real_physical_end(self) -> int:
+        """Commitlog end of the newest entry that is not a blank filler."""
         for segment in reversed(self.files.segments):
-            raw = segment.read(0, segment.wrote_position)
-            for offset, size, _tags in reversed(list(_ENTRY.iter_unpack(raw))):
+            for at in range(segment.wrote_position - ENTRY_SIZE, -1, -ENTRY_SIZE):
+                offset, size, _tags = _ENTRY.unpack(segment.read(at, ENTRY_SIZE))
                 if size != 0x7FFFFFFF:
                     return offset + size
         return 0

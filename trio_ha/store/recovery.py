@@ -77,7 +77,7 @@ def recover(
     segments = commitlog.segments.segments
     if not segments:
         queues.destroy_all()
-        commitlog.set_end(0)
+        commitlog.set_end(0, zero_tail=False)
         dispatcher.start_at(0)
         return RecoveryReport(abnormal, 0, 0, 0, "empty store")
 
@@ -122,7 +122,7 @@ def recover(
     if reason != "end of log":
         log.warning("recovery: commitlog ends at %d: %s; everything after it is discarded",
                     end, reason)
-    commitlog.set_end(end)
+    commitlog.set_end(end, zero_tail=reason != "end of log")
     for queue in queues:
         if queue.max_physical_offset > end:
             queue.truncate_dirty(end)
