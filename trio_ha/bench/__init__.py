@@ -8,7 +8,9 @@ ratios that survive a noisy or different machine. Benchmarks report; they never 
 
 from __future__ import annotations
 
-__all__ = ["percentile"]
+import math
+
+__all__ = ["percentile", "tidy"]
 
 
 def percentile(sorted_values, fraction: float):
@@ -16,5 +18,17 @@ def percentile(sorted_values, fraction: float):
     for an empty one."""
     if not sorted_values:
         return None
-    index = min(len(sorted_values) - 1, max(0, int(round(fraction * len(sorted_values) + 0.5)) - 1))
-    return sorted_values[index]
+    rank = math.ceil(fraction * len(sorted_values))  # nearest rank, 1-based
+    return sorted_values[min(len(sorted_values), max(1, rank)) - 1]
+
+
+def tidy(value, digits: int = 5):
+    """``value`` with every float rounded to ``digits`` significant digits (recursively through
+    dicts, lists and tuples), so printed results stay readable."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {key: tidy(item, digits) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [tidy(item, digits) for item in value]
+    return value
