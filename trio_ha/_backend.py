@@ -112,6 +112,9 @@ class _NativeEngine:
         self._batch_capacity = 0
         self._batch_out = None
         self._batch_count = self.ffi.new("size_t *")
+        self._runs_capacity = 0
+        self._runs = None
+        self._entries = None
 
     def handle_for(self, buffer):
         return self.ffi.from_buffer(buffer, require_writable=False)
@@ -154,6 +157,20 @@ class _NativeEngine:
 
     def scanner(self, capacity: int) -> "_NativeScanner":
         return _NativeScanner(self, capacity)
+
+    def cq_runs(self, handle, result: ScanResult):
+        """Group a scan's records into consume-queue runs: ([(first, count)], entries) where
+        entries[20*i:20*i+20] is record i's consume-queue entry."""
+        if not hasattr(self.lib, "th_cq_runs"):
+            return _cq_runs_python(self.ffi.buffer(handle, result.end), result.infos, result.count)
+        count = result.count
+        if count > self._runs_capacity:
+            self._runs = self.ffi.new("th_cq_run[]", count)
+            self._entries = self.ffi.new("uint8_t[]", count * 20)
+            self._runs_capacity = count
+        n = self.lib.th_cq_runs(handle, result.infos, count, self._entries, self._runs, count)
+        runs = self._runs
+        return [(runs[i].first, runs[i].count) for i in range(n)], self.ffi.buffer(self._entries, count * 20)
 
     def msync(self, handle, start: int, length: int) -> None:
         rc = self.lib.th_msync(handle + start, length)
@@ -208,6 +225,32 @@ class RecordInfo:
         "topic_pos", "props_pos", "topic_len", "props_len", "born_host_len", "store_host_len",
         "version", "crc_ok",
     )
+
+
+_CQ_ENTRY = struct.Struct(">qiq")
+
+
+def _cq_runs_python(buf, infos, count: int) -> tuple[list[tuple[int, int]], bytes]:
+    """The consume-queue runs of scanned records (see th_cq_runs in the C header): records
+    that go to one queue with consecutive queue offsets, and the 20-byte entry of each."""
+    runs: list[tuple[int, int]] = []
+    entries = bytearray(count * 20)
+    previous = None  # (topic bytes, queue id, next queue offset) of the open run
+    for i in range(count):
+        info = infos[i]
+        tx_type = info.sys_flag & rec.TRANSACTION_TYPE_MASK
+        if tx_type == rec.TRANSACTION_PREPARED or tx_type == rec.TRANSACTION_ROLLBACK:
+            previous = None
+            continue
+        topic = bytes(buf[info.topic_pos : info.topic_pos + info.topic_len])
+        _CQ_ENTRY.pack_into(entries, i * 20, info.phys_offset, info.size, info.tags_code)
+        if previous == (topic, info.queue_id, info.queue_offset):
+            first, n = runs[-1]
+            runs[-1] = (first, n + 1)
+        else:
+            runs.append((i, 1))
+        previous = (topic, info.queue_id, info.queue_offset + 1)
+    return runs, bytes(entries)
 
 
 def _java_hash_utf8(data: bytes) -> int:
@@ -301,6 +344,9 @@ class _PythonEngine:
 
     def scanner(self, capacity: int) -> "_PythonScanner":
         return _PythonScanner(capacity)
+
+    def cq_runs(self, handle, result: ScanResult):
+        return _cq_runs_python(handle, result.infos, result.count)
 
     def msync(self, handle, start: int, length: int) -> None:
         # The Python engine owns no fd; the caller's segment falls back to os.fdatasync.

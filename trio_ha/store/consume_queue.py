@@ -123,6 +123,35 @@ class ConsumeQueue:
         self.max_physical_offset = commitlog_offset + size
         return True
 
+    def put_run(self, entries, first_queue_offset: int, first_end: int, last_end: int) -> None:
+        """Index a run of records that follow each other in this queue: ``entries`` holds
+        their 20-byte entries, ``first_end``/``last_end`` the commitlog end of the first and
+        last record. The common case (the run continues the queue) is one write per file;
+        anything unusual (a repeat, a gap, an empty queue) goes through ``put`` entry by
+        entry, with its rules."""
+        if last_end <= self.max_physical_offset:
+            return  # all of it is indexed already
+        position = first_queue_offset * ENTRY_SIZE
+        if (
+            first_end <= self.max_physical_offset
+            or not self.files.segments
+            or position != self.files.max_offset
+        ):
+            for i, (offset, size, tags) in enumerate(_ENTRY.iter_unpack(entries)):
+                self.put(offset, size, tags, first_queue_offset + i)
+            return
+        done = 0
+        total = len(entries)
+        while done < total:
+            segment = self._writable_segment(position)
+            at = position - segment.base_offset
+            n = min(total - done, segment.size - at)
+            segment.write(at, entries[done : done + n])
+            segment.wrote_position = at + n
+            position += n
+            done += n
+        self.max_physical_offset = last_end
+
     def _write_blanks(self, start: int, end: int) -> None:
         while start < end:
             segment = self._writable_segment(start)

@@ -20,7 +20,6 @@ import trio
 
 from .. import _backend
 from ..watermark import Watermark
-from ..wire import record as rec
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable, is_valid_topic
 
@@ -71,14 +70,18 @@ class Dispatcher:
         return topic
 
     def index(self, segment, result) -> None:
-        """Write the consume-queue entries of the records a scan found in ``segment``."""
+        """Write the consume-queue entries of the records a scan found in ``segment``.
+
+        The engine groups the records into runs bound for one queue with consecutive queue
+        offsets and lays out their 20-byte entries, so a batch of a thousand messages to one
+        queue is one write here, not a thousand."""
+        if not result.count:
+            return
         queues = self.queues
         infos = result.infos
-        for i in range(result.count):
-            info = infos[i]
-            tx_type = info.sys_flag & rec.TRANSACTION_TYPE_MASK
-            if tx_type == rec.TRANSACTION_PREPARED or tx_type == rec.TRANSACTION_ROLLBACK:
-                continue  # half and rolled-back transaction records are never consumed
+        runs, entries = _backend.engine.cq_runs(segment.handle, result)
+        for first, count in runs:
+            info = infos[first]
             topic = self._topic(segment, info)
             if topic is None or info.queue_id < 0:
                 log.error(
@@ -86,10 +89,12 @@ class Dispatcher:
                     info.phys_offset, info.queue_id,
                 )
                 continue
-            queues.find_or_create(topic, info.queue_id).put(
-                info.phys_offset, info.size, info.tags_code, info.queue_offset
+            last = infos[first + count - 1]
+            queues.find_or_create(topic, info.queue_id).put_run(
+                entries[first * 20 : (first + count) * 20], info.queue_offset,
+                info.phys_offset + info.size, last.phys_offset + last.size,
             )
-            self.last_store_timestamp = info.store_timestamp
+            self.last_store_timestamp = last.store_timestamp
 
     def dispatch_available(self, limit: int, budget: int = ROUND_BUDGET) -> int:
         """Index whole records in ``[cursor, limit)``, up to ``budget`` of them. Synchronous.
