@@ -270,6 +270,13 @@ typedef struct {
  * Write one v1 record of `size` bytes at dst (the caller checked the room). props2 is
  * appended to props1 (used for batch items: item props, optional \x02, batch props).
  */
+/* Make a fully written record valid: its MAGIC is the last store, after a release fence. */
+static void publish_record(uint8_t *dst)
+{
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    wr_u32(dst + 4, MAGIC_V1);
+}
+
 static void write_record(uint8_t *dst, uint32_t size, const record_common *c, int32_t flag,
                          int64_t queue_offset, int64_t phys_offset, int32_t reconsume_times,
                          int64_t prepared_tx_offset, const uint8_t *body, size_t body_len,
@@ -278,7 +285,11 @@ static void write_record(uint8_t *dst, uint32_t size, const record_common *c, in
 {
     uint8_t *p = dst;
     wr_u32(p, size);
-    wr_u32(p + 4, MAGIC_V1);
+    /* MAGIC stays 0 until the whole record is in place (publish_record): a process killed
+       half-way through this copy leaves a record that no scan accepts, even when the torn
+       part is outside what BODYCRC covers (topic, properties). */
+    wr_u32(p + 4, 0);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
     wr_u32(p + 8, th_crc32(body, body_len));
     wr_i32(p + 12, c->queue_id);
     wr_i32(p + 16, flag);
@@ -359,6 +370,7 @@ int64_t th_encode_record(uint8_t *seg, uint64_t seg_size, uint64_t pos, int64_t 
     write_record(seg + pos, (uint32_t)size, &c, flag, queue_offset, add_wrap(base_offset, pos),
                  reconsume_times, prepared_tx_offset, body, body_len, props, props_len, 0,
                  NULL, 0);
+    publish_record(seg + pos);
     return (int64_t)(pos + size);
 }
 
@@ -474,6 +486,9 @@ int64_t th_encode_batch(uint8_t *seg, uint64_t seg_size, uint64_t pos, int64_t b
         out[i].reserved = 0;
         pos += size;
     }
+    /* Publish in order: a kill part-way leaves a whole prefix of the batch, never a hole. */
+    for (size_t k = 0; k < i; k++)
+        publish_record(seg + ((uint64_t)out[k].phys_offset - (uint64_t)base_offset));
     if (count)
         *count = i;
     return (int64_t)pos;

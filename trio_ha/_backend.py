@@ -295,7 +295,10 @@ class _PythonEngine:
             store_host=store_host, reconsume_times=reconsume_times,
             prepared_transaction_offset=prepared_offset,
         )
-        handle[pos : pos + size] = data
+        # As the C engine: the record is valid only once its MAGIC lands, last.
+        handle[pos : pos + 4] = data[:4]
+        handle[pos + 8 : pos + size] = data[8:]
+        handle[pos + 4 : pos + 8] = data[4:8]
         return pos + size
 
     def encode_batch(self, handle, seg_size, pos, base_offset, items, topic, batch_props,
@@ -337,9 +340,14 @@ class _PythonEngine:
                 sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
                 store_timestamp=store_ts, store_host=store_host,
             )
-            handle[pos : pos + len(data)] = data
+            handle[pos : pos + 4] = data[:4]
+            handle[pos + 4 : pos + 8] = b"\0\0\0\0"
+            handle[pos + 8 : pos + len(data)] = data[8:]
             entries.append(base_offset + pos)
             pos += len(data)
+        for offset in entries:  # publish in order, as the C engine
+            at = offset - base_offset
+            handle[at + 4 : at + 8] = rec.MAGIC_V1.to_bytes(4, "big")
         return pos, entries
 
     def scanner(self, capacity: int) -> "_PythonScanner":

@@ -11,7 +11,8 @@ At open, every segment's positions say "full"; recovery establishes the truth (r
   zeroed (RocketMQ leaves the bytes, so an old record that lines up after a later crash could
   come back), consume-queue entries pointing at or past it dropped;
 * after a crash every valid record scanned is re-dispatched (consume-queue writes are
-  idempotent), after a clean stop the dispatcher simply resumes from the queues' end.
+  idempotent); after a clean stop the dispatcher resumes from the queues' end, or from the
+  start of the last segment if that is earlier, so a queue that lost its tail is rebuilt.
 
 Nothing after the first invalid record is ever served, even if later bytes look valid.
 """
@@ -127,7 +128,13 @@ def recover(
         if queue.max_physical_offset > end:
             queue.truncate_dirty(end)
     if not abnormal:
-        dispatcher.start_at(max(queues.max_physical_offset(), commitlog.min_offset))
+        # RocketMQ resumes at the highest end over all queues, so a queue that lost its tail
+        # is never rebuilt and its next put reuses a stored queue offset. Re-dispatching the
+        # last segment as well costs one scan without CRC (entries already there are skipped
+        # a run at a time) and rebuilds any queue whose tail is missing from it.
+        last = commitlog.segments.last
+        resume = max(queues.max_physical_offset(), commitlog.min_offset)
+        dispatcher.start_at(min(resume, last.base_offset) if last is not None else resume)
     else:
         dispatcher.start_at(end)  # every valid record up to the end was indexed above
     return RecoveryReport(abnormal, start_offset, end, records, reason)
