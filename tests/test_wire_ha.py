@@ -86,21 +86,28 @@ def test_reports_survive_torn_reads(reports, seed):
     for chunk in chop(wire, random.Random(seed)):
         master.receive_data(chunk)
         seen += drain(master)
-    assert seen == [SlaveReport(r) for r in reports]
+    assert seen == [SlaveReport(r, i == 0) for i, r in enumerate(reports)]
     assert master.last_report == reports[-1]
 
 
-def test_a_report_beyond_the_master_log_is_a_protocol_error_fixes_rocketmq_3015():
+def test_an_ack_beyond_the_master_log_is_a_protocol_error_fixes_rocketmq_3015():
     master = MasterProtocol(log_end=1000)
-    master.receive_data(SlaveProtocol().send_report(1001))
+    master.receive_data(SlaveProtocol().send_report(10) + SlaveProtocol().send_report(1001))
+    assert master.next_event() == SlaveReport(10, first=True)
     with pytest.raises(HAProtocolError, match="beyond the master's log end"):
         master.next_event()
+
+
+def test_first_report_is_a_request_and_may_be_ahead_of_the_master():
+    master = MasterProtocol(log_end=1000)
+    master.receive_data(SlaveProtocol().send_report(5000))
+    assert master.next_event() == SlaveReport(5000, first=True)
 
 
 def test_reports_going_backwards_or_negative_are_protocol_errors():
     master = MasterProtocol(log_end=1000)
     master.receive_data(SlaveProtocol().send_report(500) + SlaveProtocol().send_report(400))
-    assert master.next_event() == SlaveReport(500)
+    assert master.next_event() == SlaveReport(500, first=True)
     with pytest.raises(HAProtocolError, match="backwards"):
         master.next_event()
     negative = MasterProtocol(log_end=1000)

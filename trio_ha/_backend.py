@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 # Must equal TH_NATIVE_VERSION in native/trio_ha_native.h.
-NATIVE_VERSION = 1
+NATIVE_VERSION = 2
 
 ERR_NO_SPACE = -1
 ERR_BAD_ARGUMENT = -2

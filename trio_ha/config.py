@@ -111,6 +111,40 @@ class StoreConfig:
     broker_role: BrokerRole = attrs.field(default=BrokerRole.ASYNC_MASTER, converter=BrokerRole)
     os_page_cache_busy_timeout_mills: int = attrs.field(default=1000, validator=_positive)
 
+    # ---- HA (reference §6.6) ------------------------------------------------------------
+    #: where the HA service listens; 0 lets the OS choose (``store.ha_address`` tells); None:
+    #: no HA listener (an embedded store). A broker derives listenPort + 1 only when this is
+    #: not configured (RocketMQ #6537).
+    ha_listen_port: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_in_range(0, 65535))
+    )
+    #: interface the HA service binds (RocketMQ binds every interface)
+    ha_bind_address: str = "0.0.0.0"
+    #: ``ip:port`` of the master's HA service, for a slave
+    ha_master_address: str | None = None
+    ha_send_heartbeat_interval: int = attrs.field(default=5000, validator=_positive)
+    ha_housekeeping_interval: int = attrs.field(default=20_000, validator=_positive)
+    ha_transfer_batch_size: int = attrs.field(default=32 * 1024, validator=_in_range(1, 64 * MiB))
+    #: 64-bit: a 25 GiB gap is 25 GiB, not a silently clamped int (RocketMQ #2611)
+    ha_slave_fallbehind_max: int = attrs.field(default=256 * MiB, validator=_positive)
+    #: how long a SYNC_MASTER put waits for slave acks before FLUSH_SLAVE_TIMEOUT
+    slave_timeout: int = attrs.field(default=3000, validator=_positive)
+    #: slave acks a SYNC_MASTER put needs (RocketMQ 4.9: any one slave)
+    ha_sync_acks: int = attrs.field(default=1, validator=_in_range(1, 64))
+    #: an empty slave copies from the master's first segment instead of its last (RocketMQ's
+    #: classic master starts it at the last segment; older data never reaches it)
+    ha_start_from_min_offset: bool = False
+    #: how frame bodies leave the master: "send" (memoryview slices of the mapping) or
+    #: "sendfile"; both copy nothing in Python
+    ha_transfer_method: str = attrs.field(default="send")
+    #: reconnect back-off of a slave's HA client
+    ha_reconnect_interval: int = attrs.field(default=5000, validator=_positive)
+
+    @ha_transfer_method.validator
+    def _transfer_method(self, attribute, value) -> None:
+        if value not in ("send", "sendfile"):
+            raise ConfigError(f"{attribute.name} must be 'send' or 'sendfile', got {value!r}")
+
     @mapped_file_size_consume_queue.validator
     def _cq_multiple(self, attribute, value) -> None:
         if value % 20:
@@ -142,6 +176,8 @@ class StoreConfig:
 
 
 def _parse_value(name: str, hint, raw: str):
+    if hint == (int | None):
+        hint = int
     try:
         if hint is bool:
             if raw.lower() not in ("true", "false"):

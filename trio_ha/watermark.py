@@ -47,9 +47,11 @@ class Watermark:
 
     def reset(self, value: int) -> None:
         """Set the mark to ``value`` even if lower (recovery truncated the log). Waiters above
-        the new value keep waiting."""
-        self._value = value
-        self.raise_to(value)
+        the new value keep waiting; those at or below it wake."""
+        if value >= self._value:
+            self.raise_to(value)
+        else:
+            self._value = value
 
     async def wait_for(self, target: int) -> int:
         """Return once the mark is at least ``target`` (at once if it already is, after a

@@ -41,8 +41,8 @@ class AllocationTimeout(Exception):
     """The next segment was not ready within allocate_timeout."""
 
 
-class RecordTooLarge(Exception):
-    """The record cannot fit in an empty segment."""
+class ReplicaOffsetError(Exception):
+    """Replicated bytes do not fit this log where they claim to go."""
 
 
 @attrs.define(eq=False)
@@ -198,6 +198,63 @@ class CommitLog:
         segment.wrote_position = new_position
         self.last_store_timestamp = store_timestamp
         self.written.raise_to(segment.base_offset + new_position)
+
+    # ---- replication (the slave side) -------------------------------------------------------
+
+    async def replica_segment(self, offset: int) -> Segment:
+        """The segment that takes replicated bytes at ``offset``, which must be this log's
+        end; a new segment is made when the last one is full (or the log is empty and the
+        master starts it at a segment boundary, as masters do)."""
+        last = self.segments.last
+        if last is not None and offset != self.max_offset:
+            raise ReplicaOffsetError(
+                f"replicated bytes for offset {offset}, but this log ends at {self.max_offset}"
+            )
+        if last is not None and offset < last.end_offset:
+            return last
+        if offset % self.segment_size:
+            raise ReplicaOffsetError(
+                f"a new segment must start at a multiple of the segment size "
+                f"{self.segment_size}; the master sent offset {offset} (do both sides use the "
+                "same mappedFileSizeCommitLog?)"
+            )
+        if last is None:
+            self.written.reset(offset)
+            self.flushed.reset(offset)
+        segment = self._take_spare()
+        if segment is None:
+            segment = await trio.to_thread.run_sync(
+                self.create_first_segment, offset, abandon_on_cancel=False
+            )
+            if self.segments.next_base(offset) != offset or self.max_offset != offset:
+                segment.destroy()  # the log moved while we waited (cannot happen: one writer)
+                raise ReplicaOffsetError(f"log end moved while creating segment {offset}")
+            self.segments.append_segment(segment)
+        return segment
+
+    def replica_appended(self, segment: Segment, n: int) -> None:
+        """``n`` replicated bytes were written at the segment's end."""
+        if segment.wrote_position + n > segment.size:
+            raise ReplicaOffsetError(
+                f"replicated bytes run past the end of segment {segment.base_offset} "
+                "(do master and slave use the same mappedFileSizeCommitLog?)"
+            )
+        segment.wrote_position += n
+        self.written.raise_to(segment.base_offset + segment.wrote_position)
+
+    async def append_replica(self, offset: int, data) -> int:
+        """Write replicated ``data`` at ``offset`` (the log's end); returns the new end."""
+        segment = await self.replica_segment(offset)
+        position = segment.wrote_position
+        if position + len(data) > segment.size:
+            raise ReplicaOffsetError(
+                f"replicated bytes at {offset} run past the end of segment "
+                f"{segment.base_offset} (do master and slave use the same "
+                "mappedFileSizeCommitLog?)"
+            )
+        segment.write(position, data)
+        self.replica_appended(segment, len(data))
+        return self.max_offset
 
     # ---- reads -----------------------------------------------------------------------------------
 

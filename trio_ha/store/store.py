@@ -66,6 +66,10 @@ class StoreStatistics:
     put_failures: int
     dispatch_error: str | None
     recovery: RecoveryReport | None
+    #: replication as the master sees it (HAMasterStatistics), when it listens
+    ha: object | None = None
+    #: replication as the slave sees it (HASlaveStatistics), on a slave
+    ha_slave: object | None = None
 
 
 @attrs.define(eq=False)
@@ -87,6 +91,9 @@ class MessageStore:
     _put_failures: int = 0
     _born_hosts: dict[str, bytes] = attrs.field(factory=dict)
     _topics: dict[str, bytes] = attrs.field(factory=dict)
+    #: the HA listener (when ha_listen_port is set) and, on a slave, the HA client
+    ha_service: object | None = None
+    ha_client: object | None = None
 
     # ---- opening -------------------------------------------------------------------------
 
@@ -128,7 +135,8 @@ class MessageStore:
             max_record=_max_record_size(self.config),
         )
         log.info("store %s recovered: %s", self._root, self.recovery)
-        if not self.commitlog.segments.segments:
+        if not self.commitlog.segments.segments and self.config.broker_role is not BrokerRole.SLAVE:
+            # A slave's log starts wherever its master starts it (HA creates that segment).
             first = self.commitlog.create_first_segment(0)
             self.commitlog.segments.append_segment(first)
         # Bring the consume queues up to the recovered end before taking puts (RocketMQ's
@@ -166,6 +174,17 @@ class MessageStore:
         await nursery.start(self.dispatcher.run, self.confirmed)
         await nursery.start(self._run_queue_flush)
         await nursery.start(retention.run_retention, self)
+        # The store owns its replication, as RocketMQ's DefaultMessageStore owns HAService.
+        # (Imported here: ha sits above store and imports from it.)
+        from ..ha.master import HAService
+        from ..ha.slave import HAClient
+
+        if self.config.ha_listen_port is not None:
+            self.ha_service = HAService(self.config, commitlog)
+            await nursery.start(self.ha_service.serve)
+        if self.config.broker_role is BrokerRole.SLAVE:
+            self.ha_client = HAClient(self.config, commitlog, self.config.ha_master_address)
+            await nursery.start(self.ha_client.run)
 
     async def _run_queue_flush(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Flush consume queues every flushIntervalConsumeQueue (2 dirty pages at least, all
@@ -360,8 +379,8 @@ class MessageStore:
         self._puts += 1
         offset = segment.base_offset + position
         status = PutMessageStatus.PUT_OK
-        if self._sync_flush and message.properties.get(rec.PROPERTY_WAIT_STORE_MSG_OK) != "false":
-            status = await self._wait_durable(segment.base_offset + new_position)
+        if self._waits and message.properties.get(rec.PROPERTY_WAIT_STORE_MSG_OK) != "false":
+            status = await self._wait_guarantees(segment.base_offset + new_position)
         return PutMessageResult(
             status, offset, new_position - position, queue_offset, (offset,), store_timestamp,
             "", store_host,
@@ -443,8 +462,8 @@ class MessageStore:
         self._queue_offsets[key] = queue_offset + len(offsets)
         self._puts += len(offsets)
         status = PutMessageStatus.PUT_OK
-        if self._sync_flush and wait_store_msg_ok:
-            status = await self._wait_durable(segment.base_offset + new_position)
+        if self._waits and wait_store_msg_ok:
+            status = await self._wait_guarantees(segment.base_offset + new_position)
         return PutMessageResult(
             status, segment.base_offset + position, new_position - position, queue_offset,
             tuple(offsets), store_timestamp, "", commitlog.store_host,
@@ -453,6 +472,33 @@ class MessageStore:
     @property
     def _sync_flush(self) -> bool:
         return self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+
+    @property
+    def _sync_master(self) -> bool:
+        return self.config.broker_role is BrokerRole.SYNC_MASTER
+
+    @property
+    def _waits(self) -> bool:
+        """Whether a put has anything to wait for after its append."""
+        return self._sync_flush or self._sync_master
+
+    async def _wait_guarantees(self, end: int) -> PutMessageStatus:
+        """Hold a put until what this store promises holds: SYNC_FLUSH, its bytes synced
+        (syncFlushTimeout); SYNC_MASTER, enough slaves acked them (slaveTimeout). Both
+        clocks start now and the waits overlap in effect (a slave keeps copying while the
+        put waits for the disk), so the put returns at the later of the two, as RocketMQ's
+        combined futures do; a replica failure overrides the flush status."""
+        deadline = trio.current_time() + self.config.slave_timeout / 1000
+        status = PutMessageStatus.PUT_OK
+        if self._sync_flush:
+            status = await self._wait_durable(end)
+        if self._sync_master:
+            if self.ha_service is None:
+                return PutMessageStatus.SLAVE_NOT_AVAILABLE
+            replica = await self.ha_service.wait_replicated(end, deadline)
+            if replica is not PutMessageStatus.PUT_OK:
+                status = replica
+        return status
 
     @property
     def _max_message_size(self) -> int:
@@ -649,7 +695,14 @@ class MessageStore:
             put_failures=self._put_failures,
             dispatch_error=self.dispatcher.error,
             recovery=self.recovery,
+            ha=self.ha_service.statistics() if self.ha_service is not None else None,
+            ha_slave=self.ha_client.statistics() if self.ha_client is not None else None,
         )
+
+    @property
+    def ha_address(self) -> tuple[str, int] | None:
+        """Where this store's HA service listens (None without one)."""
+        return self.ha_service.listen_address if self.ha_service is not None else None
 
 
 def _encode_status(code: int) -> PutMessageStatus:

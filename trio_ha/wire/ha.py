@@ -59,9 +59,11 @@ NEED_DATA = _NeedData()
 
 @attrs.frozen
 class SlaveReport:
-    """The slave holds the log below ``offset`` (its ack)."""
+    """The slave holds the log below ``offset`` (its ack). The first report of a connection
+    is its request: where the master should start sending (0: an empty slave)."""
 
     offset: int
+    first: bool = False
 
 
 @attrs.frozen
@@ -119,16 +121,20 @@ class MasterProtocol:
         del self._buffer[: REPORT.size]
         if offset < 0:
             raise HAProtocolError(f"slave reported a negative offset {offset}")
-        if offset > self.log_end:
+        first = self._last_report is None
+        if not first and offset > self.log_end:
+            # The first report is a request and may be anywhere (a slave ahead of a master
+            # that lost its tail must be told so); every later one is an ack of bytes the
+            # master sent, so it cannot exceed what the master has.
             raise HAProtocolError(
                 f"slave reported offset {offset}, beyond the master's log end {self.log_end}"
             )
-        if self._last_report is not None and offset < self._last_report:
+        if not first and offset < self._last_report:
             raise HAProtocolError(
                 f"slave report went backwards from {self._last_report} to {offset}"
             )
         self._last_report = offset
-        return SlaveReport(offset)
+        return SlaveReport(offset, first)
 
     def send_frame_header(self, offset: int, size: int) -> bytes:
         """The 12-byte header of a frame whose body (``size`` bytes of the log at ``offset``)
@@ -161,6 +167,14 @@ class SlaveProtocol:
     def body_remaining(self) -> int:
         """Bytes of the current frame's body still to come (0 between frames)."""
         return max(0, self._remaining - len(self._buffer)) if self._frame else 0
+
+    @property
+    def bytes_wanted(self) -> int:
+        """How much to read next so that nothing is read ahead: the rest of the current body
+        (which the adapter may receive straight into the log), else the rest of a header."""
+        if self._frame is not None:
+            return max(1, self.body_remaining)
+        return max(1, FRAME_HEADER.size - len(self._buffer))
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._buffer += data

@@ -1,0 +1,220 @@
+"""The slave side of replication: the HA client that copies the master's commitlog.
+
+A session is one connection: report the local log end at once (RocketMQ waits 5 s before
+its first report, and the master sends nothing until it has one), then a reader task that
+receives frame bodies straight into the active segment's mapping (``recv_into`` on a view of
+the mmap: the bytes never become a Python object) and a reporter task that sends the new log
+end whenever it grows, or every haSendHeartbeatInterval. Either failing ends the session;
+the client reconnects after ha_reconnect_interval (5 s).
+
+A master that goes silent for haHousekeepingInterval ends the session too (RocketMQ 4.9.8
+times out only on its own writes, so a silent master is never noticed).
+
+A frame that does not continue the local log means the two logs diverged: the slave is
+behind what the master still keeps (RocketMQ #3388), or holds bytes the master lost. The
+client stops, enters the ``diverged`` state with both offsets in its statistics and the log,
+and waits for an operator (``clear_divergence`` after repairing the store, or a new master
+address) — rather than RocketMQ's endless reconnect loop (#323).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import attrs
+import trio
+
+from ..config import StoreConfig
+from ..store.commitlog import CommitLog, ReplicaOffsetError
+from ..wire.ha import (
+    NEED_DATA,
+    FrameData,
+    FrameEnd,
+    FrameHeader,
+    HAProtocolError,
+    OffsetMismatch,
+    SlaveProtocol,
+)
+from ..wire.record import parse_host_port
+from .transfer import send_all
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 5.0
+
+
+class MasterConnectionLost(Exception):
+    """The master closed the connection or went silent."""
+
+
+@attrs.frozen
+class HASlaveStatistics:
+    master_address: str | None
+    #: "idle" (no master address), "connecting", "transfer", "backoff" or "diverged"
+    state: str
+    local_max_offset: int
+    connected_since: float | None
+    last_frame_time: float | None
+    bytes_received: int
+    divergence: str | None
+    last_error: str | None
+
+
+@attrs.define(eq=False)
+class HAClient:
+    config: StoreConfig
+    commitlog: CommitLog
+    master_address: str | None = None
+    state: str = "idle"
+    connected_since: float | None = None
+    last_frame_time: float | None = None
+    bytes_received: int = 0
+    divergence: str | None = None
+    last_error: str | None = None
+    _wakeup: trio.Event = attrs.field(factory=trio.Event)
+    _session_scope: trio.CancelScope | None = None
+
+    def update_master_address(self, address: str | None) -> None:
+        """Follow a (new) master. A session with the old one ends; a divergence recorded
+        against the old master is forgotten."""
+        if address == self.master_address:
+            return
+        self.master_address = address
+        self.divergence = None
+        if self._session_scope is not None:
+            self._session_scope.cancel()
+        self._wakeup.set()
+
+    def clear_divergence(self) -> None:
+        """The operator repaired the store: try replicating again."""
+        self.divergence = None
+        self._wakeup.set()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            if self.master_address is None or self.divergence is not None:
+                self.state = "diverged" if self.divergence else "idle"
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+                continue
+            address = self.master_address
+            failed = False
+            with trio.CancelScope() as scope:
+                self._session_scope = scope
+                try:
+                    await self._session(address)
+                except* OffsetMismatch as group:
+                    self._diverged(address, group.exceptions[0])
+                except* (OSError, HAProtocolError, ReplicaOffsetError,
+                         MasterConnectionLost) as group:
+                    failed = True
+                    self.last_error = str(group.exceptions[0])
+                    log.warning("HA: session with master %s ended: %s", address,
+                                self.last_error)
+            self._session_scope = None
+            self.connected_since = None
+            if failed and self.master_address == address and self.divergence is None:
+                self.state = "backoff"
+                self._wakeup = trio.Event()
+                with trio.move_on_after(self.config.ha_reconnect_interval / 1000):
+                    await self._wakeup.wait()
+
+    def _diverged(self, address: str, exc: OffsetMismatch) -> None:
+        if exc.received > exc.expected:
+            why = (
+                f"the master's log continues at {exc.received} but this slave's ends at "
+                f"{exc.expected}: the bytes in between are gone from the master (the slave "
+                "was away longer than the master keeps data)"
+            )
+        else:
+            why = (
+                f"this slave's log ends at {exc.expected} but the master's at {exc.received}: "
+                "the slave holds bytes the master does not have (the master lost its tail)"
+            )
+        self.divergence = why
+        self.state = "diverged"
+        log.error(
+            "HA: replication from %s stopped: %s. Fix: wipe this slave's store and restart "
+            "it to copy afresh, then clear_divergence().", address, why,
+        )
+
+    async def _session(self, address: str) -> None:
+        host, port = parse_host_port(address)
+        self.state = "connecting"
+        with trio.fail_after(CONNECT_TIMEOUT):
+            stream = await trio.open_tcp_stream(host, port)
+        async with stream:
+            sock = stream.socket
+            commitlog = self.commitlog
+            local_end = commitlog.max_offset
+            protocol = SlaveProtocol(expected=local_end if commitlog.segments.segments else None)
+            await send_all(sock, protocol.send_report(local_end))
+            self.state = "transfer"
+            self.connected_since = time.time()
+            log.info("HA: replicating from %s, local log ends at %d", address, local_end)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._report, sock, protocol, local_end)
+                await self._receive(sock, protocol)
+
+    async def _report(self, sock, protocol: SlaveProtocol, reported: int) -> None:
+        """Tell the master the log end whenever it grows, and at least every heartbeat."""
+        interval = self.config.ha_send_heartbeat_interval / 1000
+        written = self.commitlog.written
+        while True:
+            with trio.move_on_after(interval):
+                await written.wait_for(reported + 1)
+            reported = max(reported, written.value)
+            await send_all(sock, protocol.send_report(reported))
+
+    async def _receive(self, sock, protocol: SlaveProtocol) -> None:
+        commitlog = self.commitlog
+        silence = self.config.ha_housekeeping_interval / 1000
+        body_offset = 0  # log offset of the next body byte
+        while True:
+            wanted = protocol.bytes_wanted
+            if protocol.body_remaining:
+                segment = await commitlog.replica_segment(body_offset)
+                start = segment.wrote_position
+                view = segment.view(start, start + min(wanted, segment.size - start))
+                try:
+                    with trio.move_on_after(silence) as scope:
+                        n = await sock.recv_into(view)
+                finally:
+                    del view
+                if scope.cancelled_caught:
+                    raise MasterConnectionLost(f"master silent for {silence:g} s")
+                if n == 0:
+                    raise MasterConnectionLost("master closed the connection")
+                commitlog.replica_appended(segment, n)
+                protocol.body_received(n)
+                body_offset += n
+            else:
+                with trio.move_on_after(silence) as scope:
+                    data = await sock.recv(wanted)
+                if scope.cancelled_caught:
+                    raise MasterConnectionLost(f"master silent for {silence:g} s")
+                if not data:
+                    raise MasterConnectionLost("master closed the connection")
+                protocol.receive_data(data)
+            while (event := protocol.next_event()) is not NEED_DATA:
+                if isinstance(event, FrameHeader):
+                    self.last_frame_time = time.time()
+                    body_offset = event.offset
+                elif isinstance(event, FrameData):
+                    body_offset = await commitlog.append_replica(body_offset, event.data)
+                elif isinstance(event, FrameEnd):
+                    self.bytes_received += event.size
+
+    def statistics(self) -> HASlaveStatistics:
+        return HASlaveStatistics(
+            master_address=self.master_address,
+            state=self.state,
+            local_max_offset=self.commitlog.max_offset,
+            connected_since=self.connected_since,
+            last_frame_time=self.last_frame_time,
+            bytes_received=self.bytes_received,
+            divergence=self.divergence,
+            last_error=self.last_error,
+        )
