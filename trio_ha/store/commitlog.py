@@ -219,17 +219,15 @@ class CommitLog:
                 "same mappedFileSizeCommitLog?)"
             )
         if last is None:
+            # An empty slave log begins where its master starts it.
             self.written.reset(offset)
             self.flushed.reset(offset)
-        segment = self._take_spare()
-        if segment is None:
-            segment = await trio.to_thread.run_sync(
-                self.create_first_segment, offset, abandon_on_cancel=False
-            )
-            if self.segments.next_base(offset) != offset or self.max_offset != offset:
-                segment.destroy()  # the log moved while we waited (cannot happen: one writer)
-                raise ReplicaOffsetError(f"log end moved while creating segment {offset}")
-            self.segments.append_segment(segment)
+        # Segments come from the allocator here too: one creator per file name.
+        while (segment := self._take_spare()) is None:
+            try:
+                await self.wait_for_segment()
+            except AllocationTimeout as exc:
+                raise ReplicaOffsetError(str(exc)) from None
         return segment
 
     def replica_appended(self, segment: Segment, n: int) -> None:

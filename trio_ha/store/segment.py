@@ -125,7 +125,13 @@ class Segment:
         else:
             _backend.engine.ffi.release(self.handle)
         self.handle = None
-        self._mmap.close()
+        try:
+            self._mmap.close()
+        except BufferError:
+            # A view of the mapping is still referenced (typically by the traceback of a
+            # cancelled socket read into it); it is unmapped when that reference dies.
+            log.debug("segment %s: mapping still referenced at close; left to the GC",
+                      self.path)
         os.close(self._fd)
 
     def destroy(self) -> None:

@@ -1,0 +1,252 @@
+"""Replication between stores in one process over real loopback sockets (reference §6, §9)."""
+
+import filecmp
+import os
+import time
+
+import trio
+
+from trio_ha import BrokerRole, FlushDiskType, Message, PutMessageStatus, StoreConfig, open_store
+from trio_ha.store import retention
+
+SEGMENT = 64 * 1024
+
+
+def master_config(root, **overrides) -> StoreConfig:
+    values = dict(
+        store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT,
+        mapped_file_size_consume_queue=20 * 200, broker_role=BrokerRole.SYNC_MASTER,
+        ha_listen_port=0, ha_bind_address="127.0.0.1", ha_start_from_min_offset=True,
+        slave_timeout=2000,
+    )
+    values.update(overrides)
+    return StoreConfig(**values)
+
+
+def slave_config(root, master, **overrides) -> StoreConfig:
+    host, port = master.ha_address
+    values = dict(
+        store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT,
+        mapped_file_size_consume_queue=20 * 200, broker_role=BrokerRole.SLAVE,
+        ha_master_address=f"{host}:{port}", ha_reconnect_interval=100,
+    )
+    values.update(overrides)
+    return StoreConfig(**values)
+
+
+def body(i: int) -> bytes:
+    return f"message {i} ".encode() * (1 + i % 80)
+
+
+async def wait_until(predicate, timeout=10.0, what="condition"):
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+def slave_count(master) -> int:
+    stats = master.statistics().ha
+    return sum(1 for c in stats.connections if c.acked_offset is not None)
+
+
+async def assert_same_files(master_root, slave_root):
+    master_dir = os.path.join(master_root, "commitlog")
+    slave_dir = os.path.join(slave_root, "commitlog")
+    names = sorted(os.listdir(slave_dir))
+    assert names, "the slave has no segments"
+    for name in names:
+        assert filecmp.cmp(os.path.join(master_dir, name), os.path.join(slave_dir, name), shallow=False), name
+
+
+async def test_handle_ha_slave_copies_master_byte_for_byte(tmp_path):
+    """RocketMQ's HATest.testHandleHA, across many segments, with every read checked."""
+    async with open_store(master_config(tmp_path / "m", flush_disk_type=FlushDiskType.SYNC_FLUSH)) as master:
+        async with open_store(slave_config(tmp_path / "s", master)) as slave:
+            await wait_until(lambda: slave_count(master) == 1)
+            results = []
+            for i in range(400):
+                results.append(await master.put_message(Message("HA", body(i), tags=f"t{i % 2}", keys=f"k{i}"), queue_id=i % 4))
+            assert {r.status for r in results} == {PutMessageStatus.PUT_OK}
+            assert master.statistics().segments > 3
+            await slave.wait_dispatched(master.max_commitlog_offset)
+            for queue_id in range(4):
+                a = await master.get_messages("HA", queue_id, 0, 200)
+                b = await slave.get_messages("HA", queue_id, 0, 200)
+                assert len(a) == 100 and [m.body for m in a] == [m.body for m in b]
+                assert [m.commitlog_offset for m in a] == [m.commitlog_offset for m in b]
+            for r in results[::37]:
+                stored = await slave.look_message_by_offset(r.commitlog_offset)
+                assert stored is not None and stored.msg_id == r.msg_id
+            ha = master.statistics().ha.connections[0]
+            assert ha.acked_offset == master.max_commitlog_offset and ha.lag_bytes == 0
+            slave_stats = slave.statistics().ha_slave
+            assert slave_stats.state == "transfer" and slave_stats.local_max_offset == master.max_commitlog_offset
+    await assert_same_files(tmp_path / "m", tmp_path / "s")
+
+
+async def test_semi_sync_replica_slave_loss_gives_slave_not_available(tmp_path):
+    """RocketMQ's HATest.testSemiSyncReplica (4.9.8 statuses)."""
+    async with open_store(master_config(tmp_path / "m")) as master:
+        async with open_store(slave_config(tmp_path / "s", master)) as slave:
+            await wait_until(lambda: slave_count(master) == 1)
+            first = [await master.put_message(Message("Semi", body(i), tags="a", keys=f"k{i}")) for i in range(5)]
+            assert all(r.status is PutMessageStatus.PUT_OK for r in first)
+            await slave.wait_dispatched(master.max_commitlog_offset)
+            for r in first:
+                on_master = await master.look_message_by_offset(r.commitlog_offset)
+                on_slave = await slave.look_message_by_offset(r.commitlog_offset)
+                assert (on_slave.body, on_slave.topic, on_slave.tags, on_slave.keys) == (
+                    on_master.body, on_master.topic, on_master.tags, on_master.keys)
+        await wait_until(lambda: not master.statistics().ha.connections)
+        later = [await master.put_message(Message("Semi", body(i))) for i in range(5)]
+        assert {r.status for r in later} == {PutMessageStatus.SLAVE_NOT_AVAILABLE}
+        assert all(r.status.stored for r in later)
+
+
+async def test_async_master_returns_before_replication_and_slave_follows(tmp_path):
+    config = master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER)
+    async with open_store(config) as master:
+        results = [await master.put_message(Message("A", body(i))) for i in range(50)]
+        assert {r.status for r in results} == {PutMessageStatus.PUT_OK}  # no slave needed
+        async with open_store(slave_config(tmp_path / "s", master)) as slave:
+            more = [await master.put_message(Message("A", body(i))) for i in range(50, 100)]
+            assert {r.status for r in more} == {PutMessageStatus.PUT_OK}
+            await slave.wait_dispatched(master.max_commitlog_offset)
+            assert slave.max_queue_offset("A", 0) == 100
+
+
+async def test_wait_false_skips_the_replica_wait(tmp_path):
+    async with open_store(master_config(tmp_path / "m")) as master:
+        result = await master.put_message(Message("W", b"x", properties={"WAIT": "false"}))
+        assert result.status is PutMessageStatus.PUT_OK
+
+
+async def test_slave_restart_resumes_from_its_own_max_offset(tmp_path):
+    async with open_store(master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER)) as master:
+        async with open_store(slave_config(tmp_path / "s", master)) as slave:
+            for i in range(100):
+                await master.put_message(Message("R", body(i)))
+            await slave.wait_dispatched(master.max_commitlog_offset)
+            end_before = slave.max_commitlog_offset
+        for i in range(100, 300):  # the slave is away
+            await master.put_message(Message("R", body(i)))
+        async with open_store(slave_config(tmp_path / "s", master)) as slave:
+            await wait_until(lambda: master.statistics().ha.connections)
+            requested = master.statistics().ha.connections[0].requested_offset
+            assert requested == end_before  # it asked for what it lacked, not from scratch
+            await slave.wait_dispatched(master.max_commitlog_offset)
+            assert slave.max_queue_offset("R", 0) == 300
+            assert [m.body for m in await slave.get_messages("R", 0, 0, 300)] == [body(i) for i in range(300)]
+    await assert_same_files(tmp_path / "m", tmp_path / "s")
+
+
+async def test_master_restart_and_the_slave_reconnects(tmp_path):
+    async with open_store(master_config(tmp_path / "m")) as master:
+        port = master.ha_address[1]
+        slave_cfg = slave_config(tmp_path / "s", master)
+        async with open_store(slave_cfg) as slave:
+            await wait_until(lambda: slave_count(master) == 1)
+            assert (await master.put_message(Message("M", b"one"))).ok
+    async with open_store(slave_cfg) as slave:
+        # The master is down: the slave backs off and keeps serving reads.
+        await wait_until(lambda: slave.statistics().ha_slave.state == "backoff")
+        assert slave.statistics().ha_slave.last_error
+        assert [m.body for m in await slave.get_messages("M", 0, 0, 5)] == [b"one"]
+        async with open_store(master_config(tmp_path / "m", ha_listen_port=port)) as master:
+            await wait_until(lambda: slave_count(master) == 1)
+            assert (await master.put_message(Message("M", b"two"))).ok
+            await slave.wait_dispatched(master.max_commitlog_offset)
+            assert [m.body for m in await slave.get_messages("M", 0, 0, 5)] == [b"one", b"two"]
+
+
+async def test_two_slaves_and_two_required_acks(tmp_path):
+    async with open_store(master_config(tmp_path / "m", ha_sync_acks=2)) as master:
+        async with open_store(slave_config(tmp_path / "s1", master)) as one:
+            await wait_until(lambda: slave_count(master) == 1)
+            lonely = await master.put_message(Message("Two", b"x"))
+            assert lonely.status is PutMessageStatus.SLAVE_NOT_AVAILABLE  # one slave < two acks
+            async with open_store(slave_config(tmp_path / "s2", master)) as two:
+                await wait_until(lambda: slave_count(master) == 2)
+                results = [await master.put_message(Message("Two", body(i))) for i in range(20)]
+                assert {r.status for r in results} == {PutMessageStatus.PUT_OK}
+                await two.wait_dispatched(master.max_commitlog_offset)
+                await one.wait_dispatched(master.max_commitlog_offset)
+                assert one.max_queue_offset("Two", 0) == two.max_queue_offset("Two", 0) == 21
+            await wait_until(lambda: slave_count(master) == 1)
+            assert (await master.put_message(Message("Two", b"y"))).status is PutMessageStatus.SLAVE_NOT_AVAILABLE
+
+
+async def test_slave_far_behind_is_not_available_is_slave_ok(tmp_path):
+    """isSlaveOK: a slave more than haSlaveFallbehindMax behind does not count."""
+    config = master_config(tmp_path / "m", ha_slave_fallbehind_max=10_000)
+    async with open_store(config) as master:
+        async with open_store(slave_config(tmp_path / "s", master)) as slave:
+            await wait_until(lambda: slave_count(master) == 1)
+            assert (await master.put_message(Message("Gap", b"small"))).ok
+            big = await master.put_message(Message("Gap", b"z" * 20_000))
+            assert big.status is PutMessageStatus.SLAVE_NOT_AVAILABLE
+            await slave.wait_dispatched(master.max_commitlog_offset)  # it still gets it
+            assert slave.max_queue_offset("Gap", 0) == 2
+
+
+async def test_empty_slave_starts_at_the_masters_last_segment_by_default(tmp_path):
+    config = master_config(tmp_path / "m", ha_start_from_min_offset=False, broker_role=BrokerRole.ASYNC_MASTER)
+    async with open_store(config) as master:
+        for i in range(300):
+            await master.put_message(Message("Last", body(i)))
+        last_segment = master.commitlog.segments.last.base_offset
+        assert last_segment > 0
+        async with open_store(slave_config(tmp_path / "s", master)) as slave:
+            await slave.wait_dispatched(master.max_commitlog_offset)
+            assert slave.min_commitlog_offset == last_segment
+            assert sorted(os.listdir(tmp_path / "s" / "commitlog"))[0] == f"{last_segment:020d}"
+            # Its queues start where its log does: older offsets are too small, newer are served.
+            low = slave.min_queue_offset("Last", 0)
+            assert low > 0
+            first = await slave.get_messages("Last", 0, low, 1)
+            assert first[0].body == body(low)
+
+
+async def test_slave_behind_the_masters_retained_log_diverges_fixes_rocketmq_3388(tmp_path):
+    config = master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER, delete_commit_log_files_interval=0)
+    async with open_store(config) as master:
+        async with open_store(slave_config(tmp_path / "s", master)) as slave:
+            await master.put_message(Message("Old", body(1)))
+            await slave.wait_dispatched(master.max_commitlog_offset)
+            slave_end = slave.max_commitlog_offset
+        for i in range(400):
+            await master.put_message(Message("Old", body(i)))
+        await master.flush()
+        await master.wait_dispatched()
+        old = time.time() - 100 * 3600
+        for segment in master.commitlog.segments.segments[:2]:
+            os.utime(segment.path, (old, old))
+        assert await retention.delete_expired_files(master, force=True) == 2
+        assert master.min_commitlog_offset > slave_end
+        async with open_store(slave_config(tmp_path / "s", master)) as slave:
+            await wait_until(lambda: slave.statistics().ha_slave.state == "diverged")
+            stats = slave.statistics().ha_slave
+            assert str(master.min_commitlog_offset) in stats.divergence
+            assert str(slave_end) in stats.divergence
+            assert "gone from the master" in stats.divergence
+            # It stays put: no reconnect loop, and it still serves what it has.
+            await trio.sleep(0.3)
+            assert slave.statistics().ha_slave.state == "diverged"
+            assert slave.max_commitlog_offset == slave_end
+
+
+async def test_slave_ahead_of_its_master_diverges_instead_of_looping_fixes_rocketmq_323(tmp_path):
+    async with open_store(master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER)) as master:
+        async with open_store(slave_config(tmp_path / "s", master)) as slave:
+            for i in range(50):
+                await master.put_message(Message("Ahead", body(i)))
+            await slave.wait_dispatched(master.max_commitlog_offset)
+            slave_end = slave.max_commitlog_offset
+    # A new, empty master (it lost everything): the slave holds bytes it does not have.
+    async with open_store(master_config(tmp_path / "m2", broker_role=BrokerRole.ASYNC_MASTER)) as fresh:
+        async with open_store(slave_config(tmp_path / "s", fresh)) as slave:
+            await wait_until(lambda: slave.statistics().ha_slave.state == "diverged")
+            stats = slave.statistics().ha_slave
+            assert str(slave_end) in stats.divergence and "master lost its tail" in stats.divergence
+            assert fresh.statistics().ha.connections == ()
+            assert slave.max_commitlog_offset == slave_end  # nothing was overwritten
