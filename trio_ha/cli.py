@@ -78,6 +78,19 @@ def bench_store(
         print(json.dumps(result), flush=True)
 
 
+@bench_app.command("replication")
+def bench_replication(
+    dir: str = typer.Option(None, help="scratch directory (a temporary one by default)"),
+    quick: bool = typer.Option(False, help="smaller runs, for a smoke test"),
+) -> None:
+    """Slave catch-up throughput (32 KiB and 1 MiB frames) next to raw loopback transfer of
+    a mapped file, and SYNC_MASTER put latency next to the loopback round trip."""
+    from .bench.replication import run_replication_benchmarks
+
+    for result in run_replication_benchmarks(dir, quick=quick):
+        print(json.dumps(result), flush=True)
+
+
 def main() -> None:
     try:
         app()
