@@ -35,7 +35,7 @@ from ..store.commitlog import CommitLog
 from ..store.results import PutMessageStatus
 from ..watermark import Watermark
 from ..wire.ha import NEED_DATA, HAProtocolError, MasterProtocol
-from .transfer import send_all, send_frame
+from .transfer import transport_for
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class HAMasterStatistics:
 @attrs.define(eq=False)
 class HAConnection:
     service: "HAService"
-    sock: trio.socket.SocketType
+    transport: object  # SocketTransport or StreamTransport
     address: str
     protocol: MasterProtocol = attrs.field(factory=MasterProtocol)
     state: str = "waiting for first report"
@@ -99,7 +99,7 @@ class HAConnection:
         config = self.service.config
         while True:
             with trio.move_on_after(config.ha_housekeeping_interval / 1000):
-                data = await self.sock.recv(RECEIVE_SIZE)
+                data = await self.transport.receive_some(RECEIVE_SIZE)
                 if not data:
                     raise HAConnectionClosed("slave closed the connection")
                 self.protocol.log_end = self.commitlog.max_offset
@@ -156,8 +156,7 @@ class HAConnection:
                     start = offset - segment.base_offset
                     end = min(segment.wrote_position, start + batch)
                     header = self.protocol.send_frame_header(offset, end - start)
-                    await send_frame(self.sock, header, segment, start, end,
-                                     config.ha_transfer_method)
+                    await self.transport.send_frame(header, segment, start, end)
                 offset += end - start
                 self.next_offset = offset
                 self.bytes_sent += end - start
@@ -166,7 +165,7 @@ class HAConnection:
             with trio.move_on_at(last_send + heartbeat):
                 await commitlog.written.wait_for(offset + 1)
                 continue
-            await send_all(self.sock, self.protocol.send_heartbeat(offset))
+            await self.transport.send_all(self.protocol.send_heartbeat(offset))
             last_send = trio.current_time()
 
     async def _refuse(self, requested: int) -> None:
@@ -185,7 +184,7 @@ class HAConnection:
             "stops. Fix: wipe the slave's store (or restore the master) and restart the slave.",
             self.address, requested, why, commitlog.min_offset, commitlog.max_offset,
         )
-        await send_all(self.sock, self.protocol.send_heartbeat(where))
+        await self.transport.send_all(self.protocol.send_heartbeat(where))
         raise HAConnectionClosed(f"slave requested offset {requested}, {why}")
 
     def statistics(self) -> SlaveConnectionStatistics:
@@ -226,24 +225,26 @@ class HAService:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._log_differences)
             task_status.started(self.listen_address)
-            await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+            await trio.serve_listeners(self.handle_stream, listeners, handler_nursery=nursery)
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        sock = stream.socket
-        peer = sock.getpeername()
-        address = f"{peer[0]}:{peer[1]}"
-        connection = HAConnection(self, sock, address)
+    async def handle_stream(self, stream: trio.abc.Stream) -> None:
+        """Serve one slave on ``stream`` until the connection ends (any trio Stream: the
+        listener passes TCP streams; tests may pass memory streams)."""
+        transport = transport_for(stream, method=self.config.ha_transfer_method)
+        address = getattr(transport, "peer", "stream")
+        connection = HAConnection(self, transport, address)
         self.connections[id(connection)] = connection
         log.info("HA: slave %s connected", address)
         try:
             await connection.run()
-        except* (HAConnectionClosed, HAProtocolError, OSError) as group:
+        except* (HAConnectionClosed, HAProtocolError, OSError, trio.BrokenResourceError,
+                 trio.ClosedResourceError) as group:
             for exc in group.exceptions:
                 log.warning("HA: connection to slave %s closed: %s", address, exc)
         finally:
             del self.connections[id(connection)]
             with trio.CancelScope(shield=True):
-                await stream.aclose()
+                await transport.aclose()
 
     # ---- acks and SYNC_MASTER ---------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from ..wire.ha import (
     SlaveProtocol,
 )
 from ..wire.record import parse_host_port
-from .transfer import send_all
+from .transfer import SocketTransport
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,14 @@ class HAClient:
     bytes_received: int = 0
     divergence: str | None = None
     last_error: str | None = None
+    #: opens a transport to the master; TCP by default (tests pass memory streams)
+    connect: object = None
     _wakeup: trio.Event = attrs.field(factory=trio.Event)
     _session_scope: trio.CancelScope | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.connect is None:
+            self.connect = _connect_tcp
 
     def update_master_address(self, address: str | None) -> None:
         """Follow a (new) master. A session with the old one ends; a divergence recorded
@@ -107,8 +113,9 @@ class HAClient:
                     await self._session(address)
                 except* OffsetMismatch as group:
                     self._diverged(address, group.exceptions[0])
-                except* (OSError, HAProtocolError, ReplicaOffsetError,
-                         MasterConnectionLost) as group:
+                except* (OSError, HAProtocolError, ReplicaOffsetError, MasterConnectionLost,
+                         trio.BrokenResourceError, trio.ClosedResourceError,
+                         trio.TooSlowError) as group:
                     failed = True
                     self.last_error = str(group.exceptions[0])
                     log.warning("HA: session with master %s ended: %s", address,
@@ -141,24 +148,25 @@ class HAClient:
         )
 
     async def _session(self, address: str) -> None:
-        host, port = parse_host_port(address)
         self.state = "connecting"
         with trio.fail_after(CONNECT_TIMEOUT):
-            stream = await trio.open_tcp_stream(host, port)
-        async with stream:
-            sock = stream.socket
+            transport = await self.connect(address)
+        try:
             commitlog = self.commitlog
             local_end = commitlog.max_offset
             protocol = SlaveProtocol(expected=local_end if commitlog.segments.segments else None)
-            await send_all(sock, protocol.send_report(local_end))
+            await transport.send_all(protocol.send_report(local_end))
             self.state = "transfer"
             self.connected_since = time.time()
             log.info("HA: replicating from %s, local log ends at %d", address, local_end)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._report, sock, protocol, local_end)
-                await self._receive(sock, protocol)
+                nursery.start_soon(self._report, transport, protocol, local_end)
+                await self._receive(transport, protocol)
+        finally:
+            with trio.CancelScope(shield=True):
+                await transport.aclose()
 
-    async def _report(self, sock, protocol: SlaveProtocol, reported: int) -> None:
+    async def _report(self, transport, protocol: SlaveProtocol, reported: int) -> None:
         """Tell the master the log end whenever it grows, and at least every heartbeat."""
         interval = self.config.ha_send_heartbeat_interval / 1000
         written = self.commitlog.written
@@ -166,9 +174,9 @@ class HAClient:
             with trio.move_on_after(interval):
                 await written.wait_for(reported + 1)
             reported = max(reported, written.value)
-            await send_all(sock, protocol.send_report(reported))
+            await transport.send_all(protocol.send_report(reported))
 
-    async def _receive(self, sock, protocol: SlaveProtocol) -> None:
+    async def _receive(self, transport, protocol: SlaveProtocol) -> None:
         commitlog = self.commitlog
         silence = self.config.ha_housekeeping_interval / 1000
         body_offset = 0  # log offset of the next body byte
@@ -180,7 +188,7 @@ class HAClient:
                 view = segment.view(start, start + min(wanted, segment.size - start))
                 try:
                     with trio.move_on_after(silence) as scope:
-                        n = await sock.recv_into(view)
+                        n = await transport.receive_into(view)
                 finally:
                     del view
                 if scope.cancelled_caught:
@@ -192,7 +200,7 @@ class HAClient:
                 body_offset += n
             else:
                 with trio.move_on_after(silence) as scope:
-                    data = await sock.recv(wanted)
+                    data = await transport.receive_some(wanted)
                 if scope.cancelled_caught:
                     raise MasterConnectionLost(f"master silent for {silence:g} s")
                 if not data:
@@ -218,3 +226,8 @@ class HAClient:
             divergence=self.divergence,
             last_error=self.last_error,
         )
+
+
+async def _connect_tcp(address: str) -> SocketTransport:
+    host, port = parse_host_port(address)
+    return SocketTransport(await trio.open_tcp_stream(host, port))
