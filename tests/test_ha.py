@@ -250,3 +250,15 @@ async def test_slave_ahead_of_its_master_diverges_instead_of_looping_fixes_rocke
             assert str(slave_end) in stats.divergence and "master lost its tail" in stats.divergence
             assert fresh.statistics().ha.connections == ()
             assert slave.max_commitlog_offset == slave_end  # nothing was overwritten
+
+
+async def test_slave_checkpoint_records_replicated_store_times(tmp_path):
+    async with open_store(master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER)) as master:
+        async with open_store(slave_config(tmp_path / "s", master)) as slave:
+            results = [await master.put_message(Message("Ck", body(i))) for i in range(20)]
+            await slave.wait_dispatched(master.max_commitlog_offset)
+            await slave.flush()
+            await slave.flush_consume_queues(0)
+            last = results[-1].store_timestamp
+            assert slave.checkpoint.physic_msg_timestamp == last
+            assert slave.checkpoint.logics_msg_timestamp == last

@@ -136,6 +136,12 @@ class Dispatcher:
                 )
                 log.error("dispatch: %s", self.error)
         self.dispatched.raise_to(self.cursor)
+        # On a slave nothing is put, so the commitlog learns its records' store times here
+        # (RocketMQ sets physicMsgTimestamp at dispatch on a slave). The dispatcher lags the
+        # log, so this errs old: crash recovery then starts a little earlier, never later.
+        commitlog = self.commitlog
+        if self.last_store_timestamp > commitlog.last_store_timestamp:
+            commitlog.last_store_timestamp = self.last_store_timestamp
         return passed
 
     async def run(self, limit: Watermark, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
