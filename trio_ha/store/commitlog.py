@@ -31,7 +31,7 @@ from .. import _backend
 from ..config import StoreConfig
 from ..watermark import Watermark
 from ..wire import record as rec
-from .segment import Segment
+from .segment import Segment, sync_ranges
 from .segments import SegmentQueue
 
 log = logging.getLogger(__name__)
@@ -304,7 +304,7 @@ class CommitLog:
             with contextlib.ExitStack() as holds:
                 for segment, _, _ in work:
                     holds.enter_context(segment.hold())
-                await trio.to_thread.run_sync(_sync_ranges, work, abandon_on_cancel=False)
+                await trio.to_thread.run_sync(sync_ranges, work, abandon_on_cancel=False)
             for segment, _, end in work:
                 segment.flushed_position = max(segment.flushed_position, end)
             self.flushed_store_timestamp = store_timestamp
@@ -335,7 +335,3 @@ class CommitLog:
             await self.written.wait_for(self.flushed.value + 1)
             await self.flush(0)
 
-
-def _sync_ranges(work: list[tuple[Segment, int, int]]) -> None:
-    for segment, start, end in work:
-        segment.sync_range(start, end)

@@ -213,3 +213,9 @@ class Segment:
 
     def mtime(self) -> float:
         return os.fstat(self._fd).st_mtime
+
+
+def sync_ranges(work: list[tuple[Segment, int, int]]) -> None:
+    """Make each ``(segment, start, end)`` range durable (blocking: a worker thread)."""
+    for segment, start, end in work:
+        segment.sync_range(start, end)

@@ -32,7 +32,7 @@ from . import retention
 from .checkpoint import Checkpoint
 from .commitlog import AllocationTimeout, CommitLog
 from .consume_queue import ConsumeQueueTable, is_valid_topic
-from .segment import Segment
+from .segment import Segment, sync_ranges
 from .dispatch import Dispatcher
 from .recovery import RecoveryReport, recover
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
@@ -208,7 +208,7 @@ class MessageStore:
             for segment, _, _ in work:
                 holds.enter_context(segment.hold())
             if work:
-                await trio.to_thread.run_sync(_sync_ranges, work, abandon_on_cancel=False)
+                await trio.to_thread.run_sync(sync_ranges, work, abandon_on_cancel=False)
         for segment, _, end in work:
             segment.flushed_position = max(segment.flushed_position, end)
         checkpoint = self.checkpoint
@@ -728,10 +728,6 @@ def _encode_error(code: int, topic_len: int) -> str:
 def _max_record_size(config: StoreConfig) -> int:
     return min(config.max_message_size + RECORD_OVERHEAD_LIMIT, 2**31 - 1)
 
-
-def _sync_ranges(work) -> None:
-    for segment, start, end in work:
-        segment.sync_range(start, end)
 
 
 def _lock_root(root: str) -> int:
