@@ -7,3 +7,24 @@ class WireError(ValueError):
 
 class RecordDecodeError(WireError):
     """A commitlog record, batch body or message id is malformed."""
+
+
+class RemotingDecodeError(WireError):
+    """A remoting frame or header is malformed; the connection must be closed."""
+
+
+class HeaderFieldError(RemotingDecodeError):
+    """A custom header field (extFields) is missing or malformed. The frame itself was fine:
+    the server answers with an error response instead of closing the connection."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class RouteDecodeError(WireError):
+    """A name server / broker JSON body (route data, register body, heartbeat) is malformed."""
+
+
+class MetadataDecodeError(WireError):
+    """A config JSON file (topics.json, consumerOffset.json, ...) is malformed."""
