@@ -1,0 +1,170 @@
+"""The remoting server and client over real loopback sockets, with the habits of real RocketMQ
+clients reproduced by hand-built frames, and hostile peers."""
+
+import json
+import struct
+
+import pytest
+import trio
+
+from trio_ha.remoting import not_supported, open_remoting_client, serve_remoting
+from trio_ha.remoting.client import RemotingTimeout
+from trio_ha.wire.remoting import (
+    NEED_DATA,
+    FrameDecoder,
+    RemotingCommand,
+    ResponseCode,
+    encode,
+)
+
+ECHO, SLOW, FAIL = 9001, 9002, 9003
+
+
+async def handler(request, connection):
+    if request.code == ECHO:
+        return RemotingCommand.response_to(
+            request, ResponseCode.SUCCESS, ext_fields=request.ext_fields, body=request.body
+        )
+    if request.code == SLOW:
+        await trio.sleep(float(request.ext_fields["sleep"]))
+        return RemotingCommand.response_to(request, ResponseCode.SUCCESS, remark=request.ext_fields["sleep"])
+    if request.code == FAIL:
+        raise ValueError("processor bug")
+    return not_supported(request)
+
+
+@pytest.fixture
+async def server(nursery):
+    host, port = await nursery.start(lambda task_status: serve_remoting(
+        handler, 0, host="127.0.0.1", idle_timeout=2.0, task_status=task_status))
+    return f"127.0.0.1:{port}"
+
+
+def json_frame(header: dict, body: bytes = b"") -> bytes:
+    head = json.dumps(header).encode()
+    return struct.pack(">ii", 4 + len(head) + len(body), len(head)) + head + body
+
+
+async def connect(address):
+    host, port = address.split(":")
+    return await trio.open_tcp_stream(host, int(port))
+
+
+async def read_commands(stream, count, timeout=5.0):
+    decoder = FrameDecoder()
+    commands = []
+    with trio.fail_after(timeout):
+        while len(commands) < count:
+            data = await stream.receive_some(65536)
+            assert data, "server closed the connection"
+            decoder.receive_data(data)
+            while (command := decoder.next_command()) is not NEED_DATA:
+                commands.append(command)
+    return commands
+
+
+async def test_request_response_round_trip(server):
+    async with open_remoting_client(server) as client:
+        request = RemotingCommand.request(ECHO, {"a": "1"}, body=b"payload")
+        response = await client.invoke(request, timeout=3)
+        assert response.is_response and response.code == ResponseCode.SUCCESS
+        assert response.ext_fields == {"a": "1"} and response.body == b"payload"
+
+
+async def test_ext_fields_as_json_numbers_and_booleans_are_accepted(server):
+    stream = await connect(server)
+    frame = json_frame({"code": ECHO, "language": "GO", "version": 0, "opaque": 7, "flag": 0,
+                        "extFields": {"queueId": 3, "batch": True, "offset": 12345678901}})
+    await stream.send_all(frame)
+    (response,) = await read_commands(stream, 1)
+    assert response.opaque == 7 and response.flag & 1
+    assert response.ext_fields == {"queueId": "3", "batch": "true", "offset": "12345678901"}
+    await stream.aclose()
+
+
+async def test_replies_go_out_in_completion_order(server):
+    stream = await connect(server)
+    for opaque, delay in ((1, "0.3"), (2, "0.0"), (3, "0.15")):
+        await stream.send_all(encode(RemotingCommand.request(SLOW, {"sleep": delay}, opaque=opaque)))
+    responses = await read_commands(stream, 3)
+    assert [r.opaque for r in responses] == [2, 3, 1]
+    await stream.aclose()
+
+
+async def test_oneway_requests_get_no_reply(server):
+    stream = await connect(server)
+    await stream.send_all(encode(RemotingCommand.request(ECHO, {"x": "1"}, opaque=5, oneway=True)))
+    await stream.send_all(encode(RemotingCommand.request(ECHO, {"x": "2"}, opaque=6)))
+    (response,) = await read_commands(stream, 1)
+    assert response.opaque == 6
+    with trio.move_on_after(0.2):
+        assert not await stream.receive_some(65536)  # nothing else arrives
+    await stream.aclose()
+
+
+async def test_64_requests_in_flight_on_one_connection(server):
+    async with open_remoting_client(server) as client:
+        results = {}
+
+        async def call(i):
+            response = await client.invoke(RemotingCommand.request(SLOW, {"sleep": "0.2"}), timeout=5)
+            results[i] = response.remark
+
+        with trio.fail_after(3):  # 64 x 0.2 s in sequence would take 12.8 s
+            async with trio.open_nursery() as nursery:
+                for i in range(64):
+                    nursery.start_soon(call, i)
+        assert len(results) == 64
+
+
+async def test_unknown_code_and_processor_errors_get_error_responses(server):
+    async with open_remoting_client(server) as client:
+        unknown = await client.invoke(RemotingCommand.request(4242), timeout=3)
+        assert unknown.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+        assert "4242" in unknown.remark
+        failed = await client.invoke(RemotingCommand.request(FAIL), timeout=3)
+        assert failed.code == ResponseCode.SYSTEM_ERROR and "processor bug" in failed.remark
+        assert (await client.invoke(RemotingCommand.request(ECHO), timeout=3)).code == ResponseCode.SUCCESS
+
+
+async def test_client_call_timeout_leaves_the_connection_usable(server):
+    async with open_remoting_client(server) as client:
+        with pytest.raises(RemotingTimeout):
+            await client.invoke(RemotingCommand.request(SLOW, {"sleep": "1"}), timeout=0.1)
+        assert (await client.invoke(RemotingCommand.request(ECHO), timeout=3)).code == ResponseCode.SUCCESS
+
+
+HOSTILE = {
+    "zero_length": struct.pack(">i", 0),
+    "negative_length": struct.pack(">i", -1),
+    "oversized_length": struct.pack(">i", 0x7FFFFFFF) + b"x" * 100,
+    "header_length_beyond_frame": struct.pack(">ii", 10, 1000) + b"{" * 6,
+    "invalid_json": struct.pack(">ii", 12, 8) + b"{not jso",
+    "wrong_field_types": json_frame({"code": "ten", "opaque": [], "flag": 0}),
+    "unknown_serialize_type": struct.pack(">ii", 6, (7 << 24) | 2) + b"{}",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+async def test_hostile_frames_cost_only_their_own_connection(server, kind):
+    async with open_remoting_client(server) as good:
+        bad = await connect(server)
+        await bad.send_all(HOSTILE[kind])
+        with trio.fail_after(3):
+            assert await bad.receive_some(65536) == b""  # closed by the server
+        await bad.aclose()
+        assert (await good.invoke(RemotingCommand.request(ECHO, body=b"ok"), timeout=3)).body == b"ok"
+
+
+async def test_half_a_frame_then_silence_is_closed_at_idle_timeout(server):
+    async with open_remoting_client(server) as good:
+        bad = await connect(server)
+        frame = encode(RemotingCommand.request(ECHO, body=b"x" * 100))
+        await bad.send_all(frame[: len(frame) // 2])
+        with trio.fail_after(5):
+            while True:  # the well-behaved client keeps working meanwhile
+                assert (await good.invoke(RemotingCommand.request(ECHO), timeout=3)).code == 0
+                with trio.move_on_after(0.1):
+                    assert await bad.receive_some(65536) == b""
+                    break
+        await bad.aclose()

@@ -1,0 +1,208 @@
+"""RocketMQ remoting over trio: the client side.
+
+``RemotingClient`` is one connection: a reader task matches responses to waiting calls by
+``opaque``, so any number of calls (long-polled pulls among them) share the connection and
+complete in any order. Every call has its own timeout; a call that times out simply stops
+waiting (its late reply is dropped), unlike RocketMQ's Java client, which gives up on the
+whole connection. ``RemotingClientPool`` keeps one client per address and reconnects when a
+connection breaks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+
+import attrs
+import trio
+
+from ..wire.errors import RemotingDecodeError
+from ..wire.record import parse_host_port
+from ..wire.remoting import NEED_DATA, FrameDecoder, RemotingCommand, encode
+
+log = logging.getLogger(__name__)
+
+RECEIVE_SIZE = 256 * 1024
+
+
+class RemotingError(Exception):
+    """A remote call failed: no connection, the connection broke, or it timed out."""
+
+
+class RemotingTimeout(RemotingError):
+    pass
+
+
+class RemotingConnectError(RemotingError):
+    pass
+
+
+_opaques = itertools.count(1)
+
+
+@attrs.define(eq=False)
+class _Call:
+    event: trio.Event = attrs.field(factory=trio.Event)
+    response: RemotingCommand | None = None
+    error: BaseException | None = None
+
+
+@attrs.define(eq=False)
+class RemotingClient:
+    address: str
+    stream: trio.abc.Stream
+    _pending: dict[int, _Call] = attrs.field(factory=dict)
+    _send_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    closed: bool = False
+    error: BaseException | None = None
+
+    async def _send(self, data: bytes) -> None:
+        if self.closed:
+            raise RemotingError(f"connection to {self.address} is closed: {self.error}")
+        async with self._send_lock:
+            with trio.CancelScope(shield=True):
+                try:
+                    await self.stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    self._fail(exc)
+                    raise RemotingError(f"sending to {self.address} failed: {exc}") from exc
+
+    async def invoke(self, request: RemotingCommand, timeout: float) -> RemotingCommand:
+        """Send ``request`` and wait at most ``timeout`` seconds for its response."""
+        opaque = next(_opaques) & 0x7FFFFFFF
+        request = attrs.evolve(request, opaque=opaque)
+        call = _Call()
+        self._pending[opaque] = call
+        try:
+            with trio.move_on_after(timeout):
+                await self._send(encode(request))
+                await call.event.wait()
+            if call.error is not None:
+                raise RemotingError(f"connection to {self.address} broke: {call.error}")
+            if call.response is None:
+                raise RemotingTimeout(
+                    f"no response from {self.address} to request {request.code} "
+                    f"within {timeout:g} s"
+                )
+            return call.response
+        finally:
+            self._pending.pop(opaque, None)
+
+    async def invoke_oneway(self, request: RemotingCommand) -> None:
+        request = attrs.evolve(request, opaque=next(_opaques) & 0x7FFFFFFF, flag=request.flag | 2)
+        await self._send(encode(request))
+
+    async def run_reader(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        decoder = FrameDecoder()
+        task_status.started()
+        try:
+            while True:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    raise RemotingError("the server closed the connection")
+                decoder.receive_data(data)
+                while (command := decoder.next_command()) is not NEED_DATA:
+                    if not command.is_response:
+                        continue  # server-initiated requests are not supported yet
+                    call = self._pending.get(command.opaque)
+                    if call is not None:
+                        call.response = command
+                        call.event.set()
+        except (RemotingError, RemotingDecodeError, trio.BrokenResourceError,
+                trio.ClosedResourceError, OSError) as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.closed:
+            log.info("remoting: connection to %s ended: %s", self.address, exc)
+        self.closed = True
+        self.error = exc
+        for call in self._pending.values():
+            call.error = exc
+            call.event.set()
+
+    async def aclose(self) -> None:
+        self._fail(RemotingError("closed"))
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+
+
+@contextlib.asynccontextmanager
+async def open_remoting_client(address: str, *, connect_timeout: float = 3.0):
+    """A connected RemotingClient whose reader runs until the block ends."""
+    host, port = parse_host_port(address)
+    with trio.move_on_after(connect_timeout) as scope:
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            raise RemotingConnectError(f"cannot connect to {address}: {exc}") from exc
+    if scope.cancelled_caught:
+        raise RemotingConnectError(f"connecting to {address} timed out")
+    client = RemotingClient(address, stream)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client.run_reader)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+@attrs.define(eq=False)
+class RemotingClientPool:
+    """One connection per address, made on first use and remade after it breaks."""
+
+    nursery: trio.Nursery
+    connect_timeout: float = 3.0
+    _clients: dict[str, RemotingClient] = attrs.field(factory=dict)
+    _connecting: dict[str, trio.Lock] = attrs.field(factory=dict)
+
+    async def client(self, address: str) -> RemotingClient:
+        client = self._clients.get(address)
+        if client is not None and not client.closed:
+            return client
+        lock = self._connecting.setdefault(address, trio.Lock())
+        async with lock:
+            client = self._clients.get(address)
+            if client is not None and not client.closed:
+                return client
+            host, port = parse_host_port(address)
+            try:
+                with trio.fail_after(self.connect_timeout):
+                    stream = await trio.open_tcp_stream(host, port)
+            except (OSError, trio.TooSlowError) as exc:
+                raise RemotingConnectError(f"cannot connect to {address}: {exc}") from exc
+            client = RemotingClient(address, stream)
+            await self.nursery.start(client.run_reader)
+            self._clients[address] = client
+            return client
+
+    async def invoke(self, address: str, request: RemotingCommand, timeout: float) -> RemotingCommand:
+        client = await self.client(address)
+        return await client.invoke(request, timeout)
+
+    async def invoke_oneway(self, address: str, request: RemotingCommand) -> None:
+        client = await self.client(address)
+        await client.invoke_oneway(request)
+
+    def forget(self, address: str) -> None:
+        client = self._clients.pop(address, None)
+        if client is not None:
+            self.nursery.start_soon(client.aclose)
+
+    async def aclose(self) -> None:
+        for client in list(self._clients.values()):
+            await client.aclose()
+        self._clients.clear()
+
+
+@contextlib.asynccontextmanager
+async def open_client_pool(*, connect_timeout: float = 3.0):
+    async with trio.open_nursery() as nursery:
+        pool = RemotingClientPool(nursery, connect_timeout)
+        try:
+            yield pool
+        finally:
+            await pool.aclose()
+            nursery.cancel_scope.cancel()
