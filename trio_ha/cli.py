@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -63,6 +64,39 @@ def demo(
 ) -> None:
     """Put messages into an embedded store, close it, reopen it and read them back."""
     trio.run(_demo, dir, count)
+
+
+@app.command()
+def namesrv(
+    port: int = typer.Option(9876, help="listen port (RocketMQ's default 9876)"),
+    bind: str = typer.Option("0.0.0.0", help="interface to bind"),
+) -> None:
+    """Run a name server until Ctrl-C."""
+    from .namesrv import NamesrvConfig, serve_namesrv
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            host, bound = await nursery.start(
+                serve_namesrv, NamesrvConfig(listen_port=port, bind_address=bind)
+            )
+            print(f"name server listening on {host}:{bound}", flush=True)
+
+    _run_until_interrupted(main)
+
+
+def _run_until_interrupted(main) -> None:
+    """Run ``main`` until SIGINT/SIGTERM, then let it shut down gracefully."""
+
+    async def runner() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(main)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    print("shutting down ...", flush=True)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    trio.run(runner)
 
 
 @bench_app.command("store")
