@@ -21,6 +21,7 @@ import struct
 
 import attrs
 
+from ..watermark import Watermark
 from .segment import Segment
 from .segments import SegmentQueue
 
@@ -65,6 +66,8 @@ class ConsumeQueue:
     min_logic_offset: int = 0
     #: commitlog end (offset + size) of the last entry; writes at or below it are repeats
     max_physical_offset: int = 0
+    #: rises with max_offset: long-polled pulls wait on it for the next message
+    arrivals: Watermark = attrs.field(factory=Watermark)
 
     @classmethod
     def open(cls, root: str, topic: str, queue_id: int, file_size: int) -> "ConsumeQueue":
@@ -121,6 +124,7 @@ class ConsumeQueue:
         segment.write(at, _ENTRY.pack(commitlog_offset, size, tags_code))
         segment.wrote_position = at + ENTRY_SIZE
         self.max_physical_offset = commitlog_offset + size
+        self.arrivals.raise_to(self.max_offset)
         return True
 
     def put_run(self, entries, first_queue_offset: int, first_end: int, last_end: int) -> None:
@@ -151,6 +155,7 @@ class ConsumeQueue:
             position += n
             done += n
         self.max_physical_offset = last_end
+        self.arrivals.raise_to(self.max_offset)
 
     def _write_blanks(self, start: int, end: int) -> None:
         while start < end:
@@ -213,6 +218,7 @@ class ConsumeQueue:
                 break
         self._cut(end)
         self.max_physical_offset = self._last_real_physical_end()
+        self.arrivals.reset(self.max_offset)
 
     def _last_real_physical_end(self) -> int:
         """Commitlog end of the newest entry that is not a blank filler."""
@@ -253,6 +259,7 @@ class ConsumeQueue:
         if cut is not None:
             self._cut(cut)
         self.max_physical_offset = self._last_real_physical_end()
+        self.arrivals.reset(self.max_offset)
 
     def delete_expired(self, commitlog_min_offset: int) -> int:
         """Delete whole files whose last entry points below the commitlog's first byte.
@@ -310,6 +317,9 @@ class ConsumeQueueTable:
     root: str
     file_size: int
     queues: dict[tuple[str, int], ConsumeQueue] = attrs.field(factory=dict)
+    #: arrival watermarks handed out for queues that do not exist yet (a long poll on a
+    #: topic before its first message); the queue adopts its mark when it is created
+    _future_arrivals: dict[tuple[str, int], Watermark] = attrs.field(factory=dict)
 
     @classmethod
     def load(cls, root: str, file_size: int) -> "ConsumeQueueTable":
@@ -339,7 +349,19 @@ class ConsumeQueueTable:
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = ConsumeQueue.open(self.root, topic, queue_id, self.file_size)
+            mark = self._future_arrivals.pop(key, None)
+            if mark is not None:
+                queue.arrivals = mark
         return queue
+
+    def arrivals(self, topic: str, queue_id: int) -> Watermark:
+        """The watermark that rises with this queue's max offset, even before it exists."""
+        queue = self.queues.get((topic, queue_id))
+        if queue is not None:
+            return queue.arrivals
+        if len(self._future_arrivals) > 65536:
+            self._future_arrivals.clear()  # bound it; waiters on dropped marks time out
+        return self._future_arrivals.setdefault((topic, queue_id), Watermark())
 
     def __iter__(self):
         return iter(self.queues.values())

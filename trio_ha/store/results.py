@@ -90,3 +90,7 @@ class GetMessageResult:
     next_begin_offset: int = 0
     min_offset: int = 0
     max_offset: int = 0
+    #: with ``raw=True``: each record's bytes, unchanged
+    records: tuple[bytes, ...] = ()
+    #: commitlog offset of the last message returned (-1: none)
+    last_commitlog_offset: int = -1

@@ -533,7 +533,8 @@ class MessageStore:
     def topics(self) -> set[str]:
         return {topic for topic, _ in self.queues.queues}
 
-    def _decode_at(self, offset: int, size: int | None = None) -> rec.StoredMessage | None:
+    def _record_at(self, offset: int, size: int | None = None) -> bytes | None:
+        """The bytes of the record at ``offset``, if one that readers may see is there."""
         limit = self.confirmed.value
         segment = self.commitlog.segments.find(offset)
         if segment is None or offset + 8 > limit or offset < self.commitlog.min_offset:
@@ -542,10 +543,33 @@ class MessageStore:
             size = int.from_bytes(segment.read(offset - segment.base_offset, 4), "big", signed=True)
         if size <= 0 or offset + size > min(limit, segment.wrote_offset):
             return None
+        return segment.read(offset - segment.base_offset, size)
+
+    def _decode_at(self, offset: int, size: int | None = None) -> rec.StoredMessage | None:
+        record = self._record_at(offset, size)
+        if record is None:
+            return None
         try:
-            return rec.decode_record(segment.read(offset - segment.base_offset, size))
+            return rec.decode_record(record)
         except RecordDecodeError:
             return None
+
+    def record_bytes(self, commitlog_offset: int) -> bytes | None:
+        """The raw record at ``commitlog_offset`` if it is a whole, valid record (for
+        VIEW_MESSAGE_BY_ID, whose response body is the record unchanged)."""
+        record = self._record_at(commitlog_offset)
+        if record is None:
+            return None
+        try:
+            rec.decode_record(record)
+        except RecordDecodeError:
+            return None
+        return record
+
+    def queue_arrivals(self, topic: str, queue_id: int) -> Watermark:
+        """Rises with the queue's max offset: ``await queue_arrivals(t, q).wait_for(n + 1)``
+        returns once message ``n`` is there (long polling)."""
+        return self.queues.arrivals(topic, queue_id)
 
     def read_queue(
         self,
@@ -555,9 +579,16 @@ class MessageStore:
         max_count: int,
         *,
         max_bytes: int | None = None,
+        tag_codes: frozenset[int] | None = None,
+        raw: bool = False,
     ) -> GetMessageResult:
         """Messages of one queue from ``queue_offset`` with RocketMQ's GetMessageStatus and
-        next offset. Synchronous: it reads only mapped memory."""
+        next offset. Synchronous: it reads only mapped memory.
+
+        ``tag_codes`` keeps only entries whose tag hash is in the set (RocketMQ filters by
+        hash here; the exact tag is checked by whoever reads the record). With ``raw`` the
+        result holds each record's bytes unchanged (what a pull response carries) in
+        ``records`` instead of decoded ``messages``."""
         queue = self.queues.get(topic, queue_id)
         if queue is None:
             return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE)
@@ -572,36 +603,55 @@ class MessageStore:
             return GetMessageResult(
                 GetMessageStatus.OFFSET_OVERFLOW_BADLY, (), low if low == 0 else high, low, high
             )
-        messages: list[rec.StoredMessage] = []
+        found: list = []
         next_offset = queue_offset
         total = 0
+        last_commitlog_offset = -1
         status = GetMessageStatus.NO_MATCHED_MESSAGE
         commitlog_min = self.commitlog.min_offset
-        while len(messages) < max_count and next_offset < high:
-            entries = queue.entries(next_offset, max_count - len(messages))
+        # RocketMQ scans at most max(16000 bytes, maxMsgNums * 20) of consume queue per pull.
+        budget = max(800, max_count)
+        while len(found) < max_count and next_offset < high and budget > 0:
+            entries = queue.entries(next_offset, min(budget, max_count - len(found) + 64))
             if not entries:
                 break
             for entry in entries:
+                if len(found) >= max_count:
+                    break
+                budget -= 1
                 if entry.size == _BLANK_CQ_SIZE or entry.commitlog_offset < commitlog_min:
                     status = GetMessageStatus.MESSAGE_WAS_REMOVING
                     next_offset += 1
                     continue
-                if max_bytes is not None and messages and total + entry.size > max_bytes:
+                if tag_codes is not None and entry.tags_code not in tag_codes:
+                    next_offset += 1
+                    continue
+                if max_bytes is not None and found and total + entry.size > max_bytes:
+                    budget = 0
                     break
-                message = self._decode_at(entry.commitlog_offset, entry.size)
-                if message is None:
+                record = self._record_at(entry.commitlog_offset, entry.size)
+                if record is None:
                     status = GetMessageStatus.OFFSET_FOUND_NULL
                     next_offset += 1
                     continue
-                messages.append(message)
+                if not raw:
+                    try:
+                        record = rec.decode_record(record)
+                    except RecordDecodeError:
+                        status = GetMessageStatus.OFFSET_FOUND_NULL
+                        next_offset += 1
+                        continue
+                found.append(record)
                 total += entry.size
+                last_commitlog_offset = entry.commitlog_offset
                 next_offset += 1
-            else:
-                continue
-            break
-        if messages:
+        if found:
             status = GetMessageStatus.FOUND
-        return GetMessageResult(status, tuple(messages), next_offset, low, high)
+        if raw:
+            return GetMessageResult(status, (), next_offset, low, high, tuple(found),
+                                    last_commitlog_offset)
+        return GetMessageResult(status, tuple(found), next_offset, low, high, (),
+                                last_commitlog_offset)
 
     async def get_messages(
         self,
