@@ -322,28 +322,53 @@ class MessageStore:
                 return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
 
     async def put_message(self, message: rec.Message, queue_id: int = 0) -> PutMessageResult:
-        """Append one message; the result says whether it is stored, and how durably.
+        """Append one message; the result says whether it is stored, and how durably."""
+        return await self.put_encoded(
+            message.topic, queue_id, message.body, message.encoded_properties(),
+            flag=message.flag, sys_flag=message.sys_flag,
+            born_timestamp=message.born_timestamp, born_host=message.born_host,
+            reconsume_times=message.reconsume_times,
+            prepared_transaction_offset=message.prepared_transaction_offset,
+            wait_store_msg_ok=message.properties.get(rec.PROPERTY_WAIT_STORE_MSG_OK) != "false",
+        )
+
+    async def put_encoded(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: bytes,
+        *,
+        flag: int = 0,
+        sys_flag: int = 0,
+        born_timestamp: int | None = None,
+        born_host: str | None = None,
+        reconsume_times: int = 0,
+        prepared_transaction_offset: int = 0,
+        wait_store_msg_ok: bool = True,
+    ) -> PutMessageResult:
+        """Append one message whose PROPERTIES field is already encoded (the broker's path:
+        it forwards what the producer sent).
 
         The one checkpoint comes first, before anything is written: a cancelled put has not
         happened, and a put that happened is never turned into a Cancelled exception (except
-        while it waits for SYNC_FLUSH, where the caller chose to stop waiting)."""
+        while it waits for SYNC_FLUSH or slaves, where the caller chose to stop waiting)."""
         await trio.lowlevel.checkpoint()
-        topic = self._accepts(message.topic, queue_id, len(message.body))
-        if topic is None:
-            refusal = self._refusal(message.topic, queue_id, len(message.body))
+        topic_bytes = self._accepts(topic, queue_id, len(body))
+        if topic_bytes is None:
+            refusal = self._refusal(topic, queue_id, len(body))
             if refusal is not None:
                 return refusal
-            topic = self._topics[message.topic]
-        props = message.encoded_properties()
-        if len(props) > rec.MAX_PROPERTIES_LENGTH:
+            topic_bytes = self._topics[topic]
+        if len(properties) > rec.MAX_PROPERTIES_LENGTH:
             return self._illegal(
-                f"properties of {len(props)} bytes exceed {rec.MAX_PROPERTIES_LENGTH}",
+                f"properties of {len(properties)} bytes exceed {rec.MAX_PROPERTIES_LENGTH}",
                 PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
             )
-        born_host = self._born_host(message.born_host)
-        tx_type = message.sys_flag & rec.TRANSACTION_TYPE_MASK
+        born = self._born_host(born_host)
+        tx_type = sys_flag & rec.TRANSACTION_TYPE_MASK
         consumable = tx_type != rec.TRANSACTION_PREPARED and tx_type != rec.TRANSACTION_ROLLBACK
-        key = (message.topic, queue_id)
+        key = (topic, queue_id)
         commitlog = self.commitlog
         store_host = commitlog.store_host
         encode = _backend.engine.encode_record
@@ -357,13 +382,11 @@ class MessageStore:
             position = segment.wrote_position
             queue_offset = self._queue_offsets.get(key, 0) if consumable else 0
             store_timestamp = commitlog.next_store_timestamp()
-            born_timestamp = message.born_timestamp
             new_position = encode(
-                segment.handle, segment.size, position, segment.base_offset, topic,
-                message.body, props, queue_id, message.flag, queue_offset, message.sys_flag,
-                store_timestamp if born_timestamp is None else born_timestamp, born_host,
-                store_timestamp, store_host, message.reconsume_times,
-                message.prepared_transaction_offset,
+                segment.handle, segment.size, position, segment.base_offset, topic_bytes,
+                body, properties, queue_id, flag, queue_offset, sys_flag,
+                store_timestamp if born_timestamp is None else born_timestamp, born,
+                store_timestamp, store_host, reconsume_times, prepared_transaction_offset,
             )
             if new_position >= 0:
                 break
@@ -371,7 +394,7 @@ class MessageStore:
                 commitlog.end_segment(segment)
                 continue
             return self._illegal(
-                _encode_error(new_position, len(topic)), _encode_status(new_position)
+                _encode_error(new_position, len(topic_bytes)), _encode_status(new_position)
             )
         commitlog.record_appended(segment, new_position, store_timestamp)
         if consumable:
@@ -379,7 +402,7 @@ class MessageStore:
         self._puts += 1
         offset = segment.base_offset + position
         status = PutMessageStatus.PUT_OK
-        if self._waits and message.properties.get(rec.PROPERTY_WAIT_STORE_MSG_OK) != "false":
+        if self._waits and wait_store_msg_ok:
             status = await self._wait_guarantees(segment.base_offset + new_position)
         return PutMessageResult(
             status, offset, new_position - position, queue_offset, (offset,), store_timestamp,
