@@ -14,7 +14,7 @@
 #include <sys/types.h>
 
 /* Bumped whenever a signature or struct below changes; checked by trio_ha._backend. */
-#define TH_NATIVE_VERSION 1
+#define TH_NATIVE_VERSION 2
 
 /* ---- error codes of the encoders ------------------------------------------------------ */
 #define TH_ERR_NO_SPACE        -1  /* record(s) + the 8-byte blank do not fit before seg_size */
@@ -70,6 +70,12 @@ typedef struct {
     int32_t size;    /* TOTALSIZE found at `end` when stop is PARTIAL/BLANK/BAD_*, else 0    */
 } th_scan_result;
 
+/* One consume-queue run: infos[first .. first+count) go to one queue, consecutive offsets. */
+typedef struct {
+    uint32_t first;
+    uint32_t count;
+} th_cq_run;
+
 /* One stored item of a batch append. */
 typedef struct {
     int64_t phys_offset;
@@ -79,8 +85,17 @@ typedef struct {
 
 uint32_t th_version(void);
 
-/* CRC-32 (zlib polynomial) masked to 31 bits, as RocketMQ stores BODYCRC. */
+/* CRC-32 (zlib polynomial) masked to 31 bits, as RocketMQ stores BODYCRC. Long inputs use
+   carry-less multiplication (PCLMULQDQ / VPCLMULQDQ) when the CPU has it, zlib otherwise. */
 uint32_t th_crc32(const uint8_t *buf, size_t len);
+
+/* For tests and benchmarks. th_crc32_full is zlib.crc32(buf, crc): unmasked, chainable, by
+   the same path th_crc32 and the encoders and scanner use. th_crc32_impl names that path:
+   0 zlib, 1 PCLMULQDQ, 2 VPCLMULQDQ (AVX-512). th_crc32_select(impl) switches to impl, capped
+   at the best this CPU has (-1: the best), and returns the one now in use. */
+uint32_t th_crc32_full(uint32_t crc, const uint8_t *buf, size_t len);
+int th_crc32_impl(void);
+int th_crc32_select(int impl);
 
 /* Java's String.hashCode over the UTF-16 code units of a UTF-8 string (RocketMQ tagsCode);
    each malformed UTF-8 byte counts as U+FFFD. */
@@ -131,14 +146,31 @@ size_t th_scan(const uint8_t *buf, uint64_t limit, uint64_t pos, int64_t base_of
                int32_t flags, uint32_t max_record,
                th_record_info *out, size_t out_cap, th_scan_result *res);
 
+/*
+ * Group scanned records for the dispatcher: a run is a maximal sequence of consecutive
+ * records with equal topic bytes (compared in buf at topic_pos/topic_len), equal queue id,
+ * and queue offsets each one more than the previous. Records whose transaction type
+ * (sys_flag & 0xC) is PREPARED (0x4) or ROLLBACK (0xC) are not indexed: they end the current
+ * run and belong to none. For every indexed record i, entries[20*i .. 20*i+20) receives its
+ * consume-queue entry: phys_offset (8), size (4), tags_code (8), big-endian. Returns the
+ * number of runs written to runs (at most runs_cap; n records never make more than n runs).
+ */
+size_t th_cq_runs(const uint8_t *buf, const th_record_info *infos, size_t n,
+                  uint8_t *entries, th_cq_run *runs, size_t runs_cap);
+
 /* ---- memory and files -------------------------------------------------------------------- */
 
 /* msync(MS_SYNC) of [addr, addr + len), widened to whole pages. 0 or -errno. */
 int th_msync(uint8_t *addr, size_t len);
 
-/* Touch every page of [addr, addr+len) with a write of zero so later appends do not fault;
-   then madvise(WILLNEED). 0 or -errno. */
+/* Fault in every page of [addr, addr+len) writable so later appends do not fault, without
+   changing the contents: madvise(MADV_POPULATE_WRITE), or where that is refused (a kernel
+   before 5.14: EINVAL) one locked read-modify-write of a byte per page. 0 or -errno (-EFAULT:
+   a page could not be backed, e.g. past the end of the file, where a store gets SIGBUS). */
 int th_warm(uint8_t *addr, size_t len);
+
+/* For tests: nonzero makes th_warm skip MADV_POPULATE_WRITE and touch the pages itself. */
+void th_warm_force_touch(int on);
 
 /* memset(addr, 0, len): zeroing a truncated tail without holding the GIL. */
 void th_zero(uint8_t *addr, size_t len);

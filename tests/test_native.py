@@ -200,6 +200,118 @@ def test_crc32_golden_and_large():
     assert native.crc32(big) == zlib.crc32(big) & 0x7FFFFFFF
 
 
+CRC_IMPLS = list(range(lib.th_crc32_select(-1) + 1))  # 0 zlib, 1 PCLMULQDQ, 2 VPCLMULQDQ
+CRC_POOL = rand_bytes(70_000 + 64 + 64, 11)
+
+
+@pytest.fixture
+def crc_impl():
+    """Run a test under each CRC-32 implementation this CPU has, then restore the best."""
+    best = lib.th_crc32_select(-1)
+
+    def use(impl: int) -> None:
+        assert lib.th_crc32_select(impl) == impl
+        assert lib.th_crc32_impl() == impl
+
+    yield use
+    assert lib.th_crc32_select(-1) == best
+
+
+def crc_full(data, start: int, length: int, crc: int = 0) -> int:
+    return lib.th_crc32_full(crc, ffi.from_buffer(data) + start, length)
+
+
+def test_crc32_selects_the_best_implementation():
+    best = lib.th_crc32_impl()
+    assert best == lib.th_crc32_select(-1) == lib.th_crc32_select(99)
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        flags = ""
+    if " pclmulqdq" in flags and " sse4_1" in flags and os.uname().machine == "x86_64":
+        assert best >= 1
+        if " vpclmulqdq" in flags and " avx512f" in flags and " avx512vl" in flags:
+            assert best == 2
+
+
+@settings(SETTINGS, max_examples=300)
+@given(
+    st.one_of(st.integers(0, 300), st.integers(0, 4200), st.integers(0, 70_000)),
+    st.integers(0, 63),
+    st.one_of(st.just(0), st.just(0xFFFFFFFF), st.integers(0, 2**32 - 1)),
+)
+@example(0, 0, 0)
+@example(15, 1, 0)
+@example(16, 63, 0)
+@example(255, 5, 1)
+@example(256, 0, 0)
+@example(70_000, 63, 0xFFFFFFFF)
+def test_crc32_full_matches_zlib_at_any_offset(length, offset, crc):
+    # Inside a larger buffer: the vector code's loads must stay within [offset, offset+length).
+    expected = zlib.crc32(memoryview(CRC_POOL)[offset : offset + length], crc)
+    best = lib.th_crc32_impl()
+    try:
+        for impl in CRC_IMPLS:
+            lib.th_crc32_select(impl)
+            assert crc_full(CRC_POOL, offset, length, crc) == expected, impl
+    finally:
+        lib.th_crc32_select(best)
+
+
+@SETTINGS
+@given(st.integers(0, 20_000), st.data())
+def test_crc32_chains(length, data):
+    # crc(a + b) == crc(b, crc(a)), and across implementations (a short a by zlib, a long b
+    # by the vector code, and the reverse).
+    split = data.draw(st.integers(0, length))
+    offset = data.draw(st.integers(0, 63))
+    whole = zlib.crc32(memoryview(CRC_POOL)[offset : offset + length])
+    best = lib.th_crc32_impl()
+    try:
+        for first in CRC_IMPLS:
+            for second in CRC_IMPLS:
+                lib.th_crc32_select(first)
+                a = crc_full(CRC_POOL, offset, split)
+                lib.th_crc32_select(second)
+                assert crc_full(CRC_POOL, offset + split, length - split, a) == whole
+    finally:
+        lib.th_crc32_select(best)
+
+
+@pytest.mark.parametrize("length", [0, 1, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1023, 1024,
+                                    4096 + 15, 1 << 20])
+def test_crc32_every_implementation(crc_impl, length):
+    data = rand_bytes(length + 3, length)
+    for impl in CRC_IMPLS:
+        crc_impl(impl)
+        for start in (0, 3):
+            piece = data[start : start + length]
+            assert crc_full(data, start, len(piece)) == zlib.crc32(piece)
+            assert native.crc32(piece) == zlib.crc32(piece) & 0x7FFFFFFF
+
+
+def test_crc32_forced_fallback_in_encoder_and_scanner(crc_impl):
+    # The encoders and the scanner compute BODYCRC through the same switch: every path writes
+    # what zlib would, and verifies what zlib wrote.
+    for impl in CRC_IMPLS:
+        crc_impl(impl)
+        for body_len in (0, 5, 16, 100, 256, 1000, 5000):
+            a = golden_args()
+            a["body"] = rand_bytes(body_len, body_len + impl)
+            buf = bytearray(record_size(a) + 8)
+            end = encode_with(native, buf, len(buf), 0, 0, a)
+            assert bytes(buf[:end]) == reference_record(a, 0)
+            res = native.scanner(1).scan(native.handle_for(buf), end, 0, 0,
+                                         backend.SCAN_CHECK_CRC, MAX_RECORD)
+            assert (res.count, res.stop, res.infos[0].crc_ok) == (1, backend.STOP_END, 1)
+            if body_len:
+                buf[body_of(bytes(buf[:end])).body_pos + body_len // 2] ^= 0x40
+                res = native.scanner(1).scan(native.handle_for(buf), end, 0, 0,
+                                             backend.SCAN_CHECK_CRC, MAX_RECORD)
+                assert res.stop == backend.STOP_BAD_CRC
+
+
 # ---- single records -------------------------------------------------------------------------
 
 GOLDEN_PROPS = rec.encode_properties({"TAGS": "TAG1", "KEYS": "1234567890123"}).encode()
@@ -794,6 +906,154 @@ def test_scan_full_and_resume(capacity):
     assert (at_end.count, at_end.stop) == (0, backend.STOP_END)
 
 
+# ---- consume-queue runs ---------------------------------------------------------------------
+
+CQ_TOPICS = [b"TopicA", b"TopicB", b"TopicA2", b"", b"t" * 127, "主题".encode()]
+CQ_SYSFLAGS = [0, 0, 0, rec.TRANSACTION_COMMIT, rec.TRANSACTION_PREPARED,
+               rec.TRANSACTION_ROLLBACK, 0x1, 0x2, 0x3 | rec.TRANSACTION_COMMIT,
+               0x1 | rec.TRANSACTION_PREPARED, 0x2 | rec.TRANSACTION_ROLLBACK, 0x40, 0x100]
+INT64_MAX = 2**63 - 1
+
+
+def cq_record(buf: bytearray, base_offset: int, topic: bytes, queue_id: int, queue_offset: int,
+              sys_flag: int = 0, tags: str | None = None, body: bytes = b"m") -> None:
+    props = rec.encode_properties({"TAGS": tags} if tags else {}).encode()
+    buf += rec.encode_record(
+        topic=topic, body=body, properties=props, queue_id=queue_id, flag=0,
+        queue_offset=queue_offset, commitlog_offset=base_offset + len(buf), sys_flag=sys_flag,
+        born_timestamp=1, born_host=HOST, store_timestamp=2, store_host=HOST,
+    )
+
+
+@st.composite
+def cq_segments(draw) -> tuple[bytearray, int, int]:
+    """Records as a store writes them: mostly runs of consecutive offsets to one queue,
+    interleaved with other queues and topics, gaps, repeats and transactional records."""
+    base_offset = draw(st.integers(0, 2**40))
+    buf = bytearray(draw(st.binary(max_size=5)))
+    start = len(buf)
+    next_offset: dict[tuple[bytes, int], int] = {}
+    key = (CQ_TOPICS[0], 0)
+    for _ in range(draw(st.integers(0, 80))):
+        if draw(st.integers(0, 3)) == 0:  # switch queue (or stay, by chance)
+            key = (draw(st.sampled_from(CQ_TOPICS)),
+                   draw(st.sampled_from([0, 1, 2, 7, -1, 2**31 - 1])))
+        kind = draw(st.sampled_from(["next"] * 6 + ["same", "gap", "any"]))
+        following = next_offset.get(key, 0)
+        if kind == "next":
+            queue_offset = following
+        elif kind == "same":
+            queue_offset = following - 1
+        elif kind == "gap":
+            queue_offset = following + draw(st.sampled_from([-5, -2, 2, 3, 1000]))
+        else:
+            queue_offset = draw(st.one_of(int64s, st.sampled_from([INT64_MAX - 1, INT64_MAX,
+                                                                   -(2**63)])))
+        queue_offset = max(-(2**63), min(INT64_MAX, queue_offset))
+        # Past INT64_MAX the "next" offset wraps to INT64_MIN: a new run, in C as in Python.
+        next_offset[key] = queue_offset + 1 if queue_offset < INT64_MAX else -(2**63)
+        tags = draw(st.sampled_from([None, "TagA", "tag-\U0001f600"]))
+        cq_record(buf, base_offset, key[0], key[1], queue_offset,
+                  draw(st.sampled_from(CQ_SYSFLAGS)), tags, b"x" * draw(st.integers(0, 40)))
+    return buf, base_offset, start
+
+
+def indexed(infos, count):
+    return [i for i in range(count) if (infos[i].sys_flag & 0xC) not in (0x4, 0xC)]
+
+
+def assert_same_runs(buf, handle, res):
+    runs, entries = native.cq_runs(handle, res)
+    want_runs, want_entries = backend._cq_runs_python(buf, res.infos, res.count)
+    assert runs == want_runs
+    assert len(entries) == len(want_entries) == 20 * res.count
+    for i in indexed(res.infos, res.count):
+        assert entries[20 * i : 20 * i + 20] == want_entries[20 * i : 20 * i + 20], i
+    # Every indexed record is in exactly one run, in order.
+    covered = [i for first, count in runs for i in range(first, first + count)]
+    assert covered == indexed(res.infos, res.count)
+    return runs, entries
+
+
+@settings(SETTINGS, max_examples=150)
+@given(cq_segments(), st.sampled_from([1, 3, 16, 4096]))
+def test_cq_runs_match_python(segment, capacity):
+    buf, base_offset, start = segment
+    handle = native.handle_for(buf)
+    scanner = native.scanner(capacity)
+    p_scanner = py.scanner(capacity)
+    pos = start
+    while True:
+        res = scanner.scan(handle, len(buf), pos, base_offset, backend.SCAN_TAGS, MAX_RECORD)
+        runs, entries = assert_same_runs(buf, handle, res)
+        # ... and the Python engine, from its own scan, says the same.
+        p_res = p_scanner.scan(py.handle_for(buf), len(buf), pos, base_offset,
+                               backend.SCAN_TAGS, MAX_RECORD)
+        p_runs, p_entries = py.cq_runs(py.handle_for(buf), p_res)
+        assert p_runs == runs
+        for i in indexed(res.infos, res.count):
+            assert p_entries[20 * i : 20 * i + 20] == entries[20 * i : 20 * i + 20]
+        assert res.stop in (backend.STOP_END, backend.STOP_FULL)
+        if res.stop == backend.STOP_END:
+            break
+        pos = res.end
+
+
+def test_cq_runs_known_sequence():
+    P, C, R = rec.TRANSACTION_PREPARED, rec.TRANSACTION_COMMIT, rec.TRANSACTION_ROLLBACK
+    records = [
+        (b"A", 0, 5, 0), (b"A", 0, 6, 0), (b"A", 0, 7, P), (b"A", 0, 8, 0), (b"A", 0, 9, C),
+        (b"B", 0, 10, 0), (b"B", 1, 11, 0), (b"B", 1, 12, R), (b"B", 1, 13, 0),
+        (b"A", 0, 10, 0), (b"A", 0, 12, 0), (b"A", 0, 12, 0), (b"AB", 0, 13, 0),
+        (b"Z", 3, INT64_MAX, 0), (b"Z", 3, -(2**63), 0), (b"Z", 3, -(2**63) + 1, 0),
+        (b"Z", 4, -(2**63) + 2, 0), (b"Z", 4, -(2**63) + 3, 0),
+    ]
+    buf = bytearray()
+    for i, (topic, queue_id, queue_offset, sys_flag) in enumerate(records):
+        cq_record(buf, 1000, topic, queue_id, queue_offset, sys_flag, tags=f"t{i % 3}")
+    handle = native.handle_for(buf)
+    res = native.scanner(64).scan(handle, len(buf), 0, 1000, backend.SCAN_TAGS, MAX_RECORD)
+    assert res.count == len(records)
+    runs, entries = assert_same_runs(buf, handle, res)
+    assert runs == [(0, 2), (3, 2), (5, 1), (6, 1), (8, 1), (9, 1), (10, 1), (11, 1), (12, 1),
+                    (13, 1), (14, 2), (16, 2)]
+    info = res.infos[4]
+    assert entries[80:100] == struct.pack(">qiq", info.phys_offset, info.size, info.tags_code)
+    assert info.tags_code == rec.java_string_hash("t1") != 0
+
+
+def test_cq_runs_capacity_and_empty():
+    buf = bytearray()
+    for i in range(10):
+        cq_record(buf, 0, b"T", i % 2, i // 2)  # alternating queues: ten runs of one
+    handle = native.handle_for(buf)
+    res = native.scanner(16).scan(handle, len(buf), 0, 0, 0, MAX_RECORD)
+    full, _ = assert_same_runs(buf, handle, res)
+    assert len(full) == 10
+    entries = ffi.new("uint8_t[]", 200)
+    for cap in range(11):
+        out = ffi.new("th_cq_run[]", max(cap, 1))
+        n = lib.th_cq_runs(handle, res.infos, res.count, entries, out, cap)
+        assert n == cap
+        assert [(out[i].first, out[i].count) for i in range(n)] == full[:cap]
+    assert lib.th_cq_runs(handle, res.infos, 0, ffi.NULL, ffi.NULL, 0) == 0
+    # An empty scan (a fresh engine has no arrays yet) and one after it that needs more room.
+    engine = backend._NativeEngine(backend._native)
+    empty = native.scanner(4).scan(handle, 0, 0, 0, 0, MAX_RECORD)
+    assert engine.cq_runs(handle, empty) == ([], b"")
+    small = native.scanner(3).scan(handle, len(buf), 0, 0, 0, MAX_RECORD)
+    assert engine.cq_runs(handle, small)[0] == full[:3]
+    assert engine.cq_runs(handle, res)[0] == full
+    # Only the PREPARED/ROLLBACK records: no runs at all.
+    buf = bytearray()
+    for i in range(4):
+        cq_record(buf, 0, b"T", 0, i, rec.TRANSACTION_PREPARED if i % 2 else
+                  rec.TRANSACTION_ROLLBACK)
+    handle = native.handle_for(buf)
+    res = native.scanner(8).scan(handle, len(buf), 0, 0, 0, MAX_RECORD)
+    assert assert_same_runs(buf, handle, res)[0] == []
+
+
 # ---- guard pages: nothing is read at/after `limit`, nothing written past seg_size ------------
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -861,6 +1121,30 @@ def test_encoders_never_write_past_seg_size(guarded):
     assert lib_batch(g.mm, g.size, g.size - total - 8, 0, b)[0] == g.size - 8
 
 
+def test_crc32_reads_only_its_bytes(guarded):
+    # Data against a PROT_NONE page on either side: a load past the end or before the start
+    # of the range (the vector code's 16/64-byte loads, its tail re-read) would fault.
+    g = guarded(3)
+    data = rand_bytes(2 * PAGE, 13)
+    g.mm[PAGE : 3 * PAGE] = data
+    assert _libc.mprotect(g.addr, PAGE, 0) == 0  # guard before the data, too
+    try:
+        handle = native.handle_for(g.mm)
+        best = lib.th_crc32_impl()
+        try:
+            for impl in CRC_IMPLS:
+                lib.th_crc32_select(impl)
+                for n in [*range(0, 600), 1023, 1024, 1025, 2047, 4095, 2 * PAGE]:
+                    end = g.size - n  # ending at the guard page
+                    assert lib.th_crc32_full(0, handle + end, n) == zlib.crc32(data[len(data) - n :])
+                    assert lib.th_crc32_full(0, handle + PAGE, n) == zlib.crc32(data[:n])
+        finally:
+            lib.th_crc32_select(best)
+        del handle
+    finally:
+        _libc.mprotect(g.addr, PAGE, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
 # ---- memory and files -----------------------------------------------------------------------
 
 
@@ -889,14 +1173,105 @@ def test_file_helpers_on_a_real_mapping(tmp_path):
             native.zero(handle, 5000, 4000)
             assert mm[4999:9001] == bytes(4002)
             native.zero(handle, 0, 0)
-            # Warm writes zeros only inside its range.
+            # Warm never changes the contents, inside its range or outside it.
             mm[:] = b"\x5a" * size
             native.warm(handle, 100, 2 * PAGE)
-            assert mm[:100] == b"\x5a" * 100
-            assert mm[100 + 2 * PAGE :] == b"\x5a" * (size - 100 - 2 * PAGE)
-            assert mm[100] == 0
+            assert mm[:] == b"\x5a" * size
             del handle
     assert lib.th_fallocate(-1, 0, 10) == errno.EBADF
+
+
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+MADV_POPULATE_WRITE = 23
+
+
+def kernel_has_populate_write() -> bool:
+    with mmap.mmap(-1, PAGE) as mm:
+        anchor = ctypes.c_char.from_buffer(mm)
+        rc = _libc.madvise(ctypes.addressof(anchor), PAGE, MADV_POPULATE_WRITE)
+        del anchor
+    return rc == 0
+
+
+@pytest.fixture(params=["populate", "touch"])
+def warm_mode(request):
+    """th_warm as it runs (MADV_POPULATE_WRITE where the kernel has it), and its fallback."""
+    lib.th_warm_force_touch(request.param == "touch")
+    yield request.param
+    lib.th_warm_force_touch(0)
+
+
+def resident_pages(mm, start: int, length: int) -> int:
+    """How many pages of mm[start:start+length] are resident (mincore)."""
+    anchor = ctypes.c_char.from_buffer(mm)
+    base = ctypes.addressof(anchor)
+    first = (base + start) & ~(PAGE - 1)
+    count = (base + start + length - first + PAGE - 1) // PAGE
+    vec = (ctypes.c_ubyte * count)()
+    rc = _libc.mincore(first, count * PAGE, vec)
+    del anchor
+    assert rc == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec)
+
+
+@pytest.mark.parametrize("start, length", [(0, 64 * PAGE), (1, 64 * PAGE - 1), (PAGE - 1, 2),
+                                           (12345, 20 * PAGE + 7), (5 * PAGE, 1), (0, 1)])
+def test_warm_fresh_file_mapping(tmp_path, warm_mode, start, length):
+    # A fresh (fallocated, all-zero) segment file: after warm every page the range overlaps
+    # is in memory, the file still reads as zeros, and the range takes writes.
+    size = 128 * PAGE
+    path = tmp_path / "segment"
+    with open(path, "w+b") as f:
+        fd = f.fileno()
+        native.fallocate(fd, 0, size)
+        with mmap.mmap(fd, size) as mm:
+            handle = native.handle_for(mm)
+            assert lib.th_warm(handle + start, length) == 0
+            first, last = start // PAGE, (start + length - 1) // PAGE
+            assert resident_pages(mm, start, length) == last - first + 1
+            assert mm[:] == bytes(size)
+            assert os.pread(fd, size, 0) == bytes(size)
+            mm[start : start + length] = b"\x01" * length  # writable, no error
+            assert os.pread(fd, length, start) == b"\x01" * length
+            del handle
+    assert lib.th_warm(ffi.NULL, 0) == 0
+
+
+def test_warm_keeps_existing_contents(tmp_path, warm_mode):
+    size = 16 * PAGE
+    path = tmp_path / "segment"
+    data = rand_bytes(size, 3)
+    path.write_bytes(data)
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), size) as mm:
+        handle = native.handle_for(mm)
+        assert lib.th_warm(handle + 7, size - 7) == 0
+        assert lib.th_warm(handle, size) == 0
+        assert mm[:] == data
+        del handle
+    assert path.read_bytes() == data
+
+
+def test_warm_reports_pages_past_end_of_file(tmp_path):
+    # A store there would be SIGBUS; MADV_POPULATE_WRITE reports it, th_warm returns -EFAULT.
+    if not kernel_has_populate_write():
+        pytest.skip("kernel without MADV_POPULATE_WRITE: the fallback would take SIGBUS")
+    path = tmp_path / "segment"
+    with open(path, "w+b") as f:
+        f.truncate(4 * PAGE)
+        with mmap.mmap(f.fileno(), 4 * PAGE) as mm:
+            os.ftruncate(f.fileno(), PAGE)
+            handle = native.handle_for(mm)
+            assert lib.th_warm(handle, PAGE) == 0
+            assert lib.th_warm(handle, 4 * PAGE) == -errno.EFAULT
+            try:
+                native.warm(handle, PAGE, PAGE)
+            except OSError as exc:
+                code = exc.errno
+            else:
+                code = None
+            del handle
+            assert code == errno.EFAULT
 
 
 def test_msync_reports_errors():

@@ -164,6 +164,8 @@ class _NativeEngine:
         if not hasattr(self.lib, "th_cq_runs"):
             return _cq_runs_python(self.ffi.buffer(handle, result.end), result.infos, result.count)
         count = result.count
+        if count == 0:  # nothing allocated yet on a first empty scan; ffi.buffer(NULL) raises
+            return [], b""
         if count > self._runs_capacity:
             self._runs = self.ffi.new("th_cq_run[]", count)
             self._entries = self.ffi.new("uint8_t[]", count * 20)
