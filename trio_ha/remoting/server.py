@@ -179,11 +179,13 @@ async def serve_remoting(
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     on_open: Callable[[RemotingConnection], None] | None = None,
     on_close: Callable[[RemotingConnection], None] | None = None,
+    listeners: list | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Listen on ``host:port`` (port 0: the OS picks) and serve every connection with
-    ``handler``; reports the bound ``(host, port)`` through ``task_status``."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    """Listen on ``host:port`` (port 0: the OS picks), or on ``listeners`` already bound,
+    and serve every connection with ``handler``; reports the bound ``(host, port)``."""
+    if listeners is None:
+        listeners = await trio.open_tcp_listeners(port, host=host)
     sockname = listeners[0].socket.getsockname()
 
     async def handle(stream: trio.SocketStream) -> None:

@@ -1,0 +1,266 @@
+"""The broker's other requests: clients and groups, offsets, queries, topics, runtime info.
+
+Each handler takes the broker and the request and returns the response (RocketMQ's
+ClientManageProcessor, ConsumerManageProcessor, QueryMessageProcessor and AdminBrokerProcessor,
+for the requests this broker supports). Requests it does not support get a response naming
+what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import trio
+
+from .. import __version__
+from ..wire.errors import RouteDecodeError, MetadataDecodeError
+from ..wire.metadata import (
+    SubscriptionGroupConfig,
+    decode_subscription_groups,
+    encode_consumer_offsets,
+    encode_delay_offsets,
+    encode_subscription_groups,
+    encode_topics_json,
+)
+from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
+from ..wire.route import HeartbeatData, KVTable, TopicConfig
+from .pull import TOTAL_MEMORY
+
+UNSUPPORTED = {
+    RequestCode.END_TRANSACTION: "transactions",
+    RequestCode.CHECK_TRANSACTION_STATE: "transactions",
+    RequestCode.CONSUMER_SEND_MSG_BACK: "consumer retry (send message back)",
+    RequestCode.QUERY_MESSAGE: "queries by message key (index files)",
+    RequestCode.LOCK_BATCH_MQ: "queue locks for orderly consumption",
+    RequestCode.UNLOCK_BATCH_MQ: "queue locks for orderly consumption",
+    RequestCode.SEND_REPLY_MESSAGE: "request/reply messages",
+    RequestCode.SEND_REPLY_MESSAGE_V2: "request/reply messages",
+}
+
+
+def _text(encoded: str | bytes) -> bytes:
+    return encoded.encode() if isinstance(encoded, str) else encoded
+
+
+def ok(request: RemotingCommand, **kwargs) -> RemotingCommand:
+    return RemotingCommand.response_to(request, ResponseCode.SUCCESS, **kwargs)
+
+
+def unsupported(request: RemotingCommand) -> RemotingCommand | None:
+    feature = UNSUPPORTED.get(request.code)
+    if feature is None:
+        return None
+    return RemotingCommand.response_to(
+        request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+        remark=f"{feature} (request code {request.code}) is not supported by this broker "
+               "(trio_ha) yet",
+    )
+
+
+# ---- clients ---------------------------------------------------------------------------------
+
+
+def heart_beat(broker, request: RemotingCommand, connection) -> RemotingCommand:
+    try:
+        data = HeartbeatData.decode(request.body)
+    except RouteDecodeError as exc:
+        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
+                                           remark=f"bad heartbeat body: {exc}")
+    broker.clients.heartbeat(data, connection, trio.current_time())
+    for consumer in data.consumer_data_set:
+        broker.metadata.subscriptions.find_or_create(consumer.group_name)
+    return ok(request)
+
+
+def unregister_client(broker, request: RemotingCommand, connection) -> RemotingCommand:
+    broker.clients.unregister(
+        request.field_str("clientID"),
+        producer_group=request.field_str("producerGroup", None),
+        consumer_group=request.field_str("consumerGroup", None),
+    )
+    return ok(request)
+
+
+def consumer_list(broker, request: RemotingCommand, connection) -> RemotingCommand:
+    group = request.field_str("consumerGroup")
+    ids = broker.clients.consumer_ids(group)
+    if not ids:
+        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
+                                           remark=f"no consumer for this group, {group}")
+    return ok(request, body=json.dumps({"consumerIdList": ids}, separators=(",", ":")).encode())
+
+
+# ---- offsets ------------------------------------------------------------------------------------
+
+
+def query_consumer_offset(broker, request: RemotingCommand, connection) -> RemotingCommand:
+    group = request.field_str("consumerGroup")
+    topic = request.field_str("topic")
+    queue_id = request.field_int("queueId")
+    offset = broker.metadata.offsets.query(group, topic, queue_id)
+    if offset is not None:
+        return ok(request, ext_fields={"offset": offset})
+    # RocketMQ: a group with no committed offset starts at 0 if the queue still holds its
+    # first message in memory; otherwise the client decides (QUERY_NOT_FOUND).
+    store = broker.store
+    if store.min_queue_offset(topic, queue_id) <= 0 and _first_message_in_memory(broker, topic, queue_id):
+        return ok(request, ext_fields={"offset": 0})
+    return RemotingCommand.response_to(
+        request, ResponseCode.QUERY_NOT_FOUND,
+        remark="Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first",
+    )
+
+
+def _first_message_in_memory(broker, topic: str, queue_id: int) -> bool:
+    store = broker.store
+    queue = store.queues.get(topic, queue_id)
+    entry = queue.entry(0) if queue is not None else None
+    if entry is None:
+        return True  # nothing there yet: start from the beginning
+    behind = store.max_commitlog_offset - entry.commitlog_offset
+    return behind <= TOTAL_MEMORY * broker.config.access_message_in_memory_max_ratio / 100
+
+
+def update_consumer_offset(broker, request: RemotingCommand, connection) -> RemotingCommand:
+    broker.metadata.offsets.commit(
+        request.field_str("consumerGroup"), request.field_str("topic"),
+        request.field_int("queueId"), request.field_long("commitOffset"),
+    )
+    return ok(request)
+
+
+def max_offset(broker, request, connection):
+    offset = broker.store.max_queue_offset(request.field_str("topic"), request.field_int("queueId"))
+    return ok(request, ext_fields={"offset": offset})
+
+
+def min_offset(broker, request, connection):
+    offset = broker.store.min_queue_offset(request.field_str("topic"), request.field_int("queueId"))
+    return ok(request, ext_fields={"offset": offset})
+
+
+def search_offset(broker, request, connection):
+    offset = broker.store.get_offset_in_queue_by_time(
+        request.field_str("topic"), request.field_int("queueId"), request.field_long("timestamp")
+    )
+    return ok(request, ext_fields={"offset": offset})
+
+
+def earliest_store_time(broker, request, connection):
+    stamp = broker.store.get_earliest_message_time(request.field_str("topic"),
+                                                   request.field_int("queueId"))
+    return ok(request, ext_fields={"timestamp": stamp if stamp is not None else -1})
+
+
+def view_message_by_id(broker, request, connection):
+    offset = request.field_long("offset")
+    record = broker.store.record_bytes(offset)
+    if record is None:
+        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
+                                           remark=f"can not find message by the offset, {offset}")
+    return ok(request, body=record)
+
+
+# ---- topics, groups, config --------------------------------------------------------------------
+
+
+def update_and_create_topic(broker, request, connection):
+    topic = request.field_str("topic")
+    try:
+        config = TopicConfig(
+            topic_name=topic,
+            read_queue_nums=request.field_int("readQueueNums"),
+            write_queue_nums=request.field_int("writeQueueNums"),
+            perm=request.field_int("perm", 6),
+            topic_filter_type=request.field_str("topicFilterType", "SINGLE_TAG"),
+            topic_sys_flag=request.field_int("topicSysFlag", 0),
+            order=request.field_bool("order", False),
+        )
+        broker.metadata.topics.create_or_update(config)
+    except ValueError as exc:
+        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR, remark=str(exc))
+    broker.topics_changed()
+    return ok(request)
+
+
+def all_topic_config(broker, request, connection):
+    return ok(request, body=_text(encode_topics_json(broker.metadata.topics.wrapper(), pretty=False)))
+
+
+def all_consumer_offsets(broker, request, connection):
+    return ok(request, body=_text(encode_consumer_offsets(broker.metadata.offsets.table(), pretty=False)))
+
+
+def all_delay_offsets(broker, request, connection):
+    return ok(request, body=_text(encode_delay_offsets(broker.metadata.delay_offsets.table(), pretty=False)))
+
+
+def all_subscription_groups(broker, request, connection):
+    return ok(request, body=_text(encode_subscription_groups(broker.metadata.subscriptions.wrapper(), pretty=False)))
+
+
+def update_subscription_group(broker, request, connection):
+    try:
+        obj = json.loads(request.body)
+        wrapped = decode_subscription_groups(json.dumps({"subscriptionGroupTable": {obj["groupName"]: obj}}))
+        (config,) = wrapped.subscription_group_table.values()
+    except (ValueError, KeyError, TypeError, MetadataDecodeError) as exc:
+        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
+                                           remark=f"bad subscription group body: {exc}")
+    assert isinstance(config, SubscriptionGroupConfig)
+    broker.metadata.subscriptions.update(config)
+    return ok(request)
+
+
+def runtime_info(broker, request, connection):
+    store = broker.store
+    stats = store.statistics()
+    table = {
+        "brokerVersionDesc": f"trio_ha {__version__}",
+        "brokerVersion": "409",
+        "brokerRole": broker.config.role.value,
+        "commitLogMinOffset": stats.min_commitlog_offset,
+        "commitLogMaxOffset": stats.max_commitlog_offset,
+        "commitLogFlushedOffset": stats.flushed_offset,
+        "dispatchBehindBytes": stats.dispatch_behind_bytes,
+        "remainHowManyDataToFlush": max(0, stats.max_commitlog_offset - stats.flushed_offset),
+        "msgPutTotalTodayNow": broker.stats.puts,
+        "msgGetTotalTodayNow": broker.stats.gets,
+        "putTps": f"{broker.stats.put_rate():.1f}",
+        "earliestMessageTimeStamp": broker.earliest_message_time(),
+        "runtime": f"{int(time.time() - broker.started_at)} s",
+        "recoveryAbnormal": stats.recovery.abnormal if stats.recovery else False,
+    }
+    if stats.ha is not None:
+        for i, c in enumerate(stats.ha.connections):
+            table[f"slave{i}Address"] = c.address
+            table[f"slave{i}AckedOffset"] = c.acked_offset if c.acked_offset is not None else -1
+            table[f"slave{i}LagBytes"] = c.lag_bytes
+    if stats.ha_slave is not None:
+        table["haMasterAddress"] = stats.ha_slave.master_address or ""
+        table["haState"] = stats.ha_slave.state
+        table["haDivergence"] = stats.ha_slave.divergence or ""
+    return ok(request, body=KVTable({k: str(v) for k, v in table.items()}).encode())
+
+
+HANDLERS = {
+    RequestCode.HEART_BEAT: heart_beat,
+    RequestCode.UNREGISTER_CLIENT: unregister_client,
+    RequestCode.CHECK_CLIENT_CONFIG: lambda broker, request, connection: ok(request),
+    RequestCode.GET_CONSUMER_LIST_BY_GROUP: consumer_list,
+    RequestCode.QUERY_CONSUMER_OFFSET: query_consumer_offset,
+    RequestCode.UPDATE_CONSUMER_OFFSET: update_consumer_offset,
+    RequestCode.GET_MAX_OFFSET: max_offset,
+    RequestCode.GET_MIN_OFFSET: min_offset,
+    RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: search_offset,
+    RequestCode.GET_EARLIEST_MSG_STORETIME: earliest_store_time,
+    RequestCode.VIEW_MESSAGE_BY_ID: view_message_by_id,
+    RequestCode.UPDATE_AND_CREATE_TOPIC: update_and_create_topic,
+    RequestCode.GET_ALL_TOPIC_CONFIG: all_topic_config,
+    RequestCode.GET_ALL_CONSUMER_OFFSET: all_consumer_offsets,
+    RequestCode.GET_ALL_DELAY_OFFSET: all_delay_offsets,
+    RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: all_subscription_groups,
+    RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: update_subscription_group,
+    RequestCode.GET_BROKER_RUNTIME_INFO: runtime_info,
+}

@@ -1,0 +1,107 @@
+"""Who is connected: producer and consumer groups, learned from heartbeats.
+
+A RocketMQ client sends HEART_BEAT every 30 s over each broker connection, naming its client
+id and the groups it produces or consumes for (with their subscriptions). A client is dropped
+from its groups when its connection closes or after 120 s without a heartbeat, so
+GET_CONSUMER_LIST_BY_GROUP lists live consumers only — what rebalancing relies on.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..wire.route import ConsumerData, HeartbeatData, SubscriptionData
+
+CLIENT_EXPIRY_SECONDS = 120.0
+
+
+@attrs.define
+class ClientChannel:
+    client_id: str
+    connection: object
+    last_update: float
+
+
+@attrs.define(eq=False)
+class ConsumerGroupInfo:
+    group: str
+    #: connection -> channel
+    channels: dict[int, ClientChannel] = attrs.field(factory=dict)
+    #: topic -> subscription (the latest heartbeat wins, as in RocketMQ)
+    subscriptions: dict[str, SubscriptionData] = attrs.field(factory=dict)
+    consume_type: str | None = None
+    message_model: str | None = None
+    consume_from_where: str | None = None
+
+
+@attrs.define(eq=False)
+class ClientManager:
+    consumers: dict[str, ConsumerGroupInfo] = attrs.field(factory=dict)
+    #: producer group -> connection -> channel
+    producers: dict[str, dict[int, ClientChannel]] = attrs.field(factory=dict)
+
+    def heartbeat(self, data: HeartbeatData, connection: object, now: float) -> None:
+        key = id(connection)
+        for producer in data.producer_data_set:
+            self.producers.setdefault(producer.group_name, {})[key] = ClientChannel(
+                data.client_id, connection, now
+            )
+        for consumer in data.consumer_data_set:
+            self._register_consumer(consumer, data.client_id, connection, now)
+
+    def _register_consumer(self, consumer: ConsumerData, client_id: str, connection: object,
+                           now: float) -> None:
+        info = self.consumers.get(consumer.group_name)
+        if info is None:
+            info = self.consumers[consumer.group_name] = ConsumerGroupInfo(consumer.group_name)
+        info.channels[id(connection)] = ClientChannel(client_id, connection, now)
+        info.consume_type = consumer.consume_type
+        info.message_model = consumer.message_model
+        info.consume_from_where = consumer.consume_from_where
+        for subscription in consumer.subscription_data_set:
+            info.subscriptions[subscription.topic] = subscription
+
+    def unregister(self, client_id: str, *, producer_group: str | None,
+                   consumer_group: str | None) -> None:
+        if producer_group:
+            channels = self.producers.get(producer_group, {})
+            for key in [k for k, c in channels.items() if c.client_id == client_id]:
+                del channels[key]
+        if consumer_group:
+            info = self.consumers.get(consumer_group)
+            if info is not None:
+                for key in [k for k, c in info.channels.items() if c.client_id == client_id]:
+                    del info.channels[key]
+                if not info.channels:
+                    del self.consumers[consumer_group]
+
+    def connection_closed(self, connection: object) -> None:
+        key = id(connection)
+        for channels in self.producers.values():
+            channels.pop(key, None)
+        for group in list(self.consumers):
+            info = self.consumers[group]
+            info.channels.pop(key, None)
+            if not info.channels:
+                del self.consumers[group]
+
+    def expire(self, now: float, expiry: float = CLIENT_EXPIRY_SECONDS) -> None:
+        for channels in self.producers.values():
+            for key in [k for k, c in channels.items() if now - c.last_update > expiry]:
+                del channels[key]
+        for group in list(self.consumers):
+            info = self.consumers[group]
+            for key in [k for k, c in info.channels.items() if now - c.last_update > expiry]:
+                del info.channels[key]
+            if not info.channels:
+                del self.consumers[group]
+
+    def consumer_ids(self, group: str) -> list[str]:
+        info = self.consumers.get(group)
+        if info is None:
+            return []
+        return sorted({c.client_id for c in info.channels.values()})
+
+    def subscription(self, group: str, topic: str) -> SubscriptionData | None:
+        info = self.consumers.get(group)
+        return info.subscriptions.get(topic) if info is not None else None

@@ -1,0 +1,115 @@
+"""Broker configuration: RocketMQ's BrokerConfig names, and the store's, from one broker.conf.
+
+``BrokerConfig.from_properties(text)`` reads a RocketMQ ``broker.conf``: broker keys land here,
+store keys in ``.store`` (a StoreConfig). Derived values follow RocketMQ — the HA port is
+listenPort + 1, a master's brokerId is 0, STOREHOST is brokerIP1:listenPort — except that an
+explicitly configured value always wins (RocketMQ 4.9.8 overwrites a configured haListenPort,
+issue #6537).
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+
+import attrs
+
+from ..config import BrokerRole, ConfigError, StoreConfig, _camel, _in_range, _parse_value
+from ..config import parse_properties_text
+
+PERM_READ = 4
+PERM_WRITE = 2
+
+
+@attrs.frozen(kw_only=True)
+class BrokerConfig:
+    broker_cluster_name: str = "DefaultCluster"
+    broker_name: str = "broker-a"
+    #: 0 for a master; a slave needs > 0
+    broker_id: int = attrs.field(default=0, validator=_in_range(0))
+    #: the address clients are given (and STOREHOST in records)
+    broker_ip1: str = "127.0.0.1"
+    #: the address slaves are given for HA (brokerIP1 when unset)
+    broker_ip2: str | None = None
+    listen_port: int = attrs.field(default=10911, validator=_in_range(0, 65535))
+    bind_address: str = "0.0.0.0"
+    #: name servers, "host:port;host:port"
+    namesrv_addr: str | None = None
+    register_name_server_period: int = attrs.field(default=30_000, validator=_in_range(1))
+    register_broker_timeout_mills: int = attrs.field(default=6000, validator=_in_range(1))
+    auto_create_topic_enable: bool = True
+    auto_create_subscription_group: bool = True
+    default_topic_queue_nums: int = attrs.field(default=8, validator=_in_range(1, 1024))
+    broker_permission: int = attrs.field(default=PERM_READ | PERM_WRITE, validator=_in_range(0, 15))
+    long_polling_enable: bool = True
+    short_polling_time_mills: int = attrs.field(default=1000, validator=_in_range(1))
+    slave_read_enable: bool = False
+    access_message_in_memory_max_ratio: int = attrs.field(default=40, validator=_in_range(0, 100))
+    max_transfer_count_on_message_in_memory: int = attrs.field(default=32, validator=_in_range(1))
+    max_transfer_bytes_on_message_in_memory: int = attrs.field(
+        default=256 * 1024, validator=_in_range(1)
+    )
+    flush_consumer_offset_interval: int = attrs.field(default=5000, validator=_in_range(1))
+    #: also listen on listenPort - 2 (RocketMQ's "VIP" channel)
+    vip_channel_enable: bool = True
+    #: remoting connections idle this long are closed
+    server_channel_max_idle_time_seconds: int = attrs.field(default=120, validator=_in_range(1))
+    #: how often a slave copies topics, offsets and groups from its master (ms)
+    slave_sync_interval: int = attrs.field(default=10_000, validator=_in_range(1))
+    store: StoreConfig = attrs.field(factory=StoreConfig)
+
+    def __attrs_post_init__(self) -> None:
+        if self.store.broker_role is BrokerRole.SLAVE and self.broker_id == 0:
+            raise ConfigError("a SLAVE needs brokerId > 0 (0 is the master's id)")
+        if self.store.broker_role is not BrokerRole.SLAVE and self.broker_id != 0:
+            raise ConfigError(f"a master has brokerId 0, not {self.broker_id}")
+
+    @property
+    def role(self) -> BrokerRole:
+        return self.store.broker_role
+
+    @property
+    def broker_addr(self) -> str:
+        return f"{self.broker_ip1}:{self.listen_port}"
+
+    @property
+    def ha_server_addr(self) -> str:
+        return f"{self.broker_ip2 or self.broker_ip1}:{self.store.ha_listen_port}"
+
+    @property
+    def namesrv_addresses(self) -> list[str]:
+        return [a.strip() for a in (self.namesrv_addr or "").split(";") if a.strip()]
+
+    @classmethod
+    def from_properties(
+        cls, properties: Mapping[str, str] | str, *, store_overrides: Mapping | None = None,
+        **overrides,
+    ) -> "BrokerConfig":
+        """Read a RocketMQ broker.conf (text or mapping). ``overrides`` (snake_case) and
+        ``store_overrides`` win over the file."""
+        if isinstance(properties, str):
+            properties = parse_properties_text(properties)
+        hints = typing.get_type_hints(cls)
+        by_camel = {_camel(name): name for name in attrs.fields_dict(cls) if name != "store"}
+        by_camel["brokerIP1"] = "broker_ip1"
+        by_camel["brokerIP2"] = "broker_ip2"
+        values: dict[str, object] = {}
+        for key, raw in properties.items():
+            name = by_camel.get(key.strip())
+            if name is not None:
+                values[name] = _parse_value(name, hints[name], str(raw).strip())
+        values.update(overrides)
+        # brokerRole says whether this is a master; RocketMQ forces a master's id to 0.
+        store = StoreConfig.from_properties(properties)
+        listen_port = values.get("listen_port", 10911)
+        broker_ip1 = values.get("broker_ip1", "127.0.0.1")
+        derived: dict[str, object] = {}
+        if "haListenPort" not in properties:
+            derived["ha_listen_port"] = 0 if listen_port == 0 else listen_port + 1
+        if "storeHost" not in properties:
+            derived["store_host"] = f"{broker_ip1}:{listen_port}"
+        derived.update(store_overrides or {})
+        store = attrs.evolve(store, **derived)
+        if store.broker_role is not BrokerRole.SLAVE:
+            values["broker_id"] = 0
+        return cls(store=store, **values)

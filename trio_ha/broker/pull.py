@@ -1,0 +1,167 @@
+"""PULL_MESSAGE with long polling (RocketMQ's PullMessageProcessor + PullRequestHoldService).
+
+A pull that finds nothing new (PULL_NOT_FOUND) and carries the SUSPEND flag is held: it waits
+on its queue's arrival watermark, which the dispatcher raises as soon as a message is indexed,
+for at most suspendTimeoutMillis (or shortPollingTimeMills without long polling), then reads
+again and answers. RocketMQ parks such requests in a table scanned every 5 s and woken by the
+reput thread; here the waiting pull is just a task (the remoting server runs every request in
+its own), so many held pulls share one connection without blocking anything else.
+
+Statuses map to response codes as in reference §7.7, including the slave's rules: a slave
+does not correct offsets (offsetCheckInSlave is off) and suggests the master (broker id 0).
+The response body is the raw records, unchanged, as RocketMQ clients decode them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import trio
+
+from ..store.results import GetMessageStatus
+from ..wire import record as rec
+from ..wire.remoting import RemotingCommand, ResponseCode, pull_message_header
+
+MASTER_ID = 0
+
+
+def _total_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 * 1024**3
+
+
+TOTAL_MEMORY = _total_memory()
+
+
+def parse_subscription(expression: str | None) -> tuple[frozenset[int] | None, frozenset[str] | None]:
+    """A TAG expression ("*", "" or "a || b") as tag hash codes and tags (None: everything)."""
+    if expression is None:
+        return None, None
+    tags = frozenset(t.strip() for t in expression.split("||") if t.strip())
+    if not tags or "*" in tags:
+        return None, None
+    return frozenset(rec.java_string_hash(t) for t in tags), tags
+
+
+def _record_tags(record: bytes) -> str | None:
+    """TAGS of a raw record, without decoding the body."""
+    sys_flag = int.from_bytes(record[36:40], "big", signed=True)
+    position = 48 + (20 if sys_flag & rec.SYSFLAG_BORNHOST_V6 else 8) + 8
+    position += (20 if sys_flag & rec.SYSFLAG_STOREHOST_V6 else 8) + 12
+    body_len = int.from_bytes(record[position : position + 4], "big", signed=True)
+    position += 4 + max(body_len, 0)
+    version_two = int.from_bytes(record[4:8], "big") == rec.MAGIC_V2
+    if version_two:
+        topic_len = int.from_bytes(record[position : position + 2], "big")
+        position += 2 + topic_len
+    else:
+        position += 1 + record[position]
+    props_len = int.from_bytes(record[position : position + 2], "big")
+    properties = record[position + 2 : position + 2 + props_len]
+    return rec.decode_properties(properties).get(rec.PROPERTY_TAGS)
+
+
+async def process_pull(broker, request: RemotingCommand, connection) -> RemotingCommand:
+    header = pull_message_header(request)
+    config = broker.config
+    if not config.broker_permission & 4:
+        return RemotingCommand.response_to(
+            request, ResponseCode.NO_PERMISSION,
+            remark=f"the broker[{config.broker_name}] pulling message is forbidden",
+        )
+    topic_config = broker.metadata.topics.get(header.topic)
+    if topic_config is None:
+        return RemotingCommand.response_to(
+            request, ResponseCode.TOPIC_NOT_EXIST,
+            remark=f"topic[{header.topic}] not exist, apply first please!",
+        )
+    if not 0 <= header.queue_id < max(topic_config.read_queue_nums, 1):
+        return RemotingCommand.response_to(
+            request, ResponseCode.SYSTEM_ERROR,
+            remark=f"queueId[{header.queue_id}] is illegal, topic:[{header.topic}] "
+                   f"topicConfig.readQueueNums:[{topic_config.read_queue_nums}]",
+        )
+    broker.metadata.subscriptions.find_or_create(header.consumer_group)
+    if header.has_subscription:
+        codes, tags = parse_subscription(header.subscription)
+    else:
+        registered = broker.clients.subscription(header.consumer_group, header.topic)
+        codes, tags = parse_subscription(registered.sub_string if registered else None)
+
+    response = _pull_once(broker, request, header, codes, tags)
+    if (
+        response.code == ResponseCode.PULL_NOT_FOUND
+        and header.has_suspend
+        and header.suspend_timeout_millis > 0
+    ):
+        wait = (header.suspend_timeout_millis if config.long_polling_enable
+                else config.short_polling_time_mills) / 1000
+        arrivals = broker.store.queue_arrivals(header.topic, header.queue_id)
+        with trio.move_on_after(wait):
+            await arrivals.wait_for(header.queue_offset + 1)
+        response = _pull_once(broker, request, header, codes, tags)
+    else:
+        await trio.lowlevel.checkpoint()
+
+    if (
+        header.has_commit_offset
+        and not broker.is_slave
+        and header.commit_offset >= 0
+    ):
+        broker.metadata.offsets.commit(
+            header.consumer_group, header.topic, header.queue_id, header.commit_offset
+        )
+    return response
+
+
+def _pull_once(broker, request, header, codes, tags) -> RemotingCommand:
+    config = broker.config
+    store = broker.store
+    result = store.read_queue(
+        header.topic, header.queue_id, header.queue_offset,
+        min(header.max_msg_nums, config.max_transfer_count_on_message_in_memory),
+        max_bytes=config.max_transfer_bytes_on_message_in_memory, tag_codes=codes, raw=True,
+    )
+    records = result.records
+    if tags is not None and records:
+        records = tuple(r for r in records if _record_tags(r) in tags)
+    status = result.status
+    next_offset = result.next_begin_offset
+    if status is GetMessageStatus.FOUND and not records:
+        status = GetMessageStatus.NO_MATCHED_MESSAGE  # only hash collisions were found
+
+    # Suggest the slave when the consumer has fallen far behind (RocketMQ: more than 40% of
+    # RAM between its position and the log end), if the group reads from slaves at all.
+    suggest = MASTER_ID
+    if result.last_commitlog_offset >= 0 and config.slave_read_enable:
+        behind = store.max_commitlog_offset - result.last_commitlog_offset
+        if behind > TOTAL_MEMORY * config.access_message_in_memory_max_ratio / 100:
+            group = broker.metadata.subscriptions.find_or_create(header.consumer_group)
+            suggest = group.which_broker_when_consume_slowly if group is not None else 1
+
+    code = {
+        GetMessageStatus.FOUND: ResponseCode.SUCCESS,
+        GetMessageStatus.NO_MATCHED_MESSAGE: ResponseCode.PULL_RETRY_IMMEDIATELY,
+        GetMessageStatus.MESSAGE_WAS_REMOVING: ResponseCode.PULL_RETRY_IMMEDIATELY,
+        GetMessageStatus.OFFSET_FOUND_NULL: ResponseCode.PULL_NOT_FOUND,
+        GetMessageStatus.OFFSET_OVERFLOW_ONE: ResponseCode.PULL_NOT_FOUND,
+        GetMessageStatus.OFFSET_OVERFLOW_BADLY: ResponseCode.PULL_OFFSET_MOVED,
+        GetMessageStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
+    }.get(status)
+    if code is None:  # NO_MESSAGE_IN_QUEUE, NO_MATCHED_LOGIC_QUEUE
+        code = ResponseCode.PULL_OFFSET_MOVED if header.queue_offset != 0 else ResponseCode.PULL_NOT_FOUND
+    if broker.is_slave and code == ResponseCode.PULL_OFFSET_MOVED:
+        # A slave does not correct offsets (offsetCheckInSlave=false): retry at the master.
+        code = ResponseCode.PULL_RETRY_IMMEDIATELY
+        next_offset = header.queue_offset
+        suggest = MASTER_ID
+    return RemotingCommand.response_to(
+        request, code, remark=status.name,
+        ext_fields={
+            "suggestWhichBrokerId": suggest, "nextBeginOffset": next_offset,
+            "minOffset": result.min_offset, "maxOffset": result.max_offset,
+        },
+        body=b"".join(records) if code == ResponseCode.SUCCESS else b"",
+    )

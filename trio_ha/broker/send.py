@@ -1,0 +1,117 @@
+"""SEND_MESSAGE, SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE (RocketMQ's SendMessageProcessor).
+
+The producer's properties string is stored as it came, with the broker's CLUSTER property
+added, as RocketMQ does; a batch body goes to the store's native batch encoder untouched. The
+store's status becomes the response code of reference §6.5: the four "stored" statuses carry
+msgId, queueId and queueOffset (and MSG_REGION, TRACE_ON), the others an error remark.
+
+What this broker does not do yet — transactional half messages, delayed delivery — is refused
+with a response that says so, never stored as if it were a plain message.
+"""
+
+from __future__ import annotations
+
+import random
+
+from ..store.results import PutMessageResult, PutMessageStatus
+from ..wire import record as rec
+from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode, send_message_header
+
+STATUS_CODES = {
+    PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
+    PutMessageStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+}
+
+REMARKS = {
+    PutMessageStatus.CREATE_MAPEDFILE_FAILED: "create mapped file failed, server is busy or broken.",
+    PutMessageStatus.OS_PAGECACHE_BUSY: "[PC_SYNCHRONIZED]broker busy, start flow control for a while",
+}
+
+PROPERTY_CLUSTER = "CLUSTER"
+PROPERTY_DELAY = "DELAY"
+
+
+def send_response(request: RemotingCommand, result: PutMessageResult, queue_id: int) -> RemotingCommand:
+    status = result.status
+    code = STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
+    if status.stored:
+        return RemotingCommand.response_to(
+            request, code, remark=None if status is PutMessageStatus.PUT_OK else status.name,
+            ext_fields={
+                "msgId": result.msg_id, "queueId": queue_id, "queueOffset": result.queue_offset,
+                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true",
+            },
+        )
+    return RemotingCommand.response_to(
+        request, code, remark=REMARKS.get(status) or result.remark or status.name
+    )
+
+
+async def process_send(broker, request: RemotingCommand, connection) -> RemotingCommand:
+    header = send_message_header(request)
+    config = broker.config
+    if not config.broker_permission & 2:
+        return RemotingCommand.response_to(
+            request, ResponseCode.NO_PERMISSION,
+            remark=f"the broker[{config.broker_name}] sending message is forbidden",
+        )
+    if broker.is_slave:
+        return RemotingCommand.response_to(
+            request, ResponseCode.SERVICE_NOT_AVAILABLE,
+            remark=f"broker {config.broker_name} ({broker.addresses.broker_addr}) is a SLAVE and does "
+                   "not accept writes; send to its master",
+        )
+    topic_config = broker.metadata.topics.get(header.topic)
+    if topic_config is None:
+        topic_config = broker.auto_create_topic(header)
+        if topic_config is None:
+            return RemotingCommand.response_to(
+                request, ResponseCode.TOPIC_NOT_EXIST,
+                remark=f"topic[{header.topic}] not exist, apply first please!",
+            )
+    queue_id = header.queue_id
+    if queue_id < 0:
+        queue_id = random.randrange(topic_config.write_queue_nums)
+    elif queue_id >= topic_config.write_queue_nums:
+        return RemotingCommand.response_to(
+            request, ResponseCode.SYSTEM_ERROR,
+            remark=f"request queueId[{queue_id}] is illegal, {topic_config} Producer: "
+                   f"{connection.peer}",
+        )
+    tx_type = header.sys_flag & rec.TRANSACTION_TYPE_MASK
+    if tx_type == rec.TRANSACTION_PREPARED or tx_type == rec.TRANSACTION_COMMIT or tx_type == rec.TRANSACTION_ROLLBACK:
+        return RemotingCommand.response_to(
+            request, ResponseCode.NO_PERMISSION,
+            remark="transactional messages are not supported by this broker (trio_ha) yet",
+        )
+    properties = rec.decode_properties(header.properties or "")
+    if properties.get(PROPERTY_DELAY, "0") not in ("", "0"):
+        return RemotingCommand.response_to(
+            request, ResponseCode.MESSAGE_ILLEGAL,
+            remark="delayed messages (DELAY property) are not supported by this broker "
+                   "(trio_ha) yet",
+        )
+    wait = properties.get(rec.PROPERTY_WAIT_STORE_MSG_OK) != "false"
+    properties[PROPERTY_CLUSTER] = config.broker_cluster_name
+    encoded = rec.encode_properties(properties).encode()
+    store = broker.store
+    if request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch:
+        result = await store.put_batch(
+            header.topic, queue_id, request.body, batch_properties=encoded,
+            sys_flag=header.sys_flag, born_host=connection.peer,
+            born_timestamp=header.born_timestamp, wait_store_msg_ok=wait,
+        )
+    else:
+        result = await store.put_encoded(
+            header.topic, queue_id, request.body, encoded, flag=header.flag,
+            sys_flag=header.sys_flag, born_timestamp=header.born_timestamp,
+            born_host=connection.peer, reconsume_times=header.reconsume_times or 0,
+            wait_store_msg_ok=wait,
+        )
+    broker.stats.record_put(result)
+    return send_response(request, result, queue_id)
