@@ -20,6 +20,7 @@ import os
 import trio
 
 from .. import _backend
+from .._sockets import peer_name
 from ..store.segment import Segment
 
 
@@ -46,8 +47,7 @@ class SocketTransport:
 
     @property
     def peer(self) -> str:
-        host, port = self.sock.getpeername()[:2]
-        return f"{host}:{port}"
+        return peer_name(self.sock)
 
     async def receive_some(self, max_bytes: int) -> bytes:
         return await self.sock.recv(max_bytes)

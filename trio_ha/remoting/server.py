@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 import trio
 
+from .._sockets import peer_name
 from ..wire.errors import HeaderFieldError, RemotingDecodeError
 from ..wire.remoting import (
     NEED_DATA,
@@ -189,9 +190,8 @@ async def serve_remoting(
     sockname = listeners[0].socket.getsockname()
 
     async def handle(stream: trio.SocketStream) -> None:
-        remote = stream.socket.getpeername()
         await serve_connection(
-            stream, handler, peer=f"{remote[0]}:{remote[1]}", idle_timeout=idle_timeout,
+            stream, handler, peer=peer_name(stream.socket), idle_timeout=idle_timeout,
             max_in_flight=max_in_flight, on_open=on_open, on_close=on_close,
         )
 

@@ -1,0 +1,13 @@
+"""Small socket facts shared by the network layers (HA and remoting)."""
+
+from __future__ import annotations
+
+
+def peer_name(sock) -> str:
+    """``host:port`` of the peer, or a placeholder: a peer that already reset its connection
+    makes getpeername fail, and that must cost only that connection, never the server."""
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "<disconnected peer>"
+    return f"{host}:{port}"
