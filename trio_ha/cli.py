@@ -57,8 +57,8 @@ async def _demo(root: str, count: int) -> None:
               f"[{store.min_commitlog_offset}, {store.max_commitlog_offset})")
 
 
-@app.command()
-def demo(
+@app.command("store-demo")
+def store_demo(
     dir: str = typer.Option(os.path.join(DEFAULT_DATA_DIR, "demo-store"), help="store directory"),
     count: int = typer.Option(1000, min=1, max=1_000_000, help="messages to put"),
 ) -> None:
@@ -84,12 +84,103 @@ def namesrv(
     _run_until_interrupted(main)
 
 
+@app.command()
+def broker(
+    config_file: str = typer.Option(..., "-c", "--config", help="RocketMQ broker.conf"),
+) -> None:
+    """Run a broker (store, replication, remoting) from a RocketMQ-style broker.conf."""
+    from .broker import BrokerConfig, serve_broker
+    from .config import ConfigError
+
+    with open(config_file) as f:
+        text = f.read()
+    try:
+        config = BrokerConfig.from_properties(text)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from None
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            addresses = await nursery.start(serve_broker, config)
+            print(f"broker {config.broker_name} ({config.role.value}) serving on "
+                  f"{addresses.broker_addr}, HA {addresses.ha_addr}", flush=True)
+
+    _run_until_interrupted(main)
+
+
+async def _runtime_info(pool, address: str) -> dict[str, str]:
+    from .remoting import RemotingError
+    from .wire.remoting import RemotingCommand, RequestCode
+    from .wire.route import KVTable
+
+    try:
+        reply = await pool.invoke(address, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 2)
+        return KVTable.decode(reply.body).table
+    except (RemotingError, ValueError):
+        return {}
+
+
+def _status_line(master: dict, slave: dict) -> str:
+    master_end = int(master.get("commitLogMaxOffset", 0) or 0)
+    slave_end = int(slave.get("commitLogMaxOffset", 0) or 0)
+    return (
+        f"master: log {master_end} B, {master.get('putTps', '0')} puts/s, "
+        f"{master.get('msgPutTotalTodayNow', '0')} puts | slave: log {slave_end} B, "
+        f"lag {max(0, master_end - slave_end)} B, HA {slave.get('haState', '?')}"
+    )
+
+
+@app.command("dev-cluster")
+def dev_cluster(
+    dir: str = typer.Option(os.path.join(DEFAULT_DATA_DIR, "dev-cluster"), help="data directory"),
+    namesrv_port: int = typer.Option(9876, help="name server port"),
+    master_port: int = typer.Option(10911, help="master broker port (HA on +1, VIP on -2)"),
+    slave_port: int = typer.Option(10921, help="slave broker port"),
+    demo: bool = typer.Option(False, help="run a produce/consume round trip first"),
+    duration: float = typer.Option(0, help="stop after this many seconds (0: run until Ctrl-C)"),
+) -> None:
+    """A name server, a SYNC_MASTER and its SLAVE on loopback, with a status line."""
+    from .devcluster import serve_dev_cluster
+    from .remoting import open_client_pool
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            cluster = await nursery.start(lambda task_status: serve_dev_cluster(
+                dir, namesrv_port=namesrv_port, master_port=master_port,
+                slave_port=slave_port, task_status=task_status))
+            print(f"name server  {cluster.namesrv_addr}", flush=True)
+            print(f"SYNC_MASTER  {cluster.master.broker_addr}  (HA {cluster.master.ha_addr})")
+            print(f"SLAVE        {cluster.slave.broker_addr}  (HA {cluster.slave.ha_addr})")
+            print(f"data under   {dir}", flush=True)
+            if demo:
+                from .demo import round_trip
+
+                await round_trip(cluster)
+            async with open_client_pool() as pool:
+                with trio.move_on_after(duration if duration > 0 else float("inf")):
+                    while True:
+                        master = await _runtime_info(pool, cluster.master.broker_addr)
+                        slave = await _runtime_info(pool, cluster.slave.broker_addr)
+                        end = "\n" if not sys.stdout.isatty() else "\r"
+                        print(_status_line(master, slave), end=end, flush=True)
+                        await trio.sleep(1)
+            nursery.cancel_scope.cancel()
+        print("\ncluster stopped cleanly", flush=True)
+
+    _run_until_interrupted(main)
+
+
 def _run_until_interrupted(main) -> None:
     """Run ``main`` until SIGINT/SIGTERM, then let it shut down gracefully."""
 
     async def runner() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(main)
+
+            async def run_main() -> None:
+                await main()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(run_main)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:
                     print("shutting down ...", flush=True)

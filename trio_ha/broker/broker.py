@@ -27,7 +27,13 @@ import attrs
 import trio
 
 from ..config import BrokerRole
-from ..remoting import RemotingClientPool, RemotingConnection, RemotingError, serve_remoting
+from ..remoting import (
+    RemotingClientPool,
+    RemotingConnection,
+    RemotingError,
+    open_remoting_client,
+    serve_remoting,
+)
 from ..store import open_store
 from ..store.results import PutMessageResult
 from ..wire.errors import MetadataDecodeError, RouteDecodeError
@@ -214,17 +220,26 @@ class Broker:
             with trio.move_on_after(period):
                 await self._register_now.wait()
 
-    async def unregister_all(self) -> None:
+    async def unregister_all(self, timeout: float = 2.0) -> None:
+        """UNREGISTER_BROKER with every name server, in parallel, within ``timeout``. Runs
+        at shutdown, when the pool's readers are already cancelled: each call gets its own
+        short-lived connection."""
         request = RemotingCommand.request(RequestCode.UNREGISTER_BROKER, {
             "brokerName": self.config.broker_name, "brokerAddr": self.addresses.broker_addr,
             "clusterName": self.config.broker_cluster_name, "brokerId": self.config.broker_id,
         })
-        with trio.move_on_after(3):
-            for address in self.config.namesrv_addresses:
-                try:
-                    await self._pool.invoke(address, request, 3)
-                except RemotingError:
-                    pass
+
+        async def one(address: str) -> None:
+            try:
+                async with open_remoting_client(address, connect_timeout=timeout) as client:
+                    await client.invoke(request, timeout)
+            except RemotingError as exc:
+                log.info("broker: unregistering from %s failed: %s", address, exc)
+
+        with trio.move_on_after(timeout):
+            async with trio.open_nursery() as nursery:
+                for address in self.config.namesrv_addresses:
+                    nursery.start_soon(one, address)
 
     # ---- slave metadata sync ----------------------------------------------------------------
 
@@ -321,9 +336,9 @@ async def serve_broker(config: BrokerConfig, *, task_status=trio.TASK_STATUS_IGN
                     await trio.sleep_forever()
                 finally:
                     with trio.CancelScope(shield=True):
+                        await broker._pool.aclose()
                         if config.namesrv_addresses:
                             await broker.unregister_all()
-                        await broker._pool.aclose()
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(broker.metadata.persist_all)

@@ -72,16 +72,22 @@ async def process_pull(broker, request: RemotingCommand, connection) -> Remoting
             remark=f"the broker[{config.broker_name}] pulling message is forbidden",
         )
     topic_config = broker.metadata.topics.get(header.topic)
-    if topic_config is None:
+    read_queues = topic_config.read_queue_nums if topic_config is not None else 0
+    if topic_config is None and broker.is_slave:
+        # A slave holds replicated queues before (or without) the master's topic config —
+        # the master may have died before the next metadata sync: serve what it has.
+        read_queues = 1 + max((q for t, q in broker.store.queues.queues if t == header.topic),
+                              default=-1)
+    if read_queues == 0:
         return RemotingCommand.response_to(
             request, ResponseCode.TOPIC_NOT_EXIST,
             remark=f"topic[{header.topic}] not exist, apply first please!",
         )
-    if not 0 <= header.queue_id < max(topic_config.read_queue_nums, 1):
+    if not 0 <= header.queue_id < read_queues:
         return RemotingCommand.response_to(
             request, ResponseCode.SYSTEM_ERROR,
             remark=f"queueId[{header.queue_id}] is illegal, topic:[{header.topic}] "
-                   f"topicConfig.readQueueNums:[{topic_config.read_queue_nums}]",
+                   f"topicConfig.readQueueNums:[{read_queues}]",
         )
     broker.metadata.subscriptions.find_or_create(header.consumer_group)
     if header.has_subscription:

@@ -1,0 +1,291 @@
+"""The broker at the protocol level: hand-built requests over real sockets, as any RocketMQ
+client would send them (reference §7)."""
+
+import json
+import struct
+
+import pytest
+import trio
+
+from trio_ha.broker import BrokerConfig, serve_broker
+from trio_ha.namesrv import NamesrvConfig, serve_namesrv
+from trio_ha.remoting import open_remoting_client
+from trio_ha.wire import record as rec
+from trio_ha.wire.remoting import PullSysFlag, RemotingCommand, RequestCode, ResponseCode
+from trio_ha.wire.route import HeartbeatData, KVTable, TopicRouteData
+
+COMMON = (
+    "listenPort=0\nbindAddress=127.0.0.1\nhaBindAddress=127.0.0.1\n"
+    "mappedFileSizeCommitLog=1048576\nhaReconnectInterval=100\n"
+)
+
+
+def send_request(topic, body, *, queue=0, props="", code=RequestCode.SEND_MESSAGE_V2):
+    fields = {"a": "pg", "b": topic, "c": "TBW102", "d": 4, "e": queue, "f": 0, "g": 1, "h": 0}
+    if props:
+        fields["i"] = props
+    return RemotingCommand.request(code, fields, body=body)
+
+
+def pull_request(topic, queue, offset, *, suspend_ms=0, subscription=None, commit=None, group="cg"):
+    flags = 0
+    fields = {"consumerGroup": group, "topic": topic, "queueId": queue, "queueOffset": offset,
+              "maxMsgNums": 32, "commitOffset": commit or 0, "suspendTimeoutMillis": suspend_ms,
+              "subVersion": 0}
+    if suspend_ms:
+        flags |= PullSysFlag.SUSPEND
+    if subscription is not None:
+        flags |= PullSysFlag.SUBSCRIPTION
+        fields["subscription"] = subscription
+    if commit is not None:
+        flags |= PullSysFlag.COMMIT_OFFSET
+    fields["sysFlag"] = int(flags)
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, fields)
+
+
+@pytest.fixture
+async def cluster(nursery, tmp_path):
+    ns = await nursery.start(serve_namesrv, NamesrvConfig(listen_port=0, bind_address="127.0.0.1"))
+    namesrv = f"127.0.0.1:{ns[1]}"
+    master = await nursery.start(serve_broker, BrokerConfig.from_properties(
+        COMMON + f"namesrvAddr={namesrv}\nbrokerRole=SYNC_MASTER\nstorePathRootDir={tmp_path}/m\n"))
+    slave = await nursery.start(serve_broker, BrokerConfig.from_properties(
+        COMMON + f"namesrvAddr={namesrv}\nbrokerRole=SLAVE\nbrokerId=1\nstorePathRootDir={tmp_path}/s\n"))
+    return namesrv, master, slave
+
+
+async def send_until_replicated(client, topic, body=b"first", **kwargs):
+    with trio.fail_after(10):
+        while True:
+            reply = await client.invoke(send_request(topic, body, **kwargs), 5)
+            if reply.code == ResponseCode.SUCCESS:
+                return reply
+            assert reply.code == ResponseCode.SLAVE_NOT_AVAILABLE, reply.remark
+            await trio.sleep(0.05)
+
+
+async def test_send_then_pull_from_master_and_slave(cluster):
+    namesrv, master, slave = cluster
+    async with open_remoting_client(master.broker_addr) as client:
+        reply = await send_until_replicated(client, "T1", props="TAGS\x01a\x02KEYS\x01k1")
+        offset_id = reply.ext_fields["msgId"]
+        host, commitlog_offset = rec.decode_message_id(offset_id)
+        assert host == master.broker_addr
+        assert reply.ext_fields["MSG_REGION"] == "DefaultRegion"
+        queue_offset = int(reply.ext_fields["queueOffset"])
+        pulled = await client.invoke(pull_request("T1", 0, queue_offset), 5)
+        assert pulled.code == ResponseCode.SUCCESS and pulled.remark == "FOUND"
+        message = rec.decode_record(pulled.body)
+        assert message.body == b"first" and message.properties["CLUSTER"] == "DefaultCluster"
+        assert message.commitlog_offset == commitlog_offset
+        viewed = await client.invoke(RemotingCommand.request(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": commitlog_offset}), 5)
+        assert viewed.body == pulled.body
+    async with open_remoting_client(slave.broker_addr) as client:
+        on_slave = await client.invoke(pull_request("T1", 0, queue_offset), 5)
+        assert on_slave.code == ResponseCode.SUCCESS and on_slave.body == pulled.body
+        refused = await client.invoke(send_request("T1", b"no"), 5)
+        assert refused.code == ResponseCode.SERVICE_NOT_AVAILABLE and "SLAVE" in refused.remark
+
+
+async def test_pull_statuses_follow_the_reference_table(cluster):
+    _, master, slave = cluster
+    async with open_remoting_client(master.broker_addr) as client:
+        await send_until_replicated(client, "T2")
+        high = int((await client.invoke(RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "T2", "queueId": 0}), 5)).ext_fields["offset"])
+        one = await client.invoke(pull_request("T2", 0, high), 5)
+        assert (one.code, one.remark, one.ext_fields["nextBeginOffset"]) == (ResponseCode.PULL_NOT_FOUND, "OFFSET_OVERFLOW_ONE", str(high))
+        badly = await client.invoke(pull_request("T2", 0, high + 10), 5)
+        assert (badly.code, badly.remark) == (ResponseCode.PULL_OFFSET_MOVED, "OFFSET_OVERFLOW_BADLY")
+        empty = await client.invoke(pull_request("T2", 3, 0), 5)
+        assert empty.code == ResponseCode.PULL_NOT_FOUND  # no queue yet, offset 0
+        moved = await client.invoke(pull_request("T2", 3, 5), 5)
+        assert moved.code == ResponseCode.PULL_OFFSET_MOVED
+        unknown = await client.invoke(pull_request("NoSuchTopic", 0, 0), 5)
+        assert unknown.code == ResponseCode.TOPIC_NOT_EXIST
+    async with open_remoting_client(slave.broker_addr) as client:
+        with trio.fail_after(10):
+            while (await client.invoke(RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "T2", "queueId": 0}), 5)).ext_fields["offset"] != str(high):
+                await trio.sleep(0.05)
+        on_slave = await client.invoke(pull_request("T2", 0, high + 10), 5)
+        # A slave does not correct offsets: retry at the master (suggest broker 0).
+        assert on_slave.code == ResponseCode.PULL_RETRY_IMMEDIATELY
+        assert on_slave.ext_fields["nextBeginOffset"] == str(high + 10)
+        assert on_slave.ext_fields["suggestWhichBrokerId"] == "0"
+
+
+async def test_tag_filtering_by_subscription(cluster):
+    _, master, _ = cluster
+    async with open_remoting_client(master.broker_addr) as client:
+        await send_until_replicated(client, "Warmup")  # retries store copies: not on "Tags"
+        await client.invoke(send_request("Tags", b"a", props="TAGS\x01TagA"), 5)
+        for tag in ("TagB", "TagC", "TagA"):
+            await client.invoke(send_request("Tags", tag.encode(), props=f"TAGS\x01{tag}"), 5)
+        pulled = await client.invoke(pull_request("Tags", 0, 0, subscription="TagA || TagB"), 5)
+        bodies = []
+        view = memoryview(pulled.body)
+        while view:
+            m = rec.decode_record(view)
+            bodies.append(m.body)
+            view = view[m.size:]
+        assert bodies == [b"a", b"TagB", b"TagA"]
+        none = await client.invoke(pull_request("Tags", 0, 0, subscription="Nope"), 5)
+        assert none.code == ResponseCode.PULL_RETRY_IMMEDIATELY and none.remark == "NO_MATCHED_MESSAGE"
+        assert none.ext_fields["nextBeginOffset"] == "4"
+
+
+async def test_long_polling_wakes_on_a_new_message_and_times_out_without_one(cluster):
+    _, master, _ = cluster
+    async with open_remoting_client(master.broker_addr) as client:
+        reply = await send_until_replicated(client, "LP")
+        after = int(reply.ext_fields["queueOffset"]) + 1
+        quiet = await client.invoke(pull_request("LP", 0, after, suspend_ms=300), 5)
+        assert quiet.code == ResponseCode.PULL_NOT_FOUND
+        results = []
+
+        async def held_pull():
+            results.append(await client.invoke(pull_request("LP", 0, after, suspend_ms=15_000), 20))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(held_pull)
+            await trio.sleep(0.2)  # the pull is parked now
+            assert not results
+            with trio.fail_after(5):  # far below the 15 s suspend: woken by the message
+                await client.invoke(send_request("LP", b"wake up"), 5)
+                await trio.sleep(0)
+        (woken,) = results
+        assert woken.code == ResponseCode.SUCCESS
+        assert rec.decode_record(woken.body).body == b"wake up"
+
+
+async def test_64_long_polls_in_flight_on_one_connection(cluster):
+    _, master, _ = cluster
+    async with open_remoting_client(master.broker_addr) as client:
+        reply = await send_until_replicated(client, "Many")
+        after = int(reply.ext_fields["queueOffset"]) + 1
+        done = []
+
+        async def held(i):
+            done.append(await client.invoke(pull_request("Many", 0, after, suspend_ms=10_000, group=f"g{i}"), 15))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(64):
+                nursery.start_soon(held, i)
+            await trio.sleep(0.3)
+            # The connection still answers other requests while 64 pulls are held.
+            ping = await client.invoke(RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "Many", "queueId": 0}), 5)
+            assert ping.code == ResponseCode.SUCCESS and not done
+            await client.invoke(send_request("Many", b"for everyone"), 5)
+        assert len(done) == 64 and all(r.code == ResponseCode.SUCCESS for r in done)
+
+
+async def test_consumer_offsets_and_groups(cluster):
+    namesrv, master, _ = cluster
+    async with open_remoting_client(master.broker_addr) as client:
+        await send_until_replicated(client, "Off")
+        missing = await client.invoke(RemotingCommand.request(RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": "g1", "topic": "Off", "queueId": 0}), 5)
+        assert missing.code in (ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND)
+        await client.invoke(RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {"consumerGroup": "g1", "topic": "Off", "queueId": 0, "commitOffset": 1}), 5)
+        got = await client.invoke(RemotingCommand.request(RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": "g1", "topic": "Off", "queueId": 0}), 5)
+        assert got.ext_fields["offset"] == "1"
+        # commitOffset carried by a pull is stored too (COMMIT_OFFSET flag).
+        await client.invoke(pull_request("Off", 0, 0, commit=1, group="g2"), 5)
+        got = await client.invoke(RemotingCommand.request(RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": "g2", "topic": "Off", "queueId": 0}), 5)
+        assert got.ext_fields["offset"] == "1"
+        nobody = await client.invoke(RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "g1"}), 5)
+        assert nobody.code == ResponseCode.SYSTEM_ERROR
+        heartbeat = HeartbeatData.decode(json.dumps({
+            "clientID": "127.0.0.1@test", "producerDataSet": [],
+            "consumerDataSet": [{"groupName": "g1", "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+                                 "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "subscriptionDataSet": [], "unitMode": False}],
+        }))
+        assert (await client.invoke(RemotingCommand.request(RequestCode.HEART_BEAT, body=heartbeat.encode()), 5)).code == 0
+        live = await client.invoke(RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "g1"}), 5)
+        assert json.loads(live.body) == {"consumerIdList": ["127.0.0.1@test"]}
+    async with open_remoting_client(master.broker_addr) as other:
+        # The heartbeat's connection closed: the consumer is gone.
+        with trio.fail_after(5):
+            while (await other.invoke(RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "g1"}), 5)).code == 0:
+                await trio.sleep(0.05)
+
+
+async def test_topics_routes_and_runtime_info(cluster):
+    namesrv, master, slave = cluster
+    async with open_remoting_client(master.broker_addr) as client:
+        created = await client.invoke(RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
+            "topic": "Made", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6}), 5)
+        assert created.code == ResponseCode.SUCCESS
+        topics = await client.invoke(RemotingCommand.request(RequestCode.GET_ALL_TOPIC_CONFIG), 5)
+        assert b'"Made"' in topics.body
+        info = KVTable.decode((await client.invoke(RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 5)).body).table
+        assert info["brokerRole"] == "SYNC_MASTER" and int(info["commitLogMaxOffset"]) >= 0
+    async with open_remoting_client(namesrv) as ns:
+        with trio.fail_after(5):  # the master re-registers at once after a topic change
+            while True:
+                route = await ns.invoke(RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Made"}), 5)
+                if route.code == ResponseCode.SUCCESS:
+                    break
+                await trio.sleep(0.05)
+        data = TopicRouteData.decode(route.body)
+        assert data.queue_datas[0].write_queue_nums == 2
+        assert set(data.broker_datas[0].broker_addrs) == {0, 1}
+
+
+@pytest.mark.parametrize("code,feature", [
+    (RequestCode.END_TRANSACTION, "transactions"),
+    (RequestCode.CONSUMER_SEND_MSG_BACK, "retry"),
+    (RequestCode.QUERY_MESSAGE, "key"),
+    (RequestCode.LOCK_BATCH_MQ, "locks"),
+])
+async def test_unsupported_requests_say_what_is_missing(cluster, code, feature):
+    _, master, _ = cluster
+    async with open_remoting_client(master.broker_addr) as client:
+        reply = await client.invoke(RemotingCommand.request(code), 5)
+        assert reply.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and feature in reply.remark
+
+
+async def test_transactional_and_delayed_sends_are_refused_clearly(cluster):
+    _, master, _ = cluster
+    async with open_remoting_client(master.broker_addr) as client:
+        await send_until_replicated(client, "Tx")
+        tx = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {"a": "pg", "b": "Tx", "c": "TBW102", "d": 4, "e": 0, "f": rec.TRANSACTION_PREPARED, "g": 1, "h": 0}, body=b"x")
+        reply = await client.invoke(tx, 5)
+        assert reply.code == ResponseCode.NO_PERMISSION and "transactional" in reply.remark
+        delayed = await client.invoke(send_request("Tx", b"later", props="DELAY\x013"), 5)
+        assert delayed.code == ResponseCode.MESSAGE_ILLEGAL and "delayed" in delayed.remark
+
+
+def raw_frame(header: dict, body: bytes = b"") -> bytes:
+    head = json.dumps(header).encode()
+    return struct.pack(">ii", 4 + len(head) + len(body), len(head)) + head + body
+
+
+HOSTILE = {
+    "zero_length": struct.pack(">i", 0),
+    "oversized_length": struct.pack(">i", 0x7FFFFFF0) + b"x" * 64,
+    "header_beyond_frame": struct.pack(">ii", 10, 5000) + b"{}" * 3,
+    "invalid_json": struct.pack(">ii", 12, 8) + b"{nojson!",
+    "wrong_field_types": raw_frame({"code": RequestCode.SEND_MESSAGE_V2, "opaque": 1, "flag": 0, "extFields": {"b": ["x"]}}),
+    "send_with_bad_queue_type": raw_frame({"code": RequestCode.SEND_MESSAGE_V2, "opaque": 1, "flag": 0, "extFields": {"a": "g", "b": "T", "c": "TBW102", "d": "4", "e": "zero", "f": "0", "g": "0", "h": "0"}}, b"x"),
+    "half_a_frame": raw_frame({"code": RequestCode.GET_MAX_OFFSET, "opaque": 1, "flag": 0})[:9],
+}
+
+
+@pytest.mark.parametrize("port", ["namesrv", "master", "master_vip", "slave"])
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+async def test_hostile_input_on_every_port(cluster, port, kind):
+    namesrv, master, slave = cluster
+    address = {"namesrv": namesrv, "master": master.broker_addr, "master_vip": master.vip_addr,
+               "slave": slave.broker_addr}[port]
+    host, number = address.split(":")
+    bad = await trio.open_tcp_stream(host, int(number))
+    await bad.send_all(HOSTILE[kind])
+    async with open_remoting_client(master.broker_addr) as good:
+        # A well-behaved client keeps producing and consuming meanwhile.
+        reply = await send_until_replicated(good, "Hostile", b"still here")
+        pulled = await good.invoke(pull_request("Hostile", 0, int(reply.ext_fields["queueOffset"])), 5)
+        assert pulled.code == ResponseCode.SUCCESS
+    with trio.move_on_after(0.5):
+        data = await bad.receive_some(65536)
+        if data:  # an error response, never a crash: the frame decodes as a response
+            assert struct.unpack_from(">i", data)[0] > 0
+    await bad.aclose()
