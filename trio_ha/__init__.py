@@ -1,28 +1,53 @@
 """trio_ha: a replicated, RocketMQ-compatible message store on Trio.
 
-The public API lives here; submodules are implementation detail unless documented.
+The public API lives here; submodules are implementation detail unless documented. Names are
+imported on first use, so code that needs only the codecs or the record engine — the Spark
+data source, running inside executors — loads them without trio.
 """
 
+from __future__ import annotations
+
+import importlib
+
+# Loaded at once (it needs no trio): which record engine this process runs is decided, and
+# with TRIO_HA_REQUIRE_NATIVE=1 a missing or stale native module fails the import.
 from ._backend import NativeModuleError, native_backend
-from .config import BrokerRole, ConfigError, FlushDiskType, StoreConfig
-from .store import (
-    GetMessageResult,
-    GetMessageStatus,
-    MessageStore,
-    PutMessageResult,
-    PutMessageStatus,
-    StoreLockedError,
-    StoreStatistics,
-    open_store,
-)
-from .watermark import Watermark
-from .wire.record import Message, StoredMessage
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BrokerRole", "ConfigError", "FlushDiskType", "GetMessageResult", "GetMessageStatus",
-    "Message", "MessageStore", "NativeModuleError", "PutMessageResult", "PutMessageStatus",
-    "StoreConfig", "StoreLockedError", "StoreStatistics", "StoredMessage", "Watermark",
-    "native_backend", "open_store",
-]
+_EXPORTS = {
+    "BrokerRole": "trio_ha.config",
+    "ConfigError": "trio_ha.config",
+    "FlushDiskType": "trio_ha.config",
+    "StoreConfig": "trio_ha.config",
+    "GetMessageResult": "trio_ha.store",
+    "GetMessageStatus": "trio_ha.store",
+    "MessageStore": "trio_ha.store",
+    "PutMessageResult": "trio_ha.store",
+    "PutMessageStatus": "trio_ha.store",
+    "StoreLockedError": "trio_ha.store",
+    "StoreStatistics": "trio_ha.store",
+    "open_store": "trio_ha.store",
+    "Watermark": "trio_ha.watermark",
+    "Message": "trio_ha.wire.record",
+    "StoredMessage": "trio_ha.wire.record",
+    "BrokerConfig": "trio_ha.broker",
+    "serve_broker": "trio_ha.broker",
+    "NamesrvConfig": "trio_ha.namesrv",
+    "serve_namesrv": "trio_ha.namesrv",
+}
+
+__all__ = sorted([*_EXPORTS, "NativeModuleError", "native_backend"])
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trio_ha' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
