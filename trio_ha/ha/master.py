@@ -96,20 +96,18 @@ class HAConnection:
     # ---- reader ----------------------------------------------------------------------------
 
     async def _read_acks(self) -> None:
-        config = self.service.config
-        while True:
-            with trio.move_on_after(config.ha_housekeeping_interval / 1000):
+        silence = self.service.config.ha_housekeeping_interval / 1000
+        with trio.CancelScope(deadline=trio.current_time() + silence) as quiet:
+            while True:
                 data = await self.transport.receive_some(RECEIVE_SIZE)
                 if not data:
                     raise HAConnectionClosed("slave closed the connection")
+                quiet.deadline = trio.current_time() + silence
                 self.protocol.log_end = self.commitlog.max_offset
                 self.protocol.receive_data(data)
                 while (event := self.protocol.next_event()) is not NEED_DATA:
                     self._on_report(event.offset, event.first)
-                continue
-            raise HAConnectionClosed(
-                f"no report from the slave for {config.ha_housekeeping_interval} ms"
-            )
+        raise HAConnectionClosed(f"no report from the slave for {silence:g} s")
 
     def _on_report(self, offset: int, first: bool) -> None:
         if first:

@@ -28,7 +28,7 @@ import attrs
 import trio
 
 from .. import _backend
-from ..config import StoreConfig
+from ..config import BrokerRole, StoreConfig
 from ..watermark import Watermark
 from ..wire import record as rec
 from .segment import Segment, sync_ranges
@@ -151,10 +151,10 @@ class CommitLog:
 
     def create_first_segment(self, base_offset: int) -> Segment:
         """Blocking (worker thread): the segment at ``base_offset`` of an empty log."""
-        segment = Segment.create(
-            self.segments.directory, base_offset, self.segment_size,
-            warm=self.config.warm_mapped_file_enable,
-        )
+        # A slave's segments are filled by replication, which writes every page anyway:
+        # warming them first would write each page twice.
+        warm = self.config.warm_mapped_file_enable and self.config.broker_role is not BrokerRole.SLAVE
+        segment = Segment.create(self.segments.directory, base_offset, self.segment_size, warm=warm)
         segment.wrote_position = segment.flushed_position = 0
         return segment
 

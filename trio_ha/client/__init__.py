@@ -1,0 +1,38 @@
+"""The trio client library: producer, pull consumer and admin over RocketMQ remoting.
+
+Works with this project's broker and name server and with RocketMQ 4.x ones::
+
+    from trio_ha.client import open_producer, open_pull_consumer, Message
+
+    async with open_producer("127.0.0.1:9876", "my-producers") as producer:
+        result = await producer.send(Message("orders", b"...", tags="TagA", keys="k1"))
+
+    async with open_pull_consumer("127.0.0.1:9876", "my-consumers") as consumer:
+        async with consumer.messages("orders", subscription="TagA || TagB") as stream:
+            async for message in stream:
+                ...
+
+Producers, consumers and admins opened on one ``open_client_instance(...)`` share its client
+id, connections, route cache and heartbeat, as Java clients share an ``MQClientInstance``.
+"""
+
+from ..wire.record import Message, StoredMessage
+from .admin import Admin, open_admin
+from .consumer import MessageStream, PullConsumer, PullResult, PullStatus, open_pull_consumer
+from .instance import (
+    ClientConfig,
+    ClientInstance,
+    MessageQueue,
+    MQBrokerError,
+    MQClientError,
+    MQError,
+    open_client_instance,
+)
+from .producer import Producer, SendResult, SendStatus, open_producer
+
+__all__ = [
+    "Admin", "ClientConfig", "ClientInstance", "MQBrokerError", "MQClientError", "MQError",
+    "Message", "MessageQueue", "MessageStream", "Producer", "PullConsumer", "PullResult",
+    "PullStatus", "SendResult", "SendStatus", "StoredMessage", "open_admin",
+    "open_client_instance", "open_producer", "open_pull_consumer",
+]

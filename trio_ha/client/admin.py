@@ -1,0 +1,195 @@
+"""Admin requests: topics, cluster info, broker runtime info, offsets, messages by id.
+
+``async with open_admin(namesrv_addr) as admin`` (or ``open_admin(instance)``), then e.g.
+``await admin.create_topic("orders", 8)`` — UPDATE_AND_CREATE_TOPIC on every master of the
+cluster, as ``mqadmin updateTopic -c`` does; the brokers re-register at once, so the name
+server's route follows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import attrs
+import trio
+
+from ..remoting import RemotingError
+from ..wire.errors import RecordDecodeError, RouteDecodeError
+from ..wire.record import StoredMessage, decode_message_id, decode_record
+from ..wire.remoting import RequestCode, ResponseCode
+from ..wire.route import PERM_READ, PERM_WRITE, ClusterInfo, KVTable, TopicRouteData
+from .instance import (
+    DEFAULT_TOPIC,
+    MASTER_ID,
+    ClientInstance,
+    MessageQueue,
+    MQBrokerError,
+    MQClientError,
+    collapse_groups,
+    use_instance,
+)
+
+__all__ = ["Admin", "open_admin"]
+
+
+@attrs.define(eq=False)
+class Admin:
+    instance: ClientInstance
+
+    async def _invoke(self, address: str, code: int, fields: dict | None = None,
+                      body: bytes = b"", timeout: float | None = None):
+        try:
+            response = await self.instance.invoke(
+                address, self.instance.request(code, fields, body), timeout
+            )
+        except RemotingError as exc:
+            raise MQClientError(f"request {code} to {address} failed: {exc}") from exc
+        if response.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(response.code, response.remark, address)
+        return response
+
+    # ---- name server -----------------------------------------------------------------------------
+
+    async def cluster_info(self) -> ClusterInfo:
+        """GET_BROKER_CLUSTER_INFO: clusters, their broker names, each group's addresses."""
+        response = await self.instance.invoke_namesrv(
+            self.instance.request(RequestCode.GET_BROKER_CLUSTER_INFO)
+        )
+        if response.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(response.code, response.remark)
+        try:
+            return ClusterInfo.decode(response.body)
+        except RouteDecodeError as exc:
+            raise MQClientError(f"bad cluster info: {exc}") from None
+
+    async def topic_route(self, topic: str) -> TopicRouteData | None:
+        """The name server's route of ``topic`` (None: unknown), fetched now."""
+        return await self.instance.fetch_route(topic)
+
+    async def topic_list(self) -> list[str]:
+        """GET_ALL_TOPIC_LIST_FROM_NAMESERVER."""
+        response = await self.instance.invoke_namesrv(
+            self.instance.request(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+        )
+        if response.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(response.code, response.remark)
+        try:
+            return list(json.loads(response.body)["topicList"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MQClientError(f"bad topic list: {exc}") from None
+
+    # ---- topics ---------------------------------------------------------------------------------
+
+    async def create_topic(
+        self,
+        topic: str,
+        queue_nums: int = 8,
+        *,
+        cluster: str | None = None,
+        read_queue_nums: int | None = None,
+        write_queue_nums: int | None = None,
+        perm: int = PERM_READ | PERM_WRITE,
+        order: bool = False,
+        topic_filter_type: str = "SINGLE_TAG",
+        topic_sys_flag: int = 0,
+    ) -> dict[str, str]:
+        """UPDATE_AND_CREATE_TOPIC (create, or update the queue numbers and perm) on the
+        master of every broker group of ``cluster`` (default: the only cluster). Returns
+        broker name -> master address of the groups updated; groups without a master in
+        the name server are skipped, and having none at all is an error."""
+        info = await self.cluster_info()
+        if cluster is None:
+            if len(info.cluster_addr_table) != 1:
+                raise MQClientError(
+                    f"name a cluster: the name server knows {sorted(info.cluster_addr_table)}"
+                )
+            (cluster,) = info.cluster_addr_table
+        names = info.cluster_addr_table.get(cluster)
+        if not names:
+            raise MQClientError(f"the name server knows no cluster {cluster!r}")
+        masters = {}
+        for name in sorted(names):
+            data = info.broker_addr_table.get(name)
+            if data is not None and MASTER_ID in data.broker_addrs:
+                masters[name] = data.broker_addrs[MASTER_ID]
+        if not masters:
+            raise MQClientError(f"no broker group of cluster {cluster} has a master")
+        fields = {
+            "topic": topic,
+            "defaultTopic": DEFAULT_TOPIC,
+            "readQueueNums": queue_nums if read_queue_nums is None else read_queue_nums,
+            "writeQueueNums": queue_nums if write_queue_nums is None else write_queue_nums,
+            "perm": perm,
+            "topicFilterType": topic_filter_type,
+            "topicSysFlag": topic_sys_flag,
+            "order": order,
+        }
+        async with collapse_groups(), trio.open_nursery() as nursery:
+            for address in masters.values():
+                nursery.start_soon(self._invoke, address, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                                   fields)
+        return masters
+
+    # ---- brokers --------------------------------------------------------------------------------
+
+    async def runtime_info(self, broker_addr: str) -> dict[str, str]:
+        """GET_BROKER_RUNTIME_INFO: the broker's key/value statistics table."""
+        response = await self._invoke(broker_addr, RequestCode.GET_BROKER_RUNTIME_INFO)
+        try:
+            return dict(KVTable.decode(response.body).table)
+        except RouteDecodeError as exc:
+            raise MQClientError(f"bad runtime info from {broker_addr}: {exc}") from None
+
+    async def _queue_address(self, queue: MessageQueue) -> str:
+        found = await self.instance.find_broker_addr_refreshing(
+            queue.topic, queue.broker_name, MASTER_ID
+        )
+        return found[0]
+
+    async def _queue_request(self, queue: MessageQueue, code: int, extra: dict | None = None,
+                             key: str = "offset") -> int:
+        address = await self._queue_address(queue)
+        fields = {"topic": queue.topic, "queueId": queue.queue_id, **(extra or {})}
+        response = await self._invoke(address, code, fields)
+        try:
+            return int(response.ext_fields[key])
+        except (KeyError, ValueError):
+            raise MQClientError(f"bad response from {address}: {response.ext_fields}") from None
+
+    async def max_offset(self, queue: MessageQueue) -> int:
+        """GET_MAX_OFFSET (from the master, or a slave when the master is down)."""
+        return await self._queue_request(queue, RequestCode.GET_MAX_OFFSET)
+
+    async def min_offset(self, queue: MessageQueue) -> int:
+        return await self._queue_request(queue, RequestCode.GET_MIN_OFFSET)
+
+    async def search_offset(self, queue: MessageQueue, timestamp_ms: int) -> int:
+        """SEARCH_OFFSET_BY_TIMESTAMP: the first offset stored at or after ``timestamp_ms``."""
+        return await self._queue_request(
+            queue, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {"timestamp": timestamp_ms}
+        )
+
+    async def earliest_msg_store_time(self, queue: MessageQueue) -> int:
+        return await self._queue_request(
+            queue, RequestCode.GET_EARLIEST_MSG_STORETIME, key="timestamp"
+        )
+
+    async def view_message(self, offset_msg_id: str) -> StoredMessage:
+        """VIEW_MESSAGE_BY_ID: the message an offsetMsgId names, from the broker it names."""
+        try:
+            address, offset = decode_message_id(offset_msg_id)
+        except RecordDecodeError as exc:
+            raise MQClientError(str(exc)) from None
+        response = await self._invoke(address, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset})
+        try:
+            return decode_record(response.body)
+        except RecordDecodeError as exc:
+            raise MQClientError(f"bad message from {address}: {exc}") from None
+
+
+@contextlib.asynccontextmanager
+async def open_admin(namesrv_addr, **options):
+    """An Admin on ``namesrv_addr`` (``"host:port;..."``) or a ClientInstance to share."""
+    async with use_instance(namesrv_addr, options) as instance:
+        yield Admin(instance)

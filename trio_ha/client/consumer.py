@@ -1,0 +1,575 @@
+"""The pull consumer: PULL_MESSAGE with long polling, consumer offsets, and a message stream.
+
+``async with open_pull_consumer(namesrv_addr, group) as consumer``, then either pull queue by
+queue, as Java's ``DefaultMQPullConsumer``::
+
+    for mq in await consumer.queues(topic):
+        offset = await consumer.committed_offset(mq) or 0
+        result = await consumer.pull(mq, offset, 32, subscription="TagA || TagB")
+        ...                                   # result.messages, result.next_begin_offset
+        await consumer.commit(mq, result.next_begin_offset)
+
+or let a stream do the loop (every queue of the topic, messages of each queue in order,
+offsets committed every ``commit_interval`` and when the block ends)::
+
+    async with consumer.messages(topic) as stream:
+        async for message in stream:
+            ...
+
+A pull carries the subscription (SUBSCRIPTION flag, ``TAG`` expression) and, with a
+``suspend_timeout``, the SUSPEND flag: the broker holds a pull that finds nothing for up to
+that long and answers as soon as a message arrives (long polling); the call's own timeout is
+above it. The broker filters by tag hash code; the client filters again by the tag string, as
+RocketMQ clients do (hash codes collide).
+
+Where pulls go: to the broker id the last response suggested for the queue
+(``suggestWhichBrokerId``, the master at first) if the route has it, else to the lowest id in
+the route — so when the master is gone from the route, reads fall back to a slave, which still
+serves them. Offsets are committed to the master, or to a slave when there is no master.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import enum
+import logging
+import zlib
+
+import attrs
+import trio
+
+from ..remoting import RemotingError, RemotingTimeout
+from ..wire.errors import RecordDecodeError
+from ..wire.record import SYSFLAG_COMPRESSED, StoredMessage, decode_record
+from ..wire.remoting import (
+    PullMessageRequestHeader,
+    PullSysFlag,
+    RequestCode,
+    ResponseCode,
+    encode_pull_message_fields,
+)
+from ..wire.route import SubscriptionData
+from .instance import (
+    MASTER_ID,
+    ClientInstance,
+    MessageQueue,
+    MQBrokerError,
+    MQClientError,
+    MQError,
+    collapse_groups,
+    parse_subscription,
+    use_instance,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MessageStream", "PullConsumer", "PullResult", "PullStatus", "open_pull_consumer"]
+
+PROPERTY_MIN_OFFSET = "MIN_OFFSET"
+PROPERTY_MAX_OFFSET = "MAX_OFFSET"
+#: the COMPRESSION_TYPE bits of sysFlag (5.x; 0 means zlib, as 4.x writes it)
+_COMPRESSION_TYPE_MASK = 0x700
+_ZLIB_TYPES = (0x000, 0x300)
+
+
+class PullStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+_STATUS_BY_CODE = {
+    ResponseCode.SUCCESS: PullStatus.FOUND,
+    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
+    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
+}
+
+
+@attrs.frozen
+class PullResult:
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[StoredMessage] = attrs.field(factory=list)
+    #: the broker id the broker suggests for the next pull of this queue
+    suggest_which_broker_id: int = MASTER_ID
+    #: where the pull went
+    broker_addr: str | None = None
+
+
+def decode_messages(body: bytes, queue: MessageQueue, result_fields: dict[str, str],
+                    subscription: SubscriptionData) -> list[StoredMessage]:
+    """A pull body (concatenated store records) as messages, filtered by tag string and with
+    MIN_OFFSET / MAX_OFFSET set and compressed bodies inflated, as Java's
+    ``processPullResult`` does."""
+    messages = []
+    view = memoryview(body)
+    position = 0
+    tags = subscription.tags_set
+    extra = {
+        PROPERTY_MIN_OFFSET: result_fields.get("minOffset", "0"),
+        PROPERTY_MAX_OFFSET: result_fields.get("maxOffset", "0"),
+    }
+    while position < len(view):
+        try:
+            message = decode_record(view, position)
+        except RecordDecodeError as exc:
+            raise MQClientError(f"bad record in the pull response of {queue}: {exc}") from None
+        position += message.size
+        if tags and message.tags not in tags:
+            continue
+        changes: dict = {"properties": {**message.properties, **extra}}
+        if message.sys_flag & SYSFLAG_COMPRESSED and (
+            message.sys_flag & _COMPRESSION_TYPE_MASK
+        ) in _ZLIB_TYPES:
+            try:
+                changes["body"] = zlib.decompress(message.body)
+                changes["sys_flag"] = message.sys_flag & ~SYSFLAG_COMPRESSED
+            except zlib.error:
+                log.warning("client: message %s of %s does not inflate; left compressed",
+                            message.queue_offset, queue)
+        messages.append(attrs.evolve(message, **changes))
+    return messages
+
+
+@attrs.define(eq=False)
+class PullConsumer:
+    instance: ClientInstance
+    group: str
+    #: timeout of offset requests (None: the client's request_timeout)
+    request_timeout: float | None = None
+    #: queue -> the broker id to pull from next (suggestWhichBrokerId)
+    _pull_from: dict[MessageQueue, int] = attrs.field(factory=dict)
+
+    # ---- queues ---------------------------------------------------------------------------------
+
+    async def queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        """The readable queues of ``topic``. Raises MQClientError if it has no route."""
+        if refresh or topic not in self.instance.routes:
+            await self.instance.refresh_route(topic)
+        queues = self.instance.subscribe_queues(topic)
+        if not queues and topic not in self.instance.routes:
+            raise MQClientError(f"no route info of topic {topic}")
+        return queues
+
+    def _pull_address(self, queue: MessageQueue) -> tuple[str, int] | None:
+        return self.instance.find_broker_addr(
+            queue.broker_name, self._pull_from.get(queue, MASTER_ID)
+        )
+
+    async def _offset_address(self, queue: MessageQueue) -> str:
+        """The master of the queue's broker group, else one of its slaves."""
+        found = await self.instance.find_broker_addr_refreshing(
+            queue.topic, queue.broker_name, MASTER_ID
+        )
+        return found[0]
+
+    # ---- pull ------------------------------------------------------------------------------------
+
+    async def pull(
+        self,
+        queue: MessageQueue,
+        offset: int,
+        max_nums: int = 32,
+        *,
+        subscription: str = "*",
+        suspend_timeout: float = 15.0,
+        timeout: float | None = None,
+    ) -> PullResult:
+        """Pull up to ``max_nums`` messages of ``queue`` from ``offset``. With
+        ``suspend_timeout`` > 0 the broker holds the pull until a message arrives or that
+        many seconds pass (then NO_NEW_MSG); ``timeout`` (default: ``suspend_timeout`` + the
+        request timeout) bounds the whole call. Raises MQBrokerError for an error code and
+        MQClientError when no broker of the queue answers."""
+        sub = parse_subscription(queue.topic, subscription)
+        self.instance.subscribe(self.group, sub)
+        if timeout is None:
+            timeout = suspend_timeout + self.instance.config.request_timeout
+        sys_flag = PullSysFlag.SUBSCRIPTION
+        if suspend_timeout > 0:
+            sys_flag |= PullSysFlag.SUSPEND
+        header = PullMessageRequestHeader(
+            consumer_group=self.group,
+            topic=queue.topic,
+            queue_id=queue.queue_id,
+            queue_offset=offset,
+            max_msg_nums=max_nums,
+            sys_flag=int(sys_flag),
+            commit_offset=0,
+            suspend_timeout_millis=int(max(suspend_timeout, 0) * 1000),
+            sub_version=sub.sub_version,
+            subscription=sub.sub_string,
+            expression_type="TAG",
+        )
+        request = self.instance.request(RequestCode.PULL_MESSAGE, encode_pull_message_fields(header))
+        deadline = trio.current_time() + timeout
+        tried: set[str] = set()
+        while True:
+            found = self._pull_address(queue)
+            if found is None or found[0] in tried:
+                await self._refresh_quietly(queue.topic)
+                found = self._pull_address(queue)
+            if found is None:
+                raise MQClientError(f"the broker {queue.broker_name} of {queue} is not in the route")
+            address, _ = found
+            if address in tried:
+                raise MQClientError(f"pulling {queue} failed at {', '.join(sorted(tried))}")
+            tried.add(address)
+            try:
+                response = await self.instance.invoke(
+                    address, request, deadline - trio.current_time()
+                )
+            except RemotingTimeout as exc:
+                raise MQClientError(f"pulling {queue} from {address} timed out: {exc}") from exc
+            except RemotingError as exc:
+                # the broker is gone (or going): look the route up again and try the node it
+                # names now, once per address
+                log.info("client: pull of %s from %s failed: %s", queue, address, exc)
+                self._pull_from.pop(queue, None)
+                await self._refresh_quietly(queue.topic)
+                if trio.current_time() >= deadline:
+                    raise MQClientError(f"pulling {queue} from {address} failed: {exc}") from exc
+                continue
+            return self._pull_result(response, queue, sub, address)
+
+    def _pull_result(self, response, queue: MessageQueue, sub: SubscriptionData,
+                     address: str) -> PullResult:
+        status = _STATUS_BY_CODE.get(response.code)
+        if status is None:
+            raise MQBrokerError(response.code, response.remark, address)
+        fields = response.ext_fields
+        try:
+            suggest = int(fields.get("suggestWhichBrokerId", MASTER_ID))
+            next_begin = int(fields["nextBeginOffset"])
+            min_offset = int(fields.get("minOffset", 0))
+            max_offset = int(fields.get("maxOffset", 0))
+        except (KeyError, ValueError):
+            raise MQClientError(f"bad pull response from {address}: {fields}") from None
+        self._pull_from[queue] = suggest
+        messages = []
+        if status is PullStatus.FOUND and response.body:
+            messages = decode_messages(response.body, queue, fields, sub)
+        return PullResult(status, next_begin, min_offset, max_offset, messages, suggest, address)
+
+    async def _refresh_quietly(self, topic: str) -> None:
+        try:
+            await self.instance.refresh_route(topic)
+        except MQClientError as exc:
+            log.info("client: route refresh of %s failed: %s", topic, exc)
+
+    # ---- offsets ---------------------------------------------------------------------------------
+
+    async def _offset_request(self, queue: MessageQueue, code: int, fields: dict,
+                              timeout: float | None):
+        address = await self._offset_address(queue)
+        request = self.instance.request(code, fields)
+        try:
+            response = await self.instance.invoke(address, request, timeout or self.request_timeout)
+        except RemotingError as exc:
+            await self._refresh_quietly(queue.topic)
+            raise MQClientError(f"offset request for {queue} to {address} failed: {exc}") from exc
+        return address, response
+
+    async def commit(self, queue: MessageQueue, offset: int, *, timeout: float | None = None) -> None:
+        """UPDATE_CONSUMER_OFFSET: ``offset`` is the next offset this group will read."""
+        address, response = await self._offset_request(
+            queue, RequestCode.UPDATE_CONSUMER_OFFSET,
+            {"consumerGroup": self.group, "topic": queue.topic, "queueId": queue.queue_id,
+             "commitOffset": offset}, timeout,
+        )
+        if response.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(response.code, response.remark, address)
+
+    async def committed_offset(self, queue: MessageQueue, *, timeout: float | None = None
+                               ) -> int | None:
+        """QUERY_CONSUMER_OFFSET: the group's committed offset, None when it has none
+        (QUERY_NOT_FOUND). The broker answers 0 for a group that never committed on a queue
+        whose first message is still in memory (RocketMQ's rule)."""
+        address, response = await self._offset_request(
+            queue, RequestCode.QUERY_CONSUMER_OFFSET,
+            {"consumerGroup": self.group, "topic": queue.topic, "queueId": queue.queue_id},
+            timeout,
+        )
+        if response.code == ResponseCode.QUERY_NOT_FOUND:
+            return None
+        if response.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(response.code, response.remark, address)
+        try:
+            return int(response.ext_fields["offset"])
+        except (KeyError, ValueError):
+            raise MQClientError(f"bad offset response from {address}") from None
+
+    async def _queue_offset(self, queue: MessageQueue, code: int, timeout: float | None) -> int:
+        address, response = await self._offset_request(
+            queue, code, {"topic": queue.topic, "queueId": queue.queue_id}, timeout
+        )
+        if response.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(response.code, response.remark, address)
+        return int(response.ext_fields.get("offset", 0))
+
+    async def max_offset(self, queue: MessageQueue, *, timeout: float | None = None) -> int:
+        """GET_MAX_OFFSET: the offset the next message of the queue will get."""
+        return await self._queue_offset(queue, RequestCode.GET_MAX_OFFSET, timeout)
+
+    async def min_offset(self, queue: MessageQueue, *, timeout: float | None = None) -> int:
+        return await self._queue_offset(queue, RequestCode.GET_MIN_OFFSET, timeout)
+
+    # ---- stream ------------------------------------------------------------------------------------
+
+    def messages(
+        self,
+        topic: str,
+        queues: list[MessageQueue] | None = None,
+        *,
+        subscription: str = "*",
+        from_where: str = "last",
+        batch_size: int = 32,
+        suspend_timeout: float = 15.0,
+        commit_interval: float = 5.0,
+    ) -> MessageStream:
+        """An async iterator over the messages of ``queues`` (default: every readable queue
+        of ``topic``, re-read from the route as it changes), each queue's messages in offset
+        order. Each queue starts at the group's committed offset, or, when there is none, at
+        its max offset (``from_where="last"``, Java's CONSUME_FROM_LAST_OFFSET) or min offset
+        (``"first"``). A message counts as consumed when the next one is asked for; consumed
+        offsets are committed every ``commit_interval`` seconds, on ``commit()``, and when
+        the stream is used as ``async with`` and the block ends. It runs until the caller
+        stops iterating; every wait inside is bounded and cancellable."""
+        if from_where not in ("last", "first"):
+            raise ValueError(f"from_where must be 'last' or 'first', not {from_where!r}")
+        return MessageStream(
+            self, topic, None if queues is None else list(queues), subscription, from_where,
+            batch_size, suspend_timeout, commit_interval,
+        )
+
+
+@attrs.define(eq=False)
+class _QueueState:
+    offset: int | None = None  # next offset to pull (None: not looked up yet)
+    consumed: int | None = None  # next offset after what the caller has consumed
+    committed: int | None = None
+    failures: int = 0
+    retry_at: float = 0.0
+
+
+class MessageStream:
+    """See ``PullConsumer.messages``."""
+
+    #: back-off after a failed pull of a queue: doubles from MIN to MAX
+    BACKOFF_MIN = 0.1
+    BACKOFF_MAX = 3.0
+    #: a pull that made no progress and found nothing (a slave that does not correct
+    #: offsets answers so) is retried after this long rather than at once
+    NO_PROGRESS_DELAY = 0.2
+
+    def __init__(self, consumer: PullConsumer, topic: str, queues: list[MessageQueue] | None,
+                 subscription: str, from_where: str, batch_size: int, suspend_timeout: float,
+                 commit_interval: float) -> None:
+        self.consumer = consumer
+        self.topic = topic
+        self._fixed_queues = queues
+        self.subscription = subscription
+        self.from_where = from_where
+        self.batch_size = batch_size
+        self.suspend_timeout = suspend_timeout
+        self.commit_interval = commit_interval
+        self._states: dict[MessageQueue, _QueueState] = {}
+        #: (queue, message, consumed offset once the caller has taken it)
+        self._buffer: collections.deque = collections.deque()
+        self._handed_out: tuple[MessageQueue, int] | None = None
+        self._last_commit = trio.current_time()
+        self._closed = False
+
+    # -- iteration
+
+    def __aiter__(self) -> MessageStream:
+        return self
+
+    async def __anext__(self) -> StoredMessage:
+        if self._closed:
+            raise StopAsyncIteration
+        self._ack_handed_out()
+        if trio.current_time() - self._last_commit >= self.commit_interval:
+            await self.commit()
+        while not self._buffer:
+            await self._fetch()
+        queue, message, consumed = self._buffer.popleft()
+        self._handed_out = (queue, consumed)
+        return message
+
+    def _ack_handed_out(self) -> None:
+        if self._handed_out is not None:
+            queue, consumed = self._handed_out
+            self._states[queue].consumed = consumed
+            self._handed_out = None
+
+    @property
+    def consumed_offsets(self) -> dict[MessageQueue, int]:
+        """Per queue, the offset after the messages consumed so far."""
+        return {q: s.consumed for q, s in self._states.items() if s.consumed is not None}
+
+    # -- commits and closing
+
+    async def commit(self) -> None:
+        """Commit every consumed offset not committed yet (errors are logged; the offsets
+        stay due and are tried again at the next commit)."""
+        self._last_commit = trio.current_time()
+        due = [(q, s) for q, s in self._states.items()
+               if s.consumed is not None and s.consumed != s.committed]
+
+        async def one(queue: MessageQueue, state: _QueueState) -> None:
+            offset = state.consumed
+            try:
+                await self.consumer.commit(queue, offset)
+            except MQError as exc:
+                log.info("client: committing %s at %s failed: %s", queue, offset, exc)
+                return
+            state.committed = offset
+
+        async with collapse_groups(), trio.open_nursery() as nursery:
+            for queue, state in due:
+                nursery.start_soon(one, queue, state)
+
+    async def aclose(self) -> None:
+        """Count the last message handed out as consumed and commit (bounded, shielded)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._ack_handed_out()
+        with trio.move_on_after(self.consumer.instance.config.request_timeout * 2) as scope:
+            scope.shield = True
+            await self.commit()
+
+    async def __aenter__(self) -> MessageStream:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+    # -- fetching
+
+    async def _queues(self) -> list[MessageQueue]:
+        if self._fixed_queues is not None:
+            return self._fixed_queues
+        instance = self.consumer.instance
+        queues = instance.subscribe_queues(self.topic)
+        if not queues:
+            if not self._states:  # never had a route: say so
+                return await self.consumer.queues(self.topic, refresh=True)
+            await self.consumer._refresh_quietly(self.topic)
+            queues = instance.subscribe_queues(self.topic)
+        return queues
+
+    def _failed(self, queue: MessageQueue, exc: BaseException) -> None:
+        state = self._states[queue]
+        state.failures += 1
+        delay = min(self.BACKOFF_MAX, self.BACKOFF_MIN * 2 ** (state.failures - 1))
+        state.retry_at = trio.current_time() + delay
+        log.info("client: stream of %s: %s (retrying in %.1f s)", queue, exc, delay)
+
+    async def _start_offset(self, queue: MessageQueue, state: _QueueState) -> None:
+        committed = await self.consumer.committed_offset(queue)
+        if committed is None or committed < 0:
+            if self.from_where == "first":
+                committed = await self.consumer.min_offset(queue)
+            else:
+                committed = await self.consumer.max_offset(queue)
+        state.offset = state.consumed = state.committed = committed
+
+    async def _fetch(self) -> None:
+        """One round: pull every ready queue without waiting; if none had anything, pull
+        them all with long polling until the first answers with news."""
+        queues = await self._queues()
+        for queue in queues:
+            self._states.setdefault(queue, _QueueState())
+        now = trio.current_time()
+        ready = [q for q in queues if self._states[q].retry_at <= now]
+        if not ready:
+            if queues:
+                await trio.sleep_until(min(self._states[q].retry_at for q in queues))
+            else:
+                await trio.sleep(self.BACKOFF_MAX)
+            return
+        progressed, answered = await self._pull_round(ready, 0.0)
+        if not progressed and answered and self.suspend_timeout > 0:
+            await self._pull_round(answered, self.suspend_timeout)
+
+    async def _pull_round(self, queues: list[MessageQueue], suspend: float
+                          ) -> tuple[bool, list[MessageQueue]]:
+        """Pull ``queues`` concurrently; with ``suspend``, stop at the first that brings
+        messages or moves its offset (the others' held pulls are abandoned: their offsets did
+        not move, so nothing is lost). Returns whether any queue moved, and the queues that
+        answered."""
+        progressed = False
+        results: dict[MessageQueue, PullResult] = {}
+
+        async def one(queue: MessageQueue, cancel: trio.CancelScope) -> None:
+            nonlocal progressed
+            state = self._states[queue]
+            try:
+                if state.offset is None:
+                    await self._start_offset(queue, state)
+                result = await self.consumer.pull(
+                    queue, state.offset, self.batch_size, subscription=self.subscription,
+                    suspend_timeout=suspend,
+                )
+            except MQError as exc:
+                self._failed(queue, exc)
+                return
+            state.failures = 0
+            results[queue] = result
+            if result.messages or result.next_begin_offset != state.offset:
+                progressed = True
+                if suspend > 0:
+                    cancel.cancel()
+
+        async with collapse_groups(), trio.open_nursery() as nursery:
+            for queue in queues:
+                nursery.start_soon(one, queue, nursery.cancel_scope)
+
+        for queue in sorted(results):
+            self._accept(queue, results[queue])
+        answered = []
+        for queue, result in sorted(results.items()):
+            if not progressed and result.status is PullStatus.NO_MATCHED_MSG:
+                # it came back at once without moving: a slave that does not correct offsets
+                # answers so until it has the data; don't spin on it
+                self._states[queue].retry_at = trio.current_time() + self.NO_PROGRESS_DELAY
+            else:
+                answered.append(queue)
+        return progressed, answered
+
+    def _accept(self, queue: MessageQueue, result: PullResult) -> None:
+        state = self._states[queue]
+        if result.status is PullStatus.OFFSET_ILLEGAL:
+            log.info("client: offset %s of %s is illegal; moving to %s", state.offset, queue,
+                     result.next_begin_offset)
+        messages = [m for m in result.messages if m.queue_offset >= state.offset]
+        state.offset = result.next_begin_offset
+        if not messages:
+            state.consumed = result.next_begin_offset
+            return
+        for i, message in enumerate(messages):
+            last = i == len(messages) - 1
+            consumed = result.next_begin_offset if last else message.queue_offset + 1
+            self._buffer.append((queue, message, consumed))
+
+
+@contextlib.asynccontextmanager
+async def open_pull_consumer(namesrv_addr, group: str, **options):
+    """A PullConsumer of ``group``. ``namesrv_addr`` is ``"host:port;..."`` or a
+    ClientInstance to share; ``options`` are ClientConfig fields (with an address) and
+    ``request_timeout``."""
+    if not group:
+        raise MQClientError("a consumer needs a group name")
+    request_timeout = options.pop("request_timeout", None)
+    async with use_instance(namesrv_addr, options) as instance:
+        instance.register_consumer(group)
+        try:
+            yield PullConsumer(instance, group, request_timeout)
+        finally:
+            await instance.unregister(consumer_group=group)
