@@ -217,7 +217,10 @@ class Broker:
         while True:
             self._register_now = trio.Event()
             await self.register_all()
-            with trio.move_on_after(period):
+            # A slave that has not learned its master yet (it registered first) asks again
+            # every second instead of waiting a whole period (RocketMQ waits 30 s).
+            wait = 1.0 if self.is_slave and self.master_addr is None else period
+            with trio.move_on_after(wait):
                 await self._register_now.wait()
 
     async def unregister_all(self, timeout: float = 2.0) -> None:

@@ -17,6 +17,7 @@ import logging
 import attrs
 import trio
 
+from .._errors import unwrap_single_exception
 from ..wire.errors import RemotingDecodeError
 from ..wire.record import parse_host_port
 from ..wire.remoting import NEED_DATA, FrameDecoder, RemotingCommand, encode
@@ -140,13 +141,14 @@ async def open_remoting_client(address: str, *, connect_timeout: float = 3.0):
     if scope.cancelled_caught:
         raise RemotingConnectError(f"connecting to {address} timed out")
     client = RemotingClient(address, stream)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(client.run_reader)
-        try:
-            yield client
-        finally:
-            await client.aclose()
-            nursery.cancel_scope.cancel()
+    with unwrap_single_exception():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.run_reader)
+            try:
+                yield client
+            finally:
+                await client.aclose()
+                nursery.cancel_scope.cancel()
 
 
 @attrs.define(eq=False)
@@ -199,10 +201,11 @@ class RemotingClientPool:
 
 @contextlib.asynccontextmanager
 async def open_client_pool(*, connect_timeout: float = 3.0):
-    async with trio.open_nursery() as nursery:
-        pool = RemotingClientPool(nursery, connect_timeout)
-        try:
-            yield pool
-        finally:
-            await pool.aclose()
-            nursery.cancel_scope.cancel()
+    with unwrap_single_exception():
+        async with trio.open_nursery() as nursery:
+            pool = RemotingClientPool(nursery, connect_timeout)
+            try:
+                yield pool
+            finally:
+                await pool.aclose()
+                nursery.cancel_scope.cancel()

@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from .. import _backend
+from .._errors import unwrap_single_exception
 from ..config import BrokerRole, FlushDiskType, StoreConfig
 from ..watermark import Watermark
 from ..wire import record as rec
@@ -834,16 +835,17 @@ async def open_store(config: StoreConfig):
     try:
         with open(store._abort_path, "wb"):
             pass
-        async with trio.open_nursery() as nursery:
-            await store._run_services(nursery)
-            store._running = True
-            store._accepting = config.broker_role is not BrokerRole.SLAVE
-            try:
-                yield store
-            finally:
-                with trio.CancelScope(shield=True):
-                    await store._shutdown()
-                nursery.cancel_scope.cancel()
+        with unwrap_single_exception():
+            async with trio.open_nursery() as nursery:
+                await store._run_services(nursery)
+                store._running = True
+                store._accepting = config.broker_role is not BrokerRole.SLAVE
+                try:
+                    yield store
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await store._shutdown()
+                    nursery.cancel_scope.cancel()
     finally:
         store._closed = True
         store._close_files()
