@@ -80,6 +80,9 @@ class HAConnection:
     requested_offset: int | None = None
     acked_offset: int | None = None
     next_offset: int | None = None
+    #: the log end this connection's slave can hold: where it started plus the bytes the
+    #: kernel has taken from us; an ack beyond it acknowledges bytes never sent to it
+    sent_offset: int | None = None
     bytes_sent: int = 0
     lag_since: float | None = None
     _first_report: trio.Event = attrs.field(factory=trio.Event)
@@ -112,9 +115,17 @@ class HAConnection:
     def _on_report(self, offset: int, first: bool) -> None:
         if first:
             self.requested_offset = offset
+            self.sent_offset = offset  # what the slave says it has; the writer adjusts
             self._first_report.set()
             if offset > self.commitlog.max_offset:
                 return  # a request for bytes we do not have: the writer tells the slave
+        elif offset > self.sent_offset:
+            # RocketMQ #1155/#3015: acks must be of bytes this connection carried, or any
+            # socket could make a SYNC_MASTER put succeed without a slave.
+            raise HAProtocolError(
+                f"slave acked offset {offset}, but this connection has carried the log only "
+                f"up to {self.sent_offset}"
+            )
         self.acked_offset = offset
         if offset >= self.commitlog.max_offset:
             self.lag_since = None
@@ -141,6 +152,7 @@ class HAConnection:
         if offset < commitlog.min_offset or offset > commitlog.max_offset:
             await self._refuse(offset)
         self.next_offset = offset
+        self.sent_offset = offset  # the slave holds (or asked for) everything below the start
         self.state = "transfer"
         batch = config.ha_transfer_batch_size
         heartbeat = config.ha_send_heartbeat_interval / 1000
@@ -154,7 +166,12 @@ class HAConnection:
                     start = offset - segment.base_offset
                     end = min(segment.wrote_position, start + batch)
                     header = self.protocol.send_frame_header(offset, end - start)
-                    await self.transport.send_frame(header, segment, start, end)
+                    frame_offset = offset
+
+                    def progress(n: int, base: int = frame_offset) -> None:
+                        self.sent_offset = max(self.sent_offset, base + n)
+
+                    await self.transport.send_frame(header, segment, start, end, progress)
                 offset += end - start
                 self.next_offset = offset
                 self.bytes_sent += end - start
