@@ -386,7 +386,31 @@ def validate_topic_config(config: TopicConfig) -> None:
                          "is out of range")
 
 
-class TopicConfigManager(_ConfigFile):
+class _VersionedTable(_ConfigFile):
+    """A config file holding a name-keyed table with a DataVersion that rises on change."""
+
+    _table: dict
+    _version: DataVersion
+    _clock: Callable[[], int]
+
+    def _bump_locked(self) -> None:
+        self._version = self._version.next_version(self._clock())
+        self._dirty = True
+
+    @property
+    def data_version(self) -> DataVersion:
+        return self._version
+
+    def get(self, name: str):
+        with self._lock:
+            return self._table.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        with self._lock:
+            return name in self._table
+
+
+class TopicConfigManager(_VersionedTable):
     """``topics.json``: topic name -> ``TopicConfig``, with a DataVersion bumped on every change
     (the name server and slaves compare it to decide whether to take the table).
 
@@ -422,23 +446,7 @@ class TopicConfigManager(_ConfigFile):
             self._table = dict(loaded.topic_config_table)
             self._version = loaded.data_version
 
-    def _bump_locked(self) -> None:
-        self._version = self._version.next_version(self._clock())
-        self._dirty = True
-
     # -- reading
-
-    @property
-    def data_version(self) -> DataVersion:
-        return self._version
-
-    def get(self, topic: str) -> TopicConfig | None:
-        with self._lock:
-            return self._table.get(topic)
-
-    def __contains__(self, topic: object) -> bool:
-        with self._lock:
-            return topic in self._table
 
     def topic_names(self) -> list[str]:
         with self._lock:
@@ -788,7 +796,7 @@ class ConsumerOffsetManager(_ConfigFile):
 # ---- subscriptionGroup.json --------------------------------------------------------------------
 
 
-class SubscriptionGroupManager(_ConfigFile):
+class SubscriptionGroupManager(_VersionedTable):
     """``subscriptionGroup.json``: group name -> ``SubscriptionGroupConfig`` (RocketMQ 4.9
     defaults: consume enabled, from min, broadcast allowed, 1 retry queue, 16 retries, broker 0,
     slow-consume broker 1), with a DataVersion bumped on every change. RocketMQ's system groups
@@ -821,22 +829,6 @@ class SubscriptionGroupManager(_ConfigFile):
                 added = True
         if added:
             self._bump_locked()
-
-    def _bump_locked(self) -> None:
-        self._version = self._version.next_version(self._clock())
-        self._dirty = True
-
-    @property
-    def data_version(self) -> DataVersion:
-        return self._version
-
-    def get(self, group: str) -> SubscriptionGroupConfig | None:
-        with self._lock:
-            return self._table.get(group)
-
-    def __contains__(self, group: object) -> bool:
-        with self._lock:
-            return group in self._table
 
     def find_or_create(self, group: str) -> SubscriptionGroupConfig | None:
         """``findSubscriptionGroupConfig``: the group's config; a missing group is created with
