@@ -28,3 +28,16 @@ def test_help_lists_commands(tmp_path):
     assert result.returncode == 0
     for command in ("store-demo", "dev-cluster", "namesrv", "broker", "bench"):
         assert command in result.stdout
+
+
+def test_dev_cluster_demo_round_trip_and_clean_stop(tmp_path):
+    result = run_cli(
+        "dev-cluster", "--dir", str(tmp_path / "dc"), "--namesrv-port", "0", "--master-port", "0",
+        "--slave-port", "0", "--demo", "--duration", "2", cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "produced 100 messages" in out and "['SEND_OK']" in out
+    assert "consumed 100 messages back" in out
+    assert "lag 0 B, HA transfer" in out
+    assert "cluster stopped cleanly" in out

@@ -35,6 +35,9 @@ _EXPORTS = {
     "serve_broker": "trio_ha.broker",
     "NamesrvConfig": "trio_ha.namesrv",
     "serve_namesrv": "trio_ha.namesrv",
+    "open_producer": "trio_ha.client",
+    "open_pull_consumer": "trio_ha.client",
+    "open_admin": "trio_ha.client",
 }
 
 __all__ = sorted([*_EXPORTS, "NativeModuleError", "native_backend"])

@@ -14,6 +14,7 @@ import json
 import attrs
 import trio
 
+from .._errors import unwrap_single_exception
 from ..remoting import RemotingError
 from ..wire.errors import RecordDecodeError, RouteDecodeError
 from ..wire.record import StoredMessage, decode_message_id, decode_record
@@ -26,7 +27,6 @@ from .instance import (
     MessageQueue,
     MQBrokerError,
     MQClientError,
-    collapse_groups,
     use_instance,
 )
 
@@ -125,10 +125,26 @@ class Admin:
             "topicSysFlag": topic_sys_flag,
             "order": order,
         }
-        async with collapse_groups(), trio.open_nursery() as nursery:
-            for address in masters.values():
-                nursery.start_soon(self._invoke, address, RequestCode.UPDATE_AND_CREATE_TOPIC,
-                                   fields)
+        failures: dict[str, Exception] = {}
+
+        async def one(name: str, address: str) -> None:
+            try:
+                await self._invoke(address, RequestCode.UPDATE_AND_CREATE_TOPIC, fields)
+            except (MQClientError, MQBrokerError) as exc:
+                failures[name] = exc
+
+        with unwrap_single_exception():
+            async with trio.open_nursery() as nursery:
+                for name, address in masters.items():
+                    nursery.start_soon(one, name, address)
+        if len(failures) == 1 and len(masters) == 1:
+            raise next(iter(failures.values()))
+        if failures:
+            done = sorted(set(masters) - set(failures))
+            raise MQClientError(
+                f"creating topic {topic} failed on {sorted(failures)} (done on {done}): "
+                + "; ".join(f"{n}: {e}" for n, e in sorted(failures.items()))
+            )
         return masters
 
     # ---- brokers --------------------------------------------------------------------------------

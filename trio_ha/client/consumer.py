@@ -39,6 +39,7 @@ import zlib
 import attrs
 import trio
 
+from .._errors import unwrap_single_exception
 from ..remoting import RemotingError, RemotingTimeout
 from ..wire.errors import RecordDecodeError
 from ..wire.record import SYSFLAG_COMPRESSED, StoredMessage, decode_record
@@ -57,7 +58,6 @@ from .instance import (
     MQBrokerError,
     MQClientError,
     MQError,
-    collapse_groups,
     parse_subscription,
     use_instance,
 )
@@ -207,6 +207,12 @@ class PullConsumer:
         )
         request = self.instance.request(RequestCode.PULL_MESSAGE, encode_pull_message_fields(header))
         deadline = trio.current_time() + timeout
+        with trio.CancelScope(deadline=deadline):  # route lookups included
+            return await self._pull_within(queue, request, sub, deadline)
+        raise MQClientError(f"pulling {queue} timed out after {timeout:g} s")
+
+    async def _pull_within(self, queue: MessageQueue, request, sub: SubscriptionData,
+                           deadline: float) -> PullResult:
         tried: set[str] = set()
         while True:
             found = self._pull_address(queue)
@@ -430,9 +436,10 @@ class MessageStream:
                 return
             state.committed = offset
 
-        async with collapse_groups(), trio.open_nursery() as nursery:
-            for queue, state in due:
-                nursery.start_soon(one, queue, state)
+        with unwrap_single_exception():
+            async with trio.open_nursery() as nursery:
+                for queue, state in due:
+                    nursery.start_soon(one, queue, state)
 
     async def aclose(self) -> None:
         """Count the last message handed out as consumed and commit (bounded, shielded)."""
@@ -527,9 +534,10 @@ class MessageStream:
                 if suspend > 0:
                     cancel.cancel()
 
-        async with collapse_groups(), trio.open_nursery() as nursery:
-            for queue in queues:
-                nursery.start_soon(one, queue, nursery.cancel_scope)
+        with unwrap_single_exception():
+            async with trio.open_nursery() as nursery:
+                for queue in queues:
+                    nursery.start_soon(one, queue, nursery.cancel_scope)
 
         for queue in sorted(results):
             self._accept(queue, results[queue])

@@ -48,6 +48,7 @@ from collections.abc import Iterable
 import attrs
 import trio
 
+from .._errors import unwrap_single_exception
 from ..remoting import RemotingClientPool, RemotingError
 from ..wire.errors import RouteDecodeError
 from ..wire.record import java_string_hash, parse_host_port
@@ -282,7 +283,11 @@ class ClientInstance:
         """One call to ``address``; raises ``RemotingError`` (connect, broken, timeout)."""
         if timeout is None:
             timeout = self.config.request_timeout
-        return await self.pool.invoke(address, request, max(timeout, 0.0))
+        client = await self._connection(address)
+        return await client.invoke(request, max(timeout, 0.0))
+
+    async def _connection(self, address: str):
+        return await self.pool.client(address)
 
     async def invoke_namesrv(self, request: RemotingCommand, timeout: float | None = None
                              ) -> RemotingCommand:
@@ -567,18 +572,6 @@ def _default_publish_route(default: TopicRouteData) -> TopicRouteData:
 
 
 @contextlib.asynccontextmanager
-async def collapse_groups():
-    """Let a lone exception through a nursery unwrapped: users of the client's context
-    managers see the error their own code raised, not an ExceptionGroup around it."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
-
-
-@contextlib.asynccontextmanager
 async def open_client_instance(
     namesrv_addr: str | Iterable[str], *, config: ClientConfig | None = None, **options
 ):
@@ -589,21 +582,22 @@ async def open_client_instance(
     client_ip = config.client_ip or _local_ip(addrs)
     number = next(_INSTANCE_NUMBERS)
     instance_name = config.instance_name or f"{os.getpid()}#{number}"
-    async with collapse_groups(), trio.open_nursery() as nursery:
-        pool = RemotingClientPool(nursery, config.connect_timeout)
-        instance = ClientInstance(
-            namesrv_addrs=addrs, config=config, client_id=f"{client_ip}@{instance_name}",
-            client_ip=client_ip, pool=pool, nursery=nursery,
-        )
-        nursery.start_soon(instance._run_route_refresh)
-        nursery.start_soon(instance._run_heartbeat)
-        try:
-            yield instance
-        finally:
-            instance.closed = True
-            nursery.cancel_scope.cancel()
-            with trio.CancelScope(shield=True):
-                await pool.aclose()
+    with unwrap_single_exception():
+        async with trio.open_nursery() as nursery:
+            pool = RemotingClientPool(nursery, config.connect_timeout)
+            instance = ClientInstance(
+                namesrv_addrs=addrs, config=config, client_id=f"{client_ip}@{instance_name}",
+                client_ip=client_ip, pool=pool, nursery=nursery,
+            )
+            nursery.start_soon(instance._run_route_refresh)
+            nursery.start_soon(instance._run_heartbeat)
+            try:
+                yield instance
+            finally:
+                instance.closed = True
+                nursery.cancel_scope.cancel()
+                with trio.CancelScope(shield=True):
+                    await pool.aclose()
 
 
 @contextlib.asynccontextmanager

@@ -269,7 +269,20 @@ class Producer:
     ) -> SendResult:
         timeout = self.send_msg_timeout if timeout is None else timeout
         deadline = trio.current_time() + timeout
+        # everything, route lookups included, ends by the deadline
+        with trio.CancelScope(deadline=deadline):
+            return await self._send_within(
+                topic, body, properties, sys_flag, flag, msg_id, queue=queue,
+                selector=selector, message=message, batch=batch, timeout=timeout,
+                deadline=deadline,
+            )
+        raise MQClientError(f"sending to {topic} timed out after {timeout:g} s")
 
+    async def _send_within(
+        self, topic: str, body: bytes, properties: str | None, sys_flag: int, flag: int,
+        msg_id: str, *, queue: MessageQueue | None, selector: Selector | None,
+        message: Message | None, batch: bool, timeout: float, deadline: float,
+    ) -> SendResult:
         async def attempt(mq: MessageQueue) -> SendResult:
             return await self._send_to(
                 mq, body, properties, sys_flag, flag, msg_id, batch, deadline
@@ -321,7 +334,7 @@ class Producer:
                     return result
                 continue
             await self._refresh_quietly(topic)
-        if result is not None:  # every attempt stored it, but not fully
+        if result is not None:  # an earlier attempt stored it (not fully): that is the answer
             return result
         if isinstance(last_error, MQBrokerError):
             raise last_error

@@ -113,6 +113,7 @@ class RemotingClient:
         except (RemotingError, RemotingDecodeError, trio.BrokenResourceError,
                 trio.ClosedResourceError, OSError) as exc:
             self._fail(exc)
+            await trio.aclose_forcefully(self.stream)  # the socket, not only the calls
 
     def _fail(self, exc: BaseException) -> None:
         if not self.closed:
