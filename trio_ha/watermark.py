@@ -2,10 +2,15 @@
 
 One primitive serves every "wait until the log reaches X" in the system: the flushed offset
 (SYNC_FLUSH puts), the written offset (the dispatcher, replication writers, long polls), the
-acked offset (SYNC_MASTER puts). RocketMQ builds each of these from a thread that wakes every
-few milliseconds and re-checks a list; here a rise wakes exactly the waiters it satisfies, as a
-prefix of a heap ordered by offset, and a waiter that gives up (a cancel scope or deadline
-around ``wait_for``) simply leaves. Nothing polls.
+replicated offset (SYNC_MASTER puts), a queue's arrivals (long-polled pulls). RocketMQ builds
+each of these from a thread that wakes every few milliseconds and re-checks a list; here a
+rise wakes exactly the waiters it satisfies, as a prefix of a heap ordered by offset, and a
+waiter that gives up (a cancel scope or deadline around ``wait_for``) simply leaves.
+
+Waiters park their task directly (``wait_task_rescheduled``) rather than each making an
+Event: a SYNC_FLUSH put waits on every call, so the wait is on the hot path. A waiter that
+leaves is marked dead in place (O(1)) and dropped when the heap is popped past it or, if
+dead entries pile up (long polls timing out on an idle queue), compacted away.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import itertools
 
 import attrs
 import trio
+
+_TARGET, _SEQ, _TASK = 0, 1, 2
 
 
 @attrs.frozen
@@ -28,8 +35,10 @@ class Watermark:
     """A monotonically rising integer with ``await wait_for(target)``."""
 
     _value: int = 0
-    _waiters: list[tuple[int, int, trio.Event]] = attrs.field(factory=list)
+    #: heap of [target, sequence, task or None (left)]
+    _waiters: list[list] = attrs.field(factory=list)
     _counter: itertools.count = attrs.field(factory=itertools.count)
+    _dead: int = 0
 
     @property
     def value(self) -> int:
@@ -42,8 +51,14 @@ class Watermark:
             return
         self._value = value
         waiters = self._waiters
-        while waiters and waiters[0][0] <= value:
-            heapq.heappop(waiters)[2].set()
+        while waiters and waiters[0][_TARGET] <= value:
+            entry = heapq.heappop(waiters)
+            task = entry[_TASK]
+            if task is None:
+                self._dead -= 1
+            else:
+                entry[_TASK] = None
+                trio.lowlevel.reschedule(task)
 
     def reset(self, value: int) -> None:
         """Set the mark to ``value`` even if lower (recovery truncated the log). Waiters above
@@ -59,17 +74,23 @@ class Watermark:
         if self._value >= target:
             await trio.lowlevel.checkpoint()
             return self._value
-        event = trio.Event()
-        entry = (target, next(self._counter), event)
+        entry = [target, next(self._counter), trio.lowlevel.current_task()]
         heapq.heappush(self._waiters, entry)
-        try:
-            await event.wait()
-        finally:
-            if not event.is_set():
-                # Cancelled or timed out: take our entry out so the heap does not grow.
-                self._waiters.remove(entry)
-                heapq.heapify(self._waiters)
+
+        def abort(raise_cancel) -> trio.lowlevel.Abort:
+            entry[_TASK] = None  # dead in place; popped or compacted later
+            self._dead += 1
+            if self._dead > 64 and self._dead * 2 > len(self._waiters):
+                self._compact()
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
         return self._value
 
+    def _compact(self) -> None:
+        self._waiters = [e for e in self._waiters if e[_TASK] is not None]
+        heapq.heapify(self._waiters)
+        self._dead = 0
+
     def statistics(self) -> WatermarkStatistics:
-        return WatermarkStatistics(value=self._value, waiters=len(self._waiters))
+        return WatermarkStatistics(value=self._value, waiters=len(self._waiters) - self._dead)

@@ -1,0 +1,57 @@
+"""The Watermark primitive: prefix wake-ups, cancellation, bounded garbage."""
+
+import trio
+import trio.testing
+
+from trio_ha import Watermark
+
+
+async def test_rise_wakes_exactly_the_satisfied_prefix():
+    mark = Watermark()
+    woken = []
+
+    async def wait(target):
+        await mark.wait_for(target)
+        woken.append(target)
+
+    async with trio.open_nursery() as nursery:
+        for target in (5, 1, 3, 9):
+            nursery.start_soon(wait, target)
+        await trio.testing.wait_all_tasks_blocked()
+        mark.raise_to(4)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(woken) == [1, 3]
+        mark.raise_to(2)  # lower: ignored
+        assert mark.value == 4
+        mark.raise_to(9)
+    assert sorted(woken) == [1, 3, 5, 9]
+
+
+async def test_already_reached_returns_after_a_checkpoint():
+    mark = Watermark(10)
+    with trio.testing.assert_checkpoints():
+        assert await mark.wait_for(3) == 10
+
+
+async def test_cancelled_waiters_leave_and_garbage_stays_bounded(autojump_clock):
+    mark = Watermark()
+    for _ in range(1000):  # a long poll timing out again and again on an idle queue
+        with trio.move_on_after(1):
+            await mark.wait_for(1)
+    assert mark.statistics().waiters == 0
+    assert len(mark._waiters) <= 130  # compacted, not 1000 dead entries
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(mark.wait_for, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert mark.statistics().waiters == 1
+        mark.raise_to(1)
+
+
+async def test_reset_lowers_without_waking_and_raises_with():
+    mark = Watermark(100)
+    mark.reset(50)
+    assert mark.value == 50
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(mark.wait_for, 60)
+        await trio.testing.wait_all_tasks_blocked()
+        mark.reset(70)
