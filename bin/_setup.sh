@@ -3,7 +3,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$root/.venv"
-extras="${TRIO_HA_EXTRAS:-dev}"
+extras="${TRIO_HA_EXTRAS:-dev,spark}"
+# The Spark tests must run, never skip, wherever the spark extra is installed by this script.
+case ",$extras," in *,spark,*) export TRIO_HA_REQUIRE_SPARK=1 ;; esac
 
 pick_python() {
     for py in "${PYTHON:-}" python3.11 python3.12 python3.13 python3; do
@@ -38,6 +40,16 @@ if ! command -v cc >/dev/null 2>&1 || [ ! -f /usr/include/zlib.h ]; then
         apt-get update -qq && apt-get install -y -qq gcc zlib1g-dev >/dev/null
     else
         echo "warning: no C compiler or zlib.h: the native module will not build" >&2
+    fi
+fi
+
+if [[ ",$extras," == *,spark,* ]] && ! command -v java >/dev/null 2>&1; then
+    # PySpark runs a JVM: Spark 4 needs Java 17 or newer.
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "installing Java 17 for Spark ..." >&2
+        apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+    else
+        echo "warning: no java on PATH: the Spark data source and its tests need Java 17+" >&2
     fi
 fi
 
