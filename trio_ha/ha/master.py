@@ -80,8 +80,8 @@ class HAConnection:
     requested_offset: int | None = None
     acked_offset: int | None = None
     next_offset: int | None = None
-    #: the log end this connection's slave can hold: where it started plus the bytes the
-    #: kernel has taken from us; an ack beyond it acknowledges bytes never sent to it
+    #: the log end this connection's slave can hold: where it started, plus every frame handed
+    #: to the transport; an ack beyond it acknowledges bytes never sent to it
     sent_offset: int | None = None
     bytes_sent: int = 0
     lag_since: float | None = None
@@ -166,12 +166,10 @@ class HAConnection:
                     start = offset - segment.base_offset
                     end = min(segment.wrote_position, start + batch)
                     header = self.protocol.send_frame_header(offset, end - start)
-                    frame_offset = offset
-
-                    def progress(n: int, base: int = frame_offset) -> None:
-                        self.sent_offset = max(self.sent_offset, base + n)
-
-                    await self.transport.send_frame(header, segment, start, end, progress)
+                    # Bytes handed to the kernel can be acked before the send call returns
+                    # (trio yields after the syscall): count the frame as carried from here.
+                    self.sent_offset = offset + (end - start)
+                    await self.transport.send_frame(header, segment, start, end)
                 offset += end - start
                 self.next_offset = offset
                 self.bytes_sent += end - start

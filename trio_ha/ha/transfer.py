@@ -60,10 +60,8 @@ class SocketTransport:
         while view:
             view = view[await self.sock.send(view) :]
 
-    async def send_frame(self, header: bytes, segment: Segment, start: int, end: int,
-                         progress=None) -> None:
-        """Send ``header`` then ``segment[start:end)``; the caller holds the segment.
-        ``progress(n)`` is told how many body bytes the kernel has taken, after each call."""
+    async def send_frame(self, header: bytes, segment: Segment, start: int, end: int) -> None:
+        """Send ``header`` then ``segment[start:end)``; the caller holds the segment."""
         if self.method == "sendfile":
             await self.send_all(header)
             position = start
@@ -77,19 +75,13 @@ class SocketTransport:
                     raise BrokenPipeError("sendfile sent nothing: the peer closed")
                 else:
                     position += sent
-                    if progress is not None:
-                        progress(position - start)
             await trio.lowlevel.checkpoint()
             return
         body = segment.view(start, end)
         try:
             sent = await self.sock.sendmsg([header, body])
             total = len(header) + len(body)
-            while True:
-                if progress is not None and sent > len(header):
-                    progress(sent - len(header))
-                if sent >= total:
-                    break
+            while sent < total:
                 if sent < len(header):
                     sent += await self.sock.sendmsg([header[sent:], body])
                 else:
@@ -120,11 +112,8 @@ class StreamTransport:
     async def send_all(self, data: bytes) -> None:
         await self.stream.send_all(data)
 
-    async def send_frame(self, header: bytes, segment: Segment, start: int, end: int,
-                         progress=None) -> None:
+    async def send_frame(self, header: bytes, segment: Segment, start: int, end: int) -> None:
         await self.stream.send_all(header + segment.read(start, end - start))
-        if progress is not None:
-            progress(end - start)
 
     async def aclose(self) -> None:
         await self.stream.aclose()
