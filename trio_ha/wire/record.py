@@ -17,6 +17,7 @@ A segment ends with a blank record: TOTALSIZE = the rest of the segment, MAGIC =
 from __future__ import annotations
 
 import ipaddress
+import socket
 import struct
 import zlib
 from collections.abc import Iterable, Mapping
@@ -106,12 +107,13 @@ def parse_host_port(text: str) -> tuple[str, int]:
 
 
 def decode_host(field: bytes | memoryview) -> str:
-    """A host field back into ``ip:port`` (IPv6 addresses in brackets)."""
+    """A host field back into ``ip:port`` (IPv6 addresses in brackets). Runs for two fields
+    of every decoded record, so it uses the socket module's C formatters, not ipaddress."""
     raw = bytes(field)
     if len(raw) == 8:
-        return f"{ipaddress.IPv4Address(raw[:4])}:{_I.unpack_from(raw, 4)[0]}"
+        return f"{socket.inet_ntop(socket.AF_INET, raw[:4])}:{_I.unpack_from(raw, 4)[0]}"
     if len(raw) == 20:
-        return f"[{ipaddress.IPv6Address(raw[:16])}]:{_I.unpack_from(raw, 16)[0]}"
+        return f"[{socket.inet_ntop(socket.AF_INET6, raw[:16])}]:{_I.unpack_from(raw, 16)[0]}"
     raise RecordDecodeError(f"host field must be 8 or 20 bytes, got {len(raw)}")
 
 
