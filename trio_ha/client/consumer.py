@@ -116,23 +116,24 @@ def decode_messages(body: bytes, queue: MessageQueue, result_fields: dict[str, s
     }
     while position < len(view):
         try:
-            message = decode_record(view, position)
+            message = decode_record(view, position, extra_properties=extra)
         except RecordDecodeError as exc:
             raise MQClientError(f"bad record in the pull response of {queue}: {exc}") from None
         position += message.size
         if tags and message.tags not in tags:
             continue
-        changes: dict = {"properties": {**message.properties, **extra}}
         if message.sys_flag & SYSFLAG_COMPRESSED and (
             message.sys_flag & _COMPRESSION_TYPE_MASK
         ) in _ZLIB_TYPES:
             try:
-                changes["body"] = zlib.decompress(message.body)
-                changes["sys_flag"] = message.sys_flag & ~SYSFLAG_COMPRESSED
+                message = attrs.evolve(
+                    message, body=zlib.decompress(message.body),
+                    sys_flag=message.sys_flag & ~SYSFLAG_COMPRESSED,
+                )
             except zlib.error:
                 log.warning("client: message %s of %s does not inflate; left compressed",
                             message.queue_offset, queue)
-        messages.append(attrs.evolve(message, **changes))
+        messages.append(message)
     return messages
 
 
