@@ -360,7 +360,7 @@ class MessageStore:
             refusal = self._refusal(topic, queue_id, len(body))
             if refusal is not None:
                 return refusal
-            topic_bytes = self._topics[topic]
+            topic_bytes = self._topic_bytes(topic)
         if len(properties) > rec.MAX_PROPERTIES_LENGTH:
             return self._illegal(
                 f"properties of {len(properties)} bytes exceed {rec.MAX_PROPERTIES_LENGTH}",
@@ -458,7 +458,7 @@ class MessageStore:
             refusal = self._illegal("transaction messages cannot be batched")
         if refusal is not None:
             return refusal
-        topic_bytes = self._topics[topic]
+        topic_bytes = self._topic_bytes(topic)
         born = self._born_host(born_host)
         key = (topic, queue_id)
         commitlog = self.commitlog
