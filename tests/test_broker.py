@@ -55,13 +55,20 @@ async def cluster(nursery, tmp_path):
 
 
 async def send_until_replicated(client, topic, body=b"first", **kwargs):
+    """Send until a SYNC_MASTER acknowledges (the slave attached), then wait until the message
+    is dispatched: a stored message is pullable once indexed, as with RocketMQ's reput."""
     with trio.fail_after(10):
         while True:
             reply = await client.invoke(send_request(topic, body, **kwargs), 5)
             if reply.code == ResponseCode.SUCCESS:
-                return reply
+                break
             assert reply.code == ResponseCode.SLAVE_NOT_AVAILABLE, reply.remark
             await trio.sleep(0.05)
+        queue = int(reply.ext_fields["queueId"])
+        offset = int(reply.ext_fields["queueOffset"])
+        while int((await client.invoke(RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": queue}), 5)).ext_fields["offset"]) <= offset:
+            await trio.sleep(0.01)
+    return reply
 
 
 async def test_send_then_pull_from_master_and_slave(cluster):
@@ -120,6 +127,10 @@ async def test_tag_filtering_by_subscription(cluster):
         await client.invoke(send_request("Tags", b"a", props="TAGS\x01TagA"), 5)
         for tag in ("TagB", "TagC", "TagA"):
             await client.invoke(send_request("Tags", tag.encode(), props=f"TAGS\x01{tag}"), 5)
+        # A stored message is pullable once dispatched (as with RocketMQ's reput): wait for it.
+        with trio.fail_after(10):
+            while (await client.invoke(RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "Tags", "queueId": 0}), 5)).ext_fields["offset"] != "4":
+                await trio.sleep(0.01)
         pulled = await client.invoke(pull_request("Tags", 0, 0, subscription="TagA || TagB"), 5)
         bodies = []
         view = memoryview(pulled.body)
