@@ -27,18 +27,18 @@ def free_broker_port() -> int:
         port = free_port()
         if port < 1030:
             continue
+        probes = []
         try:
-            probes = []
             for p in (port - 2, port, port + 1):
-                s = socket.socket()
-                s.bind(("127.0.0.1", p))
-                probes.append(s)
+                probe = socket.socket()
+                probes.append(probe)  # closed below even if its bind fails
+                probe.bind(("127.0.0.1", p))
             return port
         except OSError:
             continue
         finally:
-            for s in probes:
-                s.close()
+            for probe in probes:
+                probe.close()
     raise RuntimeError("no free broker port")
 
 
