@@ -24,6 +24,10 @@ from .._sockets import peer_name
 from ..store.segment import Segment
 
 
+#: frames smaller than this are sent with one sendmsg even when the method is sendfile
+SENDFILE_MIN_BYTES = 64 * 1024
+
+
 def _sendfile(out_fd: int, in_fd: int, offset: int, count: int) -> int:
     """Bytes sent, or -errno (-EAGAIN when the socket is full)."""
     engine = _backend.engine
@@ -61,8 +65,11 @@ class SocketTransport:
             view = view[await self.sock.send(view) :]
 
     async def send_frame(self, header: bytes, segment: Segment, start: int, end: int) -> None:
-        """Send ``header`` then ``segment[start:end)``; the caller holds the segment."""
-        if self.method == "sendfile":
+        """Send ``header`` then ``segment[start:end)``; the caller holds the segment.
+
+        Small frames (a SYNC_MASTER put's record, typically) go out as one sendmsg of header
+        and body whatever the method: sendfile would cost a second syscall for the header."""
+        if self.method == "sendfile" and end - start >= SENDFILE_MIN_BYTES:
             await self.send_all(header)
             position = start
             while position < end:
