@@ -170,6 +170,12 @@ def dev_cluster(
     _run_until_interrupted(main)
 
 
+def _print_json_lines(results) -> None:
+    """A benchmark's results, one JSON object per line, each as soon as it is measured."""
+    for result in results:
+        print(json.dumps(result), flush=True)
+
+
 def _run_until_interrupted(main) -> None:
     """Run ``main`` until SIGINT/SIGTERM, then let it shut down gracefully."""
 
@@ -199,8 +205,7 @@ def bench_store(
     to this machine's limit measured in the same run. One JSON object per line."""
     from .bench.store import run_store_benchmarks
 
-    for result in run_store_benchmarks(dir, quick=quick):
-        print(json.dumps(result), flush=True)
+    _print_json_lines(run_store_benchmarks(dir, quick=quick))
 
 
 @bench_app.command("replication")
@@ -212,8 +217,7 @@ def bench_replication(
     a mapped file, and SYNC_MASTER put latency next to the loopback round trip."""
     from .bench.replication import run_replication_benchmarks
 
-    for result in run_replication_benchmarks(dir, quick=quick):
-        print(json.dumps(result), flush=True)
+    _print_json_lines(run_replication_benchmarks(dir, quick=quick))
 
 
 @bench_app.command("produce")
@@ -226,8 +230,7 @@ def bench_produce(
     the loopback round trip. One JSON object per line."""
     from .bench.clients import run_produce_benchmarks
 
-    for result in run_produce_benchmarks(dir, quick=quick):
-        print(json.dumps(result), flush=True)
+    _print_json_lines(run_produce_benchmarks(dir, quick=quick))
 
 
 @bench_app.command("consume")
@@ -240,8 +243,7 @@ def bench_consume(
     line."""
     from .bench.clients import run_consume_benchmarks
 
-    for result in run_consume_benchmarks(dir, quick=quick):
-        print(json.dumps(result), flush=True)
+    _print_json_lines(run_consume_benchmarks(dir, quick=quick))
 
 
 # ---- Spark (needs the spark extra: pip install trio-ha[spark]) ----------------------------
@@ -335,8 +337,7 @@ def bench_spark(
     per line."""
     from .bench.spark import run_spark_benchmarks
 
-    for result in run_spark_benchmarks(dir, size_gib=size_gib, passes=passes, master=master):
-        print(json.dumps(result), flush=True)
+    _print_json_lines(run_spark_benchmarks(dir, size_gib=size_gib, passes=passes, master=master))
 
 
 def main() -> None:

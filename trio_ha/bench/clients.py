@@ -720,14 +720,20 @@ async def _produce_run(cluster: _Cluster, plan: _Plan, mode: str, producers: int
     }
 
 
+def _tidied(results: Iterator[dict]) -> Iterator[dict]:
+    """``results`` with floats rounded; closing it (also when the caller stops early) runs
+    the generator's cleanup: child processes and the scratch directory go."""
+    with contextlib.closing(results):
+        for result in results:
+            yield tidy(result)
+
+
 def run_produce_benchmarks(directory: str | None = None, *, quick: bool = False
                            ) -> Iterator[dict]:
     """Run the produce benchmarks in a scratch directory (inside ``directory`` if given) and
     yield one dict per result (floats to 5 significant digits). The scratch directory and
     every child process are gone at the end, also on error or Ctrl-C."""
-    with contextlib.closing(_produce(directory, quick)) as results:
-        for result in results:
-            yield tidy(result)
+    yield from _tidied(_produce(directory, quick))
 
 
 def _produce(directory: str | None, quick: bool) -> Iterator[dict]:
@@ -1064,9 +1070,7 @@ def run_consume_benchmarks(directory: str | None = None, *, quick: bool = False
     """Run the consume benchmarks in a scratch directory (inside ``directory`` if given) and
     yield one dict per result (floats to 5 significant digits). The scratch directory and
     every child process are gone at the end, also on error or Ctrl-C."""
-    with contextlib.closing(_consume(directory, quick)) as results:
-        for result in results:
-            yield tidy(result)
+    yield from _tidied(_consume(directory, quick))
 
 
 def _consume(directory: str | None, quick: bool) -> Iterator[dict]:
