@@ -6,8 +6,8 @@ import trio
 import trio.testing
 
 from trio_ha import BrokerRole, StoreConfig, open_store
-from trio_ha.ha.slave import HAClient
-from trio_ha.ha.transfer import StreamTransport
+from trio_ha.store.ha.slave import HAClient
+from trio_ha.store.ha.transfer import StreamTransport
 from trio_ha.wire.ha import NEED_DATA, FrameHeader, MasterProtocol, SlaveProtocol
 
 HEARTBEAT = 5.0

@@ -35,6 +35,8 @@ from .commitlog import AllocationTimeout, CommitLog
 from .consume_queue import ConsumeQueueTable, is_valid_topic
 from .segment import Segment, sync_ranges
 from .dispatch import Dispatcher
+from .ha.master import HAService
+from .ha.slave import HAClient
 from .recovery import RecoveryReport, recover
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
 
@@ -93,8 +95,8 @@ class MessageStore:
     _born_hosts: dict[str, bytes] = attrs.field(factory=dict)
     _topics: dict[str, bytes] = attrs.field(factory=dict)
     #: the HA listener (when ha_listen_port is set) and, on a slave, the HA client
-    ha_service: object | None = None
-    ha_client: object | None = None
+    ha_service: HAService | None = None
+    ha_client: HAClient | None = None
 
     # ---- opening -------------------------------------------------------------------------
 
@@ -176,10 +178,6 @@ class MessageStore:
         await nursery.start(self._run_queue_flush)
         await nursery.start(retention.run_retention, self)
         # The store owns its replication, as RocketMQ's DefaultMessageStore owns HAService.
-        # (Imported here: ha sits above store and imports from it.)
-        from ..ha.master import HAService
-        from ..ha.slave import HAClient
-
         if self.config.ha_listen_port is not None:
             self.ha_service = HAService(self.config, commitlog)
             await nursery.start(self.ha_service.serve)

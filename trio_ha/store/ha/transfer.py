@@ -19,9 +19,9 @@ import os
 
 import trio
 
-from .. import _backend
-from .._sockets import peer_name
-from ..store.segment import Segment
+from ... import _backend
+from ..._sockets import peer_name
+from ..segment import Segment
 
 
 #: frames smaller than this are sent with one sendmsg even when the method is sendfile

@@ -25,9 +25,9 @@ import time
 import attrs
 import trio
 
-from ..config import StoreConfig
-from ..store.commitlog import CommitLog, ReplicaOffsetError
-from ..wire.ha import (
+from ...config import StoreConfig
+from ..commitlog import CommitLog, ReplicaOffsetError
+from ...wire.ha import (
     NEED_DATA,
     FrameData,
     FrameEnd,
@@ -36,7 +36,7 @@ from ..wire.ha import (
     OffsetMismatch,
     SlaveProtocol,
 )
-from ..wire.record import parse_host_port
+from ...wire.record import parse_host_port
 from .transfer import SocketTransport
 
 log = logging.getLogger(__name__)

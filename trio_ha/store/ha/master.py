@@ -30,11 +30,11 @@ import time
 import attrs
 import trio
 
-from ..config import StoreConfig
-from ..store.commitlog import CommitLog
-from ..store.results import PutMessageStatus
-from ..watermark import Watermark
-from ..wire.ha import NEED_DATA, HAProtocolError, MasterProtocol
+from ...config import StoreConfig
+from ..commitlog import CommitLog
+from ..results import PutMessageStatus
+from ...watermark import Watermark
+from ...wire.ha import NEED_DATA, HAProtocolError, MasterProtocol
 from .transfer import transport_for
 
 log = logging.getLogger(__name__)
