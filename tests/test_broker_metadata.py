@@ -1,9 +1,12 @@
-"""Broker metadata: the four config tables, their files, auto-creation and slave sync."""
+"""Broker metadata: the four config tables, their files, auto-creation and slave sync, and
+persisting snapshots from the event loop."""
 
 import os
 import threading
 
 import pytest
+import trio
+import trio.testing
 
 from trio_ha.broker.metadata import (
     AUTO_CREATE_TOPIC_KEY_TOPIC,
@@ -14,13 +17,12 @@ from trio_ha.broker.metadata import (
     MetadataLoadError,
     SubscriptionGroupManager,
     TopicConfigManager,
-    _backup_previous,
-    _install_tmp,
-    _write_tmp,
     atomic_write,
     config_dir_of,
     load_with_backup,
 )
+from trio_ha.broker.metadata import config_file
+from trio_ha.broker.metadata.files import backup_previous, install_tmp, write_tmp
 from trio_ha.wire.metadata import (
     PERM_INHERIT,
     PERM_READ,
@@ -125,9 +127,9 @@ def test_atomic_write_keeps_previous_content_as_bak(cfg):
 def test_crash_between_steps_leaves_old_content_and_tmp_is_ignored(cfg, steps):
     path = os.path.join(cfg, "x.json")
     atomic_write(path, b"old")
-    _write_tmp(path, b"new")  # crash after step 1 ...
+    write_tmp(path, b"new")  # crash after step 1 ...
     if steps == 2:
-        _backup_previous(path)  # ... or after step 2
+        backup_previous(path)  # ... or after step 2
         assert read(path + ".bak") == b"old"
     assert os.path.exists(path + ".tmp")
     assert load_with_backup(path) == b"old"
@@ -135,9 +137,9 @@ def test_crash_between_steps_leaves_old_content_and_tmp_is_ignored(cfg, steps):
     atomic_write(path, b"newer")
     assert load_with_backup(path) == b"newer"
     assert not os.path.exists(path + ".tmp")
-    _write_tmp(path, b"last")
-    _backup_previous(path)
-    _install_tmp(path)
+    write_tmp(path, b"last")
+    backup_previous(path)
+    install_tmp(path)
     assert (read(path), read(path + ".bak")) == (b"last", b"newer")
 
 
@@ -145,7 +147,7 @@ def test_half_written_tmp_never_loaded(cfg):
     path = os.path.join(cfg, "topics.json")
     write(path + ".tmp", TOPICS_SAMPLE[:40])  # a crash mid-write of the very first file
     assert load_with_backup(path, decode_topics_json) is None
-    assert TopicConfigManager(cfg).topic_names() == []
+    assert TopicConfigManager.load(cfg).topic_names() == []
 
 
 @pytest.mark.parametrize(
@@ -160,7 +162,7 @@ def test_load_falls_back_to_bak(cfg, main):
         write(path, main)
     wrapper = load_with_backup(path, decode_topics_json)
     assert wrapper.data_version == DataVersion(3, 1700000000123)
-    manager = TopicConfigManager(cfg)
+    manager = TopicConfigManager.load(cfg)
     assert manager.get("orders").write_queue_nums == 2
     assert manager.data_version.counter == 3
 
@@ -179,7 +181,7 @@ def test_load_both_bad_raises_naming_files(cfg, bak):
     if bak is not None:
         write(path + ".bak", bak)
     with pytest.raises(MetadataLoadError) as info:
-        ConsumerOffsetManager(cfg)
+        ConsumerOffsetManager.load(cfg)
     message = str(info.value)
     assert path in message and path + ".bak" in message
 
@@ -187,7 +189,7 @@ def test_load_both_bad_raises_naming_files(cfg, bak):
 # ---- RocketMQ samples, round trips, byte identity ------------------------------------------------
 
 
-def test_rocketmq_samples_parse_and_persist_byte_identical(cfg):
+async def test_rocketmq_samples_parse_and_persist_byte_identical(cfg):
     for name, sample in [
         ("topics.json", TOPICS_SAMPLE),
         ("consumerOffset.json", OFFSETS_SAMPLE),
@@ -212,7 +214,7 @@ def test_rocketmq_samples_parse_and_persist_byte_identical(cfg):
 
     # nothing changed in these three: persisting reproduces RocketMQ's bytes exactly
     assert not (md.topics.dirty or md.offsets.dirty or md.delay_offsets.dirty)
-    md.persist_all()
+    await md.persist_all()
     assert read(os.path.join(cfg, "topics.json")) == TOPICS_SAMPLE
     assert read(os.path.join(cfg, "consumerOffset.json")) == OFFSETS_SAMPLE
     assert read(os.path.join(cfg, "delayOffset.json")) == DELAY_SAMPLE
@@ -220,7 +222,7 @@ def test_rocketmq_samples_parse_and_persist_byte_identical(cfg):
     assert read(os.path.join(cfg, "topics.json.bak")) == TOPICS_SAMPLE
 
 
-def test_files_are_what_the_wire_encoders_produce(cfg):
+async def test_files_are_what_the_wire_encoders_produce(cfg):
     md = BrokerMetadata.load(cfg, clock=Clock())
     md.topics.ensure_system_topics("DefaultCluster", "broker-a")
     md.topics.create_or_update(TopicConfig("t1", 4, 4))
@@ -228,7 +230,7 @@ def test_files_are_what_the_wire_encoders_produce(cfg):
     md.offsets.commit("g1", "t1", 0, 5)
     md.subscriptions.find_or_create("g1")
     md.delay_offsets.update(3, 42)
-    assert sorted(md.persist_dirty()) == sorted(
+    assert sorted(await md.persist_dirty()) == sorted(
         ["topics.json", "consumerOffset.json", "subscriptionGroup.json", "delayOffset.json"]
     )
     assert read(os.path.join(cfg, "topics.json")) == encode_topics_json(md.topics.wrapper())
@@ -245,14 +247,14 @@ def test_files_are_what_the_wire_encoders_produce(cfg):
     assert md.topics.encode() == read(os.path.join(cfg, "topics.json"))
 
 
-def test_round_trip_through_files(cfg):
+async def test_round_trip_through_files(cfg):
     md = BrokerMetadata.load(cfg, clock=Clock())
     md.topics.ensure_system_topics("c", "b")
     md.topics.create_or_update(TopicConfig("t1", 2, 3, PERM_READ, "MULTI_TAG", 1, True))
     md.offsets.commit("g", "t1", 1, 2**40)
     md.subscriptions.update(SubscriptionGroupConfig("g", retry_max_times=5, broker_id=1))
     md.delay_offsets.update(18, 7)
-    md.persist_all()
+    await md.persist_all()
 
     again = BrokerMetadata.load(cfg)
     assert again.topics.wrapper() == md.topics.wrapper()
@@ -260,7 +262,7 @@ def test_round_trip_through_files(cfg):
     assert again.subscriptions.wrapper() == md.subscriptions.wrapper()
     assert again.delay_offsets.table() == md.delay_offsets.table()
     assert not any(m.dirty for m in again.managers())
-    assert again.persist_dirty() == []
+    assert await again.persist_dirty() == []
 
 
 def test_config_dir_of():
@@ -270,9 +272,9 @@ def test_config_dir_of():
 # ---- topics --------------------------------------------------------------------------------------
 
 
-def test_data_version_bumps_on_every_change(cfg):
+async def test_data_version_bumps_on_every_change(cfg):
     clock = Clock()
-    topics = TopicConfigManager(cfg, clock=clock)
+    topics = TopicConfigManager.load(cfg, clock=clock)
     v0 = topics.data_version
     assert v0.counter == 0 and not topics.dirty
     topics.create_or_update(TopicConfig("a", 4, 4))
@@ -286,9 +288,9 @@ def test_data_version_bumps_on_every_change(cfg):
     assert topics.delete("a") is False
     topics.get("a")
     assert topics.data_version.counter == 3
-    topics.persist()
+    await topics.persist()
     assert not topics.dirty
-    assert TopicConfigManager(cfg).data_version == topics.data_version
+    assert TopicConfigManager.load(cfg).data_version == topics.data_version
 
 
 @pytest.mark.parametrize(
@@ -304,7 +306,7 @@ def test_data_version_bumps_on_every_change(cfg):
     ],
 )
 def test_create_or_update_validates(cfg, config, words):
-    topics = TopicConfigManager(cfg)
+    topics = TopicConfigManager.load(cfg)
     with pytest.raises(ValueError, match=words):
         topics.create_or_update(config)
     assert topics.topic_names() == [] and not topics.dirty
@@ -312,7 +314,7 @@ def test_create_or_update_validates(cfg, config, words):
 
 def test_ensure_system_topics(cfg):
     write(os.path.join(cfg, "topics.json"), TOPICS_SAMPLE)  # has TBW102 with 8 queues
-    topics = TopicConfigManager(cfg, default_queue_nums=4, clock=Clock())
+    topics = TopicConfigManager.load(cfg, default_queue_nums=4, clock=Clock())
     added = topics.ensure_system_topics("DefaultCluster", "broker-a")
     assert AUTO_CREATE_TOPIC_KEY_TOPIC not in added  # the file's entry wins
     assert topics.get(AUTO_CREATE_TOPIC_KEY_TOPIC).read_queue_nums == 8
@@ -329,7 +331,7 @@ def test_ensure_system_topics(cfg):
     assert topics.ensure_system_topics("DefaultCluster", "broker-a") == []
     assert topics.data_version.counter == 4
 
-    fresh = TopicConfigManager(os.path.join(cfg, "other"), auto_create=False)
+    fresh = TopicConfigManager.load(os.path.join(cfg, "other"), auto_create=False)
     added = fresh.ensure_system_topics(
         "C", "host.example.com", cluster_topic_enable=False, trace_topic="RMQ_SYS_TRACE_TOPIC"
     )
@@ -340,7 +342,7 @@ def test_ensure_system_topics(cfg):
 
 
 def test_auto_create_on_send(cfg):
-    topics = TopicConfigManager(cfg, default_queue_nums=8, clock=Clock())
+    topics = TopicConfigManager.load(cfg, default_queue_nums=8, clock=Clock())
     topics.ensure_system_topics("DefaultCluster", "broker-a")
     v = topics.data_version.counter
 
@@ -366,14 +368,14 @@ def test_auto_create_on_send(cfg):
 
 def test_auto_create_off_refuses_tbw102_even_from_file(cfg):
     write(os.path.join(cfg, "topics.json"), TOPICS_SAMPLE)  # TBW102 with perm 7
-    topics = TopicConfigManager(cfg, auto_create=False)
+    topics = TopicConfigManager.load(cfg, auto_create=False)
     v = topics.data_version
     assert topics.create_topic_in_send("new1", "TBW102", 4) is None
     assert "new1" not in topics and topics.data_version == v and not topics.dirty
 
 
 def test_create_topic_in_send_back(cfg):
-    topics = TopicConfigManager(cfg, auto_create=False)
+    topics = TopicConfigManager.load(cfg, auto_create=False)
     config = topics.create_topic_in_send_back("%RETRY%g1", 1)
     assert config == TopicConfig("%RETRY%g1", 1, 1, RW)
     assert topics.create_topic_in_send_back("%RETRY%g1", 4) == config
@@ -381,7 +383,7 @@ def test_create_topic_in_send_back(cfg):
 
 
 def test_registration_wrapper_applies_broker_permission(cfg):
-    topics = TopicConfigManager(cfg)
+    topics = TopicConfigManager.load(cfg)
     topics.create_or_update(TopicConfig("t", 4, 4, RW, "MULTI_TAG", 0, True))
     assert topics.registration_wrapper() == topics.wrapper()
     topics.broker_permission = PERM_READ  # read-only broker
@@ -390,14 +392,14 @@ def test_registration_wrapper_applies_broker_permission(cfg):
     assert wrapper.data_version == topics.data_version
 
 
-def test_topics_replace_from_master_only_when_version_differs(cfg):
-    slave = TopicConfigManager(cfg, clock=Clock())
+async def test_topics_replace_from_master_only_when_version_differs(cfg):
+    slave = TopicConfigManager.load(cfg, clock=Clock())
     slave.create_or_update(TopicConfig("local", 1, 1))
     same = TopicConfigSerializeWrapper({"m": TopicConfig("m", 2, 2)}, slave.data_version)
     assert slave.replace_from_master(same) is False
     assert slave.topic_names() == ["local"]
 
-    slave.persist()
+    await slave.persist()
     master = TopicConfigSerializeWrapper(
         {"m": TopicConfig("m", 2, 2), "..": TopicConfig("..", 1, 1)}, DataVersion(7, 123)
     )
@@ -411,16 +413,16 @@ def test_topics_replace_from_master_only_when_version_differs(cfg):
 # ---- consumer offsets ----------------------------------------------------------------------------
 
 
-def test_commit_query_and_dirty_flag(cfg):
-    offsets = ConsumerOffsetManager(cfg)
+async def test_commit_query_and_dirty_flag(cfg):
+    offsets = ConsumerOffsetManager.load(cfg)
     assert not offsets.dirty
     assert offsets.query("g", "t", 0) is None
     offsets.commit("g", "t", 0, 10)
     assert offsets.dirty and offsets.query("g", "t", 0) == 10
     offsets.commit("g", "t", 0, 3)  # a consumer may move back (offset reset)
     assert offsets.query("g", "t", 0) == 3
-    assert offsets.persist_if_dirty() is True
-    assert not offsets.dirty and offsets.persist_if_dirty() is False
+    assert await offsets.persist_if_dirty() is True
+    assert not offsets.dirty and await offsets.persist_if_dirty() is False
     offsets.commit("g", "t", 0, 3)  # same value: nothing to write
     assert not offsets.dirty
     offsets.commit("g2", "t", 1, 1)
@@ -432,15 +434,15 @@ def test_commit_query_and_dirty_flag(cfg):
             offsets.commit(*bad)
 
 
-def test_merge_from_master_is_monotonic_rocketmq_1094(cfg):
+async def test_merge_from_master_is_monotonic_rocketmq_1094(cfg):
     """After a master restart its offsets may be older than the slave's (consumers committed
     to the slave while the master was down); RocketMQ's putAll took them and consumers got
     duplicates (#1094). The merge only moves offsets forward."""
-    slave = ConsumerOffsetManager(cfg)
+    slave = ConsumerOffsetManager.load(cfg)
     slave.commit("g", "t", 0, 500)
     slave.commit("g", "t", 1, 80)
     slave.commit("g", "only_slave", 0, 9)
-    slave.persist()
+    await slave.persist()
     master = ConsumerOffsetTable(
         {"t@g": {0: 100, 1: 90, 2: 5}, "other@g2": {0: 1}, "bad-key": {0: 1}}
     )
@@ -448,45 +450,120 @@ def test_merge_from_master_is_monotonic_rocketmq_1094(cfg):
     assert slave.offsets_of_group("g") == {"t": {0: 500, 1: 90, 2: 5}, "only_slave": {0: 9}}
     assert slave.query("g2", "other", 0) == 1
     assert slave.dirty
-    slave.persist()
+    await slave.persist()
     assert slave.merge_from_master(master) == 0 and not slave.dirty
     # it survives a restart of the slave
-    assert ConsumerOffsetManager(cfg).query("g", "t", 0) == 500
+    assert ConsumerOffsetManager.load(cfg).query("g", "t", 0) == 500
 
 
-def test_merge_adopts_5x_data_version(cfg):
-    offsets = ConsumerOffsetManager(cfg)
+async def test_merge_adopts_5x_data_version(cfg):
+    offsets = ConsumerOffsetManager.load(cfg)
     assert offsets.data_version is None
     offsets.merge_from_master(ConsumerOffsetTable({}, DataVersion(4, 5)))
     assert offsets.data_version == DataVersion(4, 5) and offsets.dirty
-    offsets.persist()
+    await offsets.persist()
     assert b'"dataVersion"' in read(offsets.path)
-    assert ConsumerOffsetManager(cfg).data_version == DataVersion(4, 5)
+    assert ConsumerOffsetManager.load(cfg).data_version == DataVersion(4, 5)
 
 
-def test_persist_from_thread_while_committing(cfg):
-    offsets = ConsumerOffsetManager(cfg)
-    stop = threading.Event()
+async def test_persist_while_committing(cfg):
+    """Commits go on while the flusher writes snapshots in a worker thread: the file it
+    leaves is the final table (the manager's state is on the loop; no lock guards it)."""
+    offsets = ConsumerOffsetManager.load(cfg)
+    stop = trio.Event()
     errors = []
 
-    def flusher():
+    async def flusher():
         try:
             while not stop.is_set():
-                offsets.persist_if_dirty()
+                await offsets.persist_if_dirty()
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    thread = threading.Thread(target=flusher)
-    thread.start()
-    try:
-        for i in range(2000):
-            offsets.commit("g", f"t{i % 50}", i % 8, i)
-    finally:
-        stop.set()
-        thread.join(10)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(flusher)
+        try:
+            for i in range(2000):
+                offsets.commit("g", f"t{i % 50}", i % 8, i)
+                if i % 10 == 0:
+                    await trio.sleep(0)
+        finally:
+            stop.set()
     assert not errors
-    offsets.persist_if_dirty()
-    assert ConsumerOffsetManager(cfg).table() == offsets.table()
+    await offsets.persist_if_dirty()
+    assert ConsumerOffsetManager.load(cfg).table() == offsets.table()
+
+
+class SlowWrites:
+    """Stands in for ``atomic_write`` in the worker thread: counts writers at once, keeps what
+    each wrote in order, and holds each write until the test lets it finish."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active = 0
+        self.most_active = 0
+        self.written: list[bytes] = []
+        self.started = threading.Semaphore(0)
+        self.proceed = threading.Semaphore(0)
+
+    def __call__(self, path, data: bytes) -> None:
+        with self.lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+        self.started.release()
+        self.proceed.acquire()
+        atomic_write(path, data)
+        with self.lock:
+            self.written.append(data)
+            self.active -= 1
+
+
+async def wait_for_write_start(writes: SlowWrites) -> None:
+    await trio.to_thread.run_sync(writes.started.acquire)
+
+
+async def test_overlapping_persists_never_overlap_and_the_newest_lands_last(cfg, monkeypatch):
+    offsets = ConsumerOffsetManager.load(cfg)
+    writes = SlowWrites()
+    monkeypatch.setattr(config_file, "atomic_write", writes)
+    encoded = []
+    async with trio.open_nursery() as nursery:
+        for i in range(5):
+            offsets.commit("g", "t", 0, i)
+            encoded.append(offsets.encode())
+            nursery.start_soon(offsets.persist)
+            await trio.testing.wait_all_tasks_blocked()
+        # the first writer took the first snapshot; the others queue behind it
+        await wait_for_write_start(writes)
+        offsets.commit("g", "t", 0, 99)
+        encoded.append(offsets.encode())
+        for _ in range(5):
+            writes.proceed.release()
+        for _ in range(4):
+            await wait_for_write_start(writes)
+    assert writes.most_active == 1
+    # each queued writer snapshots once it holds the lock: the later four all see the newest
+    assert writes.written == [encoded[0]] + [encoded[-1]] * 4
+    assert read(offsets.path) == encoded[-1]
+    assert not offsets.dirty
+
+
+async def test_change_during_a_write_stays_dirty(cfg, monkeypatch):
+    offsets = ConsumerOffsetManager.load(cfg)
+    offsets.commit("g", "t", 0, 1)
+    writes = SlowWrites()
+    monkeypatch.setattr(config_file, "atomic_write", writes)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(offsets.persist)
+        await wait_for_write_start(writes)
+        assert not offsets.dirty
+        offsets.commit("g", "t", 0, 2)  # after the snapshot: not in this write
+        writes.proceed.release()
+    assert offsets.dirty
+    assert ConsumerOffsetManager.load(cfg).query("g", "t", 0) == 1
+    writes.proceed.release()
+    assert await offsets.persist_if_dirty() is True
+    assert ConsumerOffsetManager.load(cfg).query("g", "t", 0) == 2
 
 
 def make_unwritable(cfg):
@@ -494,12 +571,12 @@ def make_unwritable(cfg):
     write(cfg, b"")  # a file where the config directory should be
 
 
-def test_failed_persist_stays_dirty(cfg):
-    offsets = ConsumerOffsetManager(cfg)
+async def test_failed_persist_stays_dirty(cfg):
+    offsets = ConsumerOffsetManager.load(cfg)
     offsets.commit("g", "t", 0, 1)
     make_unwritable(cfg)
     with pytest.raises(OSError):
-        offsets.persist()
+        await offsets.persist()
     assert offsets.dirty
 
 
@@ -507,7 +584,7 @@ def test_failed_persist_stays_dirty(cfg):
 
 
 def test_subscription_groups(cfg):
-    groups = SubscriptionGroupManager(cfg, auto_create=False, clock=Clock())
+    groups = SubscriptionGroupManager.load(cfg, auto_create=False, clock=Clock())
     for name in SYSTEM_CONSUMER_GROUPS:
         assert groups.get(name) == SubscriptionGroupConfig(name)
     v = groups.data_version.counter
@@ -530,7 +607,7 @@ def test_subscription_groups(cfg):
 
 def test_subscription_groups_load_and_replace_from_master(cfg):
     write(os.path.join(cfg, "subscriptionGroup.json"), GROUPS_SAMPLE)
-    groups = SubscriptionGroupManager(cfg, clock=Clock())
+    groups = SubscriptionGroupManager.load(cfg, clock=Clock())
     assert groups.get("cg1").consume_enable is False
     assert groups.get("TOOLS_CONSUMER") is not None
     assert groups.data_version.counter == 10  # the system groups were added: one bump
@@ -543,12 +620,12 @@ def test_subscription_groups_load_and_replace_from_master(cfg):
 # ---- delay offsets -------------------------------------------------------------------------------
 
 
-def test_delay_offsets(cfg):
+async def test_delay_offsets(cfg):
     write(os.path.join(cfg, "delayOffset.json"), DELAY_SAMPLE)
-    delay = DelayOffsetManager(cfg)
+    delay = DelayOffsetManager.load(cfg)
     assert delay.table() == DelayOffsetTable({1: 0, 2: 17, 3: 5})
     delay.update(2, 18)
-    delay.persist()
+    await delay.persist()
     assert read(delay.path) == b'{\n\t"offsetTable":{1:0,2:18,3:5\n\t}\n}'
     assert read(delay.path + ".bak") == DELAY_SAMPLE
     assert delay.replace_from_master(DelayOffsetTable({1: 4})) is True
@@ -558,12 +635,12 @@ def test_delay_offsets(cfg):
         delay.update(0, 1)
 
 
-def test_persist_all_attempts_every_file(cfg):
+async def test_persist_all_attempts_every_file(cfg):
     md = BrokerMetadata.load(cfg)
     md.offsets.commit("g", "t", 0, 1)
     make_unwritable(cfg)
     with pytest.raises(OSError):
-        md.persist_all()
+        await md.persist_all()
     assert all(m.dirty for m in md.managers())
 
 

@@ -277,7 +277,7 @@ class Broker:
         while True:
             await trio.sleep(interval)
             self.clients.expire(trio.current_time())
-            await trio.to_thread.run_sync(self.metadata.persist_dirty)
+            await self.metadata.persist_dirty()
 
 
 async def serve_broker(config: BrokerConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -344,4 +344,4 @@ async def serve_broker(config: BrokerConfig, *, task_status=trio.TASK_STATUS_IGN
                             await broker.unregister_all()
         finally:
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(broker.metadata.persist_all)
+                await broker.metadata.persist_all()

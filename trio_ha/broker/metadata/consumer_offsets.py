@@ -1,0 +1,152 @@
+"""``consumerOffset.json``: how far each consumer group has consumed each queue.
+
+RocketMQ's ConsumerOffsetManager: ``"<topic>@<group>"`` -> queue id -> the next offset the
+group will consume. Consumers commit through UPDATE_CONSUMER_OFFSET and with their pulls; the
+broker writes the table every ``flushConsumerOffsetInterval``. A slave copies its master's
+table, merging **monotonically** per queue, so a master that restarted with older offsets
+cannot drag the slave's newer ones back (RocketMQ issue #1094, where ``putAll`` did exactly
+that and consumers saw duplicates).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import ClassVar
+
+import attrs
+
+from trio_ha.wire.metadata import (
+    CONSUMER_OFFSET_JSON,
+    ConsumerOffsetTable,
+    DataVersion,
+    decode_consumer_offsets,
+    encode_consumer_offsets,
+    offset_key,
+    split_offset_key,
+)
+
+from .config_file import ConfigFile
+from .files import load_with_backup
+from .validation import check_group, check_offset, check_queue_id, check_topic
+
+__all__ = ["ConsumerOffsetManager"]
+
+log = logging.getLogger(__name__)
+
+
+def _group_of(key: str) -> str | None:
+    """The group of a ``<topic>@<group>`` key; None for a key of any other shape."""
+    try:
+        return split_offset_key(key)[1]
+    except ValueError:
+        return None
+
+
+@attrs.define(eq=False)
+class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
+    """``consumerOffset.json``. ``commit`` takes whatever the consumer says (it may move back:
+    an offset reset); only ``merge_from_master`` is monotonic."""
+
+    file_name: ClassVar[str] = CONSUMER_OFFSET_JSON
+
+    _table: dict[str, dict[int, int]] = attrs.field(factory=dict)
+    #: 5.x's DataVersion, kept when loaded or adopted from the master; None (not written) as 4.9
+    _version: DataVersion | None = None
+
+    @classmethod
+    def load(cls, config_dir: str | os.PathLike[str]) -> ConsumerOffsetManager:
+        """Read ``<config_dir>/consumerOffset.json`` (or its backup); an empty table when there
+        is none. Blocking. Raises ``MetadataLoadError`` if both copies are damaged."""
+        path = os.path.join(os.fspath(config_dir), cls.file_name)
+        loaded = load_with_backup(path, decode_consumer_offsets)
+        if loaded is None:
+            return cls(path)
+        table = {key: dict(queues) for key, queues in loaded.offset_table.items()}
+        return cls(path, table, loaded.data_version)
+
+    @property
+    def data_version(self) -> DataVersion | None:
+        """5.x's DataVersion of the table, kept when loaded or adopted from the master; None
+        (and not written) otherwise, as 4.9."""
+        return self._version
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """UPDATE_CONSUMER_OFFSET / a pull's commit offset. Raises ``ValueError`` for an invalid
+        group, topic, queue id or a negative offset."""
+        check_group(group)
+        check_topic(topic)
+        check_queue_id(queue_id)
+        check_offset(offset)
+        queues = self._table.setdefault(offset_key(topic, group), {})
+        if queues.get(queue_id) != offset:
+            queues[queue_id] = offset
+            self._dirty = True
+
+    def query(self, group: str, topic: str, queue_id: int) -> int | None:
+        """QUERY_CONSUMER_OFFSET: the committed offset, or None when the group never committed
+        one for this queue (the processor then decides between 0 and QUERY_NOT_FOUND)."""
+        queues = self._table.get(offset_key(topic, group))
+        return None if queues is None else queues.get(queue_id)
+
+    def offsets_of_group(self, group: str) -> dict[str, dict[int, int]]:
+        """Every topic the group committed offsets for: topic -> queue id -> offset (copies)."""
+        out = {}
+        for key, queues in self._table.items():
+            if _group_of(key) == group:
+                out[split_offset_key(key)[0]] = dict(queues)
+        return out
+
+    def remove_group(self, group: str) -> int:
+        """Forget every offset of ``group`` (deleting a subscription group with offsets);
+        returns how many topics were removed."""
+        keys = [key for key in self._table if _group_of(key) == group]
+        for key in keys:
+            del self._table[key]
+        if keys:
+            self._dirty = True
+        return len(keys)
+
+    def table(self) -> ConsumerOffsetTable:
+        """A copy of the whole table: ``consumerOffset.json`` and the GET_ALL_CONSUMER_OFFSET
+        body."""
+        return self.snapshot()
+
+    def merge_from_master(self, table: ConsumerOffsetTable) -> int:
+        """Slave sync (GET_ALL_CONSUMER_OFFSET). Like RocketMQ's ``putAll`` it adds what the
+        master has and keeps what only we have, but per queue it never moves an offset
+        backwards: after a master restart its offsets may be older than ours (consumers
+        committed to this slave meanwhile), and taking them would re-deliver messages
+        (RocketMQ #1094). Keys that are not ``<topic>@<group>`` and negative offsets are
+        ignored. Adopts the master's DataVersion when it has one (5.x). Returns the number of
+        queue offsets that were added or advanced."""
+        changed = 0
+        for key, queues in table.offset_table.items():
+            if _group_of(key) is None:
+                log.warning("ignoring offset table key %r from the master", key)
+                continue
+            mine = self._table.get(key)
+            for queue_id, offset in queues.items():
+                if offset < 0 or queue_id < 0:
+                    continue
+                if mine is None:
+                    mine = self._table[key] = {}
+                current = mine.get(queue_id)
+                if current is None or offset > current:
+                    mine[queue_id] = offset
+                    changed += 1
+        if table.data_version is not None and table.data_version != self._version:
+            self._version = table.data_version
+            self._dirty = True
+        if changed:
+            self._dirty = True
+        return changed
+
+    def snapshot(self) -> ConsumerOffsetTable:
+        return ConsumerOffsetTable(
+            {key: dict(queues) for key, queues in self._table.items()}, self._version
+        )
+
+    @staticmethod
+    def encode_snapshot(snapshot: ConsumerOffsetTable) -> bytes:
+        return encode_consumer_offsets(snapshot)

@@ -1,0 +1,142 @@
+"""``subscriptionGroup.json``: the consumer groups this broker serves, and how.
+
+RocketMQ's SubscriptionGroupManager: group name -> ``SubscriptionGroupConfig`` (RocketMQ 4.9
+defaults: consume enabled, from min, broadcast allowed, 1 retry queue, 16 retries, broker 0,
+slow-consume broker 1), with a DataVersion bumped on every change. A group appears when a
+consumer first pulls or heartbeats (``autoCreateSubscriptionGroup``), through
+UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, and on a slave by copying the master's table. RocketMQ's
+system groups are added at startup where the file lacks them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import ClassVar
+
+import attrs
+
+from trio_ha.wire.metadata import (
+    SUBSCRIPTION_GROUP_JSON,
+    DataVersion,
+    SubscriptionGroupConfig,
+    SubscriptionGroupWrapper,
+    decode_subscription_groups,
+    encode_subscription_groups,
+)
+
+from .config_file import VersionedTable, now_ms
+from .files import load_with_backup
+from .validation import MAX_QUEUE_NUMS, check_group
+
+__all__ = ["SYSTEM_CONSUMER_GROUPS", "SYS_CONSUMER_GROUP_PREFIX", "SubscriptionGroupManager"]
+
+log = logging.getLogger(__name__)
+
+#: groups RocketMQ's SubscriptionGroupManager creates at startup (``init()``)
+SYSTEM_CONSUMER_GROUPS = (
+    "TOOLS_CONSUMER",
+    "FILTERSRV_CONSUMER",
+    "SELF_TEST_C_GROUP",
+    "CID_ONS-HTTP-PROXY",
+    "CID_ONSAPI_PULL",
+    "CID_ONSAPI_PERMISSION",
+    "CID_ONSAPI_OWNER",
+)
+#: ``MixAll.CID_SYS_RMQ_SYS_PREFIX`` (``isSysConsumerGroup``): created on demand even with
+#: auto-creation off
+SYS_CONSUMER_GROUP_PREFIX = "CID_RMQ_SYS_"
+
+
+@attrs.define(eq=False)
+class SubscriptionGroupManager(VersionedTable[SubscriptionGroupWrapper, SubscriptionGroupConfig]):
+    """``subscriptionGroup.json``. ``auto_create`` is ``autoCreateSubscriptionGroup``."""
+
+    file_name: ClassVar[str] = SUBSCRIPTION_GROUP_JSON
+
+    auto_create: bool = attrs.field(default=True, kw_only=True)
+
+    @classmethod
+    def load(
+        cls,
+        config_dir: str | os.PathLike[str],
+        *,
+        auto_create: bool = True,
+        clock: Callable[[], int] = now_ms,
+    ) -> SubscriptionGroupManager:
+        """Read ``<config_dir>/subscriptionGroup.json`` (or its backup) and add the system
+        groups it lacks (one DataVersion bump if any). Blocking. Raises ``MetadataLoadError``
+        if both copies are damaged."""
+        path = os.path.join(os.fspath(config_dir), cls.file_name)
+        loaded = load_with_backup(path, decode_subscription_groups)
+        if loaded is None:
+            loaded = SubscriptionGroupWrapper({}, DataVersion(0, clock()))
+        manager = cls(
+            path,
+            dict(loaded.subscription_group_table),
+            loaded.data_version,
+            clock=clock,
+            auto_create=auto_create,
+        )
+        missing = [name for name in SYSTEM_CONSUMER_GROUPS if name not in manager._table]
+        for name in missing:
+            manager._table[name] = SubscriptionGroupConfig(name)
+        if missing:
+            manager._bump()
+        return manager
+
+    def find_or_create(self, group: str) -> SubscriptionGroupConfig | None:
+        """``findSubscriptionGroupConfig``: the group's config; a missing group is created with
+        the defaults when auto-creation is on or the name starts with ``CID_RMQ_SYS_`` (bumping
+        the DataVersion), else None (the caller answers SUBSCRIPTION_GROUP_NOT_EXIST). Raises
+        ``ValueError`` for a name outside RocketMQ's group charset."""
+        check_group(group)
+        config = self._table.get(group)
+        if config is not None:
+            return config
+        if not (self.auto_create or group.startswith(SYS_CONSUMER_GROUP_PREFIX)):
+            return None
+        config = self._table[group] = SubscriptionGroupConfig(group)
+        self._bump()
+        log.info("auto-created subscription group %s", group)
+        return config
+
+    def update(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig | None:
+        """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: store ``config``, bump the DataVersion; returns
+        the previous config, if any."""
+        check_group(config.group_name)
+        if not 0 <= config.retry_queue_nums <= MAX_QUEUE_NUMS:
+            raise ValueError(f"group {config.group_name}: retryQueueNums must be in "
+                             f"0..{MAX_QUEUE_NUMS}, got {config.retry_queue_nums}")
+        old = self._table.get(config.group_name)
+        self._table[config.group_name] = config
+        self._bump()
+        return old
+
+    def delete(self, group: str) -> bool:
+        """DELETE_SUBSCRIPTIONGROUP: bumps the DataVersion if the group existed."""
+        if self._table.pop(group, None) is None:
+            return False
+        self._bump()
+        return True
+
+    def wrapper(self) -> SubscriptionGroupWrapper:
+        """``subscriptionGroup.json`` and the GET_ALL_SUBSCRIPTIONGROUP_CONFIG body."""
+        return self.snapshot()
+
+    def replace_from_master(self, wrapper: SubscriptionGroupWrapper) -> bool:
+        """Slave sync: take the master's table and version if its DataVersion differs."""
+        if wrapper.data_version == self._version:
+            return False
+        self._table = dict(wrapper.subscription_group_table)
+        self._version = wrapper.data_version
+        self._dirty = True
+        return True
+
+    def snapshot(self) -> SubscriptionGroupWrapper:
+        return SubscriptionGroupWrapper(dict(self._table), self._version)
+
+    @staticmethod
+    def encode_snapshot(snapshot: SubscriptionGroupWrapper) -> bytes:
+        return encode_subscription_groups(snapshot)
