@@ -1,8 +1,34 @@
+"""Fixtures and helpers shared by the suite.
+
+``wait_until`` is imported by the tests that poll (``from conftest import wait_until``), not
+a fixture: module-level helpers of those tests call it too, and a plain function needs no
+plumbing to get there.
+"""
+
+import inspect
 import os
 
 import pytest
+import trio
 
 from trio_ha import FlushDiskType, StoreConfig
+
+
+async def wait_until(predicate, what: str, *, timeout: float = 10.0, interval: float = 0.01):
+    """Call ``predicate`` (a function, or an async function) every ``interval`` seconds until
+    it returns something true, and return that; fail the test, naming ``what`` was awaited,
+    if ``timeout`` seconds pass first. For what has no event to wait on (another process's
+    state, a server's tables seen from outside); where a ``trio.Event`` or a watermark
+    exists, wait on it instead."""
+    with trio.move_on_after(timeout):
+        while True:
+            value = predicate()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            await trio.sleep(interval)
+    pytest.fail(f"gave up after {timeout:g} s waiting for {what}")
 
 
 @pytest.fixture

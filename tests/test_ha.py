@@ -9,6 +9,8 @@ import trio
 from trio_ha import BrokerRole, FlushDiskType, Message, PutMessageStatus, StoreConfig, open_store
 from trio_ha.store import retention
 
+from conftest import wait_until
+
 SEGMENT = 64 * 1024
 
 
@@ -38,12 +40,6 @@ def body(i: int) -> bytes:
     return f"message {i} ".encode() * (1 + i % 80)
 
 
-async def wait_until(predicate, timeout=10.0, what="condition"):
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
-
-
 def slave_count(master) -> int:
     stats = master.statistics().ha
     return sum(1 for c in stats.connections if c.acked_offset is not None)
@@ -62,7 +58,7 @@ async def test_handle_ha_slave_copies_master_byte_for_byte(tmp_path):
     """RocketMQ's HATest.testHandleHA, across many segments, with every read checked."""
     async with open_store(master_config(tmp_path / "m", flush_disk_type=FlushDiskType.SYNC_FLUSH)) as master:
         async with open_store(slave_config(tmp_path / "s", master)) as slave:
-            await wait_until(lambda: slave_count(master) == 1)
+            await wait_until(lambda: slave_count(master) == 1, "one slave to ack")
             results = []
             for i in range(400):
                 results.append(await master.put_message(Message("HA", body(i), tags=f"t{i % 2}", keys=f"k{i}"), queue_id=i % 4))
@@ -88,7 +84,7 @@ async def test_semi_sync_replica_slave_loss_gives_slave_not_available(tmp_path):
     """RocketMQ's HATest.testSemiSyncReplica (4.9.8 statuses)."""
     async with open_store(master_config(tmp_path / "m")) as master:
         async with open_store(slave_config(tmp_path / "s", master)) as slave:
-            await wait_until(lambda: slave_count(master) == 1)
+            await wait_until(lambda: slave_count(master) == 1, "one slave to ack")
             first = [await master.put_message(Message("Semi", body(i), tags="a", keys=f"k{i}")) for i in range(5)]
             assert all(r.status is PutMessageStatus.PUT_OK for r in first)
             await slave.wait_dispatched(master.max_commitlog_offset)
@@ -97,7 +93,8 @@ async def test_semi_sync_replica_slave_loss_gives_slave_not_available(tmp_path):
                 on_slave = await slave.look_message_by_offset(r.commitlog_offset)
                 assert (on_slave.body, on_slave.topic, on_slave.tags, on_slave.keys) == (
                     on_master.body, on_master.topic, on_master.tags, on_master.keys)
-        await wait_until(lambda: not master.statistics().ha.connections)
+        await wait_until(lambda: not master.statistics().ha.connections,
+                         "the master to drop its connections")
         later = [await master.put_message(Message("Semi", body(i))) for i in range(5)]
         assert {r.status for r in later} == {PutMessageStatus.SLAVE_NOT_AVAILABLE}
         assert all(r.status.stored for r in later)
@@ -131,7 +128,8 @@ async def test_slave_restart_resumes_from_its_own_max_offset(tmp_path):
         for i in range(100, 300):  # the slave is away
             await master.put_message(Message("R", body(i)))
         async with open_store(slave_config(tmp_path / "s", master)) as slave:
-            await wait_until(lambda: master.statistics().ha.connections)
+            await wait_until(lambda: master.statistics().ha.connections,
+                             "the master to list a connection")
             requested = master.statistics().ha.connections[0].requested_offset
             assert requested == end_before  # it asked for what it lacked, not from scratch
             await slave.wait_dispatched(master.max_commitlog_offset)
@@ -145,15 +143,16 @@ async def test_master_restart_and_the_slave_reconnects(tmp_path):
         port = master.ha_address[1]
         slave_cfg = slave_config(tmp_path / "s", master)
         async with open_store(slave_cfg) as slave:
-            await wait_until(lambda: slave_count(master) == 1)
+            await wait_until(lambda: slave_count(master) == 1, "one slave to ack")
             assert (await master.put_message(Message("M", b"one"))).ok
     async with open_store(slave_cfg) as slave:
         # The master is down: the slave backs off and keeps serving reads.
-        await wait_until(lambda: slave.statistics().ha_slave.state == "backoff")
+        await wait_until(lambda: slave.statistics().ha_slave.state == "backoff",
+                         "the slave to back off")
         assert slave.statistics().ha_slave.last_error
         assert [m.body for m in await slave.get_messages("M", 0, 0, 5)] == [b"one"]
         async with open_store(master_config(tmp_path / "m", ha_listen_port=port)) as master:
-            await wait_until(lambda: slave_count(master) == 1)
+            await wait_until(lambda: slave_count(master) == 1, "one slave to ack")
             assert (await master.put_message(Message("M", b"two"))).ok
             await slave.wait_dispatched(master.max_commitlog_offset)
             assert [m.body for m in await slave.get_messages("M", 0, 0, 5)] == [b"one", b"two"]
@@ -162,17 +161,17 @@ async def test_master_restart_and_the_slave_reconnects(tmp_path):
 async def test_two_slaves_and_two_required_acks(tmp_path):
     async with open_store(master_config(tmp_path / "m", ha_sync_acks=2)) as master:
         async with open_store(slave_config(tmp_path / "s1", master)) as one:
-            await wait_until(lambda: slave_count(master) == 1)
+            await wait_until(lambda: slave_count(master) == 1, "one slave to ack")
             lonely = await master.put_message(Message("Two", b"x"))
             assert lonely.status is PutMessageStatus.SLAVE_NOT_AVAILABLE  # one slave < two acks
             async with open_store(slave_config(tmp_path / "s2", master)) as two:
-                await wait_until(lambda: slave_count(master) == 2)
+                await wait_until(lambda: slave_count(master) == 2, "two slaves to ack")
                 results = [await master.put_message(Message("Two", body(i))) for i in range(20)]
                 assert {r.status for r in results} == {PutMessageStatus.PUT_OK}
                 await two.wait_dispatched(master.max_commitlog_offset)
                 await one.wait_dispatched(master.max_commitlog_offset)
                 assert one.max_queue_offset("Two", 0) == two.max_queue_offset("Two", 0) == 21
-            await wait_until(lambda: slave_count(master) == 1)
+            await wait_until(lambda: slave_count(master) == 1, "one slave to ack")
             assert (await master.put_message(Message("Two", b"y"))).status is PutMessageStatus.SLAVE_NOT_AVAILABLE
 
 
@@ -181,7 +180,7 @@ async def test_slave_far_behind_is_not_available_is_slave_ok(tmp_path):
     config = master_config(tmp_path / "m", ha_slave_fallbehind_max=10_000)
     async with open_store(config) as master:
         async with open_store(slave_config(tmp_path / "s", master)) as slave:
-            await wait_until(lambda: slave_count(master) == 1)
+            await wait_until(lambda: slave_count(master) == 1, "one slave to ack")
             assert (await master.put_message(Message("Gap", b"small"))).ok
             big = await master.put_message(Message("Gap", b"z" * 20_000))
             assert big.status is PutMessageStatus.SLAVE_NOT_AVAILABLE
@@ -224,7 +223,8 @@ async def test_slave_behind_the_masters_retained_log_diverges_fixes_rocketmq_338
         assert await retention.delete_expired_files(master, force=True) == 2
         assert master.min_commitlog_offset > slave_end
         async with open_store(slave_config(tmp_path / "s", master)) as slave:
-            await wait_until(lambda: slave.statistics().ha_slave.state == "diverged")
+            await wait_until(lambda: slave.statistics().ha_slave.state == "diverged",
+                             "the slave to report the divergence")
             stats = slave.statistics().ha_slave
             assert str(master.min_commitlog_offset) in stats.divergence
             assert str(slave_end) in stats.divergence
@@ -245,7 +245,8 @@ async def test_slave_ahead_of_its_master_diverges_instead_of_looping_fixes_rocke
     # A new, empty master (it lost everything): the slave holds bytes it does not have.
     async with open_store(master_config(tmp_path / "m2", broker_role=BrokerRole.ASYNC_MASTER)) as fresh:
         async with open_store(slave_config(tmp_path / "s", fresh)) as slave:
-            await wait_until(lambda: slave.statistics().ha_slave.state == "diverged")
+            await wait_until(lambda: slave.statistics().ha_slave.state == "diverged",
+                             "the slave to report the divergence")
             stats = slave.statistics().ha_slave
             assert str(slave_end) in stats.divergence and "master lost its tail" in stats.divergence
             assert fresh.statistics().ha.connections == ()

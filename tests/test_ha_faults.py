@@ -35,6 +35,8 @@ import trio
 from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
 from trio_ha.testing import open_fault_proxy
 
+from conftest import wait_until
+
 SEGMENT = 64 * 1024
 TOPIC = "Fault"
 QUEUES = 3
@@ -93,20 +95,11 @@ def max_offset(store) -> int:
     return store.statistics().max_commitlog_offset
 
 
-async def wait_until(predicate, what: str, timeout: float = 10.0, interval: float = 0.01):
-    """Poll ``predicate`` (bounded in time and count) until it holds."""
-    with trio.move_on_after(timeout):
-        for _ in range(int(timeout / interval) + 1):
-            if predicate():
-                return
-            await trio.sleep(interval)
-    pytest.fail(f"gave up after {timeout} s waiting for {what}")
-
-
 async def wait_caught_up(master, slave, timeout: float = 20.0) -> int:
     """Wait until the slave holds (and has dispatched) everything the master has."""
     end = max_offset(master)
-    await wait_until(lambda: max_offset(slave) >= end, f"the slave to reach {end}", timeout)
+    await wait_until(lambda: max_offset(slave) >= end, f"the slave to reach {end}",
+                     timeout=timeout)
     assert max_offset(slave) == end
     with trio.fail_after(timeout):
         await slave.wait_dispatched(end)
