@@ -117,7 +117,7 @@ class VersionedTable(ConfigFile[S], Generic[S, V]):
     _table: dict[str, V]
     _version: DataVersion
     #: milliseconds for DataVersion timestamps
-    _clock: Callable[[], int] = attrs.field(default=now_ms, kw_only=True)
+    _clock: Callable[[], int] = attrs.field(default=now_ms, kw_only=True, alias="clock")
 
     def _bump(self) -> None:
         self._version = self._version.next_version(self._clock())
