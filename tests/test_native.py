@@ -28,9 +28,10 @@ if backend.native_backend != "native":
     if os.environ.get("TRIO_HA_REQUIRE_NATIVE") == "1":  # pragma: no cover - _backend raises
         pytest.fail("TRIO_HA_REQUIRE_NATIVE=1 but the native module is not loaded")
     pytest.skip(
-        f"native module not built ({backend._why_not_native})", allow_module_level=True
+        f"native module not built ({backend.native_unavailable_reason})", allow_module_level=True
     )
 
+assert isinstance(backend.engine, backend.NativeEngine)
 native = backend.engine
 py = backend.python_engine
 lib = native.lib
@@ -564,7 +565,7 @@ def test_random_batches_identical_to_python(b, pos, base_offset, slack, extra_ca
     # Every stored record decodes back to its item, with the merged properties (V6 bits are
     # derived from the host lengths, so a stale bit passed in cannot make it unreadable).
     p = pos
-    for i, ((phys, size), (flag, body, props)) in enumerate(zip(entries, b["items"])):
+    for i, ((phys, size), (flag, body, props)) in enumerate(zip(entries, b["items"], strict=True)):
         assert phys == base_offset + p
         msg = rec.decode_record(bytes(nbuf[p : p + size]), check_crc=True, max_size=1 << 30)
         assert (msg.flag, msg.body, msg.queue_offset) == (flag, body, b["first_queue_offset"] + i)
@@ -964,7 +965,7 @@ def indexed(infos, count):
 
 def assert_same_runs(buf, handle, res):
     runs, entries = native.cq_runs(handle, res)
-    want_runs, want_entries = backend._cq_runs_python(buf, res.infos, res.count)
+    want_runs, want_entries = py.cq_runs(py.handle_for(buf), res)
     assert runs == want_runs
     assert len(entries) == len(want_entries) == 20 * res.count
     for i in indexed(res.infos, res.count):
@@ -1038,7 +1039,8 @@ def test_cq_runs_capacity_and_empty():
         assert [(out[i].first, out[i].count) for i in range(n)] == full[:cap]
     assert lib.th_cq_runs(handle, res.infos, 0, ffi.NULL, ffi.NULL, 0) == 0
     # An empty scan (a fresh engine has no arrays yet) and one after it that needs more room.
-    engine = backend._NativeEngine(backend._native)
+    assert backend.native_module is not None
+    engine = backend.NativeEngine(backend.native_module)
     empty = native.scanner(4).scan(handle, 0, 0, 0, 0, MAX_RECORD)
     assert engine.cq_runs(handle, empty) == ([], b"")
     small = native.scanner(3).scan(handle, len(buf), 0, 0, 0, MAX_RECORD)
@@ -1134,7 +1136,7 @@ def test_crc32_reads_only_its_bytes(guarded):
         try:
             for impl in CRC_IMPLS:
                 lib.th_crc32_select(impl)
-                for n in [*range(0, 600), 1023, 1024, 1025, 2047, 4095, 2 * PAGE]:
+                for n in [*range(600), 1023, 1024, 1025, 2047, 4095, 2 * PAGE]:
                     end = g.size - n  # ending at the guard page
                     assert lib.th_crc32_full(0, handle + end, n) == zlib.crc32(data[len(data) - n :])
                     assert lib.th_crc32_full(0, handle + PAGE, n) == zlib.crc32(data[:n])
@@ -1279,14 +1281,17 @@ def test_msync_reports_errors():
     assert lib.th_msync(ffi.cast("uint8_t *", 16), 10) == -errno.ENOMEM
 
 
-def test_sendfile(tmp_path):
+@pytest.mark.parametrize("engine_name", ["native", "python"])
+def test_sendfile(tmp_path, engine_name):
+    """th_sendfile, and both engines' sendfile (the HA writer's zero-copy path), the same."""
+    sendfile = native.sendfile if engine_name == "native" else py.sendfile
     data = rand_bytes(100_000, 9)
     path = tmp_path / "seg"
     path.write_bytes(data)
     a, b = socket.socketpair()
     try:
         with open(path, "rb") as f:
-            n = lib.th_sendfile(a.fileno(), f.fileno(), 1000, 5000)
+            n = sendfile(a.fileno(), f.fileno(), 1000, 5000)
             assert n == 5000
             got = b""
             while len(got) < n:
@@ -1295,13 +1300,13 @@ def test_sendfile(tmp_path):
             a.setblocking(False)
             total = 0
             while True:  # fill the socket buffer: the call reports -EAGAIN, not an error
-                n = lib.th_sendfile(a.fileno(), f.fileno(), 0, len(data))
+                n = sendfile(a.fileno(), f.fileno(), 0, len(data))
                 if n < 0:
                     assert n == -errno.EAGAIN
                     break
                 total += n
                 assert total < 1 << 30
-        assert lib.th_sendfile(-1, -1, 0, 10) == -errno.EBADF
+        assert sendfile(-1, -1, 0, 10) == -errno.EBADF
     finally:
         a.close()
         b.close()

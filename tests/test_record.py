@@ -1,6 +1,7 @@
-"""The record codec against RocketMQ's own numbers (reference §1)."""
+"""The record codec against RocketMQ's own numbers (docs/formats.md, 'Commitlog record')."""
 
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -15,7 +16,7 @@ KEYS = "1700000000000"  # a 13-digit millisecond timestamp, as RocketMQ's test u
 
 
 def golden(properties: bytes, **overrides) -> bytes:
-    fields = dict(
+    fields: dict[str, Any] = dict(
         topic=b"FooBar", body=BODY, properties=properties, queue_id=0, flag=4, queue_offset=0,
         commitlog_offset=0, sys_flag=0, born_timestamp=1_700_000_000_000, born_host=HOST,
         store_timestamp=1_700_000_000_001, store_host=HOST,

@@ -7,24 +7,32 @@ tests can hold the C code against an independent implementation. ``native_backen
 one loaded; with ``TRIO_HA_REQUIRE_NATIVE=1`` (as CI runs) a missing or stale native module is
 an import error, never a silent fallback.
 
-Both engines share one interface. Buffers are *handles* made once per mapping by
-``handle_for(buffer)``: a cffi pointer for the native engine, a memoryview for Python.
+Both engines share one interface, the ``RecordEngine`` protocol. Buffers are *handles* made
+once per mapping by ``handle_for(buffer)`` and given back by ``release_handle``: a cffi pointer
+for the native engine, a memoryview for Python. Where the Python twin reads or writes stored
+bytes by position, it takes the positions from ``wire.layout``, as the C code mirrors them.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib
+import mmap
 import os
-import struct
 import zlib
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, Protocol, TypeAlias
 
+from .wire import layout
 from .wire import record as rec
 
 __all__ = [
     "NATIVE_VERSION", "native_backend", "ERR_NO_SPACE", "ERR_BAD_ARGUMENT",
     "ERR_BATCH_FORMAT", "ERR_BODY_TOO_LARGE", "ERR_PROPS_TOO_LARGE", "ERR_TOO_MANY",
     "STOP_END", "STOP_PARTIAL", "STOP_BLANK", "STOP_FULL", "STOP_BAD_MAGIC", "STOP_BAD_SIZE",
-    "STOP_BAD_CRC", "SCAN_CHECK_CRC", "SCAN_TAGS",
+    "STOP_BAD_CRC", "SCAN_CHECK_CRC", "SCAN_TAGS", "RecordEngine", "Scanner", "ScanResult",
+    "RecordInfo", "Handle", "engine", "python_engine",
 ]
 
 # Must equal TH_NATIVE_VERSION in native/trio_ha_native.h.
@@ -61,9 +69,10 @@ class NativeModuleError(ImportError):
     """The native module is required (TRIO_HA_REQUIRE_NATIVE=1) but missing or stale."""
 
 
-def _load_native():
+def _load_native() -> tuple[ModuleType | None, str | None]:
     try:
-        from . import _native  # type: ignore[attr-defined]
+        # By name, not `from . import _native`: the checkers then need no built module.
+        _native = importlib.import_module("trio_ha._native")
     except ImportError as exc:
         return None, f"not built ({exc})"
     found = _native.lib.th_version()
@@ -72,26 +81,84 @@ def _load_native():
     return _native, None
 
 
-_native, _why_not_native = _load_native()
-if _native is None and os.environ.get("TRIO_HA_REQUIRE_NATIVE") == "1":
+#: the cffi module ``trio_ha._native`` when it loaded and matches NATIVE_VERSION, else None
+native_module, native_unavailable_reason = _load_native()
+if native_module is None and os.environ.get("TRIO_HA_REQUIRE_NATIVE") == "1":
     raise NativeModuleError(
-        f"TRIO_HA_REQUIRE_NATIVE=1 but trio_ha._native is unusable: {_why_not_native}; "
+        f"TRIO_HA_REQUIRE_NATIVE=1 but trio_ha._native is unusable: {native_unavailable_reason}; "
         "reinstall the package (pip install -e .) with a C compiler and zlib headers"
     )
 
 #: "native" or "python": which record engine this process uses.
-native_backend = "native" if _native is not None else "python"
+native_backend = "native" if native_module is not None else "python"
+
+
+# ---- the interface both engines implement --------------------------------------------------
+
+#: A buffer as an engine sees it, made once per mapping by ``handle_for``: a cffi
+#: ``uint8_t *`` for the native engine, a memoryview for the Python one. cffi's values carry
+#: no static type, hence Any.
+Handle: TypeAlias = Any
+#: What ``handle_for`` and ``crc32`` accept: anything exposing the buffer protocol.
+Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
+
+
+class RecordInfo:
+    """One scanned record, as the native engine's th_record_info describes it (the Python
+    engine makes these; the native one returns a cffi array of the C struct, same fields).
+    Positions are relative to the scanned buffer."""
+
+    __slots__ = (
+        "phys_offset", "queue_offset", "born_timestamp", "store_timestamp",
+        "prepared_tx_offset", "tags_code", "size", "queue_id", "flag", "sys_flag", "body_crc",
+        "reconsume_times", "born_host_pos", "store_host_pos", "body_pos", "body_len",
+        "topic_pos", "props_pos", "topic_len", "props_len", "born_host_len", "store_host_len",
+        "version", "crc_ok",
+    )
+    phys_offset: int
+    queue_offset: int
+    born_timestamp: int
+    store_timestamp: int
+    prepared_tx_offset: int
+    #: 0 unless scanned with SCAN_TAGS and the record has a non-empty TAGS property
+    tags_code: int
+    size: int
+    queue_id: int
+    flag: int
+    sys_flag: int
+    body_crc: int
+    reconsume_times: int
+    born_host_pos: int
+    store_host_pos: int
+    body_pos: int
+    body_len: int
+    topic_pos: int
+    props_pos: int
+    topic_len: int
+    props_len: int
+    born_host_len: int
+    store_host_len: int
+    version: int
+    #: 1 ok, 0 mismatch (only with STOP_BAD_CRC), 2 unchecked
+    crc_ok: int
 
 
 class ScanResult:
-    """Where a scan stopped and why; ``infos[:count]`` describe the records it passed."""
+    """Where a scan stopped and why; ``infos[:count]`` describe the records it passed.
+
+    ``infos`` belongs to the scanner and is overwritten by its next scan."""
 
     __slots__ = ("count", "end", "stop", "size", "infos")
 
-    def __init__(self, count: int, end: int, stop: int, size: int, infos) -> None:
+    def __init__(
+        self, count: int, end: int, stop: int, size: int, infos: Sequence[RecordInfo]
+    ) -> None:
         self.count = count
+        #: the position just past the last whole valid record passed
         self.end = end
+        #: one of the STOP_* codes
         self.stop = stop
+        #: TOTALSIZE found at ``end`` when the scan stopped on a record, else 0
         self.size = size
         self.infos = infos
 
@@ -100,34 +167,112 @@ class ScanResult:
         return STOP_NAMES.get(self.stop, f"stop {self.stop}")
 
 
+class Scanner(Protocol):
+    """Validates records in a buffer and describes up to its capacity of them per call."""
+
+    def scan(self, handle: Handle, limit: int, pos: int, base_offset: int, flags: int,
+             max_record: int) -> ScanResult:
+        """Scan ``[pos, limit)`` of the buffer whose first byte is commitlog offset
+        ``base_offset``; ``flags`` are SCAN_* bits; a TOTALSIZE above ``max_record`` stops."""
+        ...
+
+
+class RecordEngine(Protocol):
+    """The record engine: encodes records into a segment's mapping, scans and CRCs them, and
+    does the page work (msync, warm, zero, fallocate) for segments. Encoders return the new
+    position, or one of the ERR_* codes (negative)."""
+
+    name: str
+
+    def handle_for(self, buffer: Buffer) -> Handle: ...
+
+    def release_handle(self, handle: Handle) -> None:
+        """Give back a handle before its mapping closes (a live one keeps the mmap busy)."""
+        ...
+
+    def crc32(self, data: Buffer) -> int:
+        """BODYCRC: zlib's CRC-32 masked as RocketMQ stores it."""
+        ...
+
+    def java_hash(self, utf8: bytes) -> int: ...
+
+    def encode_record(
+        self, handle: Handle, seg_size: int, pos: int, base_offset: int, topic: bytes,
+        body: bytes, props: bytes, queue_id: int, flag: int, queue_offset: int, sys_flag: int,
+        born_ts: int, born_host: bytes, store_ts: int, store_host: bytes,
+        reconsume_times: int, prepared_offset: int,
+    ) -> int: ...
+
+    def encode_batch(
+        self, handle: Handle, seg_size: int, pos: int, base_offset: int, items: bytes,
+        topic: bytes, batch_props: bytes, queue_id: int, first_queue_offset: int,
+        sys_flag: int, born_ts: int, born_host: bytes, store_ts: int, store_host: bytes,
+        max_body_size: int,
+    ) -> tuple[int, list[int]]:
+        """Encode a SEND_BATCH_MESSAGE body's items as consecutive records: (new position,
+        the commitlog offset of each record), or (ERR_*, [])."""
+        ...
+
+    def scanner(self, capacity: int) -> Scanner: ...
+
+    def cq_runs(
+        self, handle: Handle, result: ScanResult
+    ) -> tuple[list[tuple[int, int]], bytes | memoryview]:
+        """Group a scan's records into consume-queue runs: ([(first, count)], entries) where
+        ``entries[20*i:20*i+20]`` is record i's consume-queue entry."""
+        ...
+
+    def msync(self, handle: Handle, start: int, length: int) -> None: ...
+
+    def warm(self, handle: Handle, start: int, length: int) -> None: ...
+
+    def zero(self, handle: Handle, start: int, length: int) -> None: ...
+
+    def fallocate(self, fd: int, offset: int, length: int) -> None: ...
+
+    def sendfile(self, out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        """A non-blocking sendfile: bytes sent, or -errno (-EAGAIN when the socket is full),
+        never an exception, so the HA writer can wait for writability and retry."""
+        ...
+
+
 # ---- the native engine ---------------------------------------------------------------------
 
 
-class _NativeEngine:
+class NativeEngine:
+    """The C engine (``trio_ha._native``); each call is one C call that releases the GIL."""
+
     name = "native"
 
-    def __init__(self, module) -> None:
-        self.ffi = module.ffi
-        self.lib = module.lib
+    def __init__(self, module: ModuleType) -> None:
+        self.ffi: Any = module.ffi
+        self.lib: Any = module.lib
+        # Output arrays, grown on demand and reused: one allocation per size, not per call.
         self._batch_capacity = 0
-        self._batch_out = None
-        self._batch_count = self.ffi.new("size_t *")
+        self._batch_out: Any = None
+        self._batch_count: Any = self.ffi.new("size_t *")
         self._runs_capacity = 0
-        self._runs = None
-        self._entries = None
+        self._runs: Any = None
+        self._entries: Any = None
 
-    def handle_for(self, buffer):
+    def handle_for(self, buffer: Buffer) -> Handle:
         return self.ffi.from_buffer(buffer, require_writable=False)
 
-    def crc32(self, data) -> int:
+    def release_handle(self, handle: Handle) -> None:
+        self.ffi.release(handle)
+
+    def crc32(self, data: Buffer) -> int:
         return self.lib.th_crc32(self.ffi.from_buffer(data), len(data))
 
     def java_hash(self, utf8: bytes) -> int:
         return self.lib.th_java_hash(utf8, len(utf8))
 
-    def encode_record(self, handle, seg_size, pos, base_offset, topic, body, props, queue_id,
-                      flag, queue_offset, sys_flag, born_ts, born_host, store_ts, store_host,
-                      reconsume_times, prepared_offset) -> int:
+    def encode_record(
+        self, handle: Handle, seg_size: int, pos: int, base_offset: int, topic: bytes,
+        body: bytes, props: bytes, queue_id: int, flag: int, queue_offset: int, sys_flag: int,
+        born_ts: int, born_host: bytes, store_ts: int, store_host: bytes,
+        reconsume_times: int, prepared_offset: int,
+    ) -> int:
         return self.lib.th_encode_record(
             handle, seg_size, pos, base_offset, topic, len(topic), body, len(body), props,
             len(props), queue_id, flag, queue_offset, sys_flag, born_ts, born_host,
@@ -135,9 +280,12 @@ class _NativeEngine:
             prepared_offset,
         )
 
-    def encode_batch(self, handle, seg_size, pos, base_offset, items, topic, batch_props,
-                     queue_id, first_queue_offset, sys_flag, born_ts, born_host, store_ts,
-                     store_host, max_body_size):
+    def encode_batch(
+        self, handle: Handle, seg_size: int, pos: int, base_offset: int, items: bytes,
+        topic: bytes, batch_props: bytes, queue_id: int, first_queue_offset: int,
+        sys_flag: int, born_ts: int, born_host: bytes, store_ts: int, store_host: bytes,
+        max_body_size: int,
+    ) -> tuple[int, list[int]]:
         # Every item takes at least 22 bytes, which bounds how many a body can hold.
         max_items = len(items) // MIN_BATCH_ITEM + 1
         if max_items > self._batch_capacity:
@@ -155,36 +303,35 @@ class _NativeEngine:
             return result, []
         return result, [out[i].phys_offset for i in range(count[0])]
 
-    def scanner(self, capacity: int) -> "_NativeScanner":
-        return _NativeScanner(self, capacity)
+    def scanner(self, capacity: int) -> NativeScanner:
+        return NativeScanner(self, capacity)
 
-    def cq_runs(self, handle, result: ScanResult):
-        """Group a scan's records into consume-queue runs: ([(first, count)], entries) where
-        entries[20*i:20*i+20] is record i's consume-queue entry."""
-        if not hasattr(self.lib, "th_cq_runs"):
-            return _cq_runs_python(self.ffi.buffer(handle, result.end), result.infos, result.count)
+    def cq_runs(
+        self, handle: Handle, result: ScanResult
+    ) -> tuple[list[tuple[int, int]], bytes | memoryview]:
         count = result.count
         if count == 0:  # nothing allocated yet on a first empty scan; ffi.buffer(NULL) raises
             return [], b""
         if count > self._runs_capacity:
             self._runs = self.ffi.new("th_cq_run[]", count)
-            self._entries = self.ffi.new("uint8_t[]", count * 20)
+            self._entries = self.ffi.new("uint8_t[]", count * layout.CQ_ENTRY_SIZE)
             self._runs_capacity = count
         n = self.lib.th_cq_runs(handle, result.infos, count, self._entries, self._runs, count)
         runs = self._runs
-        return [(runs[i].first, runs[i].count) for i in range(n)], self.ffi.buffer(self._entries, count * 20)
+        entries = memoryview(self.ffi.buffer(self._entries, count * layout.CQ_ENTRY_SIZE))
+        return [(runs[i].first, runs[i].count) for i in range(n)], entries
 
-    def msync(self, handle, start: int, length: int) -> None:
+    def msync(self, handle: Handle, start: int, length: int) -> None:
         rc = self.lib.th_msync(handle + start, length)
         if rc < 0:
             raise OSError(-rc, f"msync: {os.strerror(-rc)}")
 
-    def warm(self, handle, start: int, length: int) -> None:
+    def warm(self, handle: Handle, start: int, length: int) -> None:
         rc = self.lib.th_warm(handle + start, length)
         if rc < 0:
             raise OSError(-rc, f"warming a segment: {os.strerror(-rc)}")
 
-    def zero(self, handle, start: int, length: int) -> None:
+    def zero(self, handle: Handle, start: int, length: int) -> None:
         self.lib.th_zero(handle + start, length)
 
     def fallocate(self, fd: int, offset: int, length: int) -> None:
@@ -192,15 +339,21 @@ class _NativeEngine:
         if rc not in (0, errno.EOPNOTSUPP, errno.EINVAL):
             raise OSError(rc, f"fallocate: {os.strerror(rc)}")
 
+    def sendfile(self, out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        return self.lib.th_sendfile(out_fd, in_fd, offset, count)
 
-class _NativeScanner:
-    def __init__(self, engine: _NativeEngine, capacity: int) -> None:
+
+class NativeScanner:
+    """th_scan with its output arrays allocated once; its ScanResult's infos are a cffi array
+    of th_record_info, reused by the next scan."""
+
+    def __init__(self, engine: NativeEngine, capacity: int) -> None:
         self._lib = engine.lib
         self._capacity = capacity
-        self._out = engine.ffi.new("th_record_info[]", capacity)
-        self._res = engine.ffi.new("th_scan_result *")
+        self._out: Any = engine.ffi.new("th_record_info[]", capacity)
+        self._res: Any = engine.ffi.new("th_scan_result *")
 
-    def scan(self, handle, limit: int, pos: int, base_offset: int, flags: int,
+    def scan(self, handle: Handle, limit: int, pos: int, base_offset: int, flags: int,
              max_record: int) -> ScanResult:
         n = self._lib.th_scan(handle, limit, pos, base_offset, flags, max_record, self._out,
                               self._capacity, self._res)
@@ -210,42 +363,25 @@ class _NativeScanner:
 
 # ---- the Python engine ----------------------------------------------------------------------
 
-_HEAD = struct.Struct(">iIiiiqqiq")
-_Q = struct.Struct(">q")
-_I = struct.Struct(">i")
-_H = struct.Struct(">H")
-_BLANK = struct.Struct(">iI")
-
-
-class RecordInfo:
-    """The Python engine's th_record_info."""
-
-    __slots__ = (
-        "phys_offset", "queue_offset", "born_timestamp", "store_timestamp",
-        "prepared_tx_offset", "tags_code", "size", "queue_id", "flag", "sys_flag", "body_crc",
-        "reconsume_times", "born_host_pos", "store_host_pos", "body_pos", "body_len",
-        "topic_pos", "props_pos", "topic_len", "props_len", "born_host_len", "store_host_len",
-        "version", "crc_ok",
-    )
-
-
-_CQ_ENTRY = struct.Struct(">qiq")
-
-
-def _cq_runs_python(buf, infos, count: int) -> tuple[list[tuple[int, int]], bytes]:
+def _cq_runs_python(
+    buf: Buffer, infos: Sequence[RecordInfo], count: int
+) -> tuple[list[tuple[int, int]], bytes]:
     """The consume-queue runs of scanned records (see th_cq_runs in the C header): records
     that go to one queue with consecutive queue offsets, and the 20-byte entry of each."""
     runs: list[tuple[int, int]] = []
-    entries = bytearray(count * 20)
+    entry_size = layout.CQ_ENTRY_SIZE
+    entries = bytearray(count * entry_size)
     previous = None  # (topic bytes, queue id, next queue offset) of the open run
     for i in range(count):
         info = infos[i]
-        tx_type = info.sys_flag & rec.TRANSACTION_TYPE_MASK
-        if tx_type == rec.TRANSACTION_PREPARED or tx_type == rec.TRANSACTION_ROLLBACK:
+        tx_type = info.sys_flag & layout.TRANSACTION_TYPE_MASK
+        if tx_type in (layout.TRANSACTION_PREPARED, layout.TRANSACTION_ROLLBACK):
             previous = None
             continue
         topic = bytes(buf[info.topic_pos : info.topic_pos + info.topic_len])
-        _CQ_ENTRY.pack_into(entries, i * 20, info.phys_offset, info.size, info.tags_code)
+        layout.CQ_ENTRY.pack_into(
+            entries, i * entry_size, info.phys_offset, info.size, info.tags_code
+        )
         if previous == (topic, info.queue_id, info.queue_offset):
             first, n = runs[-1]
             runs[-1] = (first, n + 1)
@@ -259,36 +395,50 @@ def _java_hash_utf8(data: bytes) -> int:
     return rec.java_string_hash(data.decode("utf-8", "replace"))
 
 
-class _PythonEngine:
+_HOST_LENGTHS = (layout.IPV4_HOST_LENGTH, layout.IPV6_HOST_LENGTH)
+
+
+class PythonEngine:
+    """The pure-Python twin of the C engine: the same results, byte for byte, without a
+    compiler (and the independent implementation the native tests hold the C code against)."""
+
     name = "python"
 
-    def handle_for(self, buffer):
+    def handle_for(self, buffer: Buffer) -> Handle:
         return memoryview(buffer)
 
-    def crc32(self, data) -> int:
-        return zlib.crc32(data) & 0x7FFFFFFF
+    def release_handle(self, handle: Handle) -> None:
+        handle.release()
+
+    def crc32(self, data: Buffer) -> int:
+        return zlib.crc32(data) & layout.CRC_MASK
 
     def java_hash(self, utf8: bytes) -> int:
         return _java_hash_utf8(utf8)
 
-    def _check(self, topic, props, born_host, store_host) -> int:
-        if len(topic) > rec.MAX_TOPIC_LENGTH or len(born_host) not in (8, 20) or len(
-            store_host
-        ) not in (8, 20):
+    def _check(self, topic: bytes, props: bytes, born_host: bytes, store_host: bytes) -> int:
+        if (
+            len(topic) > layout.MAX_TOPIC_LENGTH
+            or len(born_host) not in _HOST_LENGTHS
+            or len(store_host) not in _HOST_LENGTHS
+        ):
             return ERR_BAD_ARGUMENT
-        if len(props) > rec.MAX_PROPERTIES_LENGTH:
+        if len(props) > layout.MAX_PROPERTIES_LENGTH:
             return ERR_PROPS_TOO_LARGE
         return 0
 
-    def encode_record(self, handle, seg_size, pos, base_offset, topic, body, props, queue_id,
-                      flag, queue_offset, sys_flag, born_ts, born_host, store_ts, store_host,
-                      reconsume_times, prepared_offset) -> int:
+    def encode_record(
+        self, handle: Handle, seg_size: int, pos: int, base_offset: int, topic: bytes,
+        body: bytes, props: bytes, queue_id: int, flag: int, queue_offset: int, sys_flag: int,
+        born_ts: int, born_host: bytes, store_ts: int, store_host: bytes,
+        reconsume_times: int, prepared_offset: int,
+    ) -> int:
         err = self._check(topic, props, born_host, store_host)
         if err:
             return err
         size = rec.record_size(len(body), len(topic), len(props),
                                born_host_len=len(born_host), store_host_len=len(store_host))
-        if size + rec.END_FILE_MIN_BLANK_LENGTH > seg_size - pos:
+        if size + layout.END_FILE_MIN_BLANK_LENGTH > seg_size - pos:
             return ERR_NO_SPACE
         data = rec.encode_record(
             topic=topic, body=body, properties=props, queue_id=queue_id, flag=flag,
@@ -298,14 +448,18 @@ class _PythonEngine:
             prepared_transaction_offset=prepared_offset,
         )
         # As the C engine: the record is valid only once its MAGIC lands, last.
-        handle[pos : pos + 4] = data[:4]
-        handle[pos + 8 : pos + size] = data[8:]
-        handle[pos + 4 : pos + 8] = data[4:8]
+        magic_at, after_magic = layout.MAGIC_AT, layout.MAGIC_AT + 4
+        handle[pos : pos + magic_at] = data[:magic_at]
+        handle[pos + after_magic : pos + size] = data[after_magic:]
+        handle[pos + magic_at : pos + after_magic] = data[magic_at:after_magic]
         return pos + size
 
-    def encode_batch(self, handle, seg_size, pos, base_offset, items, topic, batch_props,
-                     queue_id, first_queue_offset, sys_flag, born_ts, born_host, store_ts,
-                     store_host, max_body_size):
+    def encode_batch(
+        self, handle: Handle, seg_size: int, pos: int, base_offset: int, items: bytes,
+        topic: bytes, batch_props: bytes, queue_id: int, first_queue_offset: int,
+        sys_flag: int, born_ts: int, born_host: bytes, store_ts: int, store_host: bytes,
+        max_body_size: int,
+    ) -> tuple[int, list[int]]:
         err = self._check(topic, b"", born_host, store_host)
         if err:
             return err, []
@@ -315,16 +469,17 @@ class _PythonEngine:
             return ERR_BATCH_FORMAT, []
         if not decoded:
             return ERR_BATCH_FORMAT, []
-        records = []
+        records: list[tuple[rec.BatchItem, bytes, int]] = []
+        separator = rec.PROPERTY_SEPARATOR.encode()
         for i, item in enumerate(decoded):
             if len(item.body) > max_body_size:
                 return ERR_BODY_TOO_LARGE, []
             props = item.properties
             if batch_props:
-                if props and not props.endswith(b"\x02"):
-                    props += b"\x02"
+                if props and not props.endswith(separator):
+                    props += separator
                 props += batch_props
-            if len(props) > rec.MAX_PROPERTIES_LENGTH:
+            if len(props) > layout.MAX_PROPERTIES_LENGTH:
                 return ERR_PROPS_TOO_LARGE, []
             records.append((item, props, first_queue_offset + i))
         total = sum(
@@ -332,9 +487,10 @@ class _PythonEngine:
                             born_host_len=len(born_host), store_host_len=len(store_host))
             for item, props, _ in records
         )
-        if total + rec.END_FILE_MIN_BLANK_LENGTH > seg_size - pos:
+        if total + layout.END_FILE_MIN_BLANK_LENGTH > seg_size - pos:
             return ERR_NO_SPACE, []
-        entries = []
+        entries: list[int] = []
+        magic_at, after_magic = layout.MAGIC_AT, layout.MAGIC_AT + 4
         for item, props, queue_offset in records:
             data = rec.encode_record(
                 topic=topic, body=item.body, properties=props, queue_id=queue_id,
@@ -342,33 +498,36 @@ class _PythonEngine:
                 sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
                 store_timestamp=store_ts, store_host=store_host,
             )
-            handle[pos : pos + 4] = data[:4]
-            handle[pos + 4 : pos + 8] = b"\0\0\0\0"
-            handle[pos + 8 : pos + len(data)] = data[8:]
+            handle[pos : pos + magic_at] = data[:magic_at]
+            handle[pos + magic_at : pos + after_magic] = bytes(after_magic - magic_at)
+            handle[pos + after_magic : pos + len(data)] = data[after_magic:]
             entries.append(base_offset + pos)
             pos += len(data)
+        magic = layout.MAGIC_V1.to_bytes(4, "big")
         for offset in entries:  # publish in order, as the C engine
             at = offset - base_offset
-            handle[at + 4 : at + 8] = rec.MAGIC_V1.to_bytes(4, "big")
+            handle[at + magic_at : at + after_magic] = magic
         return pos, entries
 
-    def scanner(self, capacity: int) -> "_PythonScanner":
-        return _PythonScanner(capacity)
+    def scanner(self, capacity: int) -> PythonScanner:
+        return PythonScanner(capacity)
 
-    def cq_runs(self, handle, result: ScanResult):
+    def cq_runs(
+        self, handle: Handle, result: ScanResult
+    ) -> tuple[list[tuple[int, int]], bytes | memoryview]:
         return _cq_runs_python(handle, result.infos, result.count)
 
-    def msync(self, handle, start: int, length: int) -> None:
+    def msync(self, handle: Handle, start: int, length: int) -> None:
         # The Python engine owns no fd; the caller's segment falls back to os.fdatasync.
         raise NotImplementedError
 
-    def warm(self, handle, start: int, length: int) -> None:
+    def warm(self, handle: Handle, start: int, length: int) -> None:
         page = 4096
         first = start + (-start % page)  # only pages that begin inside the range
         for p in range(first, start + length, page):
             handle[p] = 0
 
-    def zero(self, handle, start: int, length: int) -> None:
+    def zero(self, handle: Handle, start: int, length: int) -> None:
         chunk = bytes(min(length, 1 << 20))
         end = start + length
         while start < end:
@@ -383,12 +542,22 @@ class _PythonEngine:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
 
+    def sendfile(self, out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        try:
+            return os.sendfile(out_fd, in_fd, offset, count)
+        except BlockingIOError:
+            return -errno.EAGAIN
+        except OSError as exc:
+            return -(exc.errno or errno.EIO)
 
-class _PythonScanner:
+
+class PythonScanner:
+    """th_scan in Python: the same stops, sizes and record fields as NativeScanner."""
+
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
 
-    def scan(self, buf, limit: int, pos: int, base_offset: int, flags: int,
+    def scan(self, handle: Handle, limit: int, pos: int, base_offset: int, flags: int,
              max_record: int) -> ScanResult:
         infos: list[RecordInfo] = []
         while True:
@@ -398,16 +567,16 @@ class _PythonScanner:
                 return ScanResult(len(infos), pos, STOP_FULL, 0, infos)
             if limit - pos < 8:
                 return ScanResult(len(infos), pos, STOP_PARTIAL, 0, infos)
-            size, magic = _BLANK.unpack_from(buf, pos)
-            if magic == rec.BLANK_MAGIC:
+            size, magic = layout.RECORD_START.unpack_from(handle, pos)
+            if magic == layout.BLANK_MAGIC:
                 return ScanResult(len(infos), pos, STOP_BLANK, size, infos)
-            if magic not in (rec.MAGIC_V1, rec.MAGIC_V2):
+            if magic not in (layout.MAGIC_V1, layout.MAGIC_V2):
                 return ScanResult(len(infos), pos, STOP_BAD_MAGIC, size, infos)
             if size < rec.record_size(0, 0, 0) or size > max_record:
                 return ScanResult(len(infos), pos, STOP_BAD_SIZE, size, infos)
             if pos + size > limit:
                 return ScanResult(len(infos), pos, STOP_PARTIAL, size, infos)
-            info = self._parse(buf, pos, size, magic, base_offset, flags)
+            info = self._parse(handle, pos, size, magic, base_offset, flags)
             if info is None:
                 return ScanResult(len(infos), pos, STOP_BAD_SIZE, size, infos)
             if info.crc_ok == 0:
@@ -416,31 +585,35 @@ class _PythonScanner:
             pos += size
 
     @staticmethod
-    def _parse(buf, pos, size, magic, base_offset, flags) -> RecordInfo | None:
+    def _parse(
+        buf: Handle, pos: int, size: int, magic: int, base_offset: int, flags: int
+    ) -> RecordInfo | None:
+        """Walk one record's declared lengths (the order of wire/layout.py's diagram), each
+        checked against TOTALSIZE; None when they do not add up."""
         i = RecordInfo()
         (i.size, _, i.body_crc, i.queue_id, i.flag, i.queue_offset, _phys, i.sys_flag,
-         i.born_timestamp) = _HEAD.unpack_from(buf, pos)
+         i.born_timestamp) = layout.HEAD.unpack_from(buf, pos)
         end = pos + size
-        p = pos + _HEAD.size
-        i.born_host_len = 20 if i.sys_flag & rec.SYSFLAG_BORNHOST_V6 else 8
-        i.store_host_len = 20 if i.sys_flag & rec.SYSFLAG_STOREHOST_V6 else 8
+        p = pos + layout.HEAD.size
+        i.born_host_len = layout.born_host_length(i.sys_flag)
+        i.store_host_len = layout.store_host_length(i.sys_flag)
         i.born_host_pos = p
         p += i.born_host_len
         if p + 8 + i.store_host_len + 16 > end:
             return None
-        (i.store_timestamp,) = _Q.unpack_from(buf, p)
+        (i.store_timestamp,) = layout.INT64.unpack_from(buf, p)
         p += 8
         i.store_host_pos = p
         p += i.store_host_len
-        (i.reconsume_times,) = _I.unpack_from(buf, p)
-        (i.prepared_tx_offset,) = _Q.unpack_from(buf, p + 4)
-        (body_len,) = _I.unpack_from(buf, p + 12)
+        (i.reconsume_times,) = layout.INT32.unpack_from(buf, p)
+        (i.prepared_tx_offset,) = layout.INT64.unpack_from(buf, p + 4)
+        (body_len,) = layout.INT32.unpack_from(buf, p + 12)
         p += 16
         if body_len < 0 or p + body_len > end:
             return None
         i.body_pos, i.body_len = p, body_len
         p += body_len
-        i.version = 1 if magic == rec.MAGIC_V1 else 2
+        i.version = 1 if magic == layout.MAGIC_V1 else 2
         if i.version == 1:
             if p + 1 > end:
                 return None
@@ -449,13 +622,13 @@ class _PythonScanner:
         else:
             if p + 2 > end:
                 return None
-            (topic_len,) = _H.unpack_from(buf, p)
+            (topic_len,) = layout.UINT16.unpack_from(buf, p)
             p += 2
         i.topic_pos, i.topic_len = p, topic_len
         p += topic_len
         if p + 2 > end:
             return None
-        (props_len,) = _H.unpack_from(buf, p)
+        (props_len,) = layout.UINT16.unpack_from(buf, p)
         p += 2
         i.props_pos, i.props_len = p, props_len
         p += props_len
@@ -470,12 +643,14 @@ class _PythonScanner:
             if tags:
                 i.tags_code = rec.java_string_hash(tags)
         if flags & SCAN_CHECK_CRC:
-            crc = zlib.crc32(buf[i.body_pos : i.body_pos + body_len]) & 0x7FFFFFFF
+            crc = zlib.crc32(buf[i.body_pos : i.body_pos + body_len]) & layout.CRC_MASK
             i.crc_ok = 1 if crc == i.body_crc else 0
         else:
             i.crc_ok = 2
         return i
 
 
-engine = _NativeEngine(_native) if _native is not None else _PythonEngine()
-python_engine = _PythonEngine()
+#: the engine this process uses (see ``native_backend``)
+engine: RecordEngine = NativeEngine(native_module) if native_module is not None else PythonEngine()
+#: the Python twin, always available (the native tests compare against it)
+python_engine: RecordEngine = PythonEngine()

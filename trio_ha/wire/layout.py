@@ -74,9 +74,10 @@ DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 
 #: TOTALSIZE and MAGIC: enough to tell a record from a blank and how long it is
 RECORD_START = struct.Struct(">iI")
-_I32 = struct.Struct(">i")
-_U16 = struct.Struct(">H")
-_I64 = struct.Struct(">q")
+#: the big-endian field widths every variable part of a record uses
+INT32 = struct.Struct(">i")
+UINT16 = struct.Struct(">H")
+INT64 = struct.Struct(">q")
 
 
 def born_host_length(sys_flag: int) -> int:
@@ -98,13 +99,13 @@ def body_length_at(sys_flag: int) -> int:
 
 
 def read_sys_flag(record: bytes | bytearray | memoryview, at: int = 0) -> int:
-    return _I32.unpack_from(record, at + SYSFLAG_AT)[0]
+    return INT32.unpack_from(record, at + SYSFLAG_AT)[0]
 
 
 def read_store_timestamp(record: bytes | bytearray | memoryview, at: int = 0) -> int:
     """STORETIMESTAMP of the record at ``record[at:]`` (it needs the first 72 bytes with IPv4
     born hosts, 84 with IPv6)."""
-    return _I64.unpack_from(record, at + store_timestamp_at(read_sys_flag(record, at)))[0]
+    return INT64.unpack_from(record, at + store_timestamp_at(read_sys_flag(record, at)))[0]
 
 
 def properties_slice(record: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
@@ -116,19 +117,19 @@ def properties_slice(record: bytes | bytearray | memoryview) -> bytes | bytearra
     position = body_length_at(sys_flag)
     if position + 4 > len(record):
         return record[0:0]
-    body_length = _I32.unpack_from(record, position)[0]
+    body_length = INT32.unpack_from(record, position)[0]
     position += 4 + max(body_length, 0)
-    if _I32.unpack_from(record, MAGIC_AT)[0] & 0xFFFFFFFF == MAGIC_V2:
+    if INT32.unpack_from(record, MAGIC_AT)[0] & 0xFFFFFFFF == MAGIC_V2:
         if position + 2 > len(record):
             return record[0:0]
-        position += 2 + _U16.unpack_from(record, position)[0]
+        position += 2 + UINT16.unpack_from(record, position)[0]
     else:
         if position + 1 > len(record):
             return record[0:0]
         position += 1 + record[position]
     if position + 2 > len(record):
         return record[0:0]
-    length = _U16.unpack_from(record, position)[0]
+    length = UINT16.unpack_from(record, position)[0]
     return record[position + 2 : position + 2 + length]
 
 

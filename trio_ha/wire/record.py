@@ -1,8 +1,9 @@
 """RocketMQ commitlog records: layout, values, and a pure-Python codec.
 
-This is the reference implementation of the record format (reference §1). The store's hot
-paths use the native encoder and scanner, which must produce and accept exactly these bytes;
-the tests hold the two against each other. Nothing here does I/O: bytes in, frozen values out.
+This is the reference implementation of the record format (docs/formats.md, 'Commitlog
+record'). The store's hot paths use the native encoder and scanner, which must produce and
+accept exactly these bytes; the tests hold the two against each other. Nothing here does
+I/O: bytes in, frozen values out.
 
 Layout of a v1 record (all integers big-endian)::
 
@@ -25,28 +26,52 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from .errors import RecordDecodeError
+from .layout import (
+    BLANK_MAGIC,
+    CRC_MASK,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    END_FILE_MIN_BLANK_LENGTH,
+    FIXED_PART_IPV4,
+    HEAD,
+    INT32,
+    INT64,
+    IPV4_HOST_LENGTH,
+    IPV6_HOST_LENGTH,
+    MAGIC_V1,
+    MAGIC_V2,
+    MAX_PROPERTIES_LENGTH,
+    MAX_TOPIC_LENGTH,
+    RECORD_START,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_COMPRESSED,
+    SYSFLAG_MULTI_TAGS,
+    SYSFLAG_STOREHOST_V6,
+    TRANSACTION_COMMIT,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_PREPARED,
+    TRANSACTION_ROLLBACK,
+    TRANSACTION_TYPE_MASK,
+    UINT16,
+    born_host_length,
+    store_host_length,
+)
 
-MAGIC_V1 = 0xDAA320A7
-MAGIC_V2 = 0xDAA320AB
-BLANK_MAGIC = 0xCBD43194
-END_FILE_MIN_BLANK_LENGTH = 8
-
-# Fixed part of a record before BODYLEN, for IPv4 born and store hosts.
-FIXED_PART_IPV4 = 84
-MAX_TOPIC_LENGTH = 127  # v1 stores the topic length in one signed byte
-MAX_PROPERTIES_LENGTH = 32767  # a signed short
-DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
-
-# SYSFLAG bits (MessageSysFlag).
-SYSFLAG_COMPRESSED = 0x1
-SYSFLAG_MULTI_TAGS = 0x2
-TRANSACTION_TYPE_MASK = 0xC
-TRANSACTION_NOT_TYPE = 0x0
-TRANSACTION_PREPARED = 0x4
-TRANSACTION_COMMIT = 0x8
-TRANSACTION_ROLLBACK = 0xC
-SYSFLAG_BORNHOST_V6 = 0x10
-SYSFLAG_STOREHOST_V6 = 0x20
+__all__ = [
+    # The layout's facts live in layout.py; these are re-exported because callers of the
+    # codec write ``rec.MAGIC_V1``, ``rec.TRANSACTION_PREPARED``.
+    "BLANK_MAGIC", "DEFAULT_MAX_MESSAGE_SIZE", "END_FILE_MIN_BLANK_LENGTH", "FIXED_PART_IPV4",
+    "MAGIC_V1", "MAGIC_V2", "MAX_PROPERTIES_LENGTH", "MAX_TOPIC_LENGTH", "SYSFLAG_BORNHOST_V6",
+    "SYSFLAG_COMPRESSED", "SYSFLAG_MULTI_TAGS", "SYSFLAG_STOREHOST_V6", "TRANSACTION_COMMIT",
+    "TRANSACTION_NOT_TYPE", "TRANSACTION_PREPARED", "TRANSACTION_ROLLBACK",
+    "TRANSACTION_TYPE_MASK",
+    # The codec itself.
+    "NAME_VALUE_SEPARATOR", "PROPERTY_SEPARATOR", "PROPERTY_KEYS", "PROPERTY_TAGS",
+    "PROPERTY_WAIT_STORE_MSG_OK", "PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX", "RecordDecodeError",
+    "body_crc", "java_string_hash", "tags_code", "encode_host", "parse_host_port",
+    "decode_host", "message_id", "decode_message_id", "encode_properties", "decode_properties",
+    "Message", "StoredMessage", "record_size", "encode_record", "encode_blank", "encode_batch",
+    "BatchItem", "decode_batch", "RecordHeader", "peek_header", "decode_record",
+]
 
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -57,17 +82,16 @@ PROPERTY_TAGS = "TAGS"
 PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
 PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
 
-_HEAD = struct.Struct(">iIiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP (48 bytes)
-_Q = struct.Struct(">q")
-_I = struct.Struct(">i")
-_H = struct.Struct(">H")
-_BLANK = struct.Struct(">iI")
-_BATCH_ITEM_HEAD = struct.Struct(">iiii")  # TOTALSIZE, MAGIC, BODYCRC, FLAG
+# A SEND_BATCH_MESSAGE item (a network format, not a stored one): TOTALSIZE, MAGIC, BODYCRC,
+# FLAG, then BODYLEN + body and PROPSLEN + properties.
+_BATCH_ITEM_HEAD = struct.Struct(">iiii")
+_BATCH_ITEM_MIN = _BATCH_ITEM_HEAD.size + 4 + 2
+_HOST_LENGTHS = (IPV4_HOST_LENGTH, IPV6_HOST_LENGTH)
 
 
 def body_crc(body: bytes | bytearray | memoryview) -> int:
     """BODYCRC as RocketMQ stores it: zlib's CRC-32 of the body, masked to 31 bits."""
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return zlib.crc32(body) & CRC_MASK
 
 
 def java_string_hash(text: str) -> int:
@@ -95,7 +119,7 @@ def encode_host(host: str, port: int) -> bytes:
     address = ipaddress.ip_address(host)
     if not 0 <= port <= 0xFFFF:
         raise ValueError(f"port out of range: {port}")
-    return address.packed + _I.pack(port)
+    return address.packed + INT32.pack(port)
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -110,16 +134,16 @@ def decode_host(field: bytes | memoryview) -> str:
     """A host field back into ``ip:port`` (IPv6 addresses in brackets). Runs for two fields
     of every decoded record, so it uses the socket module's C formatters, not ipaddress."""
     raw = bytes(field)
-    if len(raw) == 8:
-        return f"{socket.inet_ntop(socket.AF_INET, raw[:4])}:{_I.unpack_from(raw, 4)[0]}"
-    if len(raw) == 20:
-        return f"[{socket.inet_ntop(socket.AF_INET6, raw[:16])}]:{_I.unpack_from(raw, 16)[0]}"
+    if len(raw) == IPV4_HOST_LENGTH:
+        return f"{socket.inet_ntop(socket.AF_INET, raw[:4])}:{INT32.unpack_from(raw, 4)[0]}"
+    if len(raw) == IPV6_HOST_LENGTH:
+        return f"[{socket.inet_ntop(socket.AF_INET6, raw[:16])}]:{INT32.unpack_from(raw, 16)[0]}"
     raise RecordDecodeError(f"host field must be 8 or 20 bytes, got {len(raw)}")
 
 
 def message_id(store_host: bytes, commitlog_offset: int) -> str:
     """RocketMQ's offsetMsgId: hex of store address, store port and commitlog offset."""
-    return (store_host + _Q.pack(commitlog_offset)).hex().upper()
+    return (store_host + INT64.pack(commitlog_offset)).hex().upper()
 
 
 def decode_message_id(msg_id: str) -> tuple[str, int]:
@@ -130,7 +154,7 @@ def decode_message_id(msg_id: str) -> tuple[str, int]:
         raise RecordDecodeError(f"message id is not hex: {msg_id!r}") from None
     if len(raw) not in (16, 28):
         raise RecordDecodeError(f"message id must be 32 or 56 hex digits, got {len(msg_id)}")
-    return decode_host(raw[:-8]), _Q.unpack_from(raw, len(raw) - 8)[0]
+    return decode_host(raw[:-8]), INT64.unpack_from(raw, len(raw) - 8)[0]
 
 
 # ---- properties -------------------------------------------------------------------------
@@ -162,6 +186,14 @@ def decode_properties(raw: bytes | bytearray | memoryview | str) -> dict[str, st
 # ---- values -------------------------------------------------------------------------------
 
 
+def _keys_value(keys: str | Iterable[str] | None) -> str | tuple[str, ...] | None:
+    return keys if keys is None or isinstance(keys, str) else tuple(keys)
+
+
+def _properties_value(properties: Mapping[str, str]) -> dict[str, str]:
+    return dict(properties)
+
+
 def _keys_text(keys: str | Iterable[str] | None) -> str | None:
     if keys is None:
         return None
@@ -177,11 +209,8 @@ class Message:
     topic: str
     body: bytes
     tags: str | None = None
-    keys: str | tuple[str, ...] | None = attrs.field(
-        default=None,
-        converter=lambda k: k if k is None or isinstance(k, str) else tuple(k),
-    )
-    properties: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+    keys: str | tuple[str, ...] | None = attrs.field(default=None, converter=_keys_value)
+    properties: Mapping[str, str] = attrs.field(factory=dict, converter=_properties_value)
     flag: int = 0
     sys_flag: int = 0
     born_timestamp: int | None = None  # epoch ms; the store's clock when None
@@ -269,14 +298,14 @@ def record_size(
     topic_len: int,
     props_len: int,
     *,
-    born_host_len: int = 8,
-    store_host_len: int = 8,
+    born_host_len: int = IPV4_HOST_LENGTH,
+    store_host_len: int = IPV4_HOST_LENGTH,
     version: int = 1,
 ) -> int:
     """TOTALSIZE of a record with these variable parts (91 + N + T + P for IPv4 v1)."""
     topic_width = 1 if version == 1 else 2
     return (
-        FIXED_PART_IPV4 - 16 + born_host_len + store_host_len
+        FIXED_PART_IPV4 - 2 * IPV4_HOST_LENGTH + born_host_len + store_host_len
         + 4 + max(body_len, 0) + topic_width + topic_len + 2 + props_len
     )
 
@@ -304,11 +333,11 @@ def encode_record(
         raise ValueError(f"unknown record version {version}")
     # The host fields decide the V6 bits; a stale bit would make the record unreadable.
     sys_flag &= ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
-    if len(born_host) == 20:
+    if len(born_host) == IPV6_HOST_LENGTH:
         sys_flag |= SYSFLAG_BORNHOST_V6
-    if len(store_host) == 20:
+    if len(store_host) == IPV6_HOST_LENGTH:
         sys_flag |= SYSFLAG_STOREHOST_V6
-    if len(born_host) not in (8, 20) or len(store_host) not in (8, 20):
+    if len(born_host) not in _HOST_LENGTHS or len(store_host) not in _HOST_LENGTHS:
         raise ValueError("host fields must be 8 or 20 bytes")
     if version == 1 and len(topic) > MAX_TOPIC_LENGTH:
         raise ValueError(f"topic longer than {MAX_TOPIC_LENGTH} bytes needs a v2 record")
@@ -319,20 +348,20 @@ def encode_record(
         born_host_len=len(born_host), store_host_len=len(store_host), version=version,
     )
     parts = [
-        _HEAD.pack(
+        HEAD.pack(
             size, MAGIC_V1 if version == 1 else MAGIC_V2, body_crc(body), queue_id, flag,
             queue_offset, commitlog_offset, sys_flag, born_timestamp,
         ),
         born_host,
-        _Q.pack(store_timestamp),
+        INT64.pack(store_timestamp),
         store_host,
-        _I.pack(reconsume_times),
-        _Q.pack(prepared_transaction_offset),
-        _I.pack(len(body)),
+        INT32.pack(reconsume_times),
+        INT64.pack(prepared_transaction_offset),
+        INT32.pack(len(body)),
         body,
-        bytes([len(topic)]) if version == 1 else _H.pack(len(topic)),
+        bytes([len(topic)]) if version == 1 else UINT16.pack(len(topic)),
         topic,
-        _H.pack(len(properties)),
+        UINT16.pack(len(properties)),
         properties,
     ]
     out = b"".join(parts)
@@ -342,21 +371,21 @@ def encode_record(
 
 def encode_blank(remaining: int) -> bytes:
     """The 8-byte end-of-segment marker: TOTALSIZE = bytes left in the segment."""
-    return _BLANK.pack(remaining, BLANK_MAGIC)
+    return RECORD_START.pack(remaining, BLANK_MAGIC)
 
 
 def encode_batch(messages: Iterable[Message], *, trailing_separator: bool = False) -> bytes:
-    """A SEND_BATCH_MESSAGE body, as a RocketMQ client encodes it (reference §1.11)."""
+    """A SEND_BATCH_MESSAGE body, as a RocketMQ client encodes it (docs/remoting.md, 'Send')."""
     parts = []
     for message in messages:
         props = message.encoded_properties(trailing_separator=trailing_separator)
         if len(props) > MAX_PROPERTIES_LENGTH:
             raise ValueError(f"properties longer than {MAX_PROPERTIES_LENGTH} bytes")
-        size = 4 + 4 + 4 + 4 + 4 + len(message.body) + 2 + len(props)
+        size = _BATCH_ITEM_MIN + len(message.body) + len(props)
         parts.append(_BATCH_ITEM_HEAD.pack(size, 0, 0, message.flag))
-        parts.append(_I.pack(len(message.body)))
+        parts.append(INT32.pack(len(message.body)))
         parts.append(message.body)
-        parts.append(_H.pack(len(props)))
+        parts.append(UINT16.pack(len(props)))
         parts.append(props)
     return b"".join(parts)
 
@@ -376,21 +405,22 @@ def decode_batch(data: bytes | memoryview, *, max_items: int = 1 << 16) -> list[
     while pos < len(view):
         if len(items) >= max_items:
             raise RecordDecodeError(f"batch has more than {max_items} items")
-        if len(view) - pos < 22:
+        if len(view) - pos < _BATCH_ITEM_MIN:
             raise RecordDecodeError(f"batch item at {pos} is truncated")
         size, _magic, _crc, flag = _BATCH_ITEM_HEAD.unpack_from(view, pos)
-        body_len = _I.unpack_from(view, pos + 16)[0]
-        if body_len < 0 or pos + 20 + body_len + 2 > len(view):
+        body_len = INT32.unpack_from(view, pos + _BATCH_ITEM_HEAD.size)[0]
+        body_at = pos + _BATCH_ITEM_HEAD.size + 4
+        if body_len < 0 or body_at + body_len + 2 > len(view):
             raise RecordDecodeError(f"batch item at {pos} has a bad body length {body_len}")
-        props_len = _H.unpack_from(view, pos + 20 + body_len)[0]
-        end = pos + 22 + body_len + props_len
+        props_len = UINT16.unpack_from(view, body_at + body_len)[0]
+        end = body_at + body_len + 2 + props_len
         if end > len(view) or size != end - pos:
             raise RecordDecodeError(f"batch item at {pos} has inconsistent sizes")
         items.append(
             BatchItem(
                 flag=flag,
-                body=bytes(view[pos + 20 : pos + 20 + body_len]),
-                properties=bytes(view[pos + 22 + body_len : end]),
+                body=bytes(view[body_at : body_at + body_len]),
+                properties=bytes(view[body_at + body_len + 2 : end]),
             )
         )
         pos = end
@@ -414,9 +444,9 @@ class RecordHeader:
 
 def peek_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> RecordHeader:
     """TOTALSIZE and MAGIC at ``pos`` (8 bytes must be present)."""
-    if len(buf) - pos < 8:
-        raise RecordDecodeError(f"need 8 bytes for a record header at {pos}")
-    size, magic = _BLANK.unpack_from(buf, pos)
+    if len(buf) - pos < RECORD_START.size:
+        raise RecordDecodeError(f"need {RECORD_START.size} bytes for a record header at {pos}")
+    size, magic = RECORD_START.unpack_from(buf, pos)
     return RecordHeader(size, magic)
 
 
@@ -452,20 +482,20 @@ def decode_record(
     (
         _size, _magic, crc, queue_id, flag, queue_offset, commitlog_offset, sys_flag,
         born_timestamp,
-    ) = _HEAD.unpack_from(rec, 0)
-    p = _HEAD.size
-    born_len = 20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8
-    store_len = 20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8
+    ) = HEAD.unpack_from(rec, 0)
+    p = HEAD.size
+    born_len = born_host_length(sys_flag)
+    store_len = store_host_length(sys_flag)
     try:
         born_host = rec[p : p + born_len]
         p += born_len
-        (store_timestamp,) = _Q.unpack_from(rec, p)
+        (store_timestamp,) = INT64.unpack_from(rec, p)
         p += 8
         store_host = rec[p : p + store_len]
         p += store_len
-        (reconsume_times,) = _I.unpack_from(rec, p)
-        (prepared,) = _Q.unpack_from(rec, p + 4)
-        (body_len,) = _I.unpack_from(rec, p + 12)
+        (reconsume_times,) = INT32.unpack_from(rec, p)
+        (prepared,) = INT64.unpack_from(rec, p + 4)
+        (body_len,) = INT32.unpack_from(rec, p + 12)
         p += 16
         if body_len < 0 or p + body_len > size:
             raise RecordDecodeError(f"record at {pos}: body length {body_len} out of range")
@@ -475,11 +505,11 @@ def decode_record(
             topic_len = rec[p]
             p += 1
         else:
-            (topic_len,) = _H.unpack_from(rec, p)
+            (topic_len,) = UINT16.unpack_from(rec, p)
             p += 2
         topic = bytes(rec[p : p + topic_len])
         p += topic_len
-        (props_len,) = _H.unpack_from(rec, p)
+        (props_len,) = UINT16.unpack_from(rec, p)
         p += 2
         props = rec[p : p + props_len]
         p += props_len
