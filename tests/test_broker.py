@@ -7,17 +7,15 @@ import struct
 import pytest
 import trio
 
-from trio_ha.broker import BrokerConfig, serve_broker
-from trio_ha.namesrv import NamesrvConfig, serve_namesrv
 from trio_ha.remoting import open_remoting_client
+from trio_ha.testing import ClusterConfig, serve_cluster
 from trio_ha.wire import record as rec
 from trio_ha.wire.remoting import PullSysFlag, RemotingCommand, RequestCode, ResponseCode
 from trio_ha.wire.route import HeartbeatData, KVTable, TopicRouteData
 
-COMMON = (
-    "listenPort=0\nbindAddress=127.0.0.1\nhaBindAddress=127.0.0.1\n"
-    "mappedFileSizeCommitLog=1048576\nhaReconnectInterval=100\n"
-)
+from conftest import wait_until
+
+PROPERTIES = {"mappedFileSizeCommitLog": 1048576, "haReconnectInterval": 100}
 
 
 def send_request(topic, body, *, queue=0, props="", code=RequestCode.SEND_MESSAGE_V2):
@@ -45,29 +43,36 @@ def pull_request(topic, queue, offset, *, suspend_ms=0, subscription=None, commi
 
 @pytest.fixture
 async def cluster(nursery, tmp_path):
-    ns = await nursery.start(serve_namesrv, NamesrvConfig(listen_port=0, bind_address="127.0.0.1"))
-    namesrv = f"127.0.0.1:{ns[1]}"
-    master = await nursery.start(serve_broker, BrokerConfig.from_properties(
-        COMMON + f"namesrvAddr={namesrv}\nbrokerRole=SYNC_MASTER\nstorePathRootDir={tmp_path}/m\n"))
-    slave = await nursery.start(serve_broker, BrokerConfig.from_properties(
-        COMMON + f"namesrvAddr={namesrv}\nbrokerRole=SLAVE\nbrokerId=1\nstorePathRootDir={tmp_path}/s\n"))
-    return namesrv, master, slave
+    """A name server, a SYNC_MASTER and its SLAVE on 127.0.0.1, ports chosen by the OS."""
+    addresses = await nursery.start(serve_cluster, ClusterConfig(
+        data_dir=tmp_path / "cluster", master_role="SYNC_MASTER", properties=PROPERTIES))
+    return addresses.namesrv_addr, addresses.master, addresses.slave
+
+
+async def max_offset(client, topic, queue=0) -> int:
+    reply = await client.invoke(RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": queue}), 5)
+    return int(reply.ext_fields["offset"])
 
 
 async def send_until_replicated(client, topic, body=b"first", **kwargs):
     """Send until a SYNC_MASTER acknowledges (the slave attached), then wait until the message
     is dispatched: a stored message is pullable once indexed, as with RocketMQ's reput."""
-    with trio.fail_after(10):
-        while True:
-            reply = await client.invoke(send_request(topic, body, **kwargs), 5)
-            if reply.code == ResponseCode.SUCCESS:
-                break
-            assert reply.code == ResponseCode.SLAVE_NOT_AVAILABLE, reply.remark
-            await trio.sleep(0.05)
-        queue = int(reply.ext_fields["queueId"])
-        offset = int(reply.ext_fields["queueOffset"])
-        while int((await client.invoke(RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": queue}), 5)).ext_fields["offset"]) <= offset:
-            await trio.sleep(0.01)
+
+    async def acknowledged_send():
+        reply = await client.invoke(send_request(topic, body, **kwargs), 5)
+        if reply.code == ResponseCode.SUCCESS:
+            return reply
+        assert reply.code == ResponseCode.SLAVE_NOT_AVAILABLE, reply.remark
+        return None
+
+    reply = await wait_until(acknowledged_send, "a send the slave acknowledges", interval=0.05)
+    queue = int(reply.ext_fields["queueId"])
+    offset = int(reply.ext_fields["queueOffset"])
+
+    async def dispatched():
+        return await max_offset(client, topic, queue) > offset
+
+    await wait_until(dispatched, f"{topic}/{queue} to index offset {offset}")
     return reply
 
 
@@ -110,9 +115,10 @@ async def test_pull_statuses_follow_the_reference_table(cluster):
         unknown = await client.invoke(pull_request("NoSuchTopic", 0, 0), 5)
         assert unknown.code == ResponseCode.TOPIC_NOT_EXIST
     async with open_remoting_client(slave.broker_addr) as client:
-        with trio.fail_after(10):
-            while (await client.invoke(RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "T2", "queueId": 0}), 5)).ext_fields["offset"] != str(high):
-                await trio.sleep(0.05)
+        async def slave_caught_up():
+            return await max_offset(client, "T2") == high
+
+        await wait_until(slave_caught_up, f"the slave's T2/0 to reach {high}", interval=0.05)
         on_slave = await client.invoke(pull_request("T2", 0, high + 10), 5)
         # A slave does not correct offsets: retry at the master (suggest broker 0).
         assert on_slave.code == ResponseCode.PULL_RETRY_IMMEDIATELY
@@ -128,9 +134,10 @@ async def test_tag_filtering_by_subscription(cluster):
         for tag in ("TagB", "TagC", "TagA"):
             await client.invoke(send_request("Tags", tag.encode(), props=f"TAGS\x01{tag}"), 5)
         # A stored message is pullable once dispatched (as with RocketMQ's reput): wait for it.
-        with trio.fail_after(10):
-            while (await client.invoke(RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "Tags", "queueId": 0}), 5)).ext_fields["offset"] != "4":
-                await trio.sleep(0.01)
+        async def all_four_indexed():
+            return await max_offset(client, "Tags") == 4
+
+        await wait_until(all_four_indexed, "Tags/0 to index 4 messages")
         pulled = await client.invoke(pull_request("Tags", 0, 0, subscription="TagA || TagB"), 5)
         bodies = []
         view = memoryview(pulled.body)
@@ -214,9 +221,11 @@ async def test_consumer_offsets_and_groups(cluster):
         assert json.loads(live.body) == {"consumerIdList": ["127.0.0.1@test"]}
     async with open_remoting_client(master.broker_addr) as other:
         # The heartbeat's connection closed: the consumer is gone.
-        with trio.fail_after(5):
-            while (await other.invoke(RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "g1"}), 5)).code == 0:
-                await trio.sleep(0.05)
+        async def consumer_gone():
+            listed = await other.invoke(RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "g1"}), 5)
+            return listed.code != 0
+
+        await wait_until(consumer_gone, "the broker to drop g1's consumer", timeout=5, interval=0.05)
 
 
 async def test_topics_routes_and_runtime_info(cluster):
@@ -230,12 +239,12 @@ async def test_topics_routes_and_runtime_info(cluster):
         info = KVTable.decode((await client.invoke(RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 5)).body).table
         assert info["brokerRole"] == "SYNC_MASTER" and int(info["commitLogMaxOffset"]) >= 0
     async with open_remoting_client(namesrv) as ns:
-        with trio.fail_after(5):  # the master re-registers at once after a topic change
-            while True:
-                route = await ns.invoke(RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Made"}), 5)
-                if route.code == ResponseCode.SUCCESS:
-                    break
-                await trio.sleep(0.05)
+        async def routed():
+            route = await ns.invoke(RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Made"}), 5)
+            return route if route.code == ResponseCode.SUCCESS else None
+
+        # the master re-registers at once after a topic change
+        route = await wait_until(routed, "the name server to route Made", timeout=5, interval=0.05)
         data = TopicRouteData.decode(route.body)
         assert data.queue_datas[0].write_queue_nums == 2
         assert set(data.broker_datas[0].broker_addrs) == {0, 1}

@@ -13,7 +13,6 @@ import attrs
 import pytest
 import trio
 
-from trio_ha.broker import BrokerConfig, serve_broker
 from trio_ha.client import (
     Message,
     MessageQueue,
@@ -28,92 +27,46 @@ from trio_ha.client import (
     open_pull_consumer,
 )
 from trio_ha.client.instance import parse_subscription
-from trio_ha.namesrv import NamesrvConfig, serve_namesrv
 from trio_ha.remoting import open_client_pool, serve_remoting
+from trio_ha.testing import ClusterConfig, open_cluster
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from trio_ha.wire.route import BrokerData, QueueData, TopicRouteData
 
+from conftest import wait_until
+
 STORED = {SendStatus.SEND_OK, SendStatus.FLUSH_DISK_TIMEOUT, SendStatus.FLUSH_SLAVE_TIMEOUT,
           SendStatus.SLAVE_NOT_AVAILABLE}
-
-
-@attrs.define(eq=False)
-class Node:
-    """A broker in its own cancel scope, so a test can stop and restart it."""
-
-    properties: str
-    addresses: object = None
-    scope: trio.CancelScope | None = None
-    stopped: trio.Event = attrs.field(factory=trio.Event)
-
-    async def start(self, nursery: trio.Nursery, extra: str = "") -> None:
-        self.stopped = trio.Event()
-        config = BrokerConfig.from_properties(self.properties + extra)
-        self.addresses = await nursery.start(self._run, config)
-
-    async def _run(self, config: BrokerConfig, *, task_status) -> None:
-        try:
-            with trio.CancelScope() as self.scope:
-                await serve_broker(config, task_status=task_status)
-        finally:
-            self.stopped.set()
-
-    async def stop(self) -> None:
-        self.scope.cancel()
-        with trio.fail_after(10):
-            await self.stopped.wait()
-
-    @property
-    def addr(self) -> str:
-        return self.addresses.broker_addr
-
-
-@attrs.define(eq=False)
-class Cluster:
-    nursery: trio.Nursery
-    namesrv_addr: str
-    master: Node
-    slave: Node
 
 
 async def wait_send_ok(producer, topic: str = "Warmup", limit: float = 20) -> list:
     """Send probes until one is SEND_OK (a SYNC_MASTER answers SLAVE_NOT_AVAILABLE until its
     slave is connected, and errors while it is down); returns the stored results."""
     stored = []
-    with trio.fail_after(limit):
-        while True:
-            try:
-                result = await producer.send(Message(topic, b"probe", tags="probe"))
-            except MQError:
-                await trio.sleep(0.1)
-                continue
-            stored.append(result)
-            if result.send_status is SendStatus.SEND_OK:
-                return stored
-            await trio.sleep(0.05)
+
+    async def send_ok() -> bool:
+        try:
+            result = await producer.send(Message(topic, b"probe", tags="probe"))
+        except MQError:
+            return False
+        stored.append(result)
+        return result.send_status is SendStatus.SEND_OK
+
+    await wait_until(send_ok, f"a SEND_OK to {topic}", timeout=limit, interval=0.05)
+    return stored
 
 
 @pytest.fixture
-async def cluster(nursery, tmp_path):
-    host, port = await nursery.start(
-        serve_namesrv, NamesrvConfig(listen_port=0, bind_address="127.0.0.1")
-    )
-    namesrv = f"{host}:{port}"
-    common = (
-        f"namesrvAddr={namesrv}\nbindAddress=127.0.0.1\nhaBindAddress=127.0.0.1\n"
-        "mappedFileSizeCommitLog=1048576\nregisterNameServerPeriod=10000\n"
-        "vipChannelEnable=false\n"
-    )
-    master = Node(common + f"brokerRole=SYNC_MASTER\nstorePathRootDir={tmp_path}/m\n")
-    await master.start(nursery, "listenPort=0\n")
-    slave = Node(
-        common + f"brokerRole=SLAVE\nbrokerId=1\nstorePathRootDir={tmp_path}/s\n"
-        "listenPort=0\nslaveSyncInterval=1000\nhaReconnectInterval=300\n"
-    )
-    await slave.start(nursery)
-    async with open_producer(namesrv, "warmup-producer") as producer:
-        await wait_send_ok(producer)
-    return Cluster(nursery, namesrv, master, slave)
+async def cluster(tmp_path):
+    """A SYNC_MASTER and its SLAVE, up and replicating. No VIP channel: the master restarts
+    on its own ports in test_master_down_then_back, and listenPort - 2 was never reserved."""
+    config = ClusterConfig(data_dir=tmp_path / "cluster", master_role="SYNC_MASTER", properties={
+        "mappedFileSizeCommitLog": 1048576, "registerNameServerPeriod": 10000,
+        "vipChannelEnable": "false", "slaveSyncInterval": 1000, "haReconnectInterval": 300,
+    })
+    async with open_cluster(config) as cluster:
+        async with open_producer(cluster.namesrv_addr, "warmup-producer") as producer:
+            await wait_send_ok(producer)
+        yield cluster
 
 
 async def consume(stream, count: int, limit: float = 20) -> list:
@@ -262,12 +215,12 @@ async def wait_for_route(client_user, topic: str, queue_nums: int) -> None:
     """Until the name server's route of ``topic`` has ``queue_nums`` queues (a broker
     re-registers at once after a topic change)."""
     instance = client_user.instance
-    with trio.fail_after(10):
-        while True:
-            await instance.refresh_route(topic, max_age=0)
-            if len(instance.subscribe_queues(topic)) == queue_nums:
-                return
-            await trio.sleep(0.05)
+
+    async def routed() -> bool:
+        await instance.refresh_route(topic, max_age=0)
+        return len(instance.subscribe_queues(topic)) == queue_nums
+
+    await wait_until(routed, f"a route of {topic} with {queue_nums} queues", interval=0.05)
 
 
 def test_parse_subscription():
@@ -379,10 +332,12 @@ async def test_heartbeat_registers_and_close_unregisters(cluster):
                     await consumer.pull(mq, 0, subscription="TagX", suspend_timeout=0)
                     # the background task sends a heartbeat as soon as a group or subscription
                     # is added, to the master and the slave
-                    with trio.fail_after(10):
-                        for address in (cluster.master.addr, cluster.slave.addr):
-                            while await consumer_ids(client, address, "hb-c") != [client.client_id]:
-                                await trio.sleep(0.05)
+                    for address in (cluster.master.addr, cluster.slave.addr):
+                        async def registered(address=address):
+                            return await consumer_ids(client, address, "hb-c") == [client.client_id]
+
+                        await wait_until(registered, f"{address} to list the consumer",
+                                         interval=0.05)
                     results = await client.send_heartbeats()
                     assert results == {cluster.master.addr: True, cluster.slave.addr: True}
                     data = client.heartbeat_data()
@@ -412,8 +367,9 @@ async def test_routes_are_refreshed_periodically(cluster):
                 async with open_pull_consumer(client, "grow-c") as consumer:
                     await wait_for_route(consumer, topic, 2)
                     await admin.create_topic(topic, 5)  # nobody asks for the route again...
-                    while len(client.subscribe_queues(topic)) != 5:  # ...the refresh finds it
-                        await trio.sleep(0.05)
+                    await wait_until(lambda: len(client.subscribe_queues(topic)) == 5,
+                                     "the periodic refresh to find 5 queues",  # ...it does
+                                     timeout=20, interval=0.05)
 
 
 # ---- admin -------------------------------------------------------------------------------------
@@ -425,9 +381,8 @@ async def test_admin(cluster):
         async with open_admin(cluster.namesrv_addr) as admin:
             created = await admin.create_topic(topic, 3)
             assert created == {"broker-a": cluster.master.addr}
-            with trio.fail_after(10):
-                while (route := await admin.topic_route(topic)) is None:
-                    await trio.sleep(0.05)
+            route = await wait_until(lambda: admin.topic_route(topic),
+                                     f"the name server to route {topic}", interval=0.05)
             (queue_data,) = route.queue_datas
             assert (queue_data.read_queue_nums, queue_data.write_queue_nums) == (3, 3)
             assert topic in await admin.topic_list()
@@ -504,11 +459,7 @@ async def test_master_down_then_back(cluster):
                 assert await consumer.committed_offset(mq) is not None
 
                 # ---- the master comes back on the same port and store
-                await cluster.master.start(
-                    cluster.nursery,
-                    f"listenPort={cluster.master.addresses.broker_addr.rsplit(':', 1)[1]}\n"
-                    f"haListenPort={cluster.master.addresses.ha_addr.rsplit(':', 1)[1]}\n",
-                )
+                await cluster.master.restart()
                 for result in await wait_send_ok(producer, topic):
                     acked[result.msg_id] = result
                 for i in range(20):
@@ -534,18 +485,18 @@ async def test_master_down_then_back(cluster):
 
 async def wait_slave_knows(cluster, consumer, topic: str) -> None:
     instance = consumer.instance
-    with trio.fail_after(10):
-        while True:
-            # the slave's pull answers TOPIC_NOT_EXIST until it has synced the topic
-            response = await instance.invoke(cluster.slave.addr, instance.request(
-                RequestCode.PULL_MESSAGE, {
-                    "consumerGroup": "probe", "topic": topic, "queueId": 0, "queueOffset": 0,
-                    "maxMsgNums": 1, "sysFlag": 0, "commitOffset": 0,
-                    "suspendTimeoutMillis": 0, "subVersion": 0,
-                }))
-            if response.code != ResponseCode.TOPIC_NOT_EXIST:
-                return
-            await trio.sleep(0.1)
+
+    async def knows() -> bool:
+        # the slave's pull answers TOPIC_NOT_EXIST until it has synced the topic
+        response = await instance.invoke(cluster.slave.addr, instance.request(
+            RequestCode.PULL_MESSAGE, {
+                "consumerGroup": "probe", "topic": topic, "queueId": 0, "queueOffset": 0,
+                "maxMsgNums": 1, "sysFlag": 0, "commitOffset": 0,
+                "suspendTimeoutMillis": 0, "subVersion": 0,
+            }))
+        return response.code != ResponseCode.TOPIC_NOT_EXIST
+
+    await wait_until(knows, f"the slave to know {topic}", interval=0.1)
 
 
 # ---- misc ----------------------------------------------------------------------------------------
@@ -700,9 +651,7 @@ async def test_pool_closes_a_connection_the_peer_closed(nursery):
     address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
     async with open_client_pool() as pool:
         old = await pool.client(address)
-        with trio.fail_after(5):
-            while not old.closed:
-                await trio.sleep(0.01)
+        await wait_until(lambda: old.closed, "the pool to close what the peer closed", timeout=5)
         try:
             new = await pool.client(address)  # reconnects
             assert new is not old

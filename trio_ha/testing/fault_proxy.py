@@ -1,4 +1,4 @@
-"""Testing helpers, public as ``trio.testing`` is: a fault-injecting TCP proxy for replication.
+"""A fault-injecting TCP proxy for replication (public through :mod:`trio_ha.testing`).
 
 Put a :class:`FaultProxy` between a slave and its master (the slave's ``ha_master_address``
 is the proxy's address) and break the link on purpose while the two replicate::
@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import random
-import struct
 
 import attrs
 import trio
 
+from ..wire.ha import FRAME_HEADER
+
 __all__ = ["Cut", "FaultProxy", "ProxyConnection", "open_fault_proxy"]
 
-_FRAME_HEADER = struct.Struct(">qi")
 _RECEIVE_SIZE = 64 * 1024
 
 
@@ -65,11 +65,11 @@ class _FrameCursor:
         view = memoryview(data)[:n]
         while view:
             if self.frame is None:
-                take = min(len(view), _FRAME_HEADER.size - len(self.header))
+                take = min(len(view), FRAME_HEADER.size - len(self.header))
                 self.header += view[:take]
                 view = view[take:]
-                if len(self.header) == _FRAME_HEADER.size:
-                    offset, size = _FRAME_HEADER.unpack(self.header)
+                if len(self.header) == FRAME_HEADER.size:
+                    offset, size = FRAME_HEADER.unpack(self.header)
                     self.header.clear()
                     self.body_done = 0
                     self.frame = (offset, size) if size > 0 else None
@@ -99,7 +99,7 @@ class _FrameCursor:
                 if into_header is not None and have <= into_header:
                     need = into_header - have
                     return position + need if need <= remaining else None
-                step = min(remaining, _FRAME_HEADER.size - have)
+                step = min(remaining, FRAME_HEADER.size - have)
             else:
                 size = probe.frame[1]
                 if into_body is not None and size > into_body and probe.body_done <= into_body:
@@ -226,7 +226,7 @@ class FaultProxy:
 
     async def cut_mid_header(self, header_bytes: int) -> Cut:
         """Close the next connection ``header_bytes`` (1-11) into a frame header."""
-        if not 0 < header_bytes < _FRAME_HEADER.size:
+        if not 0 < header_bytes < FRAME_HEADER.size:
             raise ValueError("header_bytes must be within 1..11")
         return await self._cut(_PendingCut(into_body=None, into_header=header_bytes, raw_bytes=None))
 
@@ -362,7 +362,7 @@ class FaultProxy:
                     stream_offset=connection.bytes_down,
                     frame_offset=frame_offset,
                     frame_size=frame[1] if frame is not None else None,
-                    header_bytes=len(header) if frame is None else _FRAME_HEADER.size,
+                    header_bytes=len(header) if frame is None else FRAME_HEADER.size,
                     body_bytes=cursor.body_done if frame is not None else 0,
                 )
                 self.cuts.append(cut)

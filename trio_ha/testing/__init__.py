@@ -1,0 +1,39 @@
+"""Testing helpers, public as ``trio.testing`` is: for this package's tests and for
+applications that embed it.
+
+* a cluster on loopback — a name server, a master and N slaves — in this process
+  (:func:`serve_cluster` in your nursery, or ``async with`` :func:`open_cluster` to stop and
+  restart brokers) or as child processes (:class:`ProcessCluster`), both described by one
+  :class:`ClusterConfig`;
+* :class:`FaultProxy` (:func:`open_fault_proxy`): a TCP proxy between a slave and its master
+  that stalls, delays or cuts the replication stream at an exact byte of a frame.
+
+Nothing here is used by the store or the broker.
+"""
+
+from .cluster import (
+    Cluster,
+    ClusterAddresses,
+    ClusterBroker,
+    ClusterConfig,
+    open_cluster,
+    serve_cluster,
+)
+from .fault_proxy import Cut, FaultProxy, ProxyConnection, open_fault_proxy
+from .processes import NodeProcess, ProcessCluster, free_broker_port
+
+__all__ = [
+    "Cluster",
+    "ClusterAddresses",
+    "ClusterBroker",
+    "ClusterConfig",
+    "Cut",
+    "FaultProxy",
+    "NodeProcess",
+    "ProcessCluster",
+    "ProxyConnection",
+    "free_broker_port",
+    "open_cluster",
+    "open_fault_proxy",
+    "serve_cluster",
+]
