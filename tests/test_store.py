@@ -1,4 +1,5 @@
-"""The store against RocketMQ's store test scenarios (reference §9) and its contract."""
+"""The store against the scenarios of RocketMQ's own store tests (DefaultMessageStoreTest,
+BatchPutMessageTest, ...) and its contract (docs/formats.md)."""
 
 import os
 import random
@@ -482,3 +483,18 @@ async def test_puts_work_beyond_the_topic_cache(make_config):
         store._topics.update({f"filler{i}": b"x" for i in range(65536)})  # the cache is full
         assert (await store.put_message(Message("Fresh", b"one"))).ok
         assert (await store.put_messages([Message("Fresh2", b"two")])).ok
+
+
+async def test_lookup_by_time_reads_store_timestamps_behind_ipv6_born_hosts(make_config):
+    """STORETIMESTAMP follows BORNHOST, 20 bytes long when SYSFLAG says IPv6: the lookup must
+    read far enough into the record to reach it (it read 72 bytes, 4 short, before)."""
+    async with open_store(make_config()) as store:
+        results = [
+            await store.put_message(Message("Six", b"x", born_host="[::1]:5000")) for _ in range(3)
+        ]
+        await store.wait_dispatched()
+        stored = await store.look_message_by_offset(results[0].commitlog_offset)
+        assert stored.sys_flag & rec.SYSFLAG_BORNHOST_V6
+        for i, result in enumerate(results):
+            assert store.get_message_store_timestamp("Six", 0, i) == result.store_timestamp
+        assert store.get_offset_in_queue_by_time("Six", 0, results[0].store_timestamp) == 0

@@ -4,7 +4,7 @@ Each entry is 20 bytes — commitlog offset (8), record size (4), tag hash (8) �
 is the message with queue offset ``n``, so a consumer at offset ``n`` finds its message with
 one multiplication. Files hold 300,000 entries and are named by their first byte's position
 (``consumequeue/<topic>/<queueId>/00000000000006000000``), byte for byte as RocketMQ lays them
-out (reference §3.1).
+out (docs/formats.md, 'Consume queue').
 
 Entries are written only by the dispatcher, from records already in the commitlog, and writing
 one is idempotent: a record at or below the highest commitlog offset already indexed is
@@ -17,30 +17,25 @@ import logging
 import os
 import re
 import shutil
-import struct
 
 import attrs
 
 from ..watermark import Watermark
+from ..wire.layout import CQ_BLANK_ENTRY, CQ_BLANK_SIZE, CQ_ENTRY, CQ_ENTRY_SIZE
 from .segment import Segment
 from .segments import SegmentQueue
 
 log = logging.getLogger(__name__)
 
-ENTRY_SIZE = 20
-_ENTRY = struct.Struct(">qiq")
-# RocketMQ fills the head of a queue that starts past 0 with these (offset 0, size MAX_INT).
-_BLANK_ENTRY = _ENTRY.pack(0, 0x7FFFFFFF, 0)
-
 
 def _entry_valid(segment: Segment, index: int) -> bool:
-    offset, size, _tags = _ENTRY.unpack(segment.read(index * ENTRY_SIZE, ENTRY_SIZE))
+    offset, size, _tags = CQ_ENTRY.unpack(segment.read(index * CQ_ENTRY_SIZE, CQ_ENTRY_SIZE))
     return offset >= 0 and size > 0
 
 
 def _valid_prefix(segment: Segment) -> int:
     """How many entries at the start of ``segment`` are valid (they form a prefix)."""
-    low, high = 0, segment.size // ENTRY_SIZE
+    low, high = 0, segment.size // CQ_ENTRY_SIZE
     while low < high:
         middle = (low + high) // 2
         if _entry_valid(segment, middle):
@@ -87,11 +82,11 @@ class ConsumeQueue:
     @property
     def max_offset(self) -> int:
         """Queue offset the next entry gets (= number of entries ever written)."""
-        return self.files.max_offset // ENTRY_SIZE
+        return self.files.max_offset // CQ_ENTRY_SIZE
 
     @property
     def min_offset(self) -> int:
-        return max(self.min_logic_offset, self.files.min_offset // ENTRY_SIZE)
+        return max(self.min_logic_offset, self.files.min_offset // CQ_ENTRY_SIZE)
 
     # ---- writes ------------------------------------------------------------------------------
 
@@ -99,7 +94,7 @@ class ConsumeQueue:
         """Index one record. Returns False when the entry was a repeat and was skipped."""
         if commitlog_offset + size <= self.max_physical_offset:
             return False
-        position = queue_offset * ENTRY_SIZE
+        position = queue_offset * CQ_ENTRY_SIZE
         current = self.files.max_offset
         if not self.files.segments:
             # A queue that starts past 0 (its early files were deleted, or this is a slave
@@ -116,13 +111,13 @@ class ConsumeQueue:
             log.error(
                 "consume queue %s-%d: entry for queue offset %d but %d entries exist; "
                 "appending at the current position", self.topic, self.queue_id, queue_offset,
-                current // ENTRY_SIZE,
+                current // CQ_ENTRY_SIZE,
             )
             position = current
         segment = self._writable_segment(position)
         at = position - segment.base_offset
-        segment.write(at, _ENTRY.pack(commitlog_offset, size, tags_code))
-        segment.wrote_position = at + ENTRY_SIZE
+        segment.write(at, CQ_ENTRY.pack(commitlog_offset, size, tags_code))
+        segment.wrote_position = at + CQ_ENTRY_SIZE
         self.max_physical_offset = commitlog_offset + size
         self.arrivals.raise_to(self.max_offset)
         return True
@@ -135,13 +130,13 @@ class ConsumeQueue:
         entry, with its rules."""
         if last_end <= self.max_physical_offset:
             return  # all of it is indexed already
-        position = first_queue_offset * ENTRY_SIZE
+        position = first_queue_offset * CQ_ENTRY_SIZE
         if (
             first_end <= self.max_physical_offset
             or not self.files.segments
             or position != self.files.max_offset
         ):
-            for i, (offset, size, tags) in enumerate(_ENTRY.iter_unpack(entries)):
+            for i, (offset, size, tags) in enumerate(CQ_ENTRY.iter_unpack(entries)):
                 self.put(offset, size, tags, first_queue_offset + i)
             return
         done = 0
@@ -161,10 +156,10 @@ class ConsumeQueue:
         while start < end:
             segment = self._writable_segment(start)
             at = start - segment.base_offset
-            n = min(end - start, segment.size - at) // ENTRY_SIZE
-            segment.write(at, _BLANK_ENTRY * n)
-            segment.wrote_position = at + n * ENTRY_SIZE
-            start += n * ENTRY_SIZE
+            n = min(end - start, segment.size - at) // CQ_ENTRY_SIZE
+            segment.write(at, CQ_BLANK_ENTRY * n)
+            segment.wrote_position = at + n * CQ_ENTRY_SIZE
+            start += n * CQ_ENTRY_SIZE
 
     def _writable_segment(self, position: int) -> Segment:
         last = self.files.last
@@ -176,16 +171,16 @@ class ConsumeQueue:
 
     def entries(self, queue_offset: int, max_count: int) -> list[QueueEntry]:
         """Up to ``max_count`` entries from ``queue_offset``, not crossing a file."""
-        position = queue_offset * ENTRY_SIZE
+        position = queue_offset * CQ_ENTRY_SIZE
         segment = self.files.find(position)
         if segment is None:
             return []
         start = position - segment.base_offset
-        end = min(segment.wrote_position, start + max_count * ENTRY_SIZE)
+        end = min(segment.wrote_position, start + max_count * CQ_ENTRY_SIZE)
         if end <= start:
             return []
         raw = segment.read(start, end - start)
-        return [QueueEntry(*fields) for fields in _ENTRY.iter_unpack(raw)]
+        return [QueueEntry(*fields) for fields in CQ_ENTRY.iter_unpack(raw)]
 
     def entry(self, queue_offset: int) -> QueueEntry | None:
         found = self.entries(queue_offset, 1)
@@ -207,13 +202,13 @@ class ConsumeQueue:
         end = segments[index].base_offset
         for segment in segments[index:]:
             valid = _valid_prefix(segment)
-            end = segment.base_offset + valid * ENTRY_SIZE
-            if valid * ENTRY_SIZE < segment.size:
+            end = segment.base_offset + valid * CQ_ENTRY_SIZE
+            if valid * CQ_ENTRY_SIZE < segment.size:
                 # Past the prefix there are zeros, or one torn entry: clear that slot only
                 # (zeroing to the end of a 6 MB file on every open would dirty all of it).
-                at = valid * ENTRY_SIZE
-                if segment.read(at, ENTRY_SIZE) != bytes(ENTRY_SIZE):
-                    segment.write(at, bytes(ENTRY_SIZE))
+                at = valid * CQ_ENTRY_SIZE
+                if segment.read(at, CQ_ENTRY_SIZE) != bytes(CQ_ENTRY_SIZE):
+                    segment.write(at, bytes(CQ_ENTRY_SIZE))
                 segment.wrote_position = segment.flushed_position = at
                 break
         self._cut(end)
@@ -223,9 +218,9 @@ class ConsumeQueue:
     def _last_real_physical_end(self) -> int:
         """Commitlog end of the newest entry that is not a blank filler."""
         for segment in reversed(self.files.segments):
-            for at in range(segment.wrote_position - ENTRY_SIZE, -1, -ENTRY_SIZE):
-                offset, size, _tags = _ENTRY.unpack(segment.read(at, ENTRY_SIZE))
-                if size != 0x7FFFFFFF:
+            for at in range(segment.wrote_position - CQ_ENTRY_SIZE, -1, -CQ_ENTRY_SIZE):
+                offset, size, _tags = CQ_ENTRY.unpack(segment.read(at, CQ_ENTRY_SIZE))
+                if size != CQ_BLANK_SIZE:
                     return offset + size
         return 0
 
@@ -249,11 +244,11 @@ class ConsumeQueue:
         for segment in reversed(self.files.segments):
             raw = segment.read(0, segment.wrote_position)
             keep = 0
-            for i, (offset, size, _tags) in enumerate(_ENTRY.iter_unpack(raw)):
-                if size != 0x7FFFFFFF and offset >= commitlog_offset:
+            for i, (offset, size, _tags) in enumerate(CQ_ENTRY.iter_unpack(raw)):
+                if size != CQ_BLANK_SIZE and offset >= commitlog_offset:
                     break
                 keep = i + 1
-            cut = segment.base_offset + keep * ENTRY_SIZE
+            cut = segment.base_offset + keep * CQ_ENTRY_SIZE
             if keep:
                 break
         if cut is not None:
@@ -267,8 +262,8 @@ class ConsumeQueue:
         deleted = 0
         while len(self.files.segments) > 1:
             first = self.files.first
-            raw = first.read(first.size - ENTRY_SIZE, ENTRY_SIZE)
-            offset, size, _ = _ENTRY.unpack(raw)
+            raw = first.read(first.size - CQ_ENTRY_SIZE, CQ_ENTRY_SIZE)
+            offset, size, _ = CQ_ENTRY.unpack(raw)
             if offset + size > commitlog_min_offset:
                 break
             self.files.retire_first()
@@ -282,9 +277,9 @@ class ConsumeQueue:
         if first is None:
             return
         raw = first.read(0, first.wrote_position)
-        for i, (offset, size, _tags) in enumerate(_ENTRY.iter_unpack(raw)):
-            if size != 0x7FFFFFFF and offset >= commitlog_min_offset:
-                self.min_logic_offset = (first.base_offset + i * ENTRY_SIZE) // ENTRY_SIZE
+        for i, (offset, size, _tags) in enumerate(CQ_ENTRY.iter_unpack(raw)):
+            if size != CQ_BLANK_SIZE and offset >= commitlog_min_offset:
+                self.min_logic_offset = (first.base_offset + i * CQ_ENTRY_SIZE) // CQ_ENTRY_SIZE
                 return
         self.min_logic_offset = self.max_offset
 

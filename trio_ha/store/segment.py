@@ -21,22 +21,11 @@ import os
 import attrs
 
 from .. import _backend
+from ..wire.layout import parse_segment_file_name, segment_file_name
 
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = mmap.PAGESIZE
-NAME_DIGITS = 20
-
-
-def segment_name(base_offset: int) -> str:
-    return f"{base_offset:0{NAME_DIGITS}d}"
-
-
-def parse_segment_name(name: str) -> int | None:
-    """The base offset a file name stands for, or None for files that are not segments."""
-    if len(name) == NAME_DIGITS and name.isdigit():
-        return int(name)
-    return None
 
 
 class SegmentError(OSError):
@@ -70,7 +59,7 @@ class Segment:
         rather than as SIGBUS on a later store into the mapping; with ``warm`` every page is
         written once so appends on the event loop never take a first-touch fault.
         """
-        path = os.path.join(directory, segment_name(base_offset))
+        path = os.path.join(directory, segment_file_name(base_offset))
         tmp = path + ".tmp"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -90,7 +79,7 @@ class Segment:
     @classmethod
     def open(cls, path: str, size: int) -> "Segment":
         """Map an existing segment; its positions start at ``size`` until recovery sets them."""
-        base = parse_segment_name(os.path.basename(path))
+        base = parse_segment_file_name(os.path.basename(path))
         if base is None:
             raise SegmentError(f"{path}: not a segment file name")
         fd = os.open(path, os.O_RDWR)

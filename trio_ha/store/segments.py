@@ -13,7 +13,8 @@ import os
 
 import attrs
 
-from .segment import Segment, SegmentError, parse_segment_name
+from ..wire.layout import parse_segment_file_name, segment_file_name
+from .segment import Segment, SegmentError
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class SegmentQueue:
             if name.endswith(".tmp"):
                 os.unlink(os.path.join(directory, name))
                 continue
-            base = parse_segment_name(name)
+            base = parse_segment_file_name(name)
             if base is not None:
                 bases.append(base)
         for base in sorted(bases):
@@ -54,7 +55,7 @@ class SegmentQueue:
                     f"{directory}: gap between segments ending at "
                     f"{queue.segments[-1].end_offset} and starting at {base}"
                 )
-            path = os.path.join(directory, f"{base:020d}")
+            path = os.path.join(directory, segment_file_name(base))
             try:
                 queue.segments.append(Segment.open(path, segment_size))
             except BaseException:

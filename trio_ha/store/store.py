@@ -27,6 +27,7 @@ from .. import _backend
 from .._errors import unwrap_single_exception
 from ..config import BrokerRole, FlushDiskType, StoreConfig
 from ..watermark import Watermark
+from ..wire import layout
 from ..wire import record as rec
 from ..wire.errors import RecordDecodeError
 from . import retention
@@ -44,7 +45,9 @@ log = logging.getLogger(__name__)
 
 # The record encoder reserves 64 KiB beyond the body limit for the rest of the record.
 RECORD_OVERHEAD_LIMIT = 64 * 1024
-_BLANK_CQ_SIZE = 0x7FFFFFFF
+
+#: enough of a record's head to reach STORETIMESTAMP, whichever host kinds SYSFLAG chooses
+_STORE_TIMESTAMP_HEAD = layout.store_timestamp_at(layout.SYSFLAG_BORNHOST_V6) + 8
 
 # Directories open in this process: POSIX locks do not exclude the process that holds them.
 _open_roots: set[str] = set()
@@ -265,7 +268,7 @@ class MessageStore:
             return self._illegal(
                 f"topic {topic!r} is not a valid topic name (1-127 of [%|a-zA-Z0-9_-])"
             )
-        if not 0 <= queue_id < 2**31:
+        if not 0 <= queue_id <= layout.INT32_MAX:
             return self._illegal(f"queue id {queue_id} out of range")
         if body_len > self.config.max_message_size:
             return self._illegal(
@@ -278,7 +281,7 @@ class MessageStore:
         if (
             self._accepting
             and self.dispatcher.error is None
-            and 0 <= queue_id < 0x80000000
+            and 0 <= queue_id <= layout.INT32_MAX
             and body_len <= self._max_message_size
         ):
             return self._topics.get(topic)
@@ -562,7 +565,9 @@ class MessageStore:
         if segment is None or offset + 8 > limit or offset < self.commitlog.min_offset:
             return None
         if size is None:
-            size = int.from_bytes(segment.read(offset - segment.base_offset, 4), "big", signed=True)
+            size, _magic = layout.RECORD_START.unpack(
+                segment.read(offset - segment.base_offset, layout.RECORD_START.size)
+            )
         if size <= 0 or offset + size > min(limit, segment.wrote_offset):
             return None
         return segment.read(offset - segment.base_offset, size)
@@ -641,7 +646,7 @@ class MessageStore:
                 if len(found) >= max_count:
                     break
                 budget -= 1
-                if entry.size == _BLANK_CQ_SIZE or entry.commitlog_offset < commitlog_min:
+                if entry.size == layout.CQ_BLANK_SIZE or entry.commitlog_offset < commitlog_min:
                     status = GetMessageStatus.MESSAGE_WAS_REMOVING
                     next_offset += 1
                     continue
@@ -708,13 +713,12 @@ class MessageStore:
         segment = self.commitlog.segments.find(commitlog_offset)
         if segment is None:
             return None
-        start = commitlog_offset - segment.base_offset
-        head = segment.read(start, 72)
-        if len(head) < 72:
+        head = segment.read(commitlog_offset - segment.base_offset, _STORE_TIMESTAMP_HEAD)
+        if len(head) < layout.SYSFLAG_AT + 4:
             return None
-        sys_flag = int.from_bytes(head[36:40], "big")
-        at = 48 + (20 if sys_flag & rec.SYSFLAG_BORNHOST_V6 else 8)
-        return int.from_bytes(head[at : at + 8], "big", signed=True)
+        if len(head) < layout.store_timestamp_at(layout.read_sys_flag(head)) + 8:
+            return None
+        return layout.read_store_timestamp(head)
 
     def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
         """The first queue offset whose message was stored at or after ``timestamp`` (ms);
@@ -798,7 +802,7 @@ def _encode_error(code: int, topic_len: int) -> str:
 
 
 def _max_record_size(config: StoreConfig) -> int:
-    return min(config.max_message_size + RECORD_OVERHEAD_LIMIT, 2**31 - 1)
+    return min(config.max_message_size + RECORD_OVERHEAD_LIMIT, layout.INT32_MAX)
 
 
 
