@@ -10,6 +10,8 @@ from trio_ha.store.ha.slave import HAClient
 from trio_ha.store.ha.transfer import StreamTransport
 from trio_ha.wire.ha import NEED_DATA, FrameHeader, MasterProtocol, SlaveProtocol
 
+from conftest import wait_until
+
 HEARTBEAT = 5.0
 HOUSEKEEPING = 20.0
 BACKOFF = 5.0
@@ -109,9 +111,8 @@ async def test_slave_reports_every_interval_times_out_a_silent_master_and_backs_
             client = HAClient(slave.config, slave.commitlog, "fake:1", connect=master.connect)
             start = trio.current_time()
             nursery.start_soon(client.run)
-            with trio.fail_after(60):
-                while len(master.connected_at) < 3:
-                    await trio.sleep(0.5)
+            await wait_until(lambda: len(master.connected_at) >= 3, "three connections",
+                             timeout=60, interval=0.5)
             connected = [t - start for t in master.connected_at]
             # Connect at 0; the silent master is dropped at 20 s; back-off 5 s; and again.
             expected = [0.0, HOUSEKEEPING + BACKOFF, 2 * (HOUSEKEEPING + BACKOFF)]
@@ -136,9 +137,8 @@ async def test_slave_backs_off_between_failed_connects(tmp_path, autojump_clock)
         client = HAClient(slave.config, slave.commitlog, "fake:1", connect=refuse)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client.run)
-            with trio.fail_after(60):
-                while len(attempts) < 4:
-                    await trio.sleep(0.5)
+            await wait_until(lambda: len(attempts) >= 4, "four connection attempts",
+                             timeout=60, interval=0.5)
             assert client.statistics().state == "backoff"
             assert "refused" in client.statistics().last_error
             nursery.cancel_scope.cancel()
