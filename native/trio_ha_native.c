@@ -26,7 +26,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-/* ---- record layout constants (reference §1.1, §1.2) ------------------------------------ */
+/* ---- record layout constants (docs/formats.md; trio_ha/wire/layout.py) ----------------- */
 
 #define MAGIC_V1 0xDAA320A7u
 #define MAGIC_V2 0xDAA320ABu
@@ -492,7 +492,8 @@ int32_t th_java_hash(const uint8_t *utf8, size_t len)
 
 /* ---- encoding ------------------------------------------------------------------------------ */
 
-/* TOTALSIZE of a v1 record (reference §1.1), in 64 bits so nothing can overflow. */
+/* TOTALSIZE of a v1 record (docs/formats.md, 'Commitlog record'), in 64 bits so nothing can
+   overflow. */
 static inline uint64_t v1_record_size(uint64_t body_len, uint64_t topic_len, uint64_t props_len,
                                       uint64_t born_host_len, uint64_t store_host_len)
 {

@@ -4,7 +4,7 @@
  * Every call works on caller-owned memory (a segment's mmap, a request body) and is one
  * call per record or per batch, so the Python side pays one crossing for a lot of bytes.
  * cffi releases the GIL around each call. All integers on disk are big-endian (RocketMQ's
- * Java ByteBuffer order); the record layout is RocketMQ 4.9's (reference §1).
+ * Java ByteBuffer order); the record layout is RocketMQ 4.9's (docs/formats.md).
  *
  * Errors are negative return values, never exceptions or aborts: the store maps them to
  * RocketMQ's PutMessageStatus and a scan reports why it stopped.

@@ -1,6 +1,7 @@
 """A separate reference encoder for the Spark tests: RocketMQ store files byte for byte.
 
-Written from the reference sheet (spec/rocketmq-reference.md §1-3) with struct and zlib only —
+Written from the project's RocketMQ fact sheet (``../shared/spec/rocketmq-reference.md``
+§1-3, beside this repository; docs/formats.md states the same facts) with struct and zlib only —
 it shares no code with trio_ha — so the data source is checked against an independent reading
 of the format: v1 and v2 records, IPv4 and IPv6 hosts, both property separator styles, the
 8-byte blank record that closes a segment when the next record (plus 8 bytes) does not fit,
@@ -99,7 +100,7 @@ class GoldenMessage:
 
 
 def encode(m: GoldenMessage) -> bytes:
-    """One record as CommitLog's encoder lays it out (reference §1.1)."""
+    """One record as CommitLog's encoder lays it out (docs/formats.md, 'Commitlog record')."""
     born = host_bytes(m.born_host)
     store = host_bytes(m.store_host)
     sys_flag = m.sys_flag

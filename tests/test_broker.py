@@ -1,5 +1,5 @@
 """The broker at the protocol level: hand-built requests over real sockets, as any RocketMQ
-client would send them (reference §7)."""
+client would send them (docs/remoting.md)."""
 
 import json
 import struct

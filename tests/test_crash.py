@@ -714,10 +714,11 @@ async def test_nothing_after_the_first_invalid_record_is_served_even_if_it_looks
 
 @pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
 async def test_recovery_zeroes_tail_so_stale_records_never_return(tmp_path, abnormal):
-    """Reference §5.5: RocketMQ cuts the log by moving positions and leaves the bytes. A new
-    record of the same size written at the cut then lines up with the old, still valid
-    records after it, and the next recovery serves them again (with stale queue offsets).
-    Here recovery zeroes everything past the end, so they never come back."""
+    """RocketMQ cuts the log by moving positions and leaves the bytes. A new record of the
+    same size written at the cut then lines up with the old, still valid records after it,
+    and the next recovery serves them again (with stale queue offsets). Here recovery zeroes
+    everything past the end, so they never come back (docs/differences.md, 'Store and
+    recovery')."""
     config = torn_config(tmp_path)
     written = await write_torn_store(config, 12, sizes=lambda i: 200)  # one segment, same sizes
     damaged = 6
@@ -752,8 +753,8 @@ async def test_recovery_zeroes_tail_so_stale_records_never_return(tmp_path, abno
 
 @pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
 async def test_recovery_cuts_consume_queue_and_zeroes_its_stale_entries(tmp_path, abnormal):
-    """The consume-queue side of §5.5: entries pointing past the new end are dropped and
-    their bytes zeroed, so the queue file holds nothing after its last entry."""
+    """The consume-queue side of the zeroed tail: entries pointing past the new end are
+    dropped and their bytes zeroed, so the queue file holds nothing after its last entry."""
     config = torn_config(tmp_path)
     written = await write_torn_store(config, 40)
     damaged = 30

@@ -1,4 +1,5 @@
-"""Replication between stores in one process over real loopback sockets (reference §6, §9)."""
+"""Replication between stores in one process over real loopback sockets: RocketMQ's HATest
+scenarios and more (docs/ha-protocol.md)."""
 
 import filecmp
 import os

@@ -1,4 +1,5 @@
-"""Fault injection for HA replication (DESIGN §4, §6, §7; reference §6, §10).
+"""Fault injection for HA replication (DESIGN §4, §6, §7; docs/ha-protocol.md and
+docs/differences.md).
 
 A broken network between slave and master (``trio_ha.testing.FaultProxy``: stalls, cuts at
 exact places of the frame stream, late and fragmented delivery), a slave process killed with

@@ -239,7 +239,8 @@ TOPICS = TopicConfigSerializeWrapper(
 def java_compressed(
     version_json: bytes, topics: list[bytes], filters: bytes, tail: bytes = b""
 ) -> bytes:
-    """The compressed register body built by hand from the reference layout."""
+    """The compressed register body built by hand from the layout in docs/remoting.md, 'Name
+    server'."""
     parts = [struct.pack(">i", len(version_json)), version_json, struct.pack(">i", len(topics))]
     for text in topics:
         parts += [struct.pack(">i", len(text)), text]

@@ -111,7 +111,7 @@ class StoreConfig:
     broker_role: BrokerRole = attrs.field(default=BrokerRole.ASYNC_MASTER, converter=BrokerRole)
     os_page_cache_busy_timeout_mills: int = attrs.field(default=1000, validator=_positive)
 
-    # ---- HA (reference §6.6) ------------------------------------------------------------
+    # ---- HA (docs/ha-protocol.md, 'Timers and settings') ---------------------------------
     #: where the HA service listens; 0 lets the OS choose (``store.ha_address`` tells); None:
     #: no HA listener (an embedded store). A broker derives listenPort + 1 only when this is
     #: not configured (RocketMQ #6537).

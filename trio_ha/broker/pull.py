@@ -7,7 +7,7 @@ again and answers. RocketMQ parks such requests in a table scanned every 5 s and
 reput thread; here the waiting pull is just a task (the remoting server runs every request in
 its own), so many held pulls share one connection without blocking anything else.
 
-Statuses map to response codes as in reference §7.7, including the slave's rules: a slave
+Statuses map to response codes as docs/remoting.md, 'Pull' lists, with the slave's rules: a slave
 does not correct offsets (offsetCheckInSlave is off) and suggests the master (broker id 0).
 The response body is the raw records, unchanged, as RocketMQ clients decode them.
 """

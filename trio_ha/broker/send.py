@@ -2,8 +2,9 @@
 
 The producer's properties string is stored as it came, with the broker's CLUSTER property
 added, as RocketMQ does; a batch body goes to the store's native batch encoder untouched. The
-store's status becomes the response code of reference §6.5: the four "stored" statuses carry
-msgId, queueId and queueOffset (and MSG_REGION, TRACE_ON), the others an error remark.
+store's status becomes the response code in docs/remoting.md, 'Send': the four "stored"
+statuses carry msgId, queueId and queueOffset (and MSG_REGION, TRACE_ON), the others an error
+remark.
 
 What this broker does not do yet — transactional half messages, delayed delivery — is refused
 with a response that says so, never stored as if it were a plain message.

@@ -84,7 +84,7 @@ RETRY_CODES = frozenset({
 
 
 class SendStatus(enum.Enum):
-    """The client's view of a stored message (reference §6.5)."""
+    """The client's view of a stored message (docs/remoting.md, 'Send')."""
 
     SEND_OK = "SEND_OK"
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"

@@ -5,11 +5,11 @@ clusters and their broker names, each broker name's addresses by broker id (0 is
 each topic's queues per broker name, and when each broker address last registered. Time is
 passed in, so expiry is tested without clocks, and the server wraps this in trio.
 
-Rules kept from RocketMQ (reference §7.8): topic queue data comes only from a master's
-registration (broker id 0), and only when its data version changed; an address that registers
-under another broker id replaces its old entry (a role switch); a broker silent for 120 s, or
-whose connection closed, is removed. A slave's registration is answered with its master's
-address and HA address, which is how a slave finds its master without configuration.
+Rules kept from RocketMQ (docs/remoting.md, 'Name server'): topic queue data comes only from
+a master's registration (broker id 0), and only when its data version changed; an address that
+registers under another broker id replaces its old entry (a role switch); a broker silent for
+120 s, or whose connection closed, is removed. A slave's registration is answered with its
+master's address and HA address, which is how a slave finds its master without configuration.
 """
 
 from __future__ import annotations

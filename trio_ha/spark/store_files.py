@@ -41,7 +41,7 @@ _SEGMENT_NAME = re.compile(r"^\d{20}$")
 _MAGICS = (rec.MAGIC_V1, rec.MAGIC_V2)
 _HEADER = struct.Struct(">iI")
 _PHYS = struct.Struct(">q")
-# consume-queue entry: commitlog offset, size, tags code (reference §3.1)
+# consume-queue entry: commitlog offset, size, tags code (docs/formats.md, 'Consume queue')
 CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 _CQ_BLANK_SIZE = 0x7FFFFFFF  # the head filler of a queue that starts past 0
 

@@ -1,11 +1,12 @@
-"""The checkpoint file: how far the store knew its data was durable (reference §4.2).
+"""The checkpoint file: how far the store knew its data was durable.
 
-Byte-compatible with RocketMQ's 4 KiB ``checkpoint``: physicMsgTimestamp at 0 (store time of
-the last flushed commitlog record), logicsMsgTimestamp at 8 (of the last flushed consume-queue
-entry), indexMsgTimestamp at 16, and 5.x's masterFlushedOffset at 24 and confirmPhyOffset at
-32. Abnormal recovery starts from the newest segment whose first record is older than
-``min_timestamp``, so the fields only ever move over data that is already flushed (RocketMQ
-issues #678/#495 came from advancing them earlier).
+Byte-compatible with RocketMQ's 4 KiB ``checkpoint`` (docs/formats.md, 'Checkpoint'):
+physicMsgTimestamp at 0 (store time of the last flushed commitlog record), logicsMsgTimestamp
+at 8 (of the last flushed consume-queue entry), indexMsgTimestamp at 16, and 5.x's
+masterFlushedOffset at 24 and confirmPhyOffset at 32. Abnormal recovery starts from the
+newest segment whose first record is older than ``min_timestamp``, so the fields only ever
+move over data that is already flushed (RocketMQ issues #678/#495 came from advancing them
+earlier).
 """
 
 from __future__ import annotations

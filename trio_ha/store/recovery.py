@@ -1,6 +1,7 @@
 """Crash recovery: find where the verified log ends, cut everything after it, re-index.
 
-At open, every segment's positions say "full"; recovery establishes the truth (reference §5):
+At open, every segment's positions say "full"; recovery establishes the truth
+(docs/formats.md, 'Recovery', tells it step by step):
 
 * consume queues are scanned for their last valid entry and cut there;
 * the commitlog is scanned forward with CRC checks from a starting segment — the third from

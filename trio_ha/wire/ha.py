@@ -1,6 +1,6 @@
 """RocketMQ's classic (4.9) HA protocol, as two sans-I/O state machines.
 
-The protocol is tiny and has no framing beyond this (reference §6.2)::
+The protocol is tiny and has no framing beyond this (docs/ha-protocol.md, 'Wire format')::
 
     slave -> master   offset:8                      "I have everything below offset"
     master -> slave   offset:8 size:4 body:size     raw commitlog bytes at offset;

@@ -1,6 +1,7 @@
 """RocketMQ's config JSON files, as pure functions between bytes and frozen values.
 
-The broker keeps four tables under ``<storePathRootDir>/config/`` (reference §4.4)::
+The broker keeps four tables under ``<storePathRootDir>/config/`` (docs/formats.md, 'Broker
+config files')::
 
     topics.json             {"dataVersion":{..},"topicConfigTable":{"<topic>":TopicConfig}}
     consumerOffset.json     {"offsetTable":{"<topic>@<group>":{<queueId>:<offset>}}}

@@ -1,14 +1,15 @@
 """RocketMQ's remoting protocol: frames, the two header encodings, and the core custom headers.
 
-Every broker and name server request and response is one frame (reference §7.1)::
+Every broker and name server request and response is one frame (docs/remoting.md, 'Frame')::
 
     total length L:4 | serialize type:1, header length H:3 | header:H | body:L-4-H
 
 where L counts everything after itself. The header is either fastjson JSON (serialize type 0,
-what every client sends by default) or RocketMQ's binary layout (type 1, §7.3). Both carry the
-same fields: ``code`` (request code in requests, response code in responses), ``language``,
-``version``, ``opaque`` (the request id a response echoes), ``flag`` (bit 0 response, bit 1
-oneway), ``remark`` and ``extFields``, a string map holding the request's custom header.
+what every client sends by default) or RocketMQ's binary layout (type 1; docs/remoting.md,
+'Header fields', has both). Both carry the same fields: ``code`` (request code in requests,
+response code in responses), ``language``, ``version``, ``opaque`` (the request id a response
+echoes), ``flag`` (bit 0 response, bit 1 oneway), ``remark`` and ``extFields``, a string map
+holding the request's custom header.
 
 Why this module is more than ``json.loads``:
 
@@ -115,7 +116,8 @@ _BIN_MIN_HEADER = _BIN_FIXED.size + 4  # 21: fixed part, remark length, extField
 
 
 class RequestCode(enum.IntEnum):
-    """Request codes (reference §7.4; the 9xx/10xx ones are 5.x)."""
+    """Request codes (the 9xx/10xx ones are 5.x; docs/remoting.md, 'Request codes', says which
+    ones we serve)."""
 
     SEND_MESSAGE = 10
     PULL_MESSAGE = 11
@@ -180,7 +182,7 @@ class RequestCode(enum.IntEnum):
 
 
 class ResponseCode(enum.IntEnum):
-    """Response codes (reference §7.5)."""
+    """Response codes (docs/remoting.md, 'Response codes')."""
 
     SUCCESS = 0
     SYSTEM_ERROR = 1
