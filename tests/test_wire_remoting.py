@@ -11,8 +11,6 @@ from hypothesis import strategies as st
 
 from trio_ha.wire.errors import HeaderFieldError, RemotingDecodeError, WireError
 from trio_ha.wire.remoting import (
-    FLAG_ONEWAY,
-    FLAG_RESPONSE,
     MAX_FRAME_LENGTH,
     NEED_DATA,
     FieldKind,
@@ -22,6 +20,7 @@ from trio_ha.wire.remoting import (
     PullMessageRequestHeader,
     PullSysFlag,
     RemotingCommand,
+    RemotingFlag,
     RequestCode,
     ResponseCode,
     SendMessageRequestHeader,
@@ -80,7 +79,7 @@ def test_binary_frame_golden_bytes():
         language=LanguageCode.JAVA,
         version=409,
         opaque=7,
-        flag=FLAG_ONEWAY,
+        flag=RemotingFlag.ONEWAY,
         remark="ok",
         ext_fields={"topic": "T"},
         body=b"\x01\x02",
@@ -110,6 +109,22 @@ def test_binary_empty_remark_and_fields_decode_as_none_and_empty():
     assert len(frame) == 8 + 21
     decoded = decode_frame(frame)
     assert decoded.remark is None and decoded.ext_fields == {} and decoded.body == b""
+
+
+def test_remoting_flags_are_written_as_the_plain_ints_java_expects():
+    assert (RemotingFlag.RESPONSE, RemotingFlag.ONEWAY) == (1, 2)
+    oneway = RemotingCommand.request(RequestCode.HEART_BEAT, oneway=True, opaque=3)
+    assert oneway.flag == RemotingFlag.ONEWAY and oneway.is_oneway and not oneway.is_response
+    header = json.loads(encode(oneway)[8:])
+    assert header["flag"] == 2 and header["code"] == 34 and type(header["flag"]) is int
+    response = RemotingCommand.response_to(oneway, ResponseCode.SYSTEM_BUSY)
+    assert json.loads(encode(response)[8:])["flag"] == 1
+    assert json.loads(encode(response)[8:])["code"] == 2
+    binary = attrs.evolve(oneway, serialize_type=SerializeType.ROCKETMQ)
+    assert decode_frame(encode(binary)).flag == 2
+    # a decoded flag is a plain int, unknown bits included
+    decoded = decode_frame(json_frame('{"code":1,"flag":7}'))
+    assert decoded.flag == 7 and decoded.is_response and decoded.is_oneway
 
 
 def test_json_header_nulls_omitted_and_remark_escaped():
@@ -476,7 +491,8 @@ def test_response_echoes_opaque_sets_flag_and_uses_the_request_serialize_type():
     response = RemotingCommand.response_to(
         request, ResponseCode.PULL_NOT_FOUND, "NO_NEW_MSG", {"nextBeginOffset": 5}
     )
-    assert response.opaque == 123456 and response.flag == FLAG_RESPONSE and response.is_response
+    assert response.opaque == 123456 and response.flag == RemotingFlag.RESPONSE
+    assert response.is_response
     assert response.serialize_type is SerializeType.ROCKETMQ
     assert response.ext_fields == {"nextBeginOffset": "5"}
     assert decode_frame(encode(response)) == response

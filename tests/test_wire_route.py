@@ -27,9 +27,8 @@ from trio_ha.wire.metadata import (
     parse_delay_levels,
     split_offset_key,
 )
+from trio_ha.wire.permission import Permission
 from trio_ha.wire.route import (
-    PERM_READ,
-    PERM_WRITE,
     BrokerData,
     ClusterInfo,
     ConsumerData,
@@ -229,7 +228,9 @@ def test_route_decoders_raise_only_route_decode_errors(data):
 TOPICS = TopicConfigSerializeWrapper(
     {
         "TopicTest": TopicConfig("TopicTest", 4, 4),
-        "%RETRY%cg": TopicConfig("%RETRY%cg", 1, 1, PERM_READ | PERM_WRITE, "SINGLE_TAG", 0, False),
+        "%RETRY%cg": TopicConfig(
+            "%RETRY%cg", 1, 1, Permission.READ | Permission.WRITE, "SINGLE_TAG", 0, False
+        ),
         "ordered": TopicConfig("ordered", 8, 8, 6, "MULTI_TAG", 1, True),
     },
     DataVersion(7, 1636355958169),
@@ -319,6 +320,29 @@ def test_topic_config_compact_form():
     assert config.encode_compact() == "T 8 4 6 SINGLE_TAG"
     assert TopicConfig.decode_compact("T 8 4 6 SINGLE_TAG") == config
     assert TopicConfig.decode_compact('T 8 4 6 SINGLE_TAG {"+k":"v"}') == config
+
+
+def test_permission_members_are_written_as_the_plain_ints_java_expects():
+    rw = Permission.READ | Permission.WRITE
+    assert (Permission.INHERIT, Permission.WRITE, Permission.READ, Permission.PRIORITY) == (
+        1, 2, 4, 8
+    )
+    config = TopicConfig("T", 8, 4, rw)
+    assert config == TopicConfig("T", 8, 4, 6) and config.perm == 6
+    assert '"perm":6' in write_json(config.to_json_obj())
+    assert '"perm":6' in write_json(config.to_json_obj(), standard_json=True)
+    assert json.loads(json.dumps({"perm": Permission.INHERIT | rw})) == {"perm": 7}
+    assert config.encode_compact() == "T 8 4 6 SINGLE_TAG"
+    wrapper = TopicConfigSerializeWrapper({"T": config})
+    assert b'"perm":6' in encode_topics_json(wrapper, pretty=False)
+    route = TopicRouteData(queue_datas=[QueueData("b", 4, 4, rw, 0)])
+    assert TopicRouteData.decode(route.encode(standard_json=False)).queue_datas[0].perm == 6
+    # defaults are read|write, and bits we do not know survive a round trip as plain ints
+    assert TopicConfig("T").perm == rw and QueueData("b", 1, 1).perm == rw
+    odd = TopicConfig("T", perm=-1)
+    assert TopicConfigSerializeWrapper.from_json_obj(
+        json.loads(write_json(TopicConfigSerializeWrapper({"T": odd}).to_json_obj())), "t"
+    ).topic_config_table["T"].perm == -1
 
 
 # ---- heartbeats and small bodies ---------------------------------------------------------

@@ -23,6 +23,7 @@ from ..wire.metadata import (
     encode_subscription_groups,
     encode_topics_json,
 )
+from ..wire.permission import Permission
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from ..wire.route import HeartbeatData, KVTable, TopicConfig
 from .pull import TOTAL_MEMORY
@@ -172,7 +173,7 @@ def update_and_create_topic(broker, request, connection):
             topic_name=topic,
             read_queue_nums=request.field_int("readQueueNums"),
             write_queue_nums=request.field_int("writeQueueNums"),
-            perm=request.field_int("perm", 6),
+            perm=request.field_int("perm", Permission.READ | Permission.WRITE),
             topic_filter_type=request.field_str("topicFilterType", "SINGLE_TAG"),
             topic_sys_flag=request.field_int("topicSysFlag", 0),
             order=request.field_bool("order", False),

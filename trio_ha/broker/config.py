@@ -16,9 +16,7 @@ import attrs
 
 from ..config import BrokerRole, ConfigError, StoreConfig, _camel, _in_range, _parse_value
 from ..config import parse_properties_text
-
-PERM_READ = 4
-PERM_WRITE = 2
+from ..wire.permission import Permission
 
 
 @attrs.frozen(kw_only=True)
@@ -40,7 +38,9 @@ class BrokerConfig:
     auto_create_topic_enable: bool = True
     auto_create_subscription_group: bool = True
     default_topic_queue_nums: int = attrs.field(default=8, validator=_in_range(1, 1024))
-    broker_permission: int = attrs.field(default=PERM_READ | PERM_WRITE, validator=_in_range(0, 15))
+    broker_permission: int = attrs.field(
+        default=Permission.READ | Permission.WRITE, validator=_in_range(0, 15)
+    )
     long_polling_enable: bool = True
     short_polling_time_mills: int = attrs.field(default=1000, validator=_in_range(1))
     slave_read_enable: bool = False

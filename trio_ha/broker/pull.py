@@ -20,6 +20,7 @@ import trio
 
 from ..store.results import GetMessageStatus
 from ..wire import record as rec
+from ..wire.permission import Permission
 from ..wire.remoting import RemotingCommand, ResponseCode, pull_message_header
 
 MASTER_ID = 0
@@ -66,7 +67,7 @@ def _record_tags(record: bytes) -> str | None:
 async def process_pull(broker, request: RemotingCommand, connection) -> RemotingCommand:
     header = pull_message_header(request)
     config = broker.config
-    if not config.broker_permission & 4:
+    if not config.broker_permission & Permission.READ:
         return RemotingCommand.response_to(
             request, ResponseCode.NO_PERMISSION,
             remark=f"the broker[{config.broker_name}] pulling message is forbidden",

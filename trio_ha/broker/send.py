@@ -16,6 +16,7 @@ import random
 
 from ..store.results import PutMessageResult, PutMessageStatus
 from ..wire import record as rec
+from ..wire.permission import Permission
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode, send_message_header
 
 STATUS_CODES = {
@@ -56,7 +57,7 @@ def send_response(request: RemotingCommand, result: PutMessageResult, queue_id: 
 async def process_send(broker, request: RemotingCommand, connection) -> RemotingCommand:
     header = send_message_header(request)
     config = broker.config
-    if not config.broker_permission & 2:
+    if not config.broker_permission & Permission.WRITE:
         return RemotingCommand.response_to(
             request, ResponseCode.NO_PERMISSION,
             remark=f"the broker[{config.broker_name}] sending message is forbidden",

@@ -19,7 +19,8 @@ from ..remoting import RemotingError
 from ..wire.errors import RecordDecodeError, RouteDecodeError
 from ..wire.record import StoredMessage, decode_message_id, decode_record
 from ..wire.remoting import RequestCode, ResponseCode
-from ..wire.route import PERM_READ, PERM_WRITE, ClusterInfo, KVTable, TopicRouteData
+from ..wire.permission import Permission
+from ..wire.route import ClusterInfo, KVTable, TopicRouteData
 from .instance import (
     DEFAULT_TOPIC,
     MASTER_ID,
@@ -89,7 +90,7 @@ class Admin:
         cluster: str | None = None,
         read_queue_nums: int | None = None,
         write_queue_nums: int | None = None,
-        perm: int = PERM_READ | PERM_WRITE,
+        perm: int = Permission.READ | Permission.WRITE,
         order: bool = False,
         topic_filter_type: str = "SINGLE_TAG",
         topic_sys_flag: int = 0,

@@ -51,14 +51,13 @@ import trio
 from .._errors import unwrap_single_exception
 from ..remoting import RemotingClientPool, RemotingError
 from ..wire.errors import RouteDecodeError
+from ..wire.permission import Permission
 from ..wire.record import java_string_hash, parse_host_port
 from ..wire.remoting import LanguageCode, RemotingCommand, RequestCode, ResponseCode
 from ..wire.route import (
     CLUSTERING,
     CONSUME_ACTIVELY,
     CONSUME_FROM_LAST_OFFSET,
-    PERM_READ,
-    PERM_WRITE,
     ConsumerData,
     HeartbeatData,
     ProducerData,
@@ -397,7 +396,7 @@ class ClientInstance:
         masters = {d.broker_name for d in route.broker_datas if MASTER_ID in d.broker_addrs}
         queues = []
         for data in sorted(route.queue_datas, key=lambda d: d.broker_name):
-            if data.perm & PERM_WRITE and data.broker_name in masters:
+            if data.perm & Permission.WRITE and data.broker_name in masters:
                 queues.extend(
                     MessageQueue(topic, data.broker_name, i) for i in range(data.write_queue_nums)
                 )
@@ -411,7 +410,7 @@ class ClientInstance:
         named = {d.broker_name for d in route.broker_datas if d.broker_addrs}
         queues = []
         for data in sorted(route.queue_datas, key=lambda d: d.broker_name):
-            if data.perm & PERM_READ and data.broker_name in named:
+            if data.perm & Permission.READ and data.broker_name in named:
                 queues.extend(
                     MessageQueue(topic, data.broker_name, i) for i in range(data.read_queue_nums)
                 )

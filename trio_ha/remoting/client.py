@@ -20,7 +20,7 @@ import trio
 from .._errors import unwrap_single_exception
 from ..wire.errors import RemotingDecodeError
 from ..wire.record import parse_host_port
-from ..wire.remoting import NEED_DATA, FrameDecoder, RemotingCommand, encode
+from ..wire.remoting import NEED_DATA, FrameDecoder, RemotingCommand, RemotingFlag, encode
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,9 @@ class RemotingClient:
             self._pending.pop(opaque, None)
 
     async def invoke_oneway(self, request: RemotingCommand) -> None:
-        request = attrs.evolve(request, opaque=next(_opaques) & 0x7FFFFFFF, flag=request.flag | 2)
+        request = attrs.evolve(
+            request, opaque=next(_opaques) & 0x7FFFFFFF, flag=request.flag | RemotingFlag.ONEWAY
+        )
         await self._send(encode(request))
 
     async def run_reader(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

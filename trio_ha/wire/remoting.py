@@ -49,8 +49,6 @@ from .ha import NEED_DATA, _NeedData
 
 __all__ = [
     "DEFAULT_VERSION",
-    "FLAG_ONEWAY",
-    "FLAG_RESPONSE",
     "MAX_EXT_FIELDS",
     "MAX_EXT_KEY_LENGTH",
     "MAX_EXT_VALUE_LENGTH",
@@ -66,6 +64,7 @@ __all__ = [
     "PullSysFlag",
     "RemotingCommand",
     "RemotingDecodeError",
+    "RemotingFlag",
     "RequestCode",
     "ResponseCode",
     "SendMessageRequestHeader",
@@ -96,10 +95,6 @@ MAX_HEADER_LENGTH = 1024 * 1024
 MAX_EXT_FIELDS = 1024
 MAX_EXT_KEY_LENGTH = 1024
 MAX_EXT_VALUE_LENGTH = 256 * 1024
-
-#: ``flag`` bits
-FLAG_RESPONSE = 0x1
-FLAG_ONEWAY = 0x2
 
 #: MQVersion ordinal we announce: V4_9_8 (4.9.4 is 401, 5.3.3 is 479)
 DEFAULT_VERSION = 409
@@ -215,6 +210,23 @@ class ResponseCode(enum.IntEnum):
     CONSUME_MSG_TIMEOUT = 207
     NO_MESSAGE = 208
     FLOW_CONTROL = 215
+
+
+class RemotingFlag(enum.IntFlag):
+    """The ``flag`` bits of a command (RemotingCommand's RPC_TYPE and RPC_ONEWAY bits). An
+    ``IntFlag``, so a member is the int Java sends (``%d`` and JSON print the number); a
+    decoded command's ``flag`` stays a plain int, as ``code`` does."""
+
+    #: set on responses, clear on requests (RPC_TYPE)
+    RESPONSE = 0x1
+    #: a request that wants no response (RPC_ONEWAY)
+    ONEWAY = 0x2
+
+
+# The bits as plain ints for the per-command tests: ``int & IntFlag`` builds a new flag member
+# (about a microsecond), ``int & int`` does not.
+_RESPONSE_BIT = RemotingFlag.RESPONSE.value
+_ONEWAY_BIT = RemotingFlag.ONEWAY.value
 
 
 class LanguageCode(enum.IntEnum):
@@ -337,11 +349,11 @@ class RemotingCommand:
 
     @property
     def is_response(self) -> bool:
-        return bool(self.flag & FLAG_RESPONSE)
+        return bool(self.flag & _RESPONSE_BIT)
 
     @property
     def is_oneway(self) -> bool:
-        return bool(self.flag & FLAG_ONEWAY)
+        return bool(self.flag & _ONEWAY_BIT)
 
     # -- construction
 
@@ -366,7 +378,7 @@ class RemotingCommand:
             language=language,
             version=version,
             opaque=opaque,
-            flag=FLAG_ONEWAY if oneway else 0,
+            flag=RemotingFlag.ONEWAY if oneway else 0,
             remark=remark,
             ext_fields=_string_fields(ext_fields),
             body=bytes(body),
@@ -394,7 +406,7 @@ class RemotingCommand:
             language=language,
             version=version,
             opaque=request.opaque,
-            flag=FLAG_RESPONSE,
+            flag=RemotingFlag.RESPONSE,
             remark=remark,
             ext_fields=_string_fields(ext_fields),
             body=bytes(body),

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import attrs
 
 from .errors import RouteDecodeError, WireError
+from .permission import Permission
 
 __all__ = [
     "BROADCASTING",
@@ -51,6 +52,7 @@ __all__ = [
     "DataVersion",
     "HeartbeatData",
     "KVTable",
+    "Permission",
     "ProducerData",
     "QueueData",
     "RegisterBrokerBody",
@@ -64,11 +66,12 @@ __all__ = [
     "write_json",
 ]
 
-#: ``perm`` bits (PermName)
-PERM_PRIORITY = 8
-PERM_READ = 4
-PERM_WRITE = 2
-PERM_INHERIT = 1
+#: the ``perm`` bits under their old names; new code says ``Permission.READ`` (these go once
+#: nothing imports them)
+PERM_PRIORITY = Permission.PRIORITY
+PERM_READ = Permission.READ
+PERM_WRITE = Permission.WRITE
+PERM_INHERIT = Permission.INHERIT
 
 #: the largest JSON document we parse (frames are at most 16 MiB; config files may be larger)
 DEFAULT_MAX_JSON_LENGTH = 64 * 1024 * 1024
@@ -390,7 +393,7 @@ class TopicConfig:
     topic_name: str
     read_queue_nums: int = 16
     write_queue_nums: int = 16
-    perm: int = PERM_READ | PERM_WRITE
+    perm: int = Permission.READ | Permission.WRITE
     topic_filter_type: str = "SINGLE_TAG"
     topic_sys_flag: int = 0
     order: bool = False
@@ -416,7 +419,7 @@ class TopicConfig:
             topic_name=_get_str(obj, "topicName", path, _REQUIRED if name is None else name),
             read_queue_nums=_get_int(obj, "readQueueNums", path, 16, int32=True),
             write_queue_nums=_get_int(obj, "writeQueueNums", path, 16, int32=True),
-            perm=_get_int(obj, "perm", path, PERM_READ | PERM_WRITE, int32=True),
+            perm=_get_int(obj, "perm", path, Permission.READ | Permission.WRITE, int32=True),
             topic_filter_type=filter_type,
             topic_sys_flag=_get_int(obj, "topicSysFlag", path, 0, int32=True),
             order=_get_bool(obj, "order", path, False),
@@ -427,7 +430,7 @@ class TopicConfig:
         ``"topicName readQueueNums writeQueueNums perm topicFilterType"``."""
         return (
             f"{self.topic_name} {self.read_queue_nums} {self.write_queue_nums} "
-            f"{self.perm} {self.topic_filter_type}"
+            f"{int(self.perm)} {self.topic_filter_type}"
         )
 
     @classmethod
@@ -529,7 +532,7 @@ class QueueData:
     broker_name: str
     read_queue_nums: int
     write_queue_nums: int
-    perm: int = PERM_READ | PERM_WRITE
+    perm: int = Permission.READ | Permission.WRITE
     topic_sys_flag: int = 0
 
     def to_json_obj(self) -> dict:
@@ -550,7 +553,7 @@ class QueueData:
             broker_name=_get_str(obj, "brokerName", path),
             read_queue_nums=_get_int(obj, "readQueueNums", path, 0, int32=True),
             write_queue_nums=_get_int(obj, "writeQueueNums", path, 0, int32=True),
-            perm=_get_int(obj, "perm", path, PERM_READ | PERM_WRITE, int32=True),
+            perm=_get_int(obj, "perm", path, Permission.READ | Permission.WRITE, int32=True),
             topic_sys_flag=0 if sys_flag is None else _as_int(sys_flag, f"{path}.topicSysFlag"),
         )
 
