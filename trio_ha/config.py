@@ -12,13 +12,30 @@ from __future__ import annotations
 import enum
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 
+from .wire.layout import (
+    CQ_ENTRY_SIZE,
+    DEFAULT_COMMITLOG_SEGMENT_SIZE,
+    DEFAULT_CQ_ENTRIES_PER_FILE,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    INT32_MAX,
+    INT64_MAX,
+)
+
+__all__ = [
+    "GiB", "MiB", "INT64_MAX", "FlushDiskType", "BrokerRole", "ConfigError", "StoreConfig",
+    "parse_properties_text",
+]
+
 GiB = 1024**3
 MiB = 1024**2
-INT64_MAX = 2**63 - 1
+
+#: an attrs validator: (instance, attribute, value) -> None, raising ConfigError
+_Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
 
 class FlushDiskType(enum.Enum):
@@ -36,8 +53,8 @@ class ConfigError(ValueError):
     """A configuration value is missing, malformed or out of range."""
 
 
-def _in_range(low: int, high: int = INT64_MAX):
-    def check(instance, attribute, value) -> None:
+def _in_range(low: int, high: int = INT64_MAX) -> _Validator:
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{attribute.name} must be an integer, got {value!r}")
         if not low <= value <= high:
@@ -46,12 +63,22 @@ def _in_range(low: int, high: int = INT64_MAX):
     return check
 
 
-def _positive(instance, attribute, value) -> None:
+def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     _in_range(1)(instance, attribute, value)
 
 
-def _non_negative(instance, attribute, value) -> None:
+def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     _in_range(0)(instance, attribute, value)
+
+
+def _cq_entries(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value % CQ_ENTRY_SIZE:
+        raise ConfigError(f"{attribute.name}={value} must be a multiple of {CQ_ENTRY_SIZE}")
+
+
+def _transfer_method(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value not in ("send", "sendfile"):
+        raise ConfigError(f"{attribute.name} must be 'send' or 'sendfile', got {value!r}")
 
 
 def _camel(name: str) -> str:
@@ -76,9 +103,12 @@ class StoreConfig:
     )
     #: commitlog directory; ``<store_path_root_dir>/commitlog`` when unset
     store_path_commit_log: str | None = None
-    mapped_file_size_commit_log: int = attrs.field(default=GiB, validator=_in_range(4096))
+    mapped_file_size_commit_log: int = attrs.field(
+        default=DEFAULT_COMMITLOG_SEGMENT_SIZE, validator=_in_range(4096)
+    )
     mapped_file_size_consume_queue: int = attrs.field(
-        default=300_000 * 20, validator=_in_range(20)
+        default=DEFAULT_CQ_ENTRIES_PER_FILE * CQ_ENTRY_SIZE,
+        validator=[_in_range(CQ_ENTRY_SIZE), _cq_entries],
     )
     flush_disk_type: FlushDiskType = attrs.field(
         default=FlushDiskType.ASYNC_FLUSH, converter=FlushDiskType
@@ -102,7 +132,9 @@ class StoreConfig:
     clean_resource_interval: int = attrs.field(default=10_000, validator=_positive)
     delete_commit_log_files_interval: int = attrs.field(default=100, validator=_non_negative)
     #: body size limit (4 MiB), as RocketMQ's maxMessageSize
-    max_message_size: int = attrs.field(default=4 * MiB, validator=_in_range(1, 2**31 - 1))
+    max_message_size: int = attrs.field(
+        default=DEFAULT_MAX_MESSAGE_SIZE, validator=_in_range(1, INT32_MAX)
+    )
     check_crc_on_recover: bool = True
     #: write every page of a new segment in a worker thread before appends reach it
     warm_mapped_file_enable: bool = True
@@ -137,26 +169,16 @@ class StoreConfig:
     #: how frame bodies leave the master: "sendfile" or "send" (memoryview slices of the
     #: mapping); both copy nothing in Python. sendfile is the default because it won 7 of 8
     #: catch-up runs with 1 MiB frames in ``trio-ha bench replication`` on this machine kind.
-    ha_transfer_method: str = attrs.field(default="sendfile")
+    ha_transfer_method: str = attrs.field(default="sendfile", validator=_transfer_method)
     #: reconnect back-off of a slave's HA client
     ha_reconnect_interval: int = attrs.field(default=5000, validator=_positive)
-
-    @ha_transfer_method.validator
-    def _transfer_method(self, attribute, value) -> None:
-        if value not in ("send", "sendfile"):
-            raise ConfigError(f"{attribute.name} must be 'send' or 'sendfile', got {value!r}")
-
-    @mapped_file_size_consume_queue.validator
-    def _cq_multiple(self, attribute, value) -> None:
-        if value % 20:
-            raise ConfigError(f"{attribute.name}={value} must be a multiple of 20")
 
     @property
     def commitlog_dir(self) -> str:
         return self.store_path_commit_log or os.path.join(self.store_path_root_dir, "commitlog")
 
     @classmethod
-    def from_properties(cls, properties: Mapping[str, str] | str, **overrides) -> "StoreConfig":
+    def from_properties(cls, properties: Mapping[str, str] | str, **overrides: Any) -> StoreConfig:
         """Build a config from RocketMQ's camelCase keys (a mapping, or the text of a
         ``broker.conf``). Keys that are not store settings are ignored: a broker.conf also
         holds broker and network settings. ``overrides`` (snake_case) win over the file."""
@@ -166,7 +188,8 @@ class StoreConfig:
         by_camel = {_camel(name): name for name in fields}
         by_camel.update(_RENAMED)
         hints = typing.get_type_hints(cls)
-        values: dict[str, object] = {}
+        # Each value is parsed to its field's type below; attrs validates the result.
+        values: dict[str, Any] = {}
         for key, raw in properties.items():
             name = by_camel.get(key.strip())
             if name is None:
@@ -176,7 +199,8 @@ class StoreConfig:
         return cls(**values)
 
 
-def _parse_value(name: str, hint, raw: str):
+def _parse_value(name: str, hint: Any, raw: str) -> object:
+    """``raw`` as the field's type hint says (int, bool, an enum, str, or optional ones)."""
     if hint == (int | None):
         hint = int
     try:

@@ -20,18 +20,20 @@ and report it with ``body_received(n)``, so the body never becomes a Python byte
 
 from __future__ import annotations
 
+import enum
 import struct
+from typing import Final
 
 import attrs
 
 from .errors import WireError
+from .layout import INT64_MAX
 
 REPORT = struct.Struct(">q")
 FRAME_HEADER = struct.Struct(">qi")
 #: the largest frame body we accept; RocketMQ sends at most haTransferBatchSize (32 KiB), we
 #: allow batches up to this for fast catch-up
 MAX_FRAME_BODY = 64 * 1024 * 1024
-_INT64_MAX = 2**63 - 1
 
 
 class HAProtocolError(WireError):
@@ -49,12 +51,20 @@ class OffsetMismatch(HAProtocolError):
         self.received = received
 
 
-class _NeedData:
+class NeedData(enum.Enum):
+    """The type of ``NEED_DATA``, which ``next_event()`` returns when it needs more bytes
+    first (the remoting frame decoder returns it too). An enum of one member, so that a type
+    checker narrows ``while (event := p.next_event()) is not NEED_DATA`` to the events."""
+
+    NEED_DATA = "NEED_DATA"
+
     def __repr__(self) -> str:
         return "NEED_DATA"
 
 
-NEED_DATA = _NeedData()
+NEED_DATA: Final = NeedData.NEED_DATA
+#: the old name, still imported by wire/remoting.py; remove once that imports NeedData
+_NeedData = NeedData
 
 
 @attrs.frozen
@@ -114,7 +124,7 @@ class MasterProtocol:
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._buffer += data
 
-    def next_event(self) -> SlaveReport | _NeedData:
+    def next_event(self) -> SlaveReport | NeedData:
         if len(self._buffer) < REPORT.size:
             return NEED_DATA
         (offset,) = REPORT.unpack_from(self._buffer)
@@ -141,7 +151,7 @@ class MasterProtocol:
         the caller sends next, straight from the segment."""
         if not 0 <= size <= self.max_frame_body:
             raise ValueError(f"frame body of {size} bytes is out of range")
-        if not 0 <= offset <= _INT64_MAX - size:
+        if not 0 <= offset <= INT64_MAX - size:
             raise ValueError(f"frame offset {offset} is out of range")
         return FRAME_HEADER.pack(offset, size)
 
@@ -185,7 +195,7 @@ class SlaveProtocol:
             raise RuntimeError("body_received without that much body outstanding")
         self._remaining -= n
 
-    def next_event(self) -> FrameHeader | FrameData | FrameEnd | _NeedData:
+    def next_event(self) -> FrameHeader | FrameData | FrameEnd | NeedData:
         frame = self._frame
         if frame is not None:
             if self._buffer and self._remaining:
@@ -204,7 +214,7 @@ class SlaveProtocol:
         offset, size = FRAME_HEADER.unpack_from(self._buffer)
         if size < 0 or size > self.max_frame_body:
             raise HAProtocolError(f"frame body size {size} is out of range")
-        if offset < 0 or offset > _INT64_MAX - size:
+        if offset < 0 or offset > INT64_MAX - size:
             raise HAProtocolError(f"frame offset {offset} is out of range")
         if self.expected is not None and offset != self.expected:
             raise OffsetMismatch(self.expected, offset)
@@ -220,6 +230,6 @@ class SlaveProtocol:
         return FrameHeader(offset, size)
 
     def send_report(self, offset: int) -> bytes:
-        if not 0 <= offset <= _INT64_MAX:
+        if not 0 <= offset <= INT64_MAX:
             raise ValueError(f"offset {offset} is out of range")
         return REPORT.pack(offset)
