@@ -8,6 +8,7 @@ data source, running inside executors — loads them without trio.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
 # Loaded at once (it needs no trio): which record engine this process runs is decided, and
 # with TRIO_HA_REQUIRE_NATIVE=1 a missing or stale native module fails the import.
@@ -40,10 +41,34 @@ _EXPORTS = {
     "open_admin": "trio_ha.client",
 }
 
-__all__ = sorted([*_EXPORTS, "NativeModuleError", "native_backend"])
+if TYPE_CHECKING:  # what the lazy names are, for a type checker (kept in step with _EXPORTS)
+    from .broker import BrokerConfig, serve_broker
+    from .client import open_admin, open_producer, open_pull_consumer
+    from .config import BrokerRole, ConfigError, FlushDiskType, StoreConfig
+    from .namesrv import NamesrvConfig, serve_namesrv
+    from .store import (
+        GetMessageResult,
+        GetMessageStatus,
+        MessageStore,
+        PutMessageResult,
+        PutMessageStatus,
+        StoreLockedError,
+        StoreStatistics,
+        open_store,
+    )
+    from .watermark import Watermark
+    from .wire.record import Message, StoredMessage
+
+__all__ = [
+    "BrokerConfig", "BrokerRole", "ConfigError", "FlushDiskType", "GetMessageResult",
+    "GetMessageStatus", "Message", "MessageStore", "NamesrvConfig", "NativeModuleError",
+    "PutMessageResult", "PutMessageStatus", "StoreConfig", "StoreLockedError", "StoreStatistics",
+    "StoredMessage", "Watermark", "native_backend", "open_admin", "open_producer",
+    "open_pull_consumer", "open_store", "serve_broker", "serve_namesrv",
+]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'trio_ha' has no attribute {name!r}")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 
 @contextlib.contextmanager
-def unwrap_single_exception():
+def unwrap_single_exception() -> Iterator[None]:
     """Let the one exception of a nursery's ExceptionGroup out as itself.
 
     Our context managers (``open_store``, ``open_remoting_client``, ...) run background tasks

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+from typing import TYPE_CHECKING
 
-def peer_name(sock) -> str:
+if TYPE_CHECKING:
+    import trio
+
+
+def peer_name(sock: socket.socket | trio.socket.SocketType) -> str:
     """``host:port`` of the peer, or a placeholder: a peer that already reset its connection
     makes getpeername fail, and that must cost only that connection, never the server."""
     try:

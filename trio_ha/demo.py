@@ -4,17 +4,24 @@ SLAVE, with the client library, against a running dev cluster."""
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import trio
 
+from .client import open_producer, open_pull_consumer
 from .wire.record import Message
 
 TOPIC = "DemoTopic"
 
 
-async def round_trip(cluster, *, count: int = 100) -> None:
-    from .client import open_producer, open_pull_consumer
+class Cluster(Protocol):
+    """All the demo needs of a running cluster: where its name server listens."""
 
+    @property
+    def namesrv_addr(self) -> str: ...
+
+
+async def round_trip(cluster: Cluster, *, count: int = 100) -> None:
     started = time.perf_counter()
     async with open_producer(cluster.namesrv_addr, "demo-producer") as producer:
         # A SYNC_MASTER acknowledges only what its slave holds: wait for the slave to attach.
