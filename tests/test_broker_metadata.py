@@ -27,9 +27,6 @@ from trio_ha.broker.metadata import (
 )
 from trio_ha.broker.metadata.files import backup_previous, install_tmp, write_tmp
 from trio_ha.wire.metadata import (
-    PERM_INHERIT,
-    PERM_READ,
-    PERM_WRITE,
     ConsumerOffsetTable,
     DataVersion,
     DelayOffsetTable,
@@ -43,8 +40,9 @@ from trio_ha.wire.metadata import (
     encode_subscription_groups,
     encode_topics_json,
 )
+from trio_ha.wire.permission import Permission
 
-RW = PERM_READ | PERM_WRITE
+RW = Permission.READ | Permission.WRITE
 
 
 class Clock:
@@ -205,7 +203,7 @@ async def test_rocketmq_samples_parse_and_persist_byte_identical(cfg):
     topics = md.topics
     assert topics.data_version == DataVersion(3, 1700000000123)
     assert topics.get("orders") == TopicConfig("orders", 4, 2, RW, "MULTI_TAG", 0, True)
-    assert topics.get(AUTO_CREATE_TOPIC_KEY_TOPIC).perm == PERM_INHERIT | RW
+    assert topics.get(AUTO_CREATE_TOPIC_KEY_TOPIC).perm == Permission.INHERIT | RW
     assert md.offsets.query("cg1", "orders", 1) == 456  # unquoted numeric keys
     assert md.offsets.query("cg1", "%RETRY%cg1", 0) == 0
     assert md.offsets.query("cg1", "orders", 3) is None
@@ -253,7 +251,7 @@ async def test_files_are_what_the_wire_encoders_produce(cfg):
 async def test_round_trip_through_files(cfg):
     md = BrokerMetadata.load(cfg, clock=Clock())
     md.topics.ensure_system_topics("c", "b")
-    md.topics.create_or_update(TopicConfig("t1", 2, 3, PERM_READ, "MULTI_TAG", 1, True))
+    md.topics.create_or_update(TopicConfig("t1", 2, 3, Permission.READ, "MULTI_TAG", 1, True))
     md.offsets.commit("g", "t1", 1, 2**40)
     md.subscriptions.update(SubscriptionGroupConfig("g", retry_max_times=5, broker_id=1))
     md.delay_offsets.update(18, 7)
@@ -340,7 +338,7 @@ def test_ensure_system_topics(cfg):
     )
     assert AUTO_CREATE_TOPIC_KEY_TOPIC not in added
     assert "host.example.com" not in added  # not a valid topic name: skipped
-    assert fresh.get("C").perm == PERM_INHERIT
+    assert fresh.get("C").perm == Permission.INHERIT
     assert "RMQ_SYS_TRACE_TOPIC" in added
 
 
@@ -389,9 +387,9 @@ def test_registration_wrapper_applies_broker_permission(cfg):
     topics = TopicConfigManager.load(cfg)
     topics.create_or_update(TopicConfig("t", 4, 4, RW, "MULTI_TAG", 0, True))
     assert topics.registration_wrapper() == topics.wrapper()
-    topics.broker_permission = PERM_READ  # read-only broker
+    topics.broker_permission = Permission.READ  # read-only broker
     wrapper = topics.registration_wrapper()
-    assert wrapper.topic_config_table["t"] == TopicConfig("t", 4, 4, PERM_READ)
+    assert wrapper.topic_config_table["t"] == TopicConfig("t", 4, 4, Permission.READ)
     assert wrapper.data_version == topics.data_version
 
 

@@ -1,6 +1,7 @@
 """The broker: store, replication, remoting processors, metadata and registration."""
 
-from .broker import Broker, BrokerAddresses, serve_broker
+from .broker import Broker, BrokerAddresses
 from .config import BrokerConfig
+from .serve import serve_broker
 
 __all__ = ["Broker", "BrokerAddresses", "BrokerConfig", "serve_broker"]

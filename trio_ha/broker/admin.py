@@ -8,13 +8,15 @@ what is missing.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import time
+from collections.abc import Callable
 
 import trio
 
-from .. import __version__
-from ..wire.errors import RouteDecodeError, MetadataDecodeError
+from ..remoting import RemotingConnection
+from ..wire.errors import MetadataDecodeError, RouteDecodeError
 from ..wire.metadata import (
     SubscriptionGroupConfig,
     decode_subscription_groups,
@@ -26,9 +28,28 @@ from ..wire.metadata import (
 from ..wire.permission import Permission
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from ..wire.route import HeartbeatData, KVTable, TopicConfig
+from .broker import Broker
 from .pull import TOTAL_MEMORY
 
-UNSUPPORTED = {
+def _our_version() -> str:
+    # From the installed distribution, not ``trio_ha.__version__``: importing the package
+    # root would make the broker depend on everything the root exports.
+    try:
+        return importlib.metadata.version("trio-ha")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a bare tree
+        return "unknown"
+
+
+#: what GET_BROKER_RUNTIME_INFO says this broker is
+BROKER_VERSION_DESC = f"trio_ha {_our_version()}"
+#: ``MQVersion.CURRENT_VERSION``, as GET_BROKER_RUNTIME_INFO reports it
+BROKER_VERSION_CODE = "409"
+
+#: an admin request's processor: synchronous, it answers from memory
+AdminHandler = Callable[[Broker, RemotingCommand, RemotingConnection], RemotingCommand]
+
+#: requests RocketMQ serves and this broker does not (yet): what is missing, for the remark
+UNSUPPORTED: dict[int, str] = {
     RequestCode.END_TRANSACTION: "transactions",
     RequestCode.CHECK_TRANSACTION_STATE: "transactions",
     RequestCode.CONSUMER_SEND_MSG_BACK: "consumer retry (send message back)",
@@ -62,7 +83,9 @@ def unsupported(request: RemotingCommand) -> RemotingCommand | None:
 # ---- clients ---------------------------------------------------------------------------------
 
 
-def heart_beat(broker, request: RemotingCommand, connection) -> RemotingCommand:
+def heart_beat(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     try:
         data = HeartbeatData.decode(request.body)
     except RouteDecodeError as exc:
@@ -74,7 +97,9 @@ def heart_beat(broker, request: RemotingCommand, connection) -> RemotingCommand:
     return ok(request)
 
 
-def unregister_client(broker, request: RemotingCommand, connection) -> RemotingCommand:
+def unregister_client(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     broker.clients.unregister(
         request.field_str("clientID"),
         producer_group=request.field_str("producerGroup", None),
@@ -83,7 +108,9 @@ def unregister_client(broker, request: RemotingCommand, connection) -> RemotingC
     return ok(request)
 
 
-def consumer_list(broker, request: RemotingCommand, connection) -> RemotingCommand:
+def consumer_list(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     group = request.field_str("consumerGroup")
     ids = broker.clients.consumer_ids(group)
     if not ids:
@@ -92,10 +119,18 @@ def consumer_list(broker, request: RemotingCommand, connection) -> RemotingComma
     return ok(request, body=json.dumps({"consumerIdList": ids}, separators=(",", ":")).encode())
 
 
+def check_client_config(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    return ok(request)
+
+
 # ---- offsets ------------------------------------------------------------------------------------
 
 
-def query_consumer_offset(broker, request: RemotingCommand, connection) -> RemotingCommand:
+def query_consumer_offset(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     group = request.field_str("consumerGroup")
     topic = request.field_str("topic")
     queue_id = request.field_int("queueId")
@@ -105,7 +140,9 @@ def query_consumer_offset(broker, request: RemotingCommand, connection) -> Remot
     # RocketMQ: a group with no committed offset starts at 0 if the queue still holds its
     # first message in memory; otherwise the client decides (QUERY_NOT_FOUND).
     store = broker.store
-    if store.min_queue_offset(topic, queue_id) <= 0 and _first_message_in_memory(broker, topic, queue_id):
+    if store.min_queue_offset(topic, queue_id) <= 0 and _first_message_in_memory(
+        broker, topic, queue_id
+    ):
         return ok(request, ext_fields={"offset": 0})
     return RemotingCommand.response_to(
         request, ResponseCode.QUERY_NOT_FOUND,
@@ -113,7 +150,7 @@ def query_consumer_offset(broker, request: RemotingCommand, connection) -> Remot
     )
 
 
-def _first_message_in_memory(broker, topic: str, queue_id: int) -> bool:
+def _first_message_in_memory(broker: Broker, topic: str, queue_id: int) -> bool:
     store = broker.store
     queue = store.queues.get(topic, queue_id)
     entry = queue.entry(0) if queue is not None else None
@@ -123,7 +160,9 @@ def _first_message_in_memory(broker, topic: str, queue_id: int) -> bool:
     return behind <= TOTAL_MEMORY * broker.config.access_message_in_memory_max_ratio / 100
 
 
-def update_consumer_offset(broker, request: RemotingCommand, connection) -> RemotingCommand:
+def update_consumer_offset(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     broker.metadata.offsets.commit(
         request.field_str("consumerGroup"), request.field_str("topic"),
         request.field_int("queueId"), request.field_long("commitOffset"),
@@ -131,30 +170,40 @@ def update_consumer_offset(broker, request: RemotingCommand, connection) -> Remo
     return ok(request)
 
 
-def max_offset(broker, request, connection):
+def max_offset(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     offset = broker.store.max_queue_offset(request.field_str("topic"), request.field_int("queueId"))
     return ok(request, ext_fields={"offset": offset})
 
 
-def min_offset(broker, request, connection):
+def min_offset(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     offset = broker.store.min_queue_offset(request.field_str("topic"), request.field_int("queueId"))
     return ok(request, ext_fields={"offset": offset})
 
 
-def search_offset(broker, request, connection):
+def search_offset(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     offset = broker.store.get_offset_in_queue_by_time(
         request.field_str("topic"), request.field_int("queueId"), request.field_long("timestamp")
     )
     return ok(request, ext_fields={"offset": offset})
 
 
-def earliest_store_time(broker, request, connection):
+def earliest_store_time(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     stamp = broker.store.get_earliest_message_time(request.field_str("topic"),
                                                    request.field_int("queueId"))
     return ok(request, ext_fields={"timestamp": stamp if stamp is not None else -1})
 
 
-def view_message_by_id(broker, request, connection):
+def view_message_by_id(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     offset = request.field_long("offset")
     record = broker.store.record_bytes(offset)
     if record is None:
@@ -166,7 +215,9 @@ def view_message_by_id(broker, request, connection):
 # ---- topics, groups, config --------------------------------------------------------------------
 
 
-def update_and_create_topic(broker, request, connection):
+def update_and_create_topic(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     topic = request.field_str("topic")
     try:
         config = TopicConfig(
@@ -185,26 +236,42 @@ def update_and_create_topic(broker, request, connection):
     return ok(request)
 
 
-def all_topic_config(broker, request, connection):
-    return ok(request, body=_text(encode_topics_json(broker.metadata.topics.wrapper(), pretty=False)))
+def all_topic_config(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    wrapper = broker.metadata.topics.wrapper()
+    return ok(request, body=_text(encode_topics_json(wrapper, pretty=False)))
 
 
-def all_consumer_offsets(broker, request, connection):
-    return ok(request, body=_text(encode_consumer_offsets(broker.metadata.offsets.table(), pretty=False)))
+def all_consumer_offsets(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    table = broker.metadata.offsets.table()
+    return ok(request, body=_text(encode_consumer_offsets(table, pretty=False)))
 
 
-def all_delay_offsets(broker, request, connection):
-    return ok(request, body=_text(encode_delay_offsets(broker.metadata.delay_offsets.table(), pretty=False)))
+def all_delay_offsets(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    table = broker.metadata.delay_offsets.table()
+    return ok(request, body=_text(encode_delay_offsets(table, pretty=False)))
 
 
-def all_subscription_groups(broker, request, connection):
-    return ok(request, body=_text(encode_subscription_groups(broker.metadata.subscriptions.wrapper(), pretty=False)))
+def all_subscription_groups(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    wrapper = broker.metadata.subscriptions.wrapper()
+    return ok(request, body=_text(encode_subscription_groups(wrapper, pretty=False)))
 
 
-def update_subscription_group(broker, request, connection):
+def update_subscription_group(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     try:
         obj = json.loads(request.body)
-        wrapped = decode_subscription_groups(json.dumps({"subscriptionGroupTable": {obj["groupName"]: obj}}))
+        wrapped = decode_subscription_groups(
+            json.dumps({"subscriptionGroupTable": {obj["groupName"]: obj}})
+        )
         (config,) = wrapped.subscription_group_table.values()
     except (ValueError, KeyError, TypeError, MetadataDecodeError) as exc:
         return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
@@ -214,12 +281,14 @@ def update_subscription_group(broker, request, connection):
     return ok(request)
 
 
-def runtime_info(broker, request, connection):
+def runtime_info(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     store = broker.store
     stats = store.statistics()
     table = {
-        "brokerVersionDesc": f"trio_ha {__version__}",
-        "brokerVersion": "409",
+        "brokerVersionDesc": BROKER_VERSION_DESC,
+        "brokerVersion": BROKER_VERSION_CODE,
         "brokerRole": broker.config.role.value,
         "commitLogMinOffset": stats.min_commitlog_offset,
         "commitLogMaxOffset": stats.max_commitlog_offset,
@@ -245,10 +314,10 @@ def runtime_info(broker, request, connection):
     return ok(request, body=KVTable({k: str(v) for k, v in table.items()}).encode())
 
 
-HANDLERS = {
+HANDLERS: dict[int, AdminHandler] = {
     RequestCode.HEART_BEAT: heart_beat,
     RequestCode.UNREGISTER_CLIENT: unregister_client,
-    RequestCode.CHECK_CLIENT_CONFIG: lambda broker, request, connection: ok(request),
+    RequestCode.CHECK_CLIENT_CONFIG: check_client_config,
     RequestCode.GET_CONSUMER_LIST_BY_GROUP: consumer_list,
     RequestCode.QUERY_CONSUMER_OFFSET: query_consumer_offset,
     RequestCode.UPDATE_CONSUMER_OFFSET: update_consumer_offset,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import attrs
 
+from ..remoting import RemotingConnection
 from ..wire.route import ConsumerData, HeartbeatData, SubscriptionData
 
 CLIENT_EXPIRY_SECONDS = 120.0
@@ -18,7 +19,7 @@ CLIENT_EXPIRY_SECONDS = 120.0
 @attrs.define
 class ClientChannel:
     client_id: str
-    connection: object
+    connection: RemotingConnection
     last_update: float
 
 
@@ -40,7 +41,7 @@ class ClientManager:
     #: producer group -> connection -> channel
     producers: dict[str, dict[int, ClientChannel]] = attrs.field(factory=dict)
 
-    def heartbeat(self, data: HeartbeatData, connection: object, now: float) -> None:
+    def heartbeat(self, data: HeartbeatData, connection: RemotingConnection, now: float) -> None:
         key = id(connection)
         for producer in data.producer_data_set:
             self.producers.setdefault(producer.group_name, {})[key] = ClientChannel(
@@ -49,8 +50,9 @@ class ClientManager:
         for consumer in data.consumer_data_set:
             self._register_consumer(consumer, data.client_id, connection, now)
 
-    def _register_consumer(self, consumer: ConsumerData, client_id: str, connection: object,
-                           now: float) -> None:
+    def _register_consumer(
+        self, consumer: ConsumerData, client_id: str, connection: RemotingConnection, now: float
+    ) -> None:
         info = self.consumers.get(consumer.group_name)
         if info is None:
             info = self.consumers[consumer.group_name] = ConsumerGroupInfo(consumer.group_name)
@@ -75,7 +77,7 @@ class ClientManager:
                 if not info.channels:
                     del self.consumers[consumer_group]
 
-    def connection_closed(self, connection: object) -> None:
+    def connection_closed(self, connection: RemotingConnection) -> None:
         key = id(connection)
         for channels in self.producers.values():
             channels.pop(key, None)

@@ -11,12 +11,27 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
-from ..config import BrokerRole, ConfigError, StoreConfig, _camel, _in_range, _parse_value
-from ..config import parse_properties_text
+from ..config import (
+    BrokerRole,
+    ConfigError,
+    StoreConfig,
+    _camel,
+    _in_range,
+    _parse_value,
+    parse_properties_text,
+)
+from ..wire.metadata import DEFAULT_TOPIC_QUEUE_NUMS
 from ..wire.permission import Permission
+from .metadata.validation import MAX_PERMISSION, MAX_QUEUE_NUMS
+
+#: a broker's HA port, when not configured, is listenPort + 1 (RocketMQ's default)
+HA_PORT_OFFSET = 1
+#: RocketMQ's "VIP" channel listens on listenPort - 2
+VIP_PORT_OFFSET = 2
 
 
 @attrs.frozen(kw_only=True)
@@ -37,9 +52,11 @@ class BrokerConfig:
     register_broker_timeout_mills: int = attrs.field(default=6000, validator=_in_range(1))
     auto_create_topic_enable: bool = True
     auto_create_subscription_group: bool = True
-    default_topic_queue_nums: int = attrs.field(default=8, validator=_in_range(1, 1024))
+    default_topic_queue_nums: int = attrs.field(
+        default=DEFAULT_TOPIC_QUEUE_NUMS, validator=_in_range(1, MAX_QUEUE_NUMS)
+    )
     broker_permission: int = attrs.field(
-        default=Permission.READ | Permission.WRITE, validator=_in_range(0, 15)
+        default=Permission.READ | Permission.WRITE, validator=_in_range(0, MAX_PERMISSION)
     )
     long_polling_enable: bool = True
     short_polling_time_mills: int = attrs.field(default=1000, validator=_in_range(1))
@@ -84,7 +101,7 @@ class BrokerConfig:
     def from_properties(
         cls, properties: Mapping[str, str] | str, *, store_overrides: Mapping | None = None,
         **overrides,
-    ) -> "BrokerConfig":
+    ) -> BrokerConfig:
         """Read a RocketMQ broker.conf (text or mapping). ``overrides`` (snake_case) and
         ``store_overrides`` win over the file."""
         if isinstance(properties, str):
@@ -93,7 +110,7 @@ class BrokerConfig:
         by_camel = {_camel(name): name for name in attrs.fields_dict(cls) if name != "store"}
         by_camel["brokerIP1"] = "broker_ip1"
         by_camel["brokerIP2"] = "broker_ip2"
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}
         for key, raw in properties.items():
             name = by_camel.get(key.strip())
             if name is not None:
@@ -103,9 +120,9 @@ class BrokerConfig:
         store = StoreConfig.from_properties(properties)
         listen_port = values.get("listen_port", 10911)
         broker_ip1 = values.get("broker_ip1", "127.0.0.1")
-        derived: dict[str, object] = {}
+        derived: dict[str, Any] = {}
         if "haListenPort" not in properties:
-            derived["ha_listen_port"] = 0 if listen_port == 0 else listen_port + 1
+            derived["ha_listen_port"] = 0 if listen_port == 0 else listen_port + HA_PORT_OFFSET
         if "storeHost" not in properties:
             derived["store_host"] = f"{broker_ip1}:{listen_port}"
         derived.update(store_overrides or {})

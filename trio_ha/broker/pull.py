@@ -18,25 +18,40 @@ import os
 
 import trio
 
+from ..remoting import RemotingConnection
 from ..store.results import GetMessageStatus
+from ..wire import layout
 from ..wire import record as rec
 from ..wire.permission import Permission
-from ..wire.remoting import RemotingCommand, ResponseCode, pull_message_header
+from ..wire.remoting import (
+    PullMessageRequestHeader,
+    RemotingCommand,
+    ResponseCode,
+    pull_message_header,
+)
+from .broker import Broker
 
+#: ``MixAll.MASTER_ID``: the broker id a pull response suggests to read from the master
 MASTER_ID = 0
+#: ``whichBrokerWhenConsumeSlowly``'s default: the slave a lagging consumer is sent to
+SLOW_CONSUMER_BROKER_ID = 1
+#: assumed when the machine does not say how much memory it has
+FALLBACK_TOTAL_MEMORY = 8 * 1024**3
 
 
 def _total_memory() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
-        return 8 * 1024**3
+        return FALLBACK_TOTAL_MEMORY
 
 
 TOTAL_MEMORY = _total_memory()
 
 
-def parse_subscription(expression: str | None) -> tuple[frozenset[int] | None, frozenset[str] | None]:
+def parse_subscription(
+    expression: str | None,
+) -> tuple[frozenset[int] | None, frozenset[str] | None]:
     """A TAG expression ("*", "" or "a || b") as tag hash codes and tags (None: everything)."""
     if expression is None:
         return None, None
@@ -48,23 +63,12 @@ def parse_subscription(expression: str | None) -> tuple[frozenset[int] | None, f
 
 def _record_tags(record: bytes) -> str | None:
     """TAGS of a raw record, without decoding the body."""
-    sys_flag = int.from_bytes(record[36:40], "big", signed=True)
-    position = 48 + (20 if sys_flag & rec.SYSFLAG_BORNHOST_V6 else 8) + 8
-    position += (20 if sys_flag & rec.SYSFLAG_STOREHOST_V6 else 8) + 12
-    body_len = int.from_bytes(record[position : position + 4], "big", signed=True)
-    position += 4 + max(body_len, 0)
-    version_two = int.from_bytes(record[4:8], "big") == rec.MAGIC_V2
-    if version_two:
-        topic_len = int.from_bytes(record[position : position + 2], "big")
-        position += 2 + topic_len
-    else:
-        position += 1 + record[position]
-    props_len = int.from_bytes(record[position : position + 2], "big")
-    properties = record[position + 2 : position + 2 + props_len]
-    return rec.decode_properties(properties).get(rec.PROPERTY_TAGS)
+    return rec.decode_properties(layout.properties_slice(record)).get(rec.PROPERTY_TAGS)
 
 
-async def process_pull(broker, request: RemotingCommand, connection) -> RemotingCommand:
+async def process_pull(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     header = pull_message_header(request)
     config = broker.config
     if not config.broker_permission & Permission.READ:
@@ -123,7 +127,13 @@ async def process_pull(broker, request: RemotingCommand, connection) -> Remoting
     return response
 
 
-def _pull_once(broker, request, header, codes, tags) -> RemotingCommand:
+def _pull_once(
+    broker: Broker,
+    request: RemotingCommand,
+    header: PullMessageRequestHeader,
+    codes: frozenset[int] | None,
+    tags: frozenset[str] | None,
+) -> RemotingCommand:
     config = broker.config
     store = broker.store
     result = store.read_queue(
@@ -146,7 +156,8 @@ def _pull_once(broker, request, header, codes, tags) -> RemotingCommand:
         behind = store.max_commitlog_offset - result.last_commitlog_offset
         if behind > TOTAL_MEMORY * config.access_message_in_memory_max_ratio / 100:
             group = broker.metadata.subscriptions.find_or_create(header.consumer_group)
-            suggest = group.which_broker_when_consume_slowly if group is not None else 1
+            suggest = (group.which_broker_when_consume_slowly if group is not None
+                       else SLOW_CONSUMER_BROKER_ID)
 
     code = {
         GetMessageStatus.FOUND: ResponseCode.SUCCESS,
@@ -158,7 +169,8 @@ def _pull_once(broker, request, header, codes, tags) -> RemotingCommand:
         GetMessageStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
     }.get(status)
     if code is None:  # NO_MESSAGE_IN_QUEUE, NO_MATCHED_LOGIC_QUEUE
-        code = ResponseCode.PULL_OFFSET_MOVED if header.queue_offset != 0 else ResponseCode.PULL_NOT_FOUND
+        code = (ResponseCode.PULL_OFFSET_MOVED if header.queue_offset != 0
+                else ResponseCode.PULL_NOT_FOUND)
     if broker.is_slave and code == ResponseCode.PULL_OFFSET_MOVED:
         # A slave does not correct offsets (offsetCheckInSlave=false): retry at the master.
         code = ResponseCode.PULL_RETRY_IMMEDIATELY

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import random
 
+from ..remoting import RemotingConnection
 from ..store.results import PutMessageResult, PutMessageStatus
 from ..wire import record as rec
 from ..wire.permission import Permission
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode, send_message_header
+from .broker import Broker
 
 STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
@@ -30,15 +32,25 @@ STATUS_CODES = {
 }
 
 REMARKS = {
-    PutMessageStatus.CREATE_MAPEDFILE_FAILED: "create mapped file failed, server is busy or broken.",
-    PutMessageStatus.OS_PAGECACHE_BUSY: "[PC_SYNCHRONIZED]broker busy, start flow control for a while",
+    PutMessageStatus.CREATE_MAPEDFILE_FAILED:
+        "create mapped file failed, server is busy or broken.",
+    PutMessageStatus.OS_PAGECACHE_BUSY:
+        "[PC_SYNCHRONIZED]broker busy, start flow control for a while",
 }
 
 PROPERTY_CLUSTER = "CLUSTER"
 PROPERTY_DELAY = "DELAY"
+#: what a stored message's response carries in MSG_REGION and TRACE_ON: RocketMQ's defaults of
+#: ``regionId`` and ``traceOn``
+PROPERTY_MSG_REGION = "MSG_REGION"
+PROPERTY_TRACE_SWITCH = "TRACE_ON"
+DEFAULT_REGION_ID = "DefaultRegion"
+TRACE_ON = "true"
 
 
-def send_response(request: RemotingCommand, result: PutMessageResult, queue_id: int) -> RemotingCommand:
+def send_response(
+    request: RemotingCommand, result: PutMessageResult, queue_id: int
+) -> RemotingCommand:
     status = result.status
     code = STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
     if status.stored:
@@ -46,7 +58,7 @@ def send_response(request: RemotingCommand, result: PutMessageResult, queue_id: 
             request, code, remark=None if status is PutMessageStatus.PUT_OK else status.name,
             ext_fields={
                 "msgId": result.msg_id, "queueId": queue_id, "queueOffset": result.queue_offset,
-                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true",
+                PROPERTY_MSG_REGION: DEFAULT_REGION_ID, PROPERTY_TRACE_SWITCH: TRACE_ON,
             },
         )
     return RemotingCommand.response_to(
@@ -54,7 +66,9 @@ def send_response(request: RemotingCommand, result: PutMessageResult, queue_id: 
     )
 
 
-async def process_send(broker, request: RemotingCommand, connection) -> RemotingCommand:
+async def process_send(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
     header = send_message_header(request)
     config = broker.config
     if not config.broker_permission & Permission.WRITE:
@@ -65,8 +79,8 @@ async def process_send(broker, request: RemotingCommand, connection) -> Remoting
     if broker.is_slave:
         return RemotingCommand.response_to(
             request, ResponseCode.SERVICE_NOT_AVAILABLE,
-            remark=f"broker {config.broker_name} ({broker.addresses.broker_addr}) is a SLAVE and does "
-                   "not accept writes; send to its master",
+            remark=f"broker {config.broker_name} ({broker.addresses.broker_addr}) is a SLAVE "
+                   "and does not accept writes; send to its master",
         )
     topic_config = broker.metadata.topics.get(header.topic)
     if topic_config is None:
@@ -86,7 +100,7 @@ async def process_send(broker, request: RemotingCommand, connection) -> Remoting
                    f"{connection.peer}",
         )
     tx_type = header.sys_flag & rec.TRANSACTION_TYPE_MASK
-    if tx_type == rec.TRANSACTION_PREPARED or tx_type == rec.TRANSACTION_COMMIT or tx_type == rec.TRANSACTION_ROLLBACK:
+    if tx_type != rec.TRANSACTION_NOT_TYPE:  # prepared, commit or rollback
         return RemotingCommand.response_to(
             request, ResponseCode.NO_PERMISSION,
             remark="transactional messages are not supported by this broker (trio_ha) yet",

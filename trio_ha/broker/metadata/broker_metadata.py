@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from trio_ha.wire.metadata import DEFAULT_TOPIC_QUEUE_NUMS
-from trio_ha.wire.route import PERM_READ, PERM_WRITE
+from trio_ha.wire.permission import Permission
 
 from .config_file import ConfigFile, now_ms
 from .consumer_offsets import ConsumerOffsetManager
@@ -44,7 +44,7 @@ class BrokerMetadata:
         default_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS,
         auto_create_topic: bool = True,
         auto_create_subscription_group: bool = True,
-        broker_permission: int = PERM_READ | PERM_WRITE,
+        broker_permission: int = Permission.READ | Permission.WRITE,
         clock: Callable[[], int] = now_ms,
     ) -> BrokerMetadata:
         """Load every table from ``config_dir`` (``config_dir_of(storePathRootDir)``); missing

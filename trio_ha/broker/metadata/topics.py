@@ -27,17 +27,18 @@ from trio_ha.wire.metadata import (
     decode_topics_json,
     encode_topics_json,
 )
-from trio_ha.wire.route import (
-    PERM_INHERIT,
-    PERM_PRIORITY,
-    PERM_READ,
-    PERM_WRITE,
-    TOPIC_FILTER_TYPES,
-)
+from trio_ha.wire.permission import Permission
+from trio_ha.wire.route import TOPIC_FILTER_TYPES
 
 from .config_file import VersionedTable, now_ms
 from .files import load_with_backup
-from .validation import MAX_QUEUE_NUMS, check_queue_nums, check_topic, is_valid_topic
+from .validation import (
+    MAX_PERMISSION,
+    MAX_QUEUE_NUMS,
+    check_queue_nums,
+    check_topic,
+    is_valid_topic,
+)
 
 __all__ = [
     "AUTO_CREATE_TOPIC_KEY_TOPIC",
@@ -78,8 +79,7 @@ NOT_ALLOWED_SEND_TOPICS = frozenset(
     }
 )
 
-_READ_WRITE = PERM_READ | PERM_WRITE
-_MAX_PERM = PERM_PRIORITY | PERM_READ | PERM_WRITE | PERM_INHERIT
+_READ_WRITE = Permission.READ | Permission.WRITE
 
 
 def validate_topic_config(config: TopicConfig) -> None:
@@ -89,8 +89,10 @@ def validate_topic_config(config: TopicConfig) -> None:
     check_topic(config.topic_name)
     check_queue_nums(config.read_queue_nums, f"topic {config.topic_name}: readQueueNums")
     check_queue_nums(config.write_queue_nums, f"topic {config.topic_name}: writeQueueNums")
-    if type(config.perm) is not int or not 0 <= config.perm <= _MAX_PERM:
-        raise ValueError(f"topic {config.topic_name}: perm must be in 0..{_MAX_PERM}, "
+    # Permission members are ints (an IntFlag); a bool is not a permission
+    perm = config.perm
+    if not isinstance(perm, int) or isinstance(perm, bool) or not 0 <= perm <= MAX_PERMISSION:
+        raise ValueError(f"topic {config.topic_name}: perm must be in 0..{MAX_PERMISSION}, "
                          f"got {config.perm!r}")
     if config.topic_filter_type not in TOPIC_FILTER_TYPES:
         raise ValueError(f"topic {config.topic_name}: topicFilterType must be one of "
@@ -162,7 +164,7 @@ class TopicConfigManager(VersionedTable[TopicConfigSerializeWrapper, TopicConfig
         type, flags and order, as RocketMQ's ``registerBrokerAll`` rebuilds them)."""
         wrapper = self.wrapper()
         perm = self.broker_permission
-        if perm & PERM_READ and perm & PERM_WRITE:
+        if perm & Permission.READ and perm & Permission.WRITE:
             return wrapper
         return TopicConfigSerializeWrapper(
             {
@@ -196,14 +198,14 @@ class TopicConfigManager(VersionedTable[TopicConfigSerializeWrapper, TopicConfig
         wanted = [TopicConfig(SELF_TEST_TOPIC, 1, 1)]
         if self.auto_create:
             n = self.default_queue_nums
-            wanted.append(TopicConfig(AUTO_CREATE_TOPIC_KEY_TOPIC, n, n, PERM_INHERIT | rw))
+            wanted.append(TopicConfig(AUTO_CREATE_TOPIC_KEY_TOPIC, n, n, Permission.INHERIT | rw))
         n = BENCHMARK_TOPIC_QUEUE_NUMS
         wanted.append(TopicConfig(BENCHMARK_TOPIC, n, n))
         wanted.append(
-            TopicConfig(cluster_name, perm=PERM_INHERIT | (rw if cluster_topic_enable else 0))
+            TopicConfig(cluster_name, perm=Permission.INHERIT | (rw if cluster_topic_enable else 0))
         )
         wanted.append(
-            TopicConfig(broker_name, 1, 1, PERM_INHERIT | (rw if broker_topic_enable else 0))
+            TopicConfig(broker_name, 1, 1, Permission.INHERIT | (rw if broker_topic_enable else 0))
         )
         wanted.append(TopicConfig(OFFSET_MOVED_EVENT_TOPIC, 1, 1))
         n = SCHEDULE_TOPIC_QUEUE_NUMS
@@ -263,7 +265,7 @@ class TopicConfigManager(VersionedTable[TopicConfigSerializeWrapper, TopicConfig
             reason = f"default topic {default_topic!r} does not exist"
         elif default_topic == AUTO_CREATE_TOPIC_KEY_TOPIC and not self.auto_create:
             reason = "autoCreateTopicEnable is off"
-        elif not template.perm & PERM_INHERIT:
+        elif not template.perm & Permission.INHERIT:
             reason = f"default topic {default_topic!r} has no inherit perm ({template.perm})"
         else:
             n = min(queue_nums, template.write_queue_nums, MAX_QUEUE_NUMS)
@@ -272,7 +274,7 @@ class TopicConfigManager(VersionedTable[TopicConfigSerializeWrapper, TopicConfig
                     topic,
                     n,
                     n,
-                    template.perm & ~PERM_INHERIT,
+                    template.perm & ~int(Permission.INHERIT),  # keeps bits we do not know
                     template.topic_filter_type,
                     topic_sys_flag,
                 )

@@ -13,8 +13,10 @@ from typing import Any
 
 from trio_ha.store.consume_queue import is_valid_topic
 from trio_ha.wire.layout import INT32_MAX, INT64_MAX
+from trio_ha.wire.permission import Permission
 
 __all__ = [
+    "MAX_PERMISSION",
     "MAX_QUEUE_NUMS",
     "check_group",
     "check_offset",
@@ -28,6 +30,8 @@ __all__ = [
 #: upper bound on read/write queue numbers a topic may have (BenchmarkTest has 1024; every
 #: queue is a directory and a file handle)
 MAX_QUEUE_NUMS = 1024
+#: every permission bit set: the largest ``perm`` a topic or a broker may have
+MAX_PERMISSION = int(Permission.PRIORITY | Permission.READ | Permission.WRITE | Permission.INHERIT)
 
 #: RocketMQ's group charset (``Validators.checkGroup``: the topic charset, up to 255 characters)
 _VALID_GROUP = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")

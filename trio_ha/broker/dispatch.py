@@ -1,0 +1,58 @@
+"""Which processor answers which request (RocketMQ's processor table).
+
+Sends go to ``send``, pulls to ``pull`` (each in its own task, so held pulls wait without
+blocking the connection), everything else this broker supports to ``admin``; requests it
+knows but does not support get a response saying what is missing, and any other code
+REQUEST_CODE_NOT_SUPPORTED. The VIP port (RocketMQ's "fast" channel) serves the same except
+pulls.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from ..remoting import RemotingConnection
+from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
+from . import admin
+from .broker import Broker
+from .pull import process_pull
+from .send import process_send
+
+__all__ = ["SEND_CODES", "handle", "handle_vip"]
+
+SEND_CODES = frozenset({
+    RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
+})
+
+
+async def handle(broker: Broker, request: RemotingCommand,
+                 connection: RemotingConnection) -> RemotingCommand:
+    code = request.code
+    if code in SEND_CODES:
+        return await process_send(broker, request, connection)
+    if code == RequestCode.PULL_MESSAGE:
+        broker.stats.gets += 1
+        return await process_pull(broker, request, connection)
+    handler = admin.HANDLERS.get(code)
+    await trio.lowlevel.checkpoint()
+    if handler is not None:
+        return handler(broker, request, connection)
+    refused = admin.unsupported(request)
+    if refused is not None:
+        return refused
+    return RemotingCommand.response_to(
+        request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+        remark=f" request type {code} not supported",
+    )
+
+
+async def handle_vip(broker: Broker, request: RemotingCommand,
+                     connection: RemotingConnection) -> RemotingCommand:
+    """The VIP port serves the same requests except pulls (as RocketMQ's fast channel)."""
+    if request.code == RequestCode.PULL_MESSAGE:
+        await trio.lowlevel.checkpoint()
+        return RemotingCommand.response_to(
+            request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+            remark="pulls are served on the main port, not the VIP port",
+        )
+    return await handle(broker, request, connection)

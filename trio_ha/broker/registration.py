@@ -1,0 +1,146 @@
+"""Registration with the name servers (RocketMQ's ``registerBrokerAll`` and BrokerOuterAPI).
+
+A broker registers with every name server at once: when it starts, every
+``registerNameServerPeriod`` (kept within 10..60 s, as RocketMQ does) and as soon as its topics
+change; it unregisters when it shuts down. REGISTER_BROKER carries the topic table (with the
+broker's permission applied) and its CRC; each name server is asked in parallel, each call
+bounded by ``registerBrokerTimeoutMills``, so one dead name server delays none of the others.
+
+A name server's answer to a slave names its master (remoting and HA addresses). The slave
+remembers the former (where the metadata sync reads from) and points its HA client at the
+latter, following a new master when the answer changes — unless ``haMasterAddress`` is
+configured, which always wins.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import trio
+
+from ..config import BrokerRole
+from ..remoting import RemotingClientPool, RemotingError, open_remoting_client
+from ..store.ha import HAClient
+from ..wire import record as rec
+from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
+from ..wire.route import RegisterBrokerBody
+from .config import BrokerConfig
+from .metadata import TopicConfigManager
+
+__all__ = ["Registration"]
+
+log = logging.getLogger(__name__)
+
+#: RocketMQ keeps ``registerNameServerPeriod`` within these bounds (ms)
+MIN_REGISTER_PERIOD_MS = 10_000
+MAX_REGISTER_PERIOD_MS = 60_000
+#: how soon a slave that has not learned its master yet asks again (RocketMQ waits a period)
+SLAVE_WITHOUT_MASTER_RETRY = 1.0
+#: UNREGISTER_BROKER at shutdown: every name server together, within this (s)
+UNREGISTER_TIMEOUT = 2.0
+
+
+@attrs.define(eq=False)
+class Registration:
+    """What this broker tells the name servers, and what a slave learns back."""
+
+    config: BrokerConfig
+    #: where clients reach this broker (brokerIP1:listenPort)
+    broker_addr: str
+    #: where slaves reach this broker's HA service, or None
+    ha_addr: str | None
+    topics: TopicConfigManager
+    pool: RemotingClientPool
+    #: the store's HA client (slaves): told where the master's HA service is
+    ha_client: HAClient | None = None
+    #: the master's remoting address, learned from registration (slaves)
+    master_addr: str | None = None
+    _register_now: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    @property
+    def is_slave(self) -> bool:
+        return self.config.role is BrokerRole.SLAVE
+
+    def register_soon(self) -> None:
+        """Topic configs changed: tell the name servers now (RocketMQ registers at once)."""
+        self._register_now.set()
+
+    def register_request(self) -> RemotingCommand:
+        body = RegisterBrokerBody(self.topics.registration_wrapper()).encode()
+        return RemotingCommand.request(RequestCode.REGISTER_BROKER, {
+            "brokerName": self.config.broker_name,
+            "brokerAddr": self.broker_addr,
+            "clusterName": self.config.broker_cluster_name,
+            "haServerAddr": self.ha_addr or "",
+            "brokerId": self.config.broker_id,
+            "compressed": False,
+            # UtilAll.crc32: the same masked CRC-32 as a record's BODYCRC
+            "bodyCrc32": rec.body_crc(body),
+        }, body=body)
+
+    async def register_all(self) -> None:
+        """REGISTER_BROKER with every name server (each bounded by its timeout)."""
+        timeout = self.config.register_broker_timeout_mills / 1000
+        request = self.register_request()
+        async with trio.open_nursery() as nursery:
+            for address in self.config.namesrv_addresses:
+                nursery.start_soon(self._register_one, address, request, timeout)
+
+    async def _register_one(self, address: str, request: RemotingCommand, timeout: float) -> None:
+        try:
+            response = await self.pool.invoke(address, request, timeout)
+        except RemotingError as exc:
+            log.warning("broker: registering with name server %s failed: %s", address, exc)
+            self.pool.forget(address)
+            return
+        if response.code != ResponseCode.SUCCESS:
+            log.warning("broker: name server %s refused the registration: %s", address,
+                        response.remark)
+            return
+        if self.is_slave:
+            self._follow_master(response.ext_fields.get("masterAddr"),
+                                response.ext_fields.get("haServerAddr"))
+
+    def _follow_master(self, master_addr: str | None, ha_addr: str | None) -> None:
+        if master_addr != self.master_addr:
+            log.info("broker: master of %s is now %s", self.config.broker_name, master_addr)
+            self.master_addr = master_addr
+        client = self.ha_client
+        if client is not None and not self.config.store.ha_master_address and ha_addr:
+            client.update_master_address(ha_addr)
+
+    async def run(self) -> None:
+        """Register now and every period after, or sooner when asked; until cancelled."""
+        period = min(max(self.config.register_name_server_period, MIN_REGISTER_PERIOD_MS),
+                     MAX_REGISTER_PERIOD_MS) / 1000
+        while True:
+            self._register_now = trio.Event()
+            await self.register_all()
+            # A slave that has not learned its master yet (it registered first) asks again
+            # soon instead of waiting a whole period.
+            wait = (SLAVE_WITHOUT_MASTER_RETRY if self.is_slave and self.master_addr is None
+                    else period)
+            with trio.move_on_after(wait):
+                await self._register_now.wait()
+
+    async def unregister_all(self, timeout: float = UNREGISTER_TIMEOUT) -> None:
+        """UNREGISTER_BROKER with every name server, in parallel, within ``timeout``. Runs
+        at shutdown, when the pool's readers are already cancelled: each call gets its own
+        short-lived connection."""
+        request = RemotingCommand.request(RequestCode.UNREGISTER_BROKER, {
+            "brokerName": self.config.broker_name, "brokerAddr": self.broker_addr,
+            "clusterName": self.config.broker_cluster_name, "brokerId": self.config.broker_id,
+        })
+
+        async def one(address: str) -> None:
+            try:
+                async with open_remoting_client(address, connect_timeout=timeout) as client:
+                    await client.invoke(request, timeout)
+            except RemotingError as exc:
+                log.info("broker: unregistering from %s failed: %s", address, exc)
+
+        with trio.move_on_after(timeout):
+            async with trio.open_nursery() as nursery:
+                for address in self.config.namesrv_addresses:
+                    nursery.start_soon(one, address)

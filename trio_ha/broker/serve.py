@@ -1,0 +1,154 @@
+"""``serve_broker``: a store, its replication, remoting, metadata and name server registration,
+in one nursery.
+
+``serve_broker(config, task_status=...)`` runs in the caller's nursery (``nursery.start``) and
+reports a ``BrokerAddresses`` once it serves. The order matters:
+
+1. the remoting port (listenPort) and RocketMQ's VIP port (listenPort - 2) are bound first, so
+   the store records the real address as STOREHOST even with port 0;
+2. the metadata tables are loaded (in a worker thread) and the system topics added;
+3. the store opens (recovering if needed, HA included);
+4. only then is the ``Broker`` built, complete, and the listeners start serving; the broker
+   registers with every name server at once and every registerNameServerPeriod after.
+
+A slave refuses sends, serves pulls and queries (so consumers keep going while the master is
+down), learns its master's HA address from its registration when haMasterAddress is not set
+— and follows it when the master changes — and copies topics, consumer offsets, delay offsets
+and subscription groups from the master every slaveSyncInterval, never moving an offset back
+(RocketMQ issue #1094).
+
+Cancelling the nursery shuts down gracefully: listeners close, in-flight requests end, the
+broker unregisters, metadata and the store are flushed, and the abort file is removed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import attrs
+import trio
+
+from ..remoting import RemotingClientPool, serve_remoting
+from ..store import MessageStore, open_store
+from .broker import Broker, BrokerAddresses
+from .config import VIP_PORT_OFFSET, BrokerConfig
+from .dispatch import handle, handle_vip
+from .metadata import BrokerMetadata, config_dir_of
+from .registration import Registration
+from .slave_sync import run_slave_sync
+
+__all__ = ["load_metadata", "serve_broker"]
+
+log = logging.getLogger(__name__)
+
+
+def load_metadata(config: BrokerConfig) -> BrokerMetadata:
+    """The broker's metadata tables from ``<storePathRootDir>/config``, with the system topics
+    added. Blocking: run it in a worker thread."""
+    metadata = BrokerMetadata.load(
+        config_dir_of(config.store.store_path_root_dir),
+        default_queue_nums=config.default_topic_queue_nums,
+        auto_create_topic=config.auto_create_topic_enable,
+        auto_create_subscription_group=config.auto_create_subscription_group,
+        broker_permission=config.broker_permission,
+    )
+    metadata.topics.ensure_system_topics(config.broker_cluster_name, config.broker_name)
+    return metadata
+
+
+async def serve_broker(
+    config: BrokerConfig,
+    *,
+    task_status: trio.TaskStatus[BrokerAddresses] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a broker until cancelled; reports its BrokerAddresses through ``task_status``."""
+    host = config.bind_address
+    listeners = await trio.open_tcp_listeners(config.listen_port, host=host)
+    vip_listeners: list[trio.SocketListener] = []
+    try:
+        port = listeners[0].socket.getsockname()[1]
+        if config.vip_channel_enable:
+            vip_port = 0 if config.listen_port == 0 else config.listen_port - VIP_PORT_OFFSET
+            vip_listeners = await trio.open_tcp_listeners(vip_port, host=host)
+        if config.listen_port == 0:
+            # Port 0 (tests): record the port the OS chose as STOREHOST, so msgIds point here.
+            config = attrs.evolve(
+                config, store=attrs.evolve(config.store, store_host=f"{config.broker_ip1}:{port}")
+            )
+        metadata = await trio.to_thread.run_sync(functools.partial(load_metadata, config))
+        async with open_store(config.store) as store:
+            try:
+                await _run(config, store, metadata, listeners, vip_listeners, task_status)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await metadata.persist_all()
+    finally:
+        # Serving closes the listeners when it ends; this closes them if it never began.
+        with trio.CancelScope(shield=True):
+            for listener in [*listeners, *vip_listeners]:
+                await listener.aclose()
+
+
+async def _run(
+    config: BrokerConfig,
+    store: MessageStore,
+    metadata: BrokerMetadata,
+    listeners: list[trio.SocketListener],
+    vip_listeners: list[trio.SocketListener],
+    task_status: trio.TaskStatus[BrokerAddresses],
+) -> None:
+    """Build the broker and serve until cancelled; unregister on the way out."""
+    port = listeners[0].socket.getsockname()[1]
+    ha = store.ha_address
+    vip_addr = None
+    if vip_listeners:
+        vip_addr = f"{config.broker_ip1}:{vip_listeners[0].socket.getsockname()[1]}"
+    addresses = BrokerAddresses(
+        broker_addr=f"{config.broker_ip1}:{port}", vip_addr=vip_addr,
+        ha_addr=f"{config.broker_ip2 or config.broker_ip1}:{ha[1]}" if ha else None,
+    )
+    async with trio.open_nursery() as nursery:
+        pool = RemotingClientPool(nursery)
+        registration = Registration(
+            config, addresses.broker_addr, addresses.ha_addr, metadata.topics, pool,
+            store.ha_client,
+        )
+        broker = Broker(config, store, metadata, addresses, registration)
+        await _serve(nursery, broker, listeners, vip_listeners)
+        log.info("broker %s (%s) serving on %s", config.broker_name, config.role.value,
+                 addresses.broker_addr)
+        task_status.started(addresses)
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await pool.aclose()
+                if config.namesrv_addresses:
+                    await registration.unregister_all()
+
+
+async def _serve(
+    nursery: trio.Nursery,
+    broker: Broker,
+    listeners: list[trio.SocketListener],
+    vip_listeners: list[trio.SocketListener],
+) -> None:
+    """Start the listeners and the broker's own tasks in ``nursery``."""
+    config = broker.config
+    idle = config.server_channel_max_idle_time_seconds
+    await nursery.start(functools.partial(
+        serve_remoting, functools.partial(handle, broker), 0, listeners=listeners,
+        idle_timeout=idle, on_close=broker.connection_closed,
+    ))
+    if vip_listeners:
+        await nursery.start(functools.partial(
+            serve_remoting, functools.partial(handle_vip, broker), 0, listeners=vip_listeners,
+            idle_timeout=idle, on_close=broker.connection_closed,
+        ))
+    nursery.start_soon(broker.run_housekeeping)
+    if config.namesrv_addresses:
+        nursery.start_soon(broker.registration.run)
+    if broker.is_slave:
+        nursery.start_soon(run_slave_sync, broker.registration, broker.metadata,
+                           config.slave_sync_interval / 1000)
