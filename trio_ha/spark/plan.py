@@ -25,6 +25,7 @@ Pushdown:
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
 import os
 from dataclasses import dataclass, field, replace
@@ -33,8 +34,18 @@ import numpy as np
 
 from .. import _backend
 from .store_files import (
-    DEFAULT_MAX_RECORD, MappedSegment, Segment, StoreDir, StoreError, confirmed_end,
-    dispatch_end, iter_scan, queue_entry_count, read_queue_offsets,
+    DEFAULT_MAX_RECORD,
+    MappedSegment,
+    Segment,
+    StoreDir,
+    StoreError,
+    confirmed_end,
+    dispatch_end,
+    iter_scan,
+    queue_entry_count,
+    queue_files,
+    read_queue_file,
+    read_queue_offsets,
 )
 
 __all__ = ["Filters", "ReadOptions", "Chunk", "plan_store", "parse_options", "parse_time"]
@@ -63,7 +74,7 @@ class Filters:
     def selects_queues(self) -> bool:
         return self.topics is not None or self.queue_ids is not None
 
-    def merge(self, other: "Filters") -> "Filters":
+    def merge(self, other: Filters) -> Filters:
         """Both sets of conditions at once (intersection)."""
         def both(a, b, pick):
             if a is None:
@@ -136,7 +147,7 @@ def parse_time(value) -> int | None:
             return int(text)
         dt = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=_dt.timezone.utc)
+        dt = dt.replace(tzinfo=_dt.UTC)
     return int(dt.timestamp() * 1000)
 
 
@@ -196,16 +207,21 @@ def parse_options(options) -> ReadOptions:
     if opts.get("path"):
         paths.append(opts["path"])
     if opts.get("paths"):
-        paths.extend(_parse_list(opts["paths"]))
+        paths.extend(_parse_list(opts["paths"]) or [])
     topics = _parse_list(opts.get("topics"))
     if opts.get("topic"):
         topics = (topics or []) + [opts["topic"]]
     queue_ids = _parse_list(opts.get("queue_ids"))
+    merge_gap = _parse_size(opts.get("merge_gap_bytes"))
     filters = Filters(
         topics=frozenset(topics) if topics is not None else None,
         queue_ids=frozenset(int(q) for q in queue_ids) if queue_ids is not None else None,
-        start_offset=int(opts["start_offset"]) if opts.get("start_offset") not in (None, "") else None,
-        end_offset=int(opts["end_offset"]) if opts.get("end_offset") not in (None, "") else None,
+        start_offset=(
+            int(opts["start_offset"]) if opts.get("start_offset") not in (None, "") else None
+        ),
+        end_offset=(
+            int(opts["end_offset"]) if opts.get("end_offset") not in (None, "") else None
+        ),
         since_ms=parse_time(opts.get("since")),
         until_ms=parse_time(opts.get("until")),
         queue_pushdown=topics is not None or queue_ids is not None,
@@ -224,8 +240,7 @@ def parse_options(options) -> ReadOptions:
         max_record=_parse_size(opts.get("max_record_size")) or DEFAULT_MAX_RECORD,
         use_consume_queues=_parse_bool(opts.get("use_consume_queues"), True),
         time_prune_slack_ms=int(opts.get("time_prune_slack_ms") or 60_000),
-        merge_gap_bytes=(_parse_size(opts.get("merge_gap_bytes"))
-                         if opts.get("merge_gap_bytes") not in (None, "") else MERGE_GAP),
+        merge_gap_bytes=MERGE_GAP if merge_gap is None else merge_gap,
         starting_offsets=str(opts.get("starting_offsets") or "earliest"),
         max_bytes_per_trigger=_parse_size(opts.get("max_bytes_per_trigger")),
         max_records_per_trigger=(int(opts["max_records_per_trigger"])
@@ -373,7 +388,7 @@ class _Planner:
         cands = [int(c) for c in self.candidates(lo, hi) if self.valid(int(c))]
         if not cands or cands[0] != lo:
             cands.insert(0, lo)
-        times: dict[int, int | None] = {}
+        times: dict[int, int] = {}
 
         def ts(i: int) -> int:
             if i not in times:
@@ -415,7 +430,7 @@ def _chunks_of_region(p: _Planner, store_path: str, lo: int, hi: int, data_end: 
             continue
         limit = min(seg.size, data_end - seg.base)
         cuts = [a] + p.split_points(seg, a, b) + [b]
-        for x, y in zip(cuts, cuts[1:]):
+        for x, y in itertools.pairwise(cuts):
             out.append(Chunk(store_path, seg.path, seg.base, limit,
                              ((x - seg.base, y - seg.base),)))
     return out
@@ -435,7 +450,7 @@ def _chunks_of_entries(p: _Planner, store_path: str, offsets: np.ndarray, sizes:
         limit = min(seg.size, data_end - seg.base)
         ranges: list[list[int]] = []
         chunk_bytes = 0
-        for s, e in zip(starts.tolist(), ends.tolist()):
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
             if ranges and s - ranges[-1][1] <= p.opts.merge_gap_bytes and chunk_bytes < step:
                 chunk_bytes += e - ranges[-1][1]
                 ranges[-1][1] = e
@@ -453,7 +468,6 @@ def _chunks_of_entries(p: _Planner, store_path: str, offsets: np.ndarray, sizes:
 
 
 def _selected_entries(p: _Planner, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    from .store_files import _cq_files, CQ_DTYPE, _CQ_BLANK_SIZE
     f = p.opts.filters
     offs, sizes = [], []
     for topic, qid, directory in p.store.queues():
@@ -461,14 +475,12 @@ def _selected_entries(p: _Planner, lo: int, hi: int) -> tuple[np.ndarray, np.nda
             continue
         if f.queue_ids is not None and qid not in f.queue_ids:
             continue
-        for _, path in _cq_files(directory):
-            raw = np.fromfile(path, dtype=CQ_DTYPE)
-            if not len(raw):
+        for _, path in queue_files(directory):
+            entries = read_queue_file(path)
+            if not len(entries):
                 continue
-            sz = raw["size"]
-            valid = (raw["offset"] >= 0) & (sz > 0) & (sz != _CQ_BLANK_SIZE)
-            o = raw["offset"][valid].astype(np.int64)
-            s = sz[valid].astype(np.int64)
+            o = entries["offset"].astype(np.int64)
+            s = entries["size"].astype(np.int64)
             keep = (o >= lo) & (o < hi)
             offs.append(o[keep])
             sizes.append(s[keep])

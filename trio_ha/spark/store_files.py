@@ -19,31 +19,46 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
 import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .. import _backend
-from ..wire import record as rec
+from ..wire import layout
 
 __all__ = [
     "StoreError", "CorruptRecordError", "Segment", "StoreDir", "MappedSegment",
-    "TailState", "confirmed_end", "DEFAULT_MAX_RECORD",
+    "TailState", "confirmed_end", "DEFAULT_MAX_RECORD", "CQ_DTYPE", "queue_files",
+    "read_queue_file", "read_queue_offsets", "queue_entry_count", "dispatch_end", "advance",
+    "INFO_DTYPE", "infos_to_numpy", "iter_scan",
 ]
 
 #: the largest record accepted: RocketMQ's default maxMessageSize (4 MiB of body) plus the
 #: 64 KiB its encoder reserves for the rest, plus slack for long properties
-DEFAULT_MAX_RECORD = rec.DEFAULT_MAX_MESSAGE_SIZE + 128 * 1024
+DEFAULT_MAX_RECORD = layout.DEFAULT_MAX_MESSAGE_SIZE + 128 * 1024
 
-_SEGMENT_NAME = re.compile(r"^\d{20}$")
-_MAGICS = (rec.MAGIC_V1, rec.MAGIC_V2)
-_HEADER = struct.Struct(">iI")
-_PHYS = struct.Struct(">q")
-# consume-queue entry: commitlog offset, size, tags code (docs/formats.md, 'Consume queue')
-CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
-_CQ_BLANK_SIZE = 0x7FFFFFFF  # the head filler of a queue that starts past 0
+_MAGICS = (layout.MAGIC_V1, layout.MAGIC_V2)
+#: where a record's PHYSICALOFFSET field lies, relative to the record
+_PHYS_FIELD = slice(layout.PHYSICALOFFSET_AT, layout.PHYSICALOFFSET_AT + layout.INT64.size)
+
+
+def _numpy_dtype(entry: struct.Struct, names: Sequence[str]) -> np.dtype:
+    """A numpy structured dtype with the fields of a big-endian struct, packed as it is."""
+    widths = {"b": 1, "h": 2, "i": 4, "q": 8}
+    fmt = entry.format
+    if fmt[0] != ">" or len(fmt) - 1 != len(names) or not set(fmt[1:]) <= set(widths):
+        raise ValueError(f"no numpy twin for struct format {fmt!r}")
+    dtype = np.dtype([(name, f">i{widths[code]}") for name, code in zip(names, fmt[1:],
+                                                                         strict=True)])
+    assert dtype.itemsize == entry.size
+    return dtype
+
+
+#: a consume-queue entry: commitlog offset, size, tags code (wire/layout.py's CQ_ENTRY)
+CQ_DTYPE = _numpy_dtype(layout.CQ_ENTRY, ("offset", "size", "tags"))
 
 
 class StoreError(OSError):
@@ -79,7 +94,9 @@ class StoreDir:
         if os.path.isdir(os.path.join(path, "commitlog")):
             self.commitlog_dir = os.path.join(path, "commitlog")
             root = path
-        elif os.path.isdir(path) and any(_SEGMENT_NAME.match(n) for n in os.listdir(path)):
+        elif os.path.isdir(path) and any(
+            layout.parse_segment_file_name(n) is not None for n in os.listdir(path)
+        ):
             self.commitlog_dir = path  # a bare commitlog directory
             root = os.path.dirname(path)
         else:
@@ -91,13 +108,14 @@ class StoreDir:
         return f"StoreDir({self.path!r})"
 
     def segments(self) -> list[Segment]:
-        out = []
+        out: list[Segment] = []
         try:
             names = os.listdir(self.commitlog_dir)
         except OSError as exc:
             raise StoreError(f"{self.commitlog_dir}: {exc.strerror}") from exc
         for name in names:
-            if not _SEGMENT_NAME.match(name):
+            base = layout.parse_segment_file_name(name)
+            if base is None:
                 continue
             path = os.path.join(self.commitlog_dir, name)
             try:
@@ -105,7 +123,7 @@ class StoreDir:
             except FileNotFoundError:  # deleted by retention just now
                 continue
             if size > 0:
-                out.append(Segment(path, int(name), size))
+                out.append(Segment(path, base, size))
         out.sort(key=lambda s: s.base)
         return out
 
@@ -113,7 +131,7 @@ class StoreDir:
         """(topic, queue id, directory) of every consume queue."""
         if self.consumequeue_dir is None:
             return []
-        out = []
+        out: list[tuple[str, int, str]] = []
         for topic in sorted(os.listdir(self.consumequeue_dir)):
             tdir = os.path.join(self.consumequeue_dir, topic)
             if not os.path.isdir(tdir):
@@ -141,26 +159,26 @@ def info_dtype() -> np.dtype:
     ]
     names = [n for n, _ in fields]
     formats = ["=" + f for _, f in fields]
-    if engine.name == "native":
+    if isinstance(engine, _backend.NativeEngine):
         ffi = engine.ffi
         offsets = [ffi.offsetof("th_record_info", n) for n in names]
         itemsize = ffi.sizeof("th_record_info")
         return np.dtype({"names": names, "formats": formats, "offsets": offsets,
                          "itemsize": itemsize})
-    return np.dtype(list(zip(names, formats)))
+    return np.dtype(list(zip(names, formats, strict=True)))
 
 
 INFO_DTYPE = info_dtype()
-_INFO_FIELDS = INFO_DTYPE.names
+_INFO_FIELDS: tuple[str, ...] = INFO_DTYPE.names or ()
 
 
-def infos_to_numpy(infos, count: int) -> np.ndarray:
+def infos_to_numpy(infos: Sequence[_backend.RecordInfo], count: int) -> np.ndarray:
     """The first ``count`` scanned records as a structured array (a copy: the scanner reuses
     its output buffer)."""
     if count == 0:
         return np.empty(0, INFO_DTYPE)
     engine = _backend.engine
-    if engine.name == "native":
+    if isinstance(engine, _backend.NativeEngine):
         raw = engine.ffi.buffer(infos, count * INFO_DTYPE.itemsize)
         return np.frombuffer(raw, INFO_DTYPE, count).copy()
     out = np.empty(count, INFO_DTYPE)
@@ -168,6 +186,9 @@ def infos_to_numpy(infos, count: int) -> np.ndarray:
         info = infos[i]
         out[i] = tuple(getattr(info, n) for n in _INFO_FIELDS)
     return out
+
+
+_NO_BYTES = np.empty(0, np.uint8)
 
 
 class MappedSegment:
@@ -178,7 +199,9 @@ class MappedSegment:
         try:
             fd = os.open(segment.path, os.O_RDONLY)
         except FileNotFoundError as exc:
-            raise StoreError(f"{segment.path}: segment disappeared (deleted by retention?)") from exc
+            raise StoreError(
+                f"{segment.path}: segment disappeared (deleted by retention?)"
+            ) from exc
         try:
             size = os.fstat(fd).st_size
             self.size = min(size, segment.size)
@@ -189,21 +212,23 @@ class MappedSegment:
             self.mm.madvise(mmap.MADV_SEQUENTIAL)
         except (AttributeError, OSError):
             pass
-        self.handle = _backend.engine.handle_for(self.mm)
-        self.array = np.frombuffer(self.mm, np.uint8)
+        self.handle: _backend.Handle = _backend.engine.handle_for(self.mm)
+        self.array: np.ndarray = np.frombuffer(self.mm, np.uint8)
 
     def close(self) -> None:
+        # The handle and array are dropped, not released: Arrow buffers made from the array
+        # may outlive this object, and the mapping stays alive as long as they do.
         self.handle = None
-        self.array = None
+        self.array = _NO_BYTES
         try:
             self.mm.close()
         except BufferError:  # an Arrow buffer still views it; the mapping goes with it
             pass
 
-    def __enter__(self) -> "MappedSegment":
+    def __enter__(self) -> MappedSegment:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property
@@ -212,9 +237,9 @@ class MappedSegment:
 
     def header(self, pos: int) -> tuple[int, int] | None:
         """(TOTALSIZE, MAGIC) at ``pos``, or None past the end."""
-        if pos + 8 > self.size:
+        if pos + layout.RECORD_START.size > self.size:
             return None
-        return _HEADER.unpack_from(self.mm, pos)
+        return layout.RECORD_START.unpack_from(self.mm, pos)
 
     def is_record_start(self, pos: int) -> bool:
         """Whether a record plausibly starts at ``pos``: a message magic and the stored
@@ -222,19 +247,21 @@ class MappedSegment:
         head = self.header(pos)
         if head is None:
             return False
-        size, magic = head
-        if magic == rec.BLANK_MAGIC:
+        _size, magic = head
+        if magic == layout.BLANK_MAGIC:
             return True
-        if magic not in _MAGICS or pos + 36 > self.size:
+        if magic not in _MAGICS or pos + _PHYS_FIELD.stop > self.size:
             return False
-        return _PHYS.unpack_from(self.mm, pos + 28)[0] == self.base + pos
+        return layout.INT64.unpack_from(self.mm, pos + _PHYS_FIELD.start)[0] == self.base + pos
 
     def stored_phys(self, positions: np.ndarray) -> np.ndarray:
         """The PHYSICALOFFSET field of the records at ``positions`` (vectorised)."""
-        idx = positions.astype(np.int64)[:, None] + np.arange(28, 36)
+        idx = positions.astype(np.int64)[:, None] + np.arange(_PHYS_FIELD.start, _PHYS_FIELD.stop)
         return self.array[idx].view(">i8").reshape(-1).astype(np.int64)
 
-    def record_at(self, pos: int, limit: int, max_record: int, flags: int = 0):
+    def record_at(
+        self, pos: int, limit: int, max_record: int, flags: int = 0
+    ) -> tuple[Any | None, _backend.ScanResult]:
         """Scan one record at ``pos``: (structured row or None, ScanResult)."""
         scanner = _backend.engine.scanner(1)
         res = scanner.scan(self.handle, limit, pos, self.base, flags, max_record)
@@ -243,8 +270,10 @@ class MappedSegment:
         return None, res
 
 
-def iter_scan(mseg: MappedSegment, pos: int, limit: int, *, flags: int, max_record: int,
-              capacity: int = 65536):
+def iter_scan(
+    mseg: MappedSegment, pos: int, limit: int, *, flags: int, max_record: int,
+    capacity: int = 65536,
+) -> Iterator[tuple[np.ndarray, _backend.ScanResult]]:
     """Yield (structured infos, ScanResult) from ``pos`` until the scanner stops for a reason
     other than a full output buffer."""
     scanner = _backend.engine.scanner(capacity)
@@ -276,7 +305,9 @@ def _has_data(mseg: MappedSegment) -> bool:
     return mseg.is_record_start(0)
 
 
-def _scan_tail(mseg: MappedSegment, pos: int, max_record: int, check_crc: bool):
+def _scan_tail(
+    mseg: MappedSegment, pos: int, max_record: int, check_crc: bool
+) -> tuple[int, bool, Any | None]:
     """Scan a segment from ``pos`` (a boundary) to where its valid records end. Returns
     (end position, full: whether a blank record closes the segment, last record row)."""
     flags = _backend.SCAN_CHECK_CRC if check_crc else 0
@@ -338,7 +369,7 @@ def confirmed_end(store: StoreDir, *, max_record: int = DEFAULT_MAX_RECORD,
     if previous is not None and previous.end >= first:
         for i, seg in enumerate(segments):
             if seg.base == previous.segment_base:
-                if previous.last_offset >= 0 and not _still_there(store, segments, previous, max_record):
+                if previous.last_offset >= 0 and not _still_there(segments, previous, max_record):
                     break
                 start_index, start_pos = i, previous.end - seg.base
                 break
@@ -374,7 +405,7 @@ def confirmed_end(store: StoreDir, *, max_record: int = DEFAULT_MAX_RECORD,
         return TailState(seg.base + end, seg.base, lo, ls, lc, first)
 
 
-def _still_there(store, segments, previous: TailState, max_record: int) -> bool:
+def _still_there(segments: list[Segment], previous: TailState, max_record: int) -> bool:
     """Whether the last record an earlier scan saw is still at its offset, unchanged (a
     master that lost its tail, or a slave that was truncated, fails this)."""
     for seg in segments:
@@ -390,30 +421,36 @@ def _still_there(store, segments, previous: TailState, max_record: int) -> bool:
 # ---- consume queues ----------------------------------------------------------------------
 
 
-def _cq_files(directory: str) -> list[tuple[int, str]]:
-    out = []
+def queue_files(directory: str) -> list[tuple[int, str]]:
+    """(first entry's byte offset in the queue, path) of one consume queue's files, in order."""
+    out: list[tuple[int, str]] = []
     for name in os.listdir(directory):
-        if _SEGMENT_NAME.match(name):
-            out.append((int(name), os.path.join(directory, name)))
+        base = layout.parse_segment_file_name(name)
+        if base is not None:
+            out.append((base, os.path.join(directory, name)))
     out.sort()
     return out
+
+
+def read_queue_file(path: str) -> np.ndarray:
+    """The valid entries of one consume-queue file (CQ_DTYPE), in file order: without the
+    blank fillers at the head of a queue that starts past 0 and the zeroed, not yet written
+    tail of a preallocated file."""
+    raw = np.fromfile(path, dtype=CQ_DTYPE)
+    sizes = raw["size"]
+    return raw[(raw["offset"] >= 0) & (sizes > 0) & (sizes != layout.CQ_BLANK_SIZE)]
 
 
 def read_queue_offsets(directory: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
     """Commitlog offsets of the valid entries of one consume queue that fall in [lo, hi),
     sorted (a queue is dispatched in commitlog order). Files wholly outside are skipped."""
-    files = _cq_files(directory)
-    parts = []
-    for i, (_, path) in enumerate(files):
+    parts: list[np.ndarray] = []
+    for _, path in queue_files(directory):
         try:
-            raw = np.fromfile(path, dtype=CQ_DTYPE)
+            entries = read_queue_file(path)
         except OSError:
             continue
-        if not len(raw):
-            continue
-        sizes = raw["size"]
-        valid = (raw["offset"] >= 0) & (sizes > 0) & (sizes != _CQ_BLANK_SIZE)
-        offsets = raw["offset"][valid].astype(np.int64)
+        offsets = entries["offset"].astype(np.int64)
         if not len(offsets):
             continue
         if hi is not None and offsets[0] >= hi:
@@ -427,14 +464,14 @@ def read_queue_offsets(directory: str, lo: int = 0, hi: int | None = None) -> np
 
 
 def queue_entry_count(directory: str) -> int:
-    """A cheap size estimate of a queue: bytes of its files / 20."""
+    """A cheap size estimate of a queue: bytes of its files / the entry size."""
     total = 0
-    for _, path in _cq_files(directory):
+    for _, path in queue_files(directory):
         try:
             total += os.stat(path).st_size
         except OSError:
             pass
-    return total // 20
+    return total // layout.CQ_ENTRY_SIZE
 
 
 def dispatch_end(store: StoreDir) -> int:
@@ -442,15 +479,10 @@ def dispatch_end(store: StoreDir) -> int:
     consume-queue entry. Records below it that belong to a queue are in that queue."""
     best = 0
     for _, _, directory in store.queues():
-        files = _cq_files(directory)
-        for _, path in reversed(files):
-            raw = np.fromfile(path, dtype=CQ_DTYPE)
-            sizes = raw["size"]
-            valid = (raw["offset"] >= 0) & (sizes > 0) & (sizes != _CQ_BLANK_SIZE)
-            idx = np.nonzero(valid)[0]
-            if len(idx):
-                k = idx[-1]
-                best = max(best, int(raw["offset"][k]) + int(sizes[k]))
+        for _, path in reversed(queue_files(directory)):
+            entries = read_queue_file(path)
+            if len(entries):
+                best = max(best, int(entries["offset"][-1]) + int(entries["size"][-1]))
                 break
     return best
 
