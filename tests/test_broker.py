@@ -92,6 +92,9 @@ async def test_send_then_pull_from_master_and_slave(cluster):
         assert message.commitlog_offset == commitlog_offset
         viewed = await client.invoke(RemotingCommand.request(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": commitlog_offset}), 5)
         assert viewed.body == pulled.body
+        info = KVTable.decode((await client.invoke(RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 5)).body).table
+        # the store's first record (an earlier attempt may have been stored unreplicated)
+        assert 0 < int(info["earliestMessageTimeStamp"]) <= message.store_timestamp
     async with open_remoting_client(slave.broker_addr) as client:
         on_slave = await client.invoke(pull_request("T1", 0, queue_offset), 5)
         assert on_slave.code == ResponseCode.SUCCESS and on_slave.body == pulled.body

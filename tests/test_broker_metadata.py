@@ -4,6 +4,7 @@ persisting snapshots from the event loop."""
 # The tests read back what they have just put into a table: a None there fails the test anyway.
 # pyright: reportOptionalMemberAccess=false
 
+import functools
 import os
 import threading
 
@@ -26,6 +27,8 @@ from trio_ha.broker.metadata import (
     load_with_backup,
 )
 from trio_ha.broker.metadata.files import backup_previous, install_tmp, write_tmp
+from trio_ha.broker.slave_sync import sync_from_master
+from trio_ha.remoting import open_client_pool, serve_remoting
 from trio_ha.wire.metadata import (
     ConsumerOffsetTable,
     DataVersion,
@@ -41,6 +44,7 @@ from trio_ha.wire.metadata import (
     encode_topics_json,
 )
 from trio_ha.wire.permission import Permission
+from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 
 RW = Permission.READ | Permission.WRITE
 
@@ -649,3 +653,52 @@ def test_unreadable_config_dir_is_an_error(cfg):
     make_unwritable(cfg)
     with pytest.raises(MetadataLoadError, match="Not a directory"):
         BrokerMetadata.load(os.path.join(cfg, "sub"))
+
+
+# ---- slave sync from a master over remoting ------------------------------------------------------
+
+
+async def test_slave_sync_takes_the_masters_tables(cfg, nursery):
+    master = BrokerMetadata.load(os.path.join(cfg, "master"), clock=Clock())
+    master.topics.ensure_system_topics("c", "b")
+    master.topics.create_or_update(TopicConfig("t1", 2, 2))
+    master.offsets.commit("g", "t1", 0, 5)  # older than the slave's
+    master.offsets.commit("g", "t1", 1, 7)
+    master.delay_offsets.update(3, 42)
+    master.subscriptions.update(SubscriptionGroupConfig("g", retry_max_times=5))
+    bodies = {
+        RequestCode.GET_ALL_TOPIC_CONFIG: encode_topics_json(master.topics.wrapper(), pretty=False),
+        RequestCode.GET_ALL_CONSUMER_OFFSET: encode_consumer_offsets(master.offsets.table(), pretty=False),
+        RequestCode.GET_ALL_DELAY_OFFSET: encode_delay_offsets(master.delay_offsets.table(), pretty=False),
+        RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: encode_subscription_groups(
+            master.subscriptions.wrapper(), pretty=False
+        ),
+    }
+
+    async def handler(request, connection):
+        await trio.lowlevel.checkpoint()
+        body = bodies.get(request.code)
+        if body is None:
+            return RemotingCommand.response_to(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED)
+        return RemotingCommand.response_to(request, ResponseCode.SUCCESS, body=body)
+
+    host, port = await nursery.start(functools.partial(serve_remoting, handler, 0, host="127.0.0.1"))
+    slave = BrokerMetadata.load(os.path.join(cfg, "slave"), clock=Clock())
+    slave.offsets.commit("g", "t1", 0, 9)
+    async with open_client_pool() as pool:
+        await sync_from_master(pool, f"{host}:{port}", slave)
+        assert slave.topics.wrapper() == master.topics.wrapper()
+        assert slave.offsets.offsets_of_group("g") == {"t1": {0: 9, 1: 7}}  # never moved back
+        assert slave.delay_offsets.table() == master.delay_offsets.table()
+        assert slave.subscriptions.wrapper() == master.subscriptions.wrapper()
+        assert all(m.dirty for m in slave.managers())
+
+        # a master that refuses one request: that table is left as it is, the others still sync
+        del bodies[RequestCode.GET_ALL_DELAY_OFFSET]
+        master.offsets.commit("g", "t1", 1, 8)
+        bodies[RequestCode.GET_ALL_CONSUMER_OFFSET] = encode_consumer_offsets(
+            master.offsets.table(), pretty=False
+        )
+        await sync_from_master(pool, f"{host}:{port}", slave)
+        assert slave.offsets.query("g", "t1", 1) == 8
+        assert slave.delay_offsets.get(3) == 42
