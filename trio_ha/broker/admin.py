@@ -31,6 +31,7 @@ from ..wire.route import HeartbeatData, KVTable, TopicConfig
 from .broker import Broker
 from .pull import TOTAL_MEMORY
 
+
 def _our_version() -> str:
     # From the installed distribution, not ``trio_ha.__version__``: importing the package
     # root would make the broker depend on everything the root exports.

@@ -97,7 +97,8 @@ class ConfigFile(Generic[S]):
         snapshot = self.snapshot()
         self._dirty = False
         try:
-            await trio.to_thread.run_sync(self._write, snapshot)
+            # Not abandoned on cancellation: the lock is held until the write has ended.
+            await trio.to_thread.run_sync(self._write, snapshot, abandon_on_cancel=False)
         except BaseException:
             self._dirty = True
             raise
