@@ -1,9 +1,12 @@
 """CommitLog: every message of every topic, appended to one log of segments.
 
-Appending is synchronous and runs on the event loop: a put computes its queue offset and store
-timestamp, encodes the record straight into the active segment's mapping (native encoder) and
-moves the ``written`` watermark, with no await in between — so appends are atomic with respect
-to each other without RocketMQ's put lock, and the store timestamp rises with the offset.
+Appending runs on the event loop, through one path (``append``) for single messages and
+batches alike: a put takes its queue offset and store timestamp, encodes its record(s)
+straight into the active segment's mapping (native encoder) and moves the ``written``
+watermark, with no await in between — so appends are atomic with respect to each other
+without RocketMQ's put lock, and queue offsets and store timestamps rise with the offset.
+The next queue offset of every queue lives here for that reason (RocketMQ's CommitLog keeps
+its topicQueueTable too).
 
 What is slow lives in worker threads, behind awaits that happen *outside* that critical
 section: creating and warming the next segment (the allocator keeps one spare ready, so an
@@ -23,6 +26,8 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import attrs
 import trio
@@ -31,6 +36,7 @@ from .. import _backend
 from ..config import BrokerRole, StoreConfig
 from ..watermark import Watermark
 from ..wire import record as rec
+from .results import PutMessageResult, PutMessageStatus
 from .segment import Segment, sync_ranges
 from .segments import SegmentQueue
 
@@ -43,6 +49,49 @@ class AllocationTimeout(Exception):
 
 class ReplicaOffsetError(Exception):
     """Replicated bytes do not fit this log where they claim to go."""
+
+
+#: One message as ``append`` takes it: topic (encoded), body, properties (encoded), queue id,
+#: flag, sys flag, born timestamp (None: the store timestamp), born host (encoded),
+#: reconsume times, prepared transaction offset. A plain tuple: it is built on every put.
+MessageItem = tuple[bytes, bytes, bytes, int, int, int, int | None, bytes, int, int]
+#: A SEND_BATCH_MESSAGE body as ``append`` takes it: the body, topic (encoded), batch
+#: properties, queue id, sys flag, born timestamp (None: the store timestamp), born host
+#: (encoded), the largest body an item may have.
+BatchItem = tuple[bytes | bytearray | memoryview, bytes, bytes, int, int, int | None, bytes, int]
+Item = TypeVar("Item", MessageItem, BatchItem)
+#: Encodes an item into ``segment`` at ``position`` with the given queue offset, store
+#: timestamp and store host: (new position or a negative ERR_* code, commitlog offsets of
+#: the records written).
+Encoder = Callable[[Segment, int, int, int, bytes, Item], tuple[int, tuple[int, ...]]]
+
+
+def encode_message(segment: Segment, position: int, queue_offset: int, store_timestamp: int,
+                   store_host: bytes, item: MessageItem) -> tuple[int, tuple[int, ...]]:
+    """The Encoder of one message (a MessageItem)."""
+    (topic, body, properties, queue_id, flag, sys_flag, born_timestamp, born_host,
+     reconsume_times, prepared_offset) = item
+    new_position = _backend.engine.encode_record(
+        segment.handle, segment.size, position, segment.base_offset, topic, body, properties,
+        queue_id, flag, queue_offset, sys_flag,
+        store_timestamp if born_timestamp is None else born_timestamp, born_host,
+        store_timestamp, store_host, reconsume_times, prepared_offset,
+    )
+    return new_position, (segment.base_offset + position,)
+
+
+def encode_batch(segment: Segment, position: int, queue_offset: int, store_timestamp: int,
+                 store_host: bytes, item: BatchItem) -> tuple[int, tuple[int, ...]]:
+    """The Encoder of a batch (a BatchItem): every item becomes a record of its own."""
+    (body, topic, batch_properties, queue_id, sys_flag, born_timestamp, born_host,
+     max_body_size) = item
+    new_position, offsets = _backend.engine.encode_batch(
+        segment.handle, segment.size, position, segment.base_offset, body, topic,
+        batch_properties, queue_id, queue_offset, sys_flag,
+        store_timestamp if born_timestamp is None else born_timestamp, born_host,
+        store_timestamp, store_host, max_body_size,
+    )
+    return new_position, tuple(offsets)
 
 
 @attrs.define(eq=False)
@@ -59,6 +108,9 @@ class CommitLog:
     flushed_store_timestamp: int = 0
     #: how many flushes synced something (group commit shows as far fewer than puts)
     flush_count: int = 0
+    #: the queue offset the next message of each (topic, queue id) gets; the store fills it
+    #: from the consume queues after recovery
+    queue_offsets: dict[tuple[str, int], int] = attrs.field(factory=dict)
     _spare: Segment | None = None
     _spare_ready: trio.Event = attrs.field(factory=trio.Event)
     _spare_wanted: trio.Event = attrs.field(factory=trio.Event)
@@ -198,6 +250,53 @@ class CommitLog:
         segment.wrote_position = new_position
         self.last_store_timestamp = store_timestamp
         self.written.raise_to(segment.base_offset + new_position)
+
+    # ---- appends ----------------------------------------------------------------------------
+
+    async def append(
+        self, encode: Encoder[Item], item: Item, queue: tuple[str, int] | None
+    ) -> PutMessageResult | int:
+        """Append one put — ``encode`` writes ``item``'s record(s) — at the end of the log,
+        with the next queue offset of ``queue`` (None: the record takes no queue offset, as
+        a transaction's half or rollback record). Returns the PUT_OK result, or the
+        encoder's negative ERR_* code when the item cannot be encoded.
+
+        The only await is for the next segment, when the last one is full (AllocationTimeout
+        after allocate_timeout); a cancelled wait there means nothing was appended. From
+        reading the position to ``record_appended`` nothing awaits: the append is atomic. A
+        put that does not fit the rest of a segment ends it with a blank record and goes,
+        whole, to the next (RocketMQ's END_OF_FILE)."""
+        store_host = self._store_host
+        while True:
+            segment = self.segments.segments[-1]
+            if segment.wrote_position == segment.size:
+                segment = await self._writable_after_full()
+            position = segment.wrote_position
+            queue_offset = self.queue_offsets.get(queue, 0) if queue is not None else 0
+            store_timestamp = self.next_store_timestamp()
+            new_position, record_offsets = encode(
+                segment, position, queue_offset, store_timestamp, store_host, item
+            )
+            if new_position >= 0:
+                break
+            if new_position == _backend.ERR_NO_SPACE and position > 0:
+                self.end_segment(segment)
+                continue
+            return new_position
+        self.record_appended(segment, new_position, store_timestamp)
+        if queue is not None:
+            self.queue_offsets[queue] = queue_offset + len(record_offsets)
+        return PutMessageResult(
+            PutMessageStatus.PUT_OK, segment.base_offset + position, new_position - position,
+            queue_offset, record_offsets, store_timestamp, "", store_host,
+        )
+
+    async def _writable_after_full(self) -> Segment:
+        """The segment after the full last one: the allocator's spare, waited for if it is
+        not ready yet."""
+        while (segment := self.writable_segment()) is None:
+            await self.wait_for_segment()
+        return segment
 
     # ---- replication (the slave side) -------------------------------------------------------
 

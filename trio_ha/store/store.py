@@ -32,9 +32,9 @@ from ..wire import record as rec
 from ..wire.errors import RecordDecodeError
 from . import retention
 from .checkpoint import Checkpoint
-from .commitlog import AllocationTimeout, CommitLog
+from .commitlog import AllocationTimeout, CommitLog, encode_batch, encode_message
 from .consume_queue import ConsumeQueueTable, is_valid_topic
-from .segment import Segment, sync_ranges
+from .segment import sync_ranges
 from .dispatch import Dispatcher
 from .ha.master import HAService
 from .ha.slave import HAClient
@@ -86,7 +86,6 @@ class MessageStore:
     dispatcher: Dispatcher
     checkpoint: Checkpoint
     recovery: RecoveryReport | None = None
-    _queue_offsets: dict[tuple[str, int], int] = attrs.field(factory=dict)
     _lock_fd: int = -1
     _root: str = ""
     _running: bool = False
@@ -149,7 +148,7 @@ class MessageStore:
         # start() blocks until reput has caught up), then derive the next queue offsets.
         while self.dispatcher.dispatch_available(self.commitlog.max_offset):
             pass
-        self._queue_offsets = {
+        self.commitlog.queue_offsets = {
             (queue.topic, queue.queue_id): queue.max_offset for queue in self.queues
         }
 
@@ -311,18 +310,6 @@ class MessageStore:
                 self._topics[topic] = encoded
         return encoded
 
-    async def _next_segment(self) -> Segment | PutMessageResult:
-        """The segment to append to, waiting for the allocator if the last one is full."""
-        commitlog = self.commitlog
-        while True:
-            segment = commitlog.writable_segment()
-            if segment is not None:
-                return segment
-            try:
-                await commitlog.wait_for_segment()
-            except AllocationTimeout as exc:
-                return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
-
     async def put_message(self, message: rec.Message, queue_id: int = 0) -> PutMessageResult:
         """Append one message; the result says whether it is stored, and how durably."""
         return await self.put_encoded(
@@ -367,49 +354,28 @@ class MessageStore:
                 f"properties of {len(properties)} bytes exceed {rec.MAX_PROPERTIES_LENGTH}",
                 PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
             )
-        born = self._born_host(born_host)
-        tx_type = sys_flag & rec.TRANSACTION_TYPE_MASK
-        consumable = tx_type != rec.TRANSACTION_PREPARED and tx_type != rec.TRANSACTION_ROLLBACK
-        key = (topic, queue_id)
-        commitlog = self.commitlog
-        store_host = commitlog.store_host
-        encode = _backend.engine.encode_record
-        while True:
-            segment = commitlog.segments.segments[-1]
-            if segment.wrote_position == segment.size:
-                segment = await self._next_segment()
-                if isinstance(segment, PutMessageResult):
-                    return segment
-            # From here to record_appended nothing awaits: the append is atomic.
-            position = segment.wrote_position
-            queue_offset = self._queue_offsets.get(key, 0) if consumable else 0
-            store_timestamp = commitlog.next_store_timestamp()
-            new_position = encode(
-                segment.handle, segment.size, position, segment.base_offset, topic_bytes,
-                body, properties, queue_id, flag, queue_offset, sys_flag,
-                store_timestamp if born_timestamp is None else born_timestamp, born,
-                store_timestamp, store_host, reconsume_times, prepared_transaction_offset,
-            )
-            if new_position >= 0:
-                break
-            if new_position == _backend.ERR_NO_SPACE and position > 0:
-                commitlog.end_segment(segment)
-                continue
-            return self._illegal(
-                _encode_error(new_position, len(topic_bytes)), _encode_status(new_position)
-            )
-        commitlog.record_appended(segment, new_position, store_timestamp)
-        if consumable:
-            self._queue_offsets[key] = queue_offset + 1
-        self._puts += 1
-        offset = segment.base_offset + position
-        status = PutMessageStatus.PUT_OK
-        if self._waits and wait_store_msg_ok:
-            status = await self._wait_guarantees(segment.base_offset + new_position)
-        return PutMessageResult(
-            status, offset, new_position - position, queue_offset, (offset,), store_timestamp,
-            "", store_host,
+        tx_type = sys_flag & layout.TRANSACTION_TYPE_MASK
+        consumable = (
+            tx_type != layout.TRANSACTION_PREPARED and tx_type != layout.TRANSACTION_ROLLBACK
         )
+        item = (
+            topic_bytes, body, properties, queue_id, flag, sys_flag, born_timestamp,
+            self._born_host(born_host), reconsume_times, prepared_transaction_offset,
+        )
+        try:
+            appended = await self.commitlog.append(
+                encode_message, item, (topic, queue_id) if consumable else None
+            )
+        except AllocationTimeout as exc:
+            return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        if isinstance(appended, int):
+            return self._illegal(
+                _encode_error(appended, len(topic_bytes)), _encode_status(appended)
+            )
+        self._puts += 1
+        if self._waits and wait_store_msg_ok:
+            return await self._wait_guarantees(appended)
+        return appended
 
     async def put_messages(self, messages: Sequence[rec.Message], queue_id: int = 0) -> PutMessageResult:
         """Append a batch of messages of one topic to one queue, all or nothing, with
@@ -460,39 +426,22 @@ class MessageStore:
         if refusal is not None:
             return refusal
         topic_bytes = self._topic_bytes(topic)
-        born = self._born_host(born_host)
-        key = (topic, queue_id)
-        commitlog = self.commitlog
-        engine = _backend.engine
-        while True:
-            segment = await self._next_segment()
-            if isinstance(segment, PutMessageResult):
-                return segment
-            position = segment.wrote_position
-            queue_offset = self._queue_offsets.get(key, 0)
-            store_timestamp = commitlog.next_store_timestamp()
-            new_position, offsets = engine.encode_batch(
-                segment.handle, segment.size, position, segment.base_offset, body,
-                topic_bytes, batch_properties, queue_id, queue_offset, sys_flag,
-                store_timestamp if born_timestamp is None else born_timestamp, born,
-                store_timestamp, commitlog.store_host, self.config.max_message_size,
-            )
-            if new_position >= 0:
-                break
-            if new_position == _backend.ERR_NO_SPACE and position > 0:
-                commitlog.end_segment(segment)
-                continue
-            return self._illegal(_encode_error(new_position, len(topic_bytes)), _encode_status(new_position))
-        commitlog.record_appended(segment, new_position, store_timestamp)
-        self._queue_offsets[key] = queue_offset + len(offsets)
-        self._puts += len(offsets)
-        status = PutMessageStatus.PUT_OK
-        if self._waits and wait_store_msg_ok:
-            status = await self._wait_guarantees(segment.base_offset + new_position)
-        return PutMessageResult(
-            status, segment.base_offset + position, new_position - position, queue_offset,
-            tuple(offsets), store_timestamp, "", commitlog.store_host,
+        item = (
+            body, topic_bytes, batch_properties, queue_id, sys_flag, born_timestamp,
+            self._born_host(born_host), self.config.max_message_size,
         )
+        try:
+            appended = await self.commitlog.append(encode_batch, item, (topic, queue_id))
+        except AllocationTimeout as exc:
+            return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        if isinstance(appended, int):
+            return self._illegal(
+                _encode_error(appended, len(topic_bytes)), _encode_status(appended)
+            )
+        self._puts += appended.count
+        if self._waits and wait_store_msg_ok:
+            return await self._wait_guarantees(appended)
+        return appended
 
     @property
     def _sync_flush(self) -> bool:
@@ -507,23 +456,27 @@ class MessageStore:
         """Whether a put has anything to wait for after its append."""
         return self._sync_flush or self._sync_master
 
-    async def _wait_guarantees(self, end: int) -> PutMessageStatus:
+    async def _wait_guarantees(self, appended: PutMessageResult) -> PutMessageResult:
         """Hold a put until what this store promises holds: SYNC_FLUSH, its bytes synced
         (syncFlushTimeout); SYNC_MASTER, enough slaves acked them (slaveTimeout). Both
         clocks start now and the waits overlap in effect (a slave keeps copying while the
         put waits for the disk), so the put returns at the later of the two, as RocketMQ's
         combined futures do; a replica failure overrides the flush status."""
+        end = appended.commitlog_offset + appended.size
         deadline = trio.current_time() + self.config.slave_timeout / 1000
         status = PutMessageStatus.PUT_OK
         if self._sync_flush:
             status = await self._wait_durable(end)
         if self._sync_master:
             if self.ha_service is None:
-                return PutMessageStatus.SLAVE_NOT_AVAILABLE
-            replica = await self.ha_service.wait_replicated(end, deadline)
-            if replica is not PutMessageStatus.PUT_OK:
-                status = replica
-        return status
+                status = PutMessageStatus.SLAVE_NOT_AVAILABLE
+            else:
+                replica = await self.ha_service.wait_replicated(end, deadline)
+                if replica is not PutMessageStatus.PUT_OK:
+                    status = replica
+        if status is PutMessageStatus.PUT_OK:
+            return appended
+        return attrs.evolve(appended, status=status)
 
     @property
     def _max_message_size(self) -> int:
