@@ -16,6 +16,7 @@ from trio_ha.wire.remoting import (
     FieldKind,
     FrameDecoder,
     HeaderField,
+    HeaderSpec,
     LanguageCode,
     PullMessageRequestHeader,
     PullSysFlag,
@@ -479,6 +480,29 @@ def test_generic_custom_headers():
     command = RemotingCommand.request(14, encode_custom_header(value, spec))
     assert decode_custom_header(command, QueryOffset, spec) == value
     assert decode_custom_header(command, QueryOffset, list(spec)) == value
+
+
+def test_header_spec_plans_once_and_quotes_an_alias_in_errors():
+    @attrs.frozen
+    class Short:
+        topic: str
+        queue_id: int
+        tag: str | None = None
+
+    spec = HeaderSpec(
+        Short,
+        [HeaderField("topic", "t", alias="topic"), HeaderField("queue_id", "q", FieldKind.INT)]
+        + [HeaderField("tag", "g", required=False)],
+    )
+    assert type(spec.fields) is tuple and len(spec.fields) == 3
+    value = Short("T", 3)
+    fields = spec.encode(value)
+    assert fields == {"t": "T", "q": "3"}
+    assert spec.decode(RemotingCommand.request(14, fields)) == value
+    with pytest.raises(HeaderFieldError, match=r"<t> \(topic\) is null"):
+        spec.decode(RemotingCommand.request(14, {"q": "3"}))
+    with pytest.raises(HeaderFieldError, match=r"<q> is not an int: '3x'"):
+        spec.decode(RemotingCommand.request(14, {"t": "T", "q": "3x"}))
 
 
 # ---- responses ----------------------------------------------------------------------------------

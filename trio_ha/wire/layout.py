@@ -23,6 +23,7 @@ import struct
 
 # ---- integer limits and masks ---------------------------------------------------------------
 
+INT32_MIN = -(2**31)
 INT32_MAX = 0x7FFFFFFF
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

@@ -1,0 +1,174 @@
+"""The two custom headers on the hot path: SEND_MESSAGE (and its V2, batch and reply forms)
+and PULL_MESSAGE.
+
+The send header has two spellings of the same fields: SEND_MESSAGE and SEND_REPLY_MESSAGE use
+Java's long names (``producerGroup``...), SEND_MESSAGE_V2, SEND_BATCH_MESSAGE and
+SEND_REPLY_MESSAGE_V2 single letters ``a``..``n`` to save bytes per message. As in the Java
+broker, the request code decides which names are read, and errors quote both.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from .codes import RequestCode
+from .command import RemotingCommand
+from .headers import FieldKind, HeaderField, HeaderSpec
+
+__all__ = [
+    "PULL_MESSAGE_FIELDS",
+    "SEND_MESSAGE_FIELDS",
+    "SEND_MESSAGE_V2_FIELDS",
+    "PullMessageRequestHeader",
+    "PullSysFlag",
+    "SendMessageRequestHeader",
+    "encode_pull_message_fields",
+    "encode_send_message_fields",
+    "encode_send_message_v2_fields",
+    "pull_message_header",
+    "send_message_header",
+]
+
+
+class PullSysFlag(enum.IntFlag):
+    """``sysFlag`` bits of PULL_MESSAGE."""
+
+    COMMIT_OFFSET = 0x1
+    SUSPEND = 0x2
+    SUBSCRIPTION = 0x4
+    CLASS_FILTER = 0x8
+    LITE_PULL_MESSAGE = 0x10
+
+
+@attrs.frozen
+class SendMessageRequestHeader:
+    """The header of SEND_MESSAGE (long names), SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE
+    (single letters ``a``..``n``), and SEND_REPLY_MESSAGE(_V2)."""
+
+    producer_group: str
+    topic: str
+    default_topic: str
+    default_topic_queue_nums: int
+    queue_id: int
+    sys_flag: int
+    born_timestamp: int
+    flag: int
+    properties: str | None = None
+    reconsume_times: int | None = None
+    unit_mode: bool = False
+    max_reconsume_times: int | None = None
+    batch: bool = False
+    broker_name: str | None = None
+
+
+_S, _I32, _I64, _B = FieldKind.STR, FieldKind.INT, FieldKind.LONG, FieldKind.BOOL
+
+# (attribute, V1 name, V2 letter, kind, required)
+_SEND_SPEC = (
+    ("producer_group", "producerGroup", "a", _S, True),
+    ("topic", "topic", "b", _S, True),
+    ("default_topic", "defaultTopic", "c", _S, True),
+    ("default_topic_queue_nums", "defaultTopicQueueNums", "d", _I32, True),
+    ("queue_id", "queueId", "e", _I32, True),
+    ("sys_flag", "sysFlag", "f", _I32, True),
+    ("born_timestamp", "bornTimestamp", "g", _I64, True),
+    ("flag", "flag", "h", _I32, True),
+    ("properties", "properties", "i", _S, False),
+    ("reconsume_times", "reconsumeTimes", "j", _I32, False),
+    ("unit_mode", "unitMode", "k", _B, False),
+    ("max_reconsume_times", "maxReconsumeTimes", "l", _I32, False),
+    ("batch", "batch", "m", _B, False),
+    ("broker_name", "bname", "n", _S, False),
+)
+SEND_MESSAGE_FIELDS = tuple(HeaderField(a, v1, k, r) for a, v1, _, k, r in _SEND_SPEC)
+SEND_MESSAGE_V2_FIELDS = tuple(HeaderField(a, v2, k, r, v1) for a, v1, v2, k, r in _SEND_SPEC)
+_V2_CODES = frozenset(
+    (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE, RequestCode.SEND_REPLY_MESSAGE_V2)
+)
+_V1_CODES = frozenset((RequestCode.SEND_MESSAGE, RequestCode.SEND_REPLY_MESSAGE))
+_SEND_V1 = HeaderSpec(SendMessageRequestHeader, SEND_MESSAGE_FIELDS)
+_SEND_V2 = HeaderSpec(SendMessageRequestHeader, SEND_MESSAGE_V2_FIELDS)
+
+
+def send_message_header(command: RemotingCommand) -> SendMessageRequestHeader:
+    """The send header of a SEND_MESSAGE / _V2 / SEND_BATCH_MESSAGE / SEND_REPLY_MESSAGE(_V2)
+    request, with the letters of the V2 forms mapped to their long names (as the Java broker
+    does, the request code decides which names are read)."""
+    if command.code in _V2_CODES:
+        return _SEND_V2.decode(command)
+    if command.code in _V1_CODES:
+        return _SEND_V1.decode(command)
+    raise ValueError(f"request code {command.code} is not a send request")
+
+
+def encode_send_message_v2_fields(header: SendMessageRequestHeader) -> dict[str, str]:
+    """extFields of a SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE request."""
+    return _SEND_V2.encode(header)
+
+
+def encode_send_message_fields(header: SendMessageRequestHeader) -> dict[str, str]:
+    """extFields of a SEND_MESSAGE (V1, long names) request."""
+    return _SEND_V1.encode(header)
+
+
+@attrs.frozen
+class PullMessageRequestHeader:
+    """The header of PULL_MESSAGE (11)."""
+
+    consumer_group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    max_msg_nums: int
+    sys_flag: int
+    commit_offset: int
+    suspend_timeout_millis: int
+    sub_version: int
+    subscription: str | None = None
+    expression_type: str | None = None
+    #: 5.x additions, absent from 4.x clients
+    max_msg_bytes: int | None = None
+    broker_name: str | None = None
+
+    @property
+    def has_commit_offset(self) -> bool:
+        return bool(self.sys_flag & PullSysFlag.COMMIT_OFFSET)
+
+    @property
+    def has_suspend(self) -> bool:
+        return bool(self.sys_flag & PullSysFlag.SUSPEND)
+
+    @property
+    def has_subscription(self) -> bool:
+        return bool(self.sys_flag & PullSysFlag.SUBSCRIPTION)
+
+PULL_MESSAGE_FIELDS = (
+    HeaderField("consumer_group", "consumerGroup"),
+    HeaderField("topic", "topic"),
+    HeaderField("queue_id", "queueId", _I32),
+    HeaderField("queue_offset", "queueOffset", _I64),
+    HeaderField("max_msg_nums", "maxMsgNums", _I32),
+    HeaderField("sys_flag", "sysFlag", _I32),
+    HeaderField("commit_offset", "commitOffset", _I64),
+    HeaderField("suspend_timeout_millis", "suspendTimeoutMillis", _I64),
+    HeaderField("subscription", "subscription", _S, False),
+    HeaderField("sub_version", "subVersion", _I64),
+    HeaderField("expression_type", "expressionType", _S, False),
+    HeaderField("max_msg_bytes", "maxMsgBytes", _I32, False),
+    HeaderField("broker_name", "bname", _S, False),
+)
+
+
+_PULL = HeaderSpec(PullMessageRequestHeader, PULL_MESSAGE_FIELDS)
+
+
+def pull_message_header(command: RemotingCommand) -> PullMessageRequestHeader:
+    """The header of a PULL_MESSAGE request."""
+    return _PULL.decode(command)
+
+
+def encode_pull_message_fields(header: PullMessageRequestHeader) -> dict[str, str]:
+    """extFields of a PULL_MESSAGE request."""
+    return _PULL.encode(header)
