@@ -30,7 +30,7 @@ def _pid_gone(pid: int) -> bool:
             state = f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return True
-    return b"trio_ha.bench.clients" not in command or state == "Z"
+    return b"trio_ha.testing.node" not in command or state == "Z"
 
 
 def test_bench_produce_quick_reports_every_configuration(tmp_path):

@@ -228,7 +228,7 @@ def bench_produce(
     """1 KiB sends (single and batches of 32; 1 and 16 producers) to an ASYNC_MASTER and a
     SYNC_MASTER, each with a slave, in child processes; rates and p50/p99 latency next to
     the loopback round trip. One JSON object per line."""
-    from .bench.clients import run_produce_benchmarks
+    from .bench.produce import run_produce_benchmarks
 
     _print_json_lines(run_produce_benchmarks(dir, quick=quick))
 
@@ -241,7 +241,7 @@ def bench_consume(
     """Pull rate (32 per pull, 4 queues concurrently) from a preloaded SYNC_MASTER and from
     its slave, in child processes, next to the loopback round trip. One JSON object per
     line."""
-    from .bench.clients import run_consume_benchmarks
+    from .bench.consume import run_consume_benchmarks
 
     _print_json_lines(run_consume_benchmarks(dir, quick=quick))
 

@@ -2,8 +2,15 @@
 
 Each benchmark is a plain function that yields one dict per result; the CLI prints each as one
 JSON object per line. Every result carries the physical limit it should be read against,
-measured in the same run on the same machine (``trio_ha.bench.limits``), so the figures are
-ratios that survive a noisy or different machine. Benchmarks report; they never assert.
+measured in the same run on the same machine (``limits``: memory, disk; ``loopback``: between
+two processes), so the figures are ratios that survive a noisy or different machine.
+Benchmarks report; they never assert.
+
+``harness`` holds what they all run on (plans, scratch directories, result lines, run budgets,
+the store load, CPU per process); ``store``, ``replication`` (with ``replication_runs``),
+``produce`` and ``consume`` (with ``clients``, their cluster of child processes) and ``spark``
+are the benchmarks. Only ``percentile`` and ``tidy`` live here: ``spark``'s replay source runs
+inside Spark's Python workers, which must not import trio.
 """
 
 from __future__ import annotations

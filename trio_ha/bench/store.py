@@ -20,37 +20,47 @@ What runs (one JSON object per result, in this order):
 Message rates count messages (a batch of 64 counts 64); ``mb_per_s`` is body bytes,
 ``record_mb_per_s`` is commitlog bytes (what was copied into the mapping). Every append run
 times each put (two clock reads per call) for its latency percentiles; with many writers a
-put's latency includes waiting for the other writers' turns on the one event loop. Limits take the best of
-several passes, and so does the recovery scan it is compared with. A benchmark reports
+put's latency includes waiting for the other writers' turns on the one event loop. Limits take
+the best of several passes, and so does the recovery scan it is compared with. A benchmark reports
 figures; it never asserts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 
+import attrs
 import trio
 
 from .. import _backend
 from ..config import FlushDiskType, StoreConfig
 from ..store import open_store
 from ..store.segments import SegmentQueue
-from ..wire.record import Message, encode_batch
-from . import limits, percentile, tidy
+from ..wire.layout import parse_segment_file_name
+from . import limits
+from .harness import (
+    MB,
+    TOPIC,
+    GiB,
+    MiB,
+    Plan,
+    RunState,
+    common_fields,
+    config_fields,
+    drive_puts,
+    fit_plan,
+    latency_us,
+    limit,
+    make_put,
+    scratch_directory,
+    tidied,
+    wait_spare_segment,
+)
 
-MB = 1_000_000
-MiB = 1 << 20
-GiB = 1 << 30
-
-TOPIC = "BenchTopic"
-QUEUES = 8
-BATCH = 64
 BODY_SIZES = (128, 1024, 16 * 1024)
 FLUSHES = (FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH)
 WRITERS = (1, 64)
@@ -61,32 +71,31 @@ TARGET_RECOVERY_READ_RATIO = 0.5
 TARGET_SYNC_SPEEDUP = 20.0
 
 
-class _Plan:
+@attrs.define(kw_only=True)
+class StorePlan(Plan):
     """How much work each part does. ``quick`` is for a smoke test (well under 30 s)."""
 
-    def __init__(self, quick: bool) -> None:
-        self.quick = quick
+    segment_size: int
+    run_seconds: float
+    run_max_bytes: int
+    warmup_seconds: float
+    memcpy_bytes: int
+    memcpy_map: int
+    sync_seconds: float
+    recovery_bytes: int
+    passes: int
+
+    @classmethod
+    def make(cls, quick: bool) -> StorePlan:
         if quick:
-            self.segment_size = 32 * MiB
-            self.run_seconds = 0.2
-            self.run_max_bytes = 96 * MiB
-            self.warmup_seconds = 0.02
-            self.memcpy_bytes = 512 * MiB
-            self.memcpy_map = 64 * MiB
-            self.sync_seconds = 0.3
-            self.recovery_bytes = 200 * MiB
-            self.passes = 2
-        else:
-            self.segment_size = 256 * MiB
-            self.run_seconds = 2.5
-            self.run_max_bytes = 2 * GiB
-            self.warmup_seconds = 0.2
-            self.memcpy_bytes = 4 * GiB
-            self.memcpy_map = 256 * MiB
-            self.sync_seconds = 2.0
-            self.recovery_bytes = 3 * GiB // 2
-            self.passes = 5
-        self.scaled_for_disk = False
+            return cls(quick=True, segment_size=32 * MiB, run_seconds=0.2,
+                       run_max_bytes=96 * MiB, warmup_seconds=0.02, memcpy_bytes=512 * MiB,
+                       memcpy_map=64 * MiB, sync_seconds=0.3, recovery_bytes=200 * MiB,
+                       passes=2)
+        return cls(quick=False, segment_size=256 * MiB, run_seconds=2.5,
+                   run_max_bytes=2 * GiB, warmup_seconds=0.2, memcpy_bytes=4 * GiB,
+                   memcpy_map=256 * MiB, sync_seconds=2.0, recovery_bytes=3 * GiB // 2,
+                   passes=5)
 
     def fit_disk(self, free: int) -> None:
         """Keep the largest store below a third of the free space."""
@@ -102,17 +111,7 @@ class _Plan:
 # ---- appends --------------------------------------------------------------------------------
 
 
-class _RunState:
-    def __init__(self, remaining: int, deadline: float) -> None:
-        self.remaining = remaining
-        self.deadline = deadline
-        self.ok = 0
-        self.failed = 0
-        self.statuses: dict[str, int] = {}
-        self.latencies: list[int] = []
-
-
-def _store_config(root: str, plan: _Plan, flush: FlushDiskType) -> StoreConfig:
+def _store_config(root: str, plan: StorePlan, flush: FlushDiskType) -> StoreConfig:
     return StoreConfig(
         store_path_root_dir=root,
         mapped_file_size_commit_log=plan.segment_size,
@@ -120,84 +119,26 @@ def _store_config(root: str, plan: _Plan, flush: FlushDiskType) -> StoreConfig:
     )
 
 
-async def _wait_spare(store, timeout: float) -> bool:
-    """Wait until the allocator has the next segment created and warmed (private attribute
-    of the commitlog; a benchmark may look)."""
-    ready = getattr(store.commitlog, "_spare_ready", None)
-    if ready is None:
-        return False
-    with trio.move_on_after(timeout):
-        await ready.wait()
-        return True
-    return False
-
-
-def _make_put(store, api: str, body_size: int):
-    """A ``put(queue_id)`` returning the store call's coroutine (no wrapper coroutine of our
-    own in the way), and how many messages one call stores."""
-    body = os.urandom(body_size)
-    if api == "put_message":
-        message = Message(TOPIC, body, tags="TagA")
-        put_message = store.put_message
-        return (lambda queue_id: put_message(message, queue_id)), 1
-    messages = [Message(TOPIC, body, tags="TagA") for _ in range(BATCH)]
-    if api == "put_messages":
-        put_messages = store.put_messages
-        return (lambda queue_id: put_messages(messages, queue_id)), BATCH
-    encoded = encode_batch(messages)
-    put_batch = store.put_batch
-    return (lambda queue_id: put_batch(TOPIC, queue_id, encoded)), BATCH
-
-
-async def _drive(put, per_put: int, writers: int, state: _RunState, measure_latency: bool) -> None:
-    """``writers`` tasks, each putting in a loop until the shared budget or the deadline
-    runs out."""
-    clock = time.perf_counter
-    clock_ns = time.perf_counter_ns
-    latencies = state.latencies
-
-    async def writer(index: int) -> None:
-        queue_id = index % QUEUES
-        while state.remaining > 0 and clock() < state.deadline:
-            state.remaining -= per_put
-            if measure_latency:
-                t0 = clock_ns()
-                result = await put(queue_id)
-                latencies.append(clock_ns() - t0)
-            else:
-                result = await put(queue_id)
-            status = result.status.name
-            if status == "PUT_OK":
-                state.ok += 1
-            else:
-                state.failed += 1
-                state.statuses[status] = state.statuses.get(status, 0) + 1
-
-    async with trio.open_nursery() as nursery:
-        for index in range(writers):
-            nursery.start_soon(writer, index)
-
-
-async def _append_run(root: str, plan: _Plan, flush: FlushDiskType, api: str, body_size: int,
+async def _append_run(root: str, plan: StorePlan, flush: FlushDiskType, api: str, body_size: int,
                       writers: int, record_estimate: int) -> dict:
     config = _store_config(root, plan, flush)
     async with open_store(config) as store:
-        put, per_put = _make_put(store, api, body_size)
+        put, per_put = make_put(store, api, body_size)
         # Warm-up on the same path (first calls, caches, dispatcher), then let the allocator
         # finish the spare segment so the timed run starts from the steady state.
-        warm = _RunState(plan.run_max_bytes // 16 // record_estimate,
+        warm = RunState(plan.run_max_bytes // 16 // record_estimate,
                          time.perf_counter() + plan.warmup_seconds)
-        await _drive(put, per_put, writers, warm, False)
+        await drive_puts(put, per_put, writers, warm, False)
         await store.wait_dispatched()
-        spare_ready = await _wait_spare(store, 30)
+        spare_ready = await wait_spare_segment(store, 30)
 
         start_offset = store.commitlog.max_offset
         segments_before = store.statistics().segments
         gc.collect()
-        state = _RunState(max(per_put, plan.run_max_bytes // record_estimate), 0.0)
+        state = RunState(max(per_put, plan.run_max_bytes // record_estimate), 0.0)
         started = time.perf_counter()
         state.deadline = started + plan.run_seconds
-        await _drive(put, per_put, writers, state, True)
+        await drive_puts(put, per_put, writers, state, True)
         elapsed = time.perf_counter() - started
         end_offset = store.commitlog.max_offset
         caught_up = time.perf_counter()
@@ -220,13 +161,7 @@ async def _append_run(root: str, plan: _Plan, flush: FlushDiskType, api: str, bo
         "spare_ready_at_start": spare_ready,
         "dispatch_catchup_seconds": catchup,
     }
-    lat = sorted(state.latencies)
-    result["latency_us"] = {
-        "p50": percentile(lat, 0.5) / 1000 if lat else None,
-        "p99": percentile(lat, 0.99) / 1000 if lat else None,
-        "p999": percentile(lat, 0.999) / 1000 if lat else None,
-        "max": lat[-1] / 1000 if lat else None,
-    }
+    result["latency_us"] = latency_us(state.latencies)
     return result
 
 
@@ -240,9 +175,9 @@ def _record_estimate(body_size: int) -> int:
 
 async def _write_recovery_store(config: StoreConfig, target_bytes: int) -> tuple[int, int]:
     async with open_store(config) as store:
-        put, per_put = _make_put(store, "put_batch", 1024)
-        state = _RunState(target_bytes // _record_estimate(1024), time.perf_counter() + 600)
-        await _drive(put, per_put, 1, state, False)
+        put, per_put = make_put(store, "put_batch", 1024)
+        state = RunState(target_bytes // _record_estimate(1024), time.perf_counter() + 600)
+        await drive_puts(put, per_put, 1, state, False)
         await store.wait_dispatched()
         return store.commitlog.max_offset, state.ok * per_put
 
@@ -285,35 +220,25 @@ async def _timed_reopen(config: StoreConfig) -> tuple[float, object]:
 # ---- the whole benchmark ---------------------------------------------------------------------
 
 
-def _limit(name: str, value: float, unit: str, **extra) -> dict:
-    return {"name": name, "value": value, "unit": unit, **extra}
-
-
 def run_store_benchmarks(directory: str | None = None, *, quick: bool = False) -> Iterator[dict]:
     """Run the store benchmarks in a scratch directory (inside ``directory`` if given) and
     yield one dict per result (floats to 5 significant digits). The scratch directory is
     removed at the end."""
-    with contextlib.closing(_run(directory, quick)) as results:  # cleanup even if abandoned
-        for result in results:
-            yield tidy(result)
+    yield from tidied(_run(directory, quick))
 
 
 def _run(directory: str | None, quick: bool) -> Iterator[dict]:
-    plan = _Plan(quick)
-    if directory is not None:
-        os.makedirs(directory, exist_ok=True)
-    base = tempfile.mkdtemp(prefix="trio-ha-bench-store-", dir=directory)
+    plan = StorePlan.make(quick)
     begun = time.perf_counter()
-    backend = _backend.native_backend
-    common = {"backend": backend, "quick": quick}
-    try:
-        plan.fit_disk(shutil.disk_usage(base).free)
+    common = common_fields(quick)
+    backend = common["backend"]
+    with scratch_directory(directory, "store") as scratch:
+        base = scratch.base
+        fit_plan(plan, scratch)
         yield {
-            "bench": "store.config", **common, "scratch_dir": base,
+            "bench": "store.config", **config_fields(plan, scratch),
             "segment_size": plan.segment_size, "run_seconds": plan.run_seconds,
             "run_max_bytes": plan.run_max_bytes, "recovery_bytes": plan.recovery_bytes,
-            "scaled_for_disk": plan.scaled_for_disk, "cpus": os.cpu_count(),
-            "loadavg": os.getloadavg(),
             "note": "other processes on this machine compete for its cores and disk; "
                     "loadavg says how busy it was",
         }
@@ -330,9 +255,9 @@ def _run(directory: str | None, quick: bool) -> Iterator[dict]:
         yield {"bench": "limit.sync", **common, **sync_limit,
                "note": "4 KiB pwrite + fdatasync, and 4 KiB store into a shared mapping + "
                        "msync (the store's call), on a preallocated, written scratch file"}
-        memcpy_limit = _limit("memcpy_into_warm_mapping", memcpy["mb_per_s"], "MB/s",
+        memcpy_limit = limit("memcpy_into_warm_mapping", memcpy["mb_per_s"], "MB/s",
                               chunk_bytes=memcpy["chunk_bytes"])
-        fdatasync_limit = _limit("fdatasync_4k", sync_limit["fdatasync_per_s"], "ops/s",
+        fdatasync_limit = limit("fdatasync_4k", sync_limit["fdatasync_per_s"], "ops/s",
                                  p50_us=sync_limit["fdatasync_p50_us"],
                                  msync_per_s=sync_limit.get("msync_per_s"))
 
@@ -373,7 +298,7 @@ def _run(directory: str | None, quick: bool) -> Iterator[dict]:
                 result["ratio_basis"] = "record_mb_per_s / memcpy MB/s"
                 result["ratio_to_limit_body"] = figures["mb_per_s"] / memcpy["mb_per_s"]
                 if mode == "single":
-                    result["secondary_limit"] = _limit(
+                    result["secondary_limit"] = limit(
                         "python_1k_slice_assignments", memcpy["slice_1k_per_s"], "ops/s"
                     )
                 if size == 1024 and mode == "batch64":
@@ -415,11 +340,11 @@ def _run(directory: str | None, quick: bool) -> Iterator[dict]:
             commitlog_dir = config.commitlog_dir
             paths = sorted(
                 os.path.join(commitlog_dir, name) for name in os.listdir(commitlog_dir)
-                if name.isdigit()
+                if parse_segment_file_name(name) is not None
             )
             seq = limits.sequential_read(paths, passes=plan.passes)
             yield {"bench": "limit.sequential_read", **common, **seq}
-            read_limit = _limit("sequential_read_page_cache", seq["mb_per_s"], "MB/s",
+            read_limit = limit("sequential_read_page_cache", seq["mb_per_s"], "MB/s",
                                 page_cache="warm")
 
             passes = [_scan_all(commitlog_dir, plan.segment_size, _backend.SCAN_CHECK_CRC)
@@ -487,5 +412,3 @@ def _run(directory: str | None, quick: bool) -> Iterator[dict]:
             "all_met": all(t["meets"] for t in targets),
             "total_seconds": time.perf_counter() - begun, "loadavg": os.getloadavg(),
         }
-    finally:
-        shutil.rmtree(base, ignore_errors=True)

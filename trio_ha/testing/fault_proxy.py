@@ -228,7 +228,9 @@ class FaultProxy:
         """Close the next connection ``header_bytes`` (1-11) into a frame header."""
         if not 0 < header_bytes < FRAME_HEADER.size:
             raise ValueError("header_bytes must be within 1..11")
-        return await self._cut(_PendingCut(into_body=None, into_header=header_bytes, raw_bytes=None))
+        return await self._cut(
+            _PendingCut(into_body=None, into_header=header_bytes, raw_bytes=None)
+        )
 
     async def cut_after(self, n: int) -> Cut:
         """Close the next connection to carry ``n`` more master -> slave bytes, right after
