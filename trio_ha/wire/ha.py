@@ -63,8 +63,6 @@ class NeedData(enum.Enum):
 
 
 NEED_DATA: Final = NeedData.NEED_DATA
-#: the old name, still imported by wire/remoting.py; remove once that imports NeedData
-_NeedData = NeedData
 
 
 @attrs.frozen
