@@ -15,7 +15,7 @@ import zlib
 import pytest
 
 try:
-    import numpy as np
+    import numpy  # noqa: F401 - only its presence is checked here
     import pyarrow as pa
 except ImportError:  # pragma: no cover - only without the spark extra
     if os.environ.get("TRIO_HA_REQUIRE_SPARK") == "1":
@@ -28,7 +28,7 @@ from golden_encoder import GoldenMessage, GoldenStore, build_golden_store, encod
 from trio_ha import FlushDiskType, Message, StoreConfig, open_store
 from trio_ha.spark.batches import ARROW_SCHEMA, parse_properties
 from trio_ha.spark.local import read_arrow
-from trio_ha.spark.plan import parse_options, plan, plan_store
+from trio_ha.spark.plan import parse_options, plan
 from trio_ha.spark.store_files import StoreDir, advance, confirmed_end
 from trio_ha.wire import record as rec
 
@@ -144,7 +144,7 @@ def test_golden_store_every_field(golden):
     rows = [_row_view(r) for r in table.to_pylist()]
     expected = [m.expected_row(os.path.abspath(golden.root)) for m in golden.messages]
     assert len(rows) == len(expected) == 600
-    for got, want in zip(rows, expected):
+    for got, want in zip(rows, expected, strict=True):
         assert got == want, (got["commitlog_offset"], got, want)
     # the corners really are there
     assert any(r["size"] and r["topic"] == "T" * 140 for r in rows)
@@ -193,7 +193,7 @@ def test_our_store_rows_and_partial_tail(ours):
     for s in StoreDir(root).segments():
         with open(s.path, "rb") as f:
             data[s.base] = f.read()
-    for (message, queue), row in zip(messages, table.to_pylist()):
+    for (message, queue), row in zip(messages, table.to_pylist(), strict=True):
         assert row["topic"] == message.topic and row["queue_id"] == queue
         assert row["body"] == message.body
         assert row["tags"] == message.tags
@@ -285,7 +285,7 @@ def test_crc_mismatch_fails_or_is_emitted(ours, tmp_path):
 
 def test_torn_tail_is_not_confirmed(tmp_path):
     g = GoldenStore(str(tmp_path / "s"))
-    for i in range(5):
+    for _ in range(5):
         g.append(GoldenMessage(topic="A", body=b"x" * 100))
     last = g.messages[-1]
     g.write()
@@ -295,7 +295,7 @@ def test_torn_tail_is_not_confirmed(tmp_path):
     assert confirmed_end(StoreDir(g.root)).end == last.commitlog_offset
     # the same damage in the middle is corruption, confirmed (and reported by the reader)
     g2 = GoldenStore(str(tmp_path / "s2"))
-    for i in range(5):
+    for _ in range(5):
         g2.append(GoldenMessage(topic="A", body=b"x" * 100))
     g2.write()
     mid = g2.messages[2]

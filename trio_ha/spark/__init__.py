@@ -79,6 +79,7 @@ end.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "spark_session": "trio_ha.spark.session",
@@ -98,10 +99,22 @@ _EXPORTS = {
     "export": "trio_ha.spark.jobs",
 }
 
-__all__ = sorted(_EXPORTS)
+if TYPE_CHECKING:  # what the lazy names are, for a type checker (kept in step with _EXPORTS)
+    from .batches import ARROW_SCHEMA, SCHEMA_DDL
+    from .jobs import audit, export, stats
+    from .local import read_arrow
+    from .session import register, spark_session
+    from .source import FORMAT, TrioHaDataSource, schema
+    from .store_files import CorruptRecordError, StoreDir, StoreError, confirmed_end
+
+__all__ = [
+    "ARROW_SCHEMA", "FORMAT", "SCHEMA_DDL", "CorruptRecordError", "StoreDir", "StoreError",
+    "TrioHaDataSource", "audit", "confirmed_end", "export", "read_arrow", "register", "schema",
+    "spark_session", "stats",
+]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'trio_ha.spark' has no attribute {name!r}")

@@ -15,7 +15,6 @@ This module needs numpy and pyarrow but not Spark: :func:`read_chunk` also serve
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterator
 
 import numpy as np
@@ -23,6 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import _backend
+from ..wire import layout
+from ..wire import record as rec
 from .plan import Chunk, ReadOptions
 from .store_files import CorruptRecordError, MappedSegment, Segment, StoreError, infos_to_numpy
 
@@ -82,7 +83,7 @@ def _repeat_string(value: str, n: int) -> pa.Array:
                                                   pa.py_buffer(raw * n)])
 
 
-def _gather(buf: pa.Buffer, starts: np.ndarray, lens: np.ndarray, typ) -> pa.Array:
+def _gather(buf: pa.Buffer, starts: np.ndarray, lens: np.ndarray, typ: pa.DataType) -> pa.Array:
     """The byte fields ``buf[starts[i] : starts[i] + lens[i]]`` (in increasing, non
     overlapping order) as one compact Arrow array."""
     n = len(starts)
@@ -103,14 +104,16 @@ def _scatter(values: pa.Array, rows: np.ndarray, which: np.ndarray, n: int) -> p
     return values.take(pa.array(pos, mask=pos < 0))
 
 
-def _list_from_parts(values: pa.Array, rows: np.ndarray, n: int, typ) -> pa.Array:
+def _list_from_parts(values: pa.Array, rows: np.ndarray, n: int, typ: pa.DataType) -> pa.Array:
     counts = np.bincount(rows, minlength=n) if len(rows) else np.zeros(n, np.int64)
     offsets = np.zeros(n + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
     return pa.ListArray.from_arrays(pa.array(offsets), values, type=typ)
 
 
-def _ranges_split(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, byte: int):
+def _ranges_split(
+    data: np.ndarray, starts: np.ndarray, ends: np.ndarray, byte: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Split the disjoint, ordered byte ranges [starts[i], ends[i]) of ``data`` at every
     ``byte``: (piece starts, piece ends, index of the range each piece came from)."""
     if not len(starts):
@@ -138,7 +141,12 @@ def _named(data: np.ndarray, key_s: np.ndarray, key_len: np.ndarray, name: bytes
     return cand
 
 
-def parse_properties(props: pa.Array):
+_PROPERTY_SEPARATOR = ord(rec.PROPERTY_SEPARATOR)
+_NAME_VALUE_SEPARATOR = ord(rec.NAME_VALUE_SEPARATOR)
+_KEY_SEPARATOR = ord(" ")  # KEYS holds several keys, space-separated
+
+
+def parse_properties(props: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
     """RocketMQ properties text -> (map, tags, keys list, uniq_key), for a whole batch.
 
     As MessageDecoder.string2messageProperties: split on \\x02, split each part at its first
@@ -153,9 +161,11 @@ def parse_properties(props: pa.Array):
     data_buf = bufs[2] if bufs[2] is not None else pa.py_buffer(b"")
     data = np.frombuffer(data_buf, np.uint8)
     rows_nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
-    cs, ce, owner = _ranges_split(data, offsets[:-1][rows_nonempty], offsets[1:][rows_nonempty], 2)
+    cs, ce, owner = _ranges_split(
+        data, offsets[:-1][rows_nonempty], offsets[1:][rows_nonempty], _PROPERTY_SEPARATOR
+    )
     row_of_chunk = rows_nonempty[owner] if len(owner) else owner
-    ones = np.flatnonzero(data == 1).astype(np.int64)
+    ones = np.flatnonzero(data == _NAME_VALUE_SEPARATOR).astype(np.int64)
     if len(ones) and len(cs):
         k = np.searchsorted(ones, cs)
         sep = ones[np.minimum(k, len(ones) - 1)]
@@ -173,15 +183,18 @@ def parse_properties(props: pa.Array):
     np.cumsum(counts, out=map_offsets[1:])
     prop_map = pa.MapArray.from_arrays(pa.array(map_offsets), names, vals, type=_MAP_TYPE)
     key_len = key_e - key_s
-    tags = _scatter(vals, rows, _named(data, key_s, key_len, b"TAGS"), n)
-    uniq = _scatter(vals, rows, _named(data, key_s, key_len, b"UNIQ_KEY"), n)
-    kidx = _named(data, key_s, key_len, b"KEYS")
+    tags = _scatter(vals, rows, _named(data, key_s, key_len, rec.PROPERTY_TAGS.encode()), n)
+    uniq = _scatter(
+        vals, rows,
+        _named(data, key_s, key_len, rec.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()), n,
+    )
+    kidx = _named(data, key_s, key_len, rec.PROPERTY_KEYS.encode())
     if len(kidx):
         # the last KEYS of a row wins, as in a Java HashMap
         last = np.full(n, -1, np.int64)
         last[rows[kidx]] = kidx
         kidx = last[last >= 0]
-        ts, te, towner = _ranges_split(data, val_s[kidx], val_e[kidx], 32)
+        ts, te, towner = _ranges_split(data, val_s[kidx], val_e[kidx], _KEY_SEPARATOR)
         nonempty = te > ts
         ts, te, trow = ts[nonempty], te[nonempty], rows[kidx][towner[nonempty]]
         kvals = _gather(data_buf, ts, te - ts, pa.string())
@@ -192,24 +205,21 @@ def parse_properties(props: pa.Array):
     return prop_map, tags, keys, uniq
 
 
-def _host_text(raw: bytes) -> str:
-    if len(raw) == 8:
-        return f"{ipaddress.IPv4Address(raw[:4])}:{int.from_bytes(raw[4:], 'big', signed=True)}"
-    return f"[{ipaddress.IPv6Address(raw[:16])}]:{int.from_bytes(raw[16:], 'big', signed=True)}"
-
-
 class _HostCache:
     """ip:port strings of host fields; a store has few distinct hosts."""
 
     def __init__(self) -> None:
         self.text: dict[bytes, str] = {}
 
-    def column(self, data: np.ndarray, pos: np.ndarray, lens: np.ndarray):
-        """(strings, per-row host keys (uint64) or None when some host is IPv6, the
-        distinct keys)."""
+    def column(
+        self, data: np.ndarray, pos: np.ndarray, lens: np.ndarray
+    ) -> tuple[pa.Array, np.ndarray | None]:
+        """(strings, per-row host keys (uint64: an IPv4 host field is 8 bytes) or None when
+        some host is IPv6)."""
         n = len(pos)
-        if n and (lens == 8).all():
-            raw = data[pos.astype(np.int64)[:, None] + np.arange(8)]
+        ipv4 = layout.IPV4_HOST_LENGTH
+        if n and (lens == ipv4).all():
+            raw = data[pos.astype(np.int64)[:, None] + np.arange(ipv4)]
             keys = raw.view(">u8").reshape(-1)
             first = keys[0]
             if (keys == first).all():
@@ -217,20 +227,20 @@ class _HostCache:
             uniq, inverse = np.unique(keys, return_inverse=True)
             texts = [self.text_of(int(u)) for u in uniq.tolist()]
             return pa.array(texts, pa.string()).take(pa.array(inverse.reshape(-1))), keys
-        out = []
-        for p, ln in zip(pos.tolist(), lens.tolist()):  # IPv6 hosts: rare, per row
+        out: list[str] = []
+        for p, ln in zip(pos.tolist(), lens.tolist(), strict=True):  # IPv6 hosts: rare, per row
             b = bytes(data[p : p + ln])
             t = self.text.get(b)
             if t is None:
-                t = self.text[b] = _host_text(b)
+                t = self.text[b] = rec.decode_host(b)
             out.append(t)
         return pa.array(out, pa.string()), None
 
     def text_of(self, key: int) -> str:
-        b = key.to_bytes(8, "big")
+        b = key.to_bytes(layout.IPV4_HOST_LENGTH, "big")
         t = self.text.get(b)
         if t is None:
-            t = self.text[b] = _host_text(b)
+            t = self.text[b] = rec.decode_host(b)
         return t
 
 
@@ -243,7 +253,7 @@ def _hex16(values: np.ndarray) -> np.ndarray:
     return _HEX[nibbles.astype(np.intp)]
 
 
-def _msg_ids(data, store_keys, arr) -> pa.Array:
+def _msg_ids(data: np.ndarray, store_keys: np.ndarray | None, arr: np.ndarray) -> pa.Array:
     n = len(arr)
     if store_keys is not None:
         chars = np.empty((n, 32), np.uint8)
@@ -272,21 +282,24 @@ class BatchBuilder:
         self.opts = opts
         f = opts.filters
         self.topics = pa.array(sorted(f.topics), pa.string()) if f.topics is not None else None
-        self.queue_ids = np.array(sorted(f.queue_ids), np.int32) if f.queue_ids is not None else None
+        self.queue_ids = (
+            np.array(sorted(f.queue_ids), np.int32) if f.queue_ids is not None else None
+        )
         self.hosts = _HostCache()
 
     def _mask(self, arr: np.ndarray, topic: pa.Array | None) -> np.ndarray | None:
         f = self.opts.filters
         mask = None
 
-        def both(m):
+        def both(m: np.ndarray) -> np.ndarray:
             return m if mask is None else (mask & m)
 
         if self.queue_ids is not None:
             mask = both(np.isin(arr["queue_id"], self.queue_ids))
         if f.queue_pushdown:
-            tx = arr["sys_flag"] & 0xC
-            mask = both((tx != 0x4) & (tx != 0xC))
+            # PREPARED and ROLLBACK transaction records are never in a consume queue
+            tx = arr["sys_flag"] & layout.TRANSACTION_TYPE_MASK
+            mask = both((tx != layout.TRANSACTION_PREPARED) & (tx != layout.TRANSACTION_ROLLBACK))
         if f.start_offset is not None:
             mask = both(arr["phys_offset"] >= f.start_offset)
         if f.end_offset is not None:
@@ -296,10 +309,14 @@ class BatchBuilder:
         if f.until_ms is not None:
             mask = both(arr["store_timestamp"] < f.until_ms)
         if topic is not None and self.topics is not None:
-            mask = both(pc.is_in(topic, value_set=self.topics).to_numpy(zero_copy_only=False))
+            # pc.is_in by name: pyarrow generates its compute functions at import time
+            selected = pc.call_function("is_in", [topic], pc.SetLookupOptions(self.topics))
+            mask = both(selected.to_numpy(zero_copy_only=False))
         return mask
 
-    def build(self, mseg: MappedSegment, arr: np.ndarray, crc_ok: np.ndarray | None) -> pa.RecordBatch | None:
+    def build(
+        self, mseg: MappedSegment, arr: np.ndarray, crc_ok: np.ndarray | None
+    ) -> pa.RecordBatch | None:
         """A batch of the records in ``arr`` (infos of ``mseg``) that pass the filters."""
         if not len(arr):
             return None
@@ -322,16 +339,18 @@ class BatchBuilder:
         props = _gather(buf, arr["props_pos"], arr["props_len"], pa.string())
         prop_map, tags, keys, uniq = parse_properties(props)
         born_host, _ = self.hosts.column(data, arr["born_host_pos"], arr["born_host_len"])
-        store_host, store_raw = self.hosts.column(data, arr["store_host_pos"], arr["store_host_len"])
+        store_host, store_raw = self.hosts.column(
+            data, arr["store_host_pos"], arr["store_host_len"]
+        )
         if crc_ok is None:
-            crc = pa.nulls(n, pa.bool_()) if not self.opts.verify_crc else pa.array(np.ones(n, bool))
+            crc = pa.array(np.ones(n, bool)) if self.opts.verify_crc else pa.nulls(n, pa.bool_())
         else:
             crc = pa.array(crc_ok)
 
-        def ints(name, typ):
+        def ints(name: str, typ: pa.DataType) -> pa.Array:
             return pa.array(np.ascontiguousarray(arr[name]), typ)
 
-        def ts(name):
+        def ts(name: str) -> pa.Array:
             micros = arr[name].astype(np.int64) * 1000
             return pa.Array.from_buffers(_TS, n, [None, pa.py_buffer(micros)])
 

@@ -8,19 +8,31 @@ console progress bar.
 from __future__ import annotations
 
 import hashlib
-import math
+import json
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from .store_files import MappedSegment, Segment, StoreDir, confirmed_end
+from .. import _backend
+from ..wire import layout
+from .store_files import DEFAULT_MAX_RECORD, MappedSegment, Segment, StoreDir, confirmed_end
+
+if TYPE_CHECKING:  # pyspark is imported when a job runs, not when this module loads
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = ["stats", "audit", "export", "StatsResult", "AuditResult", "ExportResult"]
+
+#: what the jobs take for "the store directories": one path or several
+Paths = str | Sequence[str]
 
 _NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600,
                  43200, 86400)
 
 
-def _source(spark, paths, options: dict | None = None):
+def _source(
+    spark: SparkSession, paths: Sequence[str], options: dict[str, Any] | None = None
+) -> DataFrame:
     from .session import register
 
     register(spark)
@@ -31,7 +43,7 @@ def _source(spark, paths, options: dict | None = None):
     return reader.load(list(paths) if len(paths) > 1 else paths[0])
 
 
-def _time_span(paths) -> tuple[int | None, int | None]:
+def _time_span(paths: Iterable[str]) -> tuple[int | None, int | None]:
     """First and last store timestamps of the stores, read from the files (two headers)."""
     first = last = None
     for path in paths:
@@ -92,10 +104,10 @@ class StatsResult:
         total_b = sum(q["bytes"] for q in self.queues)
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
                   for i, h in enumerate(head)]
-        lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)),
+        lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)),
                  "  ".join("-" * w for w in widths)]
         for r in rows:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
         lines.append(f"{len(self.queues)} queues, {total_m:,} messages, {total_b:,} bytes; "
                      f"rate buckets of {self.bucket_seconds} s")
         return "\n".join(lines)
@@ -106,21 +118,22 @@ def _fmt_ms(ms: int | None) -> str:
 
     if ms is None:
         return "-"
-    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    when = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+    return when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-def stats(spark, paths, *, out: str | None = None, bucket_seconds: int | None = None,
-          options: dict | None = None) -> StatsResult:
+def stats(spark: SparkSession, paths: Paths, *, out: str | None = None,
+          bucket_seconds: int | None = None, options: dict[str, Any] | None = None) -> StatsResult:
     """Per topic and queue: messages, bytes, first/last store time, mean rate, producer hosts;
     and messages per second over time per topic. One scan (bodies are not read). With
     ``out``: ``queues.parquet``, ``rate.parquet`` and ``rate.png`` are written there."""
     from pyspark.sql import functions as F
 
-    paths = [os.path.abspath(p) for p in ([paths] if isinstance(paths, str) else paths)]
-    first, last = _time_span(paths)
+    dirs = _abspaths(paths)
+    first, last = _time_span(dirs)
     bucket = bucket_seconds or pick_bucket(first, last)
     opts = {"include_body": "false", **(options or {})}
-    df = _source(spark, paths, opts)
+    df = _source(spark, dirs, opts)
     ms = F.unix_millis("store_timestamp")
     fine = (
         df.withColumn("bucket_ms", F.floor(ms / (bucket * 1000)) * (bucket * 1000))
@@ -189,13 +202,15 @@ class AuditResult:
         return asdict(self)
 
 
-def _segment_data_length(task) -> tuple:
+def _abspaths(paths: Paths) -> list[str]:
+    return [os.path.abspath(p) for p in ([paths] if isinstance(paths, str) else paths)]
+
+
+def _segment_data_length(task: tuple[str, str, int, int, int]) -> tuple[str, int, int]:
     """(side, base, length): how many bytes of the segment hold data — up to and including
     the 8-byte blank record that closes a full segment (what follows it is never compared:
     RocketMQ leaves it unspecified), or to the end of the last whole record."""
     side, path, base, size, max_record = task
-    from .. import _backend
-
     with MappedSegment(Segment(path, base, size)) as m:
         scanner = _backend.engine.scanner(65536)
         pos = 0
@@ -205,11 +220,12 @@ def _segment_data_length(task) -> tuple:
                 pos = res.end
                 continue
             if res.stop == _backend.STOP_BLANK:
-                return side, base, min(m.size, res.end + 8)
+                # the blank record itself is TOTALSIZE and MAGIC
+                return side, base, min(m.size, res.end + layout.RECORD_START.size)
             return side, base, res.end
 
 
-def _range_digest(task) -> tuple:
+def _range_digest(task: tuple[str, str, int, int, int]) -> tuple[str, int, int, int, str]:
     """(side, base, start, length, hex digest) of ``length`` bytes at ``start`` (a commitlog
     offset) in a segment; a short file digests what it has and reports the shorter length."""
     side, path, base, start, length = task
@@ -219,7 +235,9 @@ def _range_digest(task) -> tuple:
     return side, base, start, len(data), hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def _first_difference(m_path, m_base, s_path, s_base, start, length) -> int | None:
+def _first_difference(
+    m_path: str, m_base: int, s_path: str, s_base: int, start: int, length: int
+) -> int | None:
     import numpy as np
 
     with open(m_path, "rb") as f:
@@ -237,7 +255,7 @@ def _first_difference(m_path, m_base, s_path, s_base, start, length) -> int | No
     return None
 
 
-def audit(spark, master_dir: str, slave_dir: str, *, range_bytes: int = 64 << 20,
+def audit(spark: SparkSession, master_dir: str, slave_dir: str, *, range_bytes: int = 64 << 20,
           max_record: int | None = None) -> AuditResult:
     """Prove that ``slave_dir``'s commitlog is a byte prefix of ``master_dir``'s.
 
@@ -247,8 +265,6 @@ def audit(spark, master_dir: str, slave_dir: str, *, range_bytes: int = 64 << 20
     in Spark, per range and per segment. The first differing range is then compared byte by
     byte to name the first differing offset."""
     from pyspark.sql import functions as F
-
-    from .store_files import DEFAULT_MAX_RECORD
 
     max_record = max_record or DEFAULT_MAX_RECORD
     master, slave = StoreDir(master_dir), StoreDir(slave_dir)
@@ -260,22 +276,26 @@ def audit(spark, master_dir: str, slave_dir: str, *, range_bytes: int = 64 << 20
     to = min(s_end, m_end)
     sc = spark.sparkContext
 
-    def result(prefix, first, reason, segs=0, ranges=0, compared=0, bad=()):
+    def result(prefix: bool, first: int | None, reason: str, segs: int = 0, ranges: int = 0,
+               compared: int = 0, bad: Sequence[str] = ()) -> AuditResult:
         return AuditResult(prefix, master.path, slave.path, start, to, m_end, s_end, segs,
                            ranges, compared, list(bad), first, reason)
 
     common = sorted(b for b in s_segs if b in m_segs and s_segs[b].end > start and b < to)
     missing = [b for b in s_segs if b not in m_segs and b < s_end and s_segs[b].end > start]
     if missing:
-        return result(False, min(missing), f"the master has no segment {min(missing):020d}")
+        return result(False, min(missing),
+                      f"the master has no segment {layout.segment_file_name(min(missing))}")
     tasks = []
     for b in common:
         tasks.append(("master", m_segs[b].path, b, m_segs[b].size, max_record))
         tasks.append(("slave", s_segs[b].path, b, s_segs[b].size, max_record))
     sc.setJobDescription("audit: segment data lengths")
-    lengths = sc.parallelize(tasks, max(1, min(len(tasks), 64))).map(_segment_data_length).collect()
+    lengths = (
+        sc.parallelize(tasks, max(1, min(len(tasks), 64))).map(_segment_data_length).collect()
+    )
     seg_len: dict[int, int] = {}
-    for side, base, length in lengths:
+    for _side, base, length in lengths:
         seg_len[base] = max(seg_len.get(base, 0), length)
     digest_tasks = []
     for b in common:
@@ -292,7 +312,9 @@ def audit(spark, master_dir: str, slave_dir: str, *, range_bytes: int = 64 << 20
                       len(common))
     sc.setJobDescription("audit: range checksums")
     rdd = sc.parallelize(digest_tasks, max(1, min(len(digest_tasks), 256))).map(_range_digest)
-    sums = spark.createDataFrame(rdd, "side string, segment long, offset long, length long, digest string")
+    sums = spark.createDataFrame(
+        rdd, "side string, segment long, offset long, length long, digest string"
+    )
     m = sums.filter("side = 'master'").select("segment", "offset", F.col("length").alias("m_len"),
                                               F.col("digest").alias("m_digest"))
     s = sums.filter("side = 'slave'").select("segment", "offset", F.col("length").alias("s_len"),
@@ -300,15 +322,16 @@ def audit(spark, master_dir: str, slave_dir: str, *, range_bytes: int = 64 << 20
     joined = m.join(s, ["segment", "offset"], "full_outer").cache()
     try:
         sc.setJobDescription("audit: compare")
-        bad_ranges = joined.filter(
-            ~F.coalesce((F.col("m_digest") == F.col("s_digest")) & (F.col("m_len") == F.col("s_len")),
-                        F.lit(False)))
-        per_segment = (
-            joined.groupBy("segment")
-            .agg(F.sha2(F.concat_ws("", F.transform(
-                    F.array_sort(F.collect_list(F.struct("offset", "m_digest"))), lambda x: x["m_digest"])), 256).alias("m"),
-                 F.sha2(F.concat_ws("", F.transform(
-                    F.array_sort(F.collect_list(F.struct("offset", "s_digest"))), lambda x: x["s_digest"])), 256).alias("s"))
+        same = (F.col("m_digest") == F.col("s_digest")) & (F.col("m_len") == F.col("s_len"))
+        bad_ranges = joined.filter(~F.coalesce(same, F.lit(False)))
+
+        def segment_digest(column: str) -> Column:
+            """One digest of a segment's range digests, in offset order."""
+            ordered = F.array_sort(F.collect_list(F.struct("offset", column)))
+            return F.sha2(F.concat_ws("", F.transform(ordered, lambda x: x[column])), 256)
+
+        per_segment = joined.groupBy("segment").agg(
+            segment_digest("m_digest").alias("m"), segment_digest("s_digest").alias("s")
         )
         bad_segments = sorted(r["segment"] for r in per_segment.filter("m <> s").collect())
         first_bad = bad_ranges.agg(F.min("offset").alias("o")).collect()[0]["o"]
@@ -321,8 +344,10 @@ def audit(spark, master_dir: str, slave_dir: str, *, range_bytes: int = 64 << 20
         first = _first_difference(m_segs[seg].path, seg, s_segs[seg].path, seg, first_bad,
                                   min(range_bytes, to - first_bad))
         first = first if first is not None else first_bad
-        return result(False, first, f"the slave differs from the master at commitlog offset {first}",
-                      len(common), n_ranges, compared, [f"{b:020d}" for b in bad_segments])
+        return result(False, first,
+                      f"the slave differs from the master at commitlog offset {first}",
+                      len(common), n_ranges, compared,
+                      [layout.segment_file_name(b) for b in bad_segments])
     if s_end > m_end:
         return result(False, m_end, f"the slave holds records past the master's end {m_end}",
                       len(common), n_ranges, compared)
@@ -346,8 +371,9 @@ class ExportResult:
         return asdict(self)
 
 
-def export(spark, store_dir, to: str, *, fmt: str = "parquet", topics=None, since=None,
-           checkpoint: str | None = None, options: dict | None = None,
+def export(spark: SparkSession, store_dir: Paths, to: str, *, fmt: str = "parquet",
+           topics: str | Sequence[str] | None = None, since: object = None,
+           checkpoint: str | None = None, options: dict[str, Any] | None = None,
            max_bytes_per_trigger: str | int | None = None) -> ExportResult:
     """Incremental export: a streaming query (trigger available-now) from the store to files
     at ``to``, with its checkpoint (``<to>/_checkpoint`` by default). Run it again later and
@@ -359,7 +385,7 @@ def export(spark, store_dir, to: str, *, fmt: str = "parquet", topics=None, sinc
     if fmt not in ("parquet", "json"):
         raise ValueError(f"format must be parquet or json, got {fmt!r}")
     register(spark)
-    paths = [os.path.abspath(p) for p in ([store_dir] if isinstance(store_dir, str) else store_dir)]
+    paths = _abspaths(store_dir)
     to = os.path.abspath(to)
     checkpoint = os.path.abspath(checkpoint) if checkpoint else os.path.join(to, "_checkpoint")
     reader = spark.readStream.format("trio_ha")
@@ -371,7 +397,10 @@ def export(spark, store_dir, to: str, *, fmt: str = "parquet", topics=None, sinc
         reader = reader.option("max_bytes_per_trigger", str(max_bytes_per_trigger))
     for key, value in (options or {}).items():
         reader = reader.option(key, str(value))
-    df = reader.load(paths[0] if len(paths) == 1 else paths)
+    if len(paths) == 1:
+        df = reader.load(paths[0])
+    else:  # a stream reader's load takes one path; the option takes a JSON list
+        df = reader.option("paths", json.dumps(paths)).load()
     query = (df.writeStream.format(fmt).option("path", to).option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).queryName("trio-ha-export")
              .start())
@@ -389,7 +418,5 @@ def export(spark, store_dir, to: str, *, fmt: str = "parquet", topics=None, sinc
             if src.get("endOffset"):
                 end = src["endOffset"]
     if isinstance(end, str):
-        import json
-
         end = json.loads(end)
     return ExportResult(to, checkpoint, fmt, batches, rows, end)

@@ -16,9 +16,8 @@ def _label(topic: str) -> str:
 def plot_rate(rate: list[dict], bucket_seconds: int, path: str) -> str:
     """Messages per second over time, one line per topic (the ``MAX_LINES`` busiest; the
     rest summed as one line); written to ``path`` as PNG."""
-    import datetime as dt
-
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -33,15 +32,14 @@ def plot_rate(rate: list[dict], bucket_seconds: int, path: str) -> str:
         name = _label(r["topic"]) if r["topic"] in busiest else other
         line = sums.setdefault(name, {})
         line[r["bucket_ms"]] = line.get(r["bucket_ms"], 0.0) + r["messages_per_s"]
-    by_topic = {
-        name: [(dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc), v) for ms, v in points.items()]
-        for name, points in sums.items()
-    }
+    by_topic = {name: sorted(points.items()) for name, points in sums.items()}
     fig, ax = plt.subplots(figsize=(10, 5), dpi=100)
     try:
         for topic in sorted(by_topic):
-            points = sorted(by_topic[topic])
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=topic)
+            points = by_topic[topic]
+            # datetime64 in UTC: matplotlib draws it as dates without a timezone conversion
+            when = np.array([ms for ms, _ in points], dtype="datetime64[ms]")
+            ax.plot(when, [v for _, v in points], marker=".", label=topic)
         ax.set_title(f"Message rate per topic ({bucket_seconds} s buckets, store time, UTC)")
         ax.set_xlabel("store time (UTC)")
         ax.set_ylabel("messages / s")

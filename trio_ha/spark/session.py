@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["spark_session", "register"]
 
 
-def register(spark, *, pushdown: bool = True) -> None:
+def register(spark: SparkSession, *, pushdown: bool = True) -> None:
     """Register the ``trio_ha`` format with ``spark`` (idempotent). With ``pushdown`` (the
     default) Spark filters on topic, queue_id, commitlog_offset and store_timestamp reach the
     reader; this sets ``spark.sql.python.filterPushdown.enabled=true`` for the session."""

@@ -14,26 +14,47 @@ a restart from a checkpoint neither skips nor repeats a record.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from pyspark.sql.datasource import (
-    DataSource, DataSourceReader, DataSourceStreamReader, EqualTo, GreaterThan,
-    GreaterThanOrEqual, In, InputPartition, LessThan, LessThanOrEqual,
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+
+# Spark 4.2+ (the spark extra requires it): admission control and Trigger.AvailableNow for
+# Python stream readers.
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
 
-from .plan import Chunk, Filters, ReadOptions, parse_options, parse_time, plan, plan_store, with_filters
-from .store_files import StoreDir, StoreError, TailState, confirmed_end
-
-try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python sources
-    from pyspark.sql.streaming.datasource import (
-        ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows, SupportsTriggerAvailableNow,
-    )
-except ImportError:  # pragma: no cover - older Spark 4.x
-    ReadAllAvailable = ReadMaxBytes = ReadMaxRows = ReadLimit = None
-
-    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
-        pass
+from .plan import (
+    Chunk,
+    Filters,
+    ReadOptions,
+    parse_options,
+    parse_time,
+    plan,
+    plan_store,
+    with_filters,
+)
+from .store_files import StoreDir, StoreError, TailState, advance, confirmed_end
 
 __all__ = ["TrioHaDataSource", "FORMAT", "schema"]
 
@@ -67,19 +88,22 @@ class ChunkPartition(InputPartition):
         super().__init__(chunk)
 
 
-def _read(partition: ChunkPartition, opts: ReadOptions):
+def _read(partition: InputPartition, opts: ReadOptions) -> Iterator[Any]:
     from .batches import read_chunk  # executors import numpy/pyarrow only when reading
+
+    if not isinstance(partition, ChunkPartition):
+        raise TypeError(f"not a trio_ha partition: {partition!r}")
     return read_chunk(partition.value, opts)
 
 
 _PUSHABLE = {"topic", "queue_id", "commitlog_offset", "store_timestamp"}
 
 
-def _push(filters, opts: ReadOptions) -> tuple[ReadOptions, list]:
+def _push(filters: Sequence[Filter], opts: ReadOptions) -> tuple[ReadOptions, list[Filter]]:
     """Fold Spark's pushed filters on topic, queue_id, commitlog_offset and store_timestamp
     into the read's filters. Returns (new options, filters Spark must still evaluate)."""
     extra = Filters()
-    rest = []
+    rest: list[Filter] = []
     for f in filters:
         attribute = getattr(f, "attribute", None)
         col = attribute[0] if attribute is not None and len(attribute) == 1 else None
@@ -88,12 +112,14 @@ def _push(filters, opts: ReadOptions) -> tuple[ReadOptions, list]:
         try:
             if col == "topic" and isinstance(f, EqualTo) and isinstance(value, str):
                 got = Filters(topics=frozenset([value]))
-            elif col == "topic" and isinstance(f, In) and all(isinstance(v, str) for v in value):
-                got = Filters(topics=frozenset(value))
+            elif col == "topic" and isinstance(f, In) and all(isinstance(v, str) for v in f.value):
+                got = Filters(topics=frozenset(f.value))
             elif col == "queue_id" and isinstance(f, EqualTo) and isinstance(value, int):
                 got = Filters(queue_ids=frozenset([value]))
-            elif col == "queue_id" and isinstance(f, In) and all(isinstance(v, int) for v in value):
-                got = Filters(queue_ids=frozenset(value))
+            elif col == "queue_id" and isinstance(f, In) and all(
+                isinstance(v, int) for v in f.value
+            ):
+                got = Filters(queue_ids=frozenset(f.value))
             elif col == "commitlog_offset" and isinstance(value, int):
                 if isinstance(f, EqualTo):
                     got = Filters(start_offset=value, end_offset=value + 1)
@@ -110,7 +136,7 @@ def _push(filters, opts: ReadOptions) -> tuple[ReadOptions, list]:
                 # Spark timestamps are microseconds; the store keeps milliseconds: a bound
                 # between two milliseconds is rounded so the row test stays exact.
                 micros = _micros(value)
-                if isinstance(f, EqualTo) and micros % 1000 == 0:
+                if isinstance(f, EqualTo) and ms is not None and micros % 1000 == 0:
                     got = Filters(since_ms=ms, until_ms=ms + 1)
                 elif isinstance(f, GreaterThanOrEqual):
                     got = Filters(since_ms=-(-micros // 1000))
@@ -129,24 +155,26 @@ def _push(filters, opts: ReadOptions) -> tuple[ReadOptions, list]:
     return with_filters(opts, extra), rest
 
 
-def _micros(value) -> int:
-    import datetime as dt
+def _micros(value: object) -> int:
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.timezone.utc)
-        delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+            value = value.replace(tzinfo=dt.UTC)
+        delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
         return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
-    return int(parse_time(value)) * 1000
+    ms = parse_time(value)
+    if ms is None:
+        raise ValueError("an empty time bound")
+    return ms * 1000
 
 
 class TrioHaReader(DataSourceReader):
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
 
-    def partitions(self):
+    def partitions(self) -> Sequence[InputPartition]:
         return [ChunkPartition(c) for c in plan(self.opts)]
 
-    def read(self, partition):
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(partition, self.opts)
 
 
@@ -154,7 +182,7 @@ class TrioHaPushdownReader(TrioHaReader):
     """The reader with Spark filter pushdown (needs
     ``spark.sql.python.filterPushdown.enabled=true``, which :func:`register` sets)."""
 
-    def pushFilters(self, filters):
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
         self.opts, rest = _push(filters, self.opts)
         return rest
 
@@ -167,11 +195,11 @@ class TrioHaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise StoreError("no store directory given: load(STORE_DIR) or option paths")
         self.opts = opts
         self._tails: dict[str, TailState] = {}
-        self._target: dict | None = None
+        self._target: dict[str, int] | None = None
 
     # -- offsets ---------------------------------------------------------------------------
-    def _ends(self) -> dict:
-        out = {}
+    def _ends(self) -> dict[str, int]:
+        out: dict[str, int] = {}
         for path in self.opts.paths:
             tail = confirmed_end(StoreDir(path), max_record=self.opts.max_record,
                                  previous=self._tails.get(path))
@@ -179,12 +207,12 @@ class TrioHaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out[path] = tail.end
         return out
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, int]:
         start = self.opts.starting_offsets.strip()
         if start == "latest":
             return self._ends()
         if start == "earliest":
-            out = {}
+            out: dict[str, int] = {}
             for path in self.opts.paths:
                 segments = StoreDir(path).segments()
                 out[path] = segments[0].base if segments else 0
@@ -192,25 +220,25 @@ class TrioHaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         given = json.loads(start)
         return {path: int(given.get(path, 0)) for path in self.opts.paths}
 
-    def getDefaultReadLimit(self):
-        if ReadMaxBytes is not None and self.opts.max_bytes_per_trigger:
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_bytes_per_trigger:
             return ReadMaxBytes(self.opts.max_bytes_per_trigger)
-        if ReadMaxRows is not None and self.opts.max_records_per_trigger:
+        if self.opts.max_records_per_trigger:
             return ReadMaxRows(self.opts.max_records_per_trigger)
-        return ReadAllAvailable() if ReadAllAvailable is not None else None
+        return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._ends()
 
-    def latestOffset(self, start: dict | None = None, limit=None) -> dict:
+    def latestOffset(
+        self, start: dict[str, int] | None = None, limit: ReadLimit | None = None
+    ) -> dict[str, int]:
         ends = dict(self._target) if self._target is not None else self._ends()
-        if start is None or limit is None or (ReadAllAvailable is not None
-                                               and isinstance(limit, ReadAllAvailable)):
+        if start is None or limit is None or isinstance(limit, ReadAllAvailable):
             return {p: max(ends[p], int(start.get(p, 0))) if start else ends[p] for p in ends}
-        from .store_files import advance
         max_bytes = getattr(limit, "max_bytes", None)
         max_rows = getattr(limit, "max_rows", None)
-        out = {}
+        out: dict[str, int] = {}
         share = max(1, len(ends))
         for path, end in ends.items():
             begin = int(start.get(path, 0))
@@ -222,11 +250,11 @@ class TrioHaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                 max_records=max_rows // share if max_rows else None)
         return out
 
-    def reportLatestOffset(self):
+    def reportLatestOffset(self) -> dict[str, int]:
         return self._ends()
 
-    def partitions(self, start: dict, end: dict):
-        out = []
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        out: list[InputPartition] = []
         for path in self.opts.paths:
             lo, hi = int(start.get(path, 0)), int(end.get(path, 0))
             if hi <= lo:
@@ -243,10 +271,10 @@ class TrioHaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out += [ChunkPartition(c) for c in plan_store(store, self.opts, lo, hi, data_end=hi)]
         return out
 
-    def read(self, partition):
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(partition, self.opts)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, int]) -> None:
         pass
 
 
@@ -258,17 +286,17 @@ class TrioHaDataSource(DataSource):
     def name(cls) -> str:
         return FORMAT
 
-    def __init__(self, options) -> None:
+    def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.parsed = parse_options(options)
 
-    def schema(self):
+    def schema(self) -> StructType:
         return schema()
 
-    def reader(self, schema):
+    def reader(self, schema: StructType) -> DataSourceReader:
         return TrioHaReader(self.parsed)
 
-    def streamReader(self, schema):
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return TrioHaStreamReader(self.parsed)
 
 
@@ -278,5 +306,5 @@ class TrioHaPushdownDataSource(TrioHaDataSource):
     ``spark.sql.python.filterPushdown.enabled`` (Spark refuses a reader that implements
     pushdown while that setting is off, so plain ``TrioHaDataSource`` does without)."""
 
-    def reader(self, schema):
+    def reader(self, schema: StructType) -> DataSourceReader:
         return TrioHaPushdownReader(self.parsed)
