@@ -7,15 +7,9 @@ import trio
 from trio_ha import _backend
 from trio_ha.namesrv import NamesrvConfig, RouteInfoManager, serve_namesrv
 from trio_ha.remoting import open_remoting_client
+from trio_ha.wire.metadata import DataVersion, TopicConfig, TopicConfigSerializeWrapper
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
-from trio_ha.wire.route import (
-    ClusterInfo,
-    DataVersion,
-    RegisterBrokerBody,
-    TopicConfig,
-    TopicConfigSerializeWrapper,
-    TopicRouteData,
-)
+from trio_ha.wire.route import ClusterInfo, RegisterBrokerBody, TopicRouteData
 
 
 def topics(*names, version=1, queues=4):

@@ -8,13 +8,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trio_ha.wire import route
 from trio_ha.wire.errors import MetadataDecodeError, RouteDecodeError
+from trio_ha.wire.fastjson import read_json, write_json
+from trio_ha.wire.heartbeat import (
+    ConsumerData,
+    ConsumerIdList,
+    HeartbeatData,
+    ProducerData,
+    SubscriptionData,
+)
 from trio_ha.wire.metadata import (
     DEFAULT_DELAY_LEVELS,
     ConsumerOffsetTable,
+    DataVersion,
     DelayOffsetTable,
     SubscriptionGroupConfig,
     SubscriptionGroupWrapper,
+    TopicConfig,
+    TopicConfigSerializeWrapper,
     decode_consumer_offsets,
     decode_delay_offsets,
     decode_subscription_groups,
@@ -31,21 +43,11 @@ from trio_ha.wire.permission import Permission
 from trio_ha.wire.route import (
     BrokerData,
     ClusterInfo,
-    ConsumerData,
-    ConsumerIdList,
-    DataVersion,
-    HeartbeatData,
     KVTable,
-    ProducerData,
     QueueData,
     RegisterBrokerBody,
-    SubscriptionData,
-    TopicConfig,
-    TopicConfigSerializeWrapper,
     TopicRouteData,
-    read_json,
     wants_standard_json,
-    write_json,
 )
 
 # ---- the two JSON dialects -------------------------------------------------------------------
@@ -343,6 +345,16 @@ def test_permission_members_are_written_as_the_plain_ints_java_expects():
     assert TopicConfigSerializeWrapper.from_json_obj(
         json.loads(write_json(TopicConfigSerializeWrapper({"T": odd}).to_json_obj())), "t"
     ).topic_config_table["T"].perm == -1
+
+
+def test_bodies_that_moved_out_of_route_stay_importable_from_it():
+    from trio_ha.wire import fastjson, heartbeat, metadata, permission
+
+    for module in (fastjson, heartbeat, metadata, permission):
+        for name in set(module.__all__) & set(route.__all__):
+            assert getattr(route, name) is getattr(module, name), name
+    assert route.HeartbeatData is HeartbeatData and route.TopicConfig is TopicConfig
+    assert route.read_json is read_json and route.Permission is Permission
 
 
 # ---- heartbeats and small bodies ---------------------------------------------------------

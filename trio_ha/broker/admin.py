@@ -17,8 +17,10 @@ import trio
 
 from ..remoting import RemotingConnection
 from ..wire.errors import MetadataDecodeError, RouteDecodeError
+from ..wire.heartbeat import HeartbeatData
 from ..wire.metadata import (
     SubscriptionGroupConfig,
+    TopicConfig,
     decode_subscription_groups,
     encode_consumer_offsets,
     encode_delay_offsets,
@@ -27,7 +29,7 @@ from ..wire.metadata import (
 )
 from ..wire.permission import Permission
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
-from ..wire.route import HeartbeatData, KVTable, TopicConfig
+from ..wire.route import KVTable
 from .broker import Broker
 from .pull import TOTAL_MEMORY
 

@@ -21,8 +21,8 @@ from ..config import BrokerRole
 from ..remoting import RemotingConnection
 from ..store import MessageStore, PutMessageResult
 from ..wire import layout
+from ..wire.metadata import TopicConfig
 from ..wire.remoting import SendMessageRequestHeader
-from ..wire.route import TopicConfig
 from .clients import ClientManager
 from .config import BrokerConfig
 from .metadata import BrokerMetadata

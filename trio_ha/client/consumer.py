@@ -42,6 +42,7 @@ import trio
 from .._errors import unwrap_single_exception
 from ..remoting import RemotingError, RemotingTimeout
 from ..wire.errors import RecordDecodeError
+from ..wire.heartbeat import SubscriptionData
 from ..wire.record import SYSFLAG_COMPRESSED, StoredMessage, decode_record
 from ..wire.remoting import (
     PullMessageRequestHeader,
@@ -50,7 +51,6 @@ from ..wire.remoting import (
     ResponseCode,
     encode_pull_message_fields,
 )
-from ..wire.route import SubscriptionData
 from .instance import (
     MASTER_ID,
     ClientInstance,

@@ -51,20 +51,19 @@ import trio
 from .._errors import unwrap_single_exception
 from ..remoting import RemotingClientPool, RemotingError
 from ..wire.errors import RouteDecodeError
-from ..wire.permission import Permission
-from ..wire.record import java_string_hash, parse_host_port
-from ..wire.remoting import LanguageCode, RemotingCommand, RequestCode, ResponseCode
-from ..wire.route import (
+from ..wire.heartbeat import (
     CLUSTERING,
     CONSUME_ACTIVELY,
     CONSUME_FROM_LAST_OFFSET,
     ConsumerData,
     HeartbeatData,
     ProducerData,
-    QueueData,
     SubscriptionData,
-    TopicRouteData,
 )
+from ..wire.permission import Permission
+from ..wire.record import java_string_hash, parse_host_port
+from ..wire.remoting import LanguageCode, RemotingCommand, RequestCode, ResponseCode
+from ..wire.route import QueueData, TopicRouteData
 
 log = logging.getLogger(__name__)
 

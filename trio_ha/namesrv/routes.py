@@ -16,14 +16,8 @@ from __future__ import annotations
 
 import attrs
 
-from ..wire.route import (
-    BrokerData,
-    ClusterInfo,
-    DataVersion,
-    QueueData,
-    TopicConfigSerializeWrapper,
-    TopicRouteData,
-)
+from ..wire.metadata import DataVersion, TopicConfigSerializeWrapper
+from ..wire.route import BrokerData, ClusterInfo, QueueData, TopicRouteData
 
 BROKER_EXPIRY_SECONDS = 120.0
 

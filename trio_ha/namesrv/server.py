@@ -18,8 +18,9 @@ import trio
 from .. import _backend
 from ..remoting import RemotingConnection, not_supported, serve_remoting
 from ..wire.errors import RouteDecodeError
+from ..wire.metadata import DataVersion
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
-from ..wire.route import DataVersion, RegisterBrokerBody, wants_standard_json
+from ..wire.route import RegisterBrokerBody, wants_standard_json
 from .routes import BROKER_EXPIRY_SECONDS, RouteInfoManager
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""RocketMQ's config JSON files, as pure functions between bytes and frozen values.
+"""The broker's metadata tables as frozen values, and RocketMQ's config JSON files they live in.
 
 The broker keeps four tables under ``<storePathRootDir>/config/`` (docs/formats.md, 'Broker
 config files')::
@@ -18,7 +18,11 @@ Java reads as well). The same encoders produce the bodies a slave fetches from i
 (GET_ALL_TOPIC_CONFIG, GET_ALL_CONSUMER_OFFSET, GET_ALL_DELAY_OFFSET,
 GET_ALL_SUBSCRIPTIONGROUP_CONFIG).
 
-Writing files (tmp, bak, rename) is the store's business; nothing here touches a file.
+The values are the tables' rows: ``TopicConfig`` (a topic's queues and permission, also sent
+to the name server in the register body, ``route.RegisterBrokerBody``), ``DataVersion`` (the
+version every table and registration carries), ``SubscriptionGroupConfig``, and the offset
+tables. Writing files (tmp, bak, rename) is ``broker.metadata``'s business; nothing here
+touches a file.
 Unknown fields (5.x additions such as topic ``attributes``) are ignored when reading.
 """
 
@@ -28,39 +32,28 @@ from typing import Any
 
 import attrs
 
-from .errors import MetadataDecodeError
-from .route import (
-    PERM_INHERIT,
-    PERM_PRIORITY,
-    PERM_READ,
-    PERM_WRITE,
-    DataVersion,
-    Permission,
-    TopicConfig,
-    TopicConfigSerializeWrapper,
-    _REQUIRED,
-    _as_int,
-    _decoding,
-    _get_bool,
-    _get_int,
-    _get_obj,
-    _get_str,
-    _obj,
-    read_json,
-    write_json,
+from .errors import MetadataDecodeError, RouteDecodeError
+from .fastjson import encode_json, read_json
+from .json_fields import (
+    JsonShapeError,
+    as_int,
+    as_object,
+    decoding,
+    get_bool,
+    get_int,
+    get_object,
+    get_str,
 )
+from .permission import Permission
 
 __all__ = [
     "CONSUMER_OFFSET_JSON",
     "DEFAULT_DELAY_LEVELS",
     "DEFAULT_TOPIC_QUEUE_NUMS",
     "DELAY_OFFSET_JSON",
-    "PERM_INHERIT",
-    "PERM_PRIORITY",
-    "PERM_READ",
-    "PERM_WRITE",
     "SUBSCRIPTION_GROUP_JSON",
     "TOPICS_JSON",
+    "TOPIC_FILTER_TYPES",
     "ConsumerOffsetTable",
     "DataVersion",
     "DelayOffsetTable",
@@ -96,22 +89,170 @@ DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 
 #: ``<topic>@<group>`` keys of consumerOffset.json
 TOPIC_GROUP_SEPARATOR = "@"
 
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+#: TopicFilterType's names
+TOPIC_FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 
 
-def _encode(obj: Any, pretty: bool, standard_json: bool) -> bytes:
-    return write_json(obj, standard_json=standard_json, pretty=pretty).encode("utf-8", "replace")
+def _encode(obj: dict[str, Any], pretty: bool, standard_json: bool) -> bytes:
+    return encode_json(obj, standard_json=standard_json, pretty=pretty)
 
 
-def _parse(data: bytes | str, what: str) -> dict:
+def _parse(data: bytes | str, what: str) -> dict[str, Any]:
     value = read_json(data, error=MetadataDecodeError, what=what)
-    with _decoding(MetadataDecodeError, what):
-        return _obj(value, what)
+    with decoding(MetadataDecodeError, what):
+        return as_object(value, what)
 
 
-def _version_or_none(obj: dict, what: str) -> DataVersion | None:
+def _version_or_none(obj: dict[str, Any], what: str) -> DataVersion | None:
     value = obj.get("dataVersion")
     return None if value is None else DataVersion.from_json_obj(value, f"{what}.dataVersion")
+
+
+# ---- values shared with the name server --------------------------------------------------
+
+
+@attrs.frozen
+class DataVersion:
+    """A table's version: ``counter`` rises on every change, ``timestamp`` is when (ms).
+    5.x adds ``stateVersion`` (written only when non-zero, so 4.x files round-trip)."""
+
+    counter: int = 0
+    timestamp: int = 0
+    state_version: int = 0
+
+    def next_version(self, now_ms: int) -> DataVersion:
+        return DataVersion(self.counter + 1, now_ms, self.state_version)
+
+    def to_json_obj(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {"counter": self.counter, "timestamp": self.timestamp}
+        if self.state_version:
+            obj["stateVersion"] = self.state_version
+        return obj
+
+    @classmethod
+    def from_json_obj(cls, value: object, path: str = "dataVersion") -> DataVersion:
+        obj = as_object(value, path)
+        return cls(
+            get_int(obj, "counter", path, 0),
+            get_int(obj, "timestamp", path, 0),
+            get_int(obj, "stateVersion", path, 0),
+        )
+
+    def encode(self) -> bytes:
+        return encode_json(self.to_json_obj())
+
+    @classmethod
+    def decode(cls, data: bytes | str) -> DataVersion:
+        with decoding(RouteDecodeError, "DataVersion"):
+            return cls.from_json_obj(read_json(data, what="DataVersion"))
+
+
+@attrs.frozen
+class TopicConfig:
+    """One topic's configuration (defaults as Java's: 16 queues, perm read|write). ``perm``
+    holds ``Permission`` bits; read from a peer or a file it is the plain int that came,
+    unknown bits included."""
+
+    topic_name: str
+    read_queue_nums: int = 16
+    write_queue_nums: int = 16
+    perm: int = Permission.READ | Permission.WRITE
+    topic_filter_type: str = "SINGLE_TAG"
+    topic_sys_flag: int = 0
+    order: bool = False
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "order": self.order,
+            "perm": self.perm,
+            "readQueueNums": self.read_queue_nums,
+            "topicFilterType": self.topic_filter_type,
+            "topicName": self.topic_name,
+            "topicSysFlag": self.topic_sys_flag,
+            "writeQueueNums": self.write_queue_nums,
+        }
+
+    @classmethod
+    def from_json_obj(cls, value: object, path: str, name: str | None = None) -> TopicConfig:
+        obj = as_object(value, path)
+        filter_type = get_str(obj, "topicFilterType", path, "SINGLE_TAG")
+        if filter_type not in TOPIC_FILTER_TYPES:
+            raise JsonShapeError(
+                f"{path}.topicFilterType {filter_type!r} is not a TopicFilterType"
+            )
+        return cls(
+            topic_name=(
+                get_str(obj, "topicName", path)
+                if name is None
+                else get_str(obj, "topicName", path, name)
+            ),
+            read_queue_nums=get_int(obj, "readQueueNums", path, 16, int32=True),
+            write_queue_nums=get_int(obj, "writeQueueNums", path, 16, int32=True),
+            perm=get_int(obj, "perm", path, Permission.READ | Permission.WRITE, int32=True),
+            topic_filter_type=filter_type,
+            topic_sys_flag=get_int(obj, "topicSysFlag", path, 0, int32=True),
+            order=get_bool(obj, "order", path, False),
+        )
+
+    def encode_compact(self) -> str:
+        """``TopicConfig.encode()``: the compressed register body's form,
+        ``"topicName readQueueNums writeQueueNums perm topicFilterType"``."""
+        return (
+            f"{self.topic_name} {self.read_queue_nums} {self.write_queue_nums} "
+            f"{int(self.perm)} {self.topic_filter_type}"
+        )
+
+    @classmethod
+    def decode_compact(cls, text: str) -> TopicConfig:
+        parts = text.split(" ", 5)  # a 6th part (5.x attributes) is ignored
+        if len(parts) < 5:
+            raise RouteDecodeError(f"topic config {text[:80]!r} has {len(parts)} parts, not 5")
+        name, read, write, perm, filter_type = parts[:5]
+        if not name or filter_type not in TOPIC_FILTER_TYPES:
+            raise RouteDecodeError(f"topic config {text[:80]!r} is malformed")
+        with decoding(RouteDecodeError, "topic config"):
+            return cls(
+                name,
+                as_int(read, "readQueueNums", int32=True),
+                as_int(write, "writeQueueNums", int32=True),
+                as_int(perm, "perm", int32=True),
+                filter_type,
+            )
+
+
+def _topic_table_from_json(value: object, path: str) -> dict[str, TopicConfig]:
+    table = as_object(value, path) if value is not None else {}
+    return {
+        name: TopicConfig.from_json_obj(item, f"{path}[{name!r}]", name)
+        for name, item in table.items()
+    }
+
+
+@attrs.frozen
+class TopicConfigSerializeWrapper:
+    """``topics.json``, the GET_ALL_TOPIC_CONFIG body and part of the register body."""
+
+    topic_config_table: dict[str, TopicConfig] = attrs.field(factory=dict)
+    data_version: DataVersion = DataVersion()
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "dataVersion": self.data_version.to_json_obj(),
+            "topicConfigTable": {
+                name: config.to_json_obj() for name, config in self.topic_config_table.items()
+            },
+        }
+
+    @classmethod
+    def from_json_obj(
+        cls, value: object, path: str = "topics"
+    ) -> TopicConfigSerializeWrapper:
+        obj = as_object(value, path)
+        version = obj.get("dataVersion")
+        return cls(
+            _topic_table_from_json(obj.get("topicConfigTable"), f"{path}.topicConfigTable"),
+            DataVersion() if version is None else DataVersion.from_json_obj(version),
+        )
 
 
 # ---- topics.json --------------------------------------------------------------------------
@@ -119,7 +260,7 @@ def _version_or_none(obj: dict, what: str) -> DataVersion | None:
 
 def decode_topics_json(data: bytes | str) -> TopicConfigSerializeWrapper:
     obj = _parse(data, TOPICS_JSON)
-    with _decoding(MetadataDecodeError, TOPICS_JSON):
+    with decoding(MetadataDecodeError, TOPICS_JSON):
         return TopicConfigSerializeWrapper.from_json_obj(obj, TOPICS_JSON)
 
 
@@ -158,16 +299,16 @@ class ConsumerOffsetTable:
 
 def decode_consumer_offsets(data: bytes | str) -> ConsumerOffsetTable:
     obj = _parse(data, CONSUMER_OFFSET_JSON)
-    with _decoding(MetadataDecodeError, CONSUMER_OFFSET_JSON):
-        table = _get_obj(obj, "offsetTable", CONSUMER_OFFSET_JSON)
+    with decoding(MetadataDecodeError, CONSUMER_OFFSET_JSON):
+        table = get_object(obj, "offsetTable", CONSUMER_OFFSET_JSON)
         offsets: dict[str, dict[int, int]] = {}
         for key, queues in table.items():
             path = f"offsetTable[{key!r}]"
             offsets[key] = {
-                _as_int(queue, f"{path} key", _INT32_MIN, _INT32_MAX): _as_int(
+                as_int(queue, f"{path} key", int32=True): as_int(
                     offset, f"{path}[{queue}]"
                 )
-                for queue, offset in _obj(queues, path).items()
+                for queue, offset in as_object(queues, path).items()
             }
         return ConsumerOffsetTable(offsets, _version_or_none(obj, CONSUMER_OFFSET_JSON))
 
@@ -195,11 +336,11 @@ class DelayOffsetTable:
 
 def decode_delay_offsets(data: bytes | str) -> DelayOffsetTable:
     obj = _parse(data, DELAY_OFFSET_JSON)
-    with _decoding(MetadataDecodeError, DELAY_OFFSET_JSON):
-        table = _get_obj(obj, "offsetTable", DELAY_OFFSET_JSON)
+    with decoding(MetadataDecodeError, DELAY_OFFSET_JSON):
+        table = get_object(obj, "offsetTable", DELAY_OFFSET_JSON)
         return DelayOffsetTable(
             {
-                _as_int(level, "offsetTable key", _INT32_MIN, _INT32_MAX): _as_int(
+                as_int(level, "offsetTable key", int32=True): as_int(
                     offset, f"offsetTable[{level}]"
                 )
                 for level, offset in table.items()
@@ -249,7 +390,7 @@ class SubscriptionGroupConfig:
     which_broker_when_consume_slowly: int = 1
     notify_consumer_ids_changed_enable: bool = True
 
-    def to_json_obj(self) -> dict:
+    def to_json_obj(self) -> dict[str, Any]:
         return {
             "brokerId": self.broker_id,
             "consumeBroadcastEnable": self.consume_broadcast_enable,
@@ -264,19 +405,23 @@ class SubscriptionGroupConfig:
 
     @classmethod
     def from_json_obj(
-        cls, value: Any, path: str, name: str | None = None
+        cls, value: object, path: str, name: str | None = None
     ) -> SubscriptionGroupConfig:
-        obj = _obj(value, path)
+        obj = as_object(value, path)
         return cls(
-            group_name=_get_str(obj, "groupName", path, _REQUIRED if name is None else name),
-            consume_enable=_get_bool(obj, "consumeEnable", path, True),
-            consume_from_min_enable=_get_bool(obj, "consumeFromMinEnable", path, True),
-            consume_broadcast_enable=_get_bool(obj, "consumeBroadcastEnable", path, True),
-            retry_queue_nums=_get_int(obj, "retryQueueNums", path, 1, int32=True),
-            retry_max_times=_get_int(obj, "retryMaxTimes", path, 16, int32=True),
-            broker_id=_get_int(obj, "brokerId", path, 0),
-            which_broker_when_consume_slowly=_get_int(obj, "whichBrokerWhenConsumeSlowly", path, 1),
-            notify_consumer_ids_changed_enable=_get_bool(
+            group_name=(
+                get_str(obj, "groupName", path)
+                if name is None
+                else get_str(obj, "groupName", path, name)
+            ),
+            consume_enable=get_bool(obj, "consumeEnable", path, True),
+            consume_from_min_enable=get_bool(obj, "consumeFromMinEnable", path, True),
+            consume_broadcast_enable=get_bool(obj, "consumeBroadcastEnable", path, True),
+            retry_queue_nums=get_int(obj, "retryQueueNums", path, 1, int32=True),
+            retry_max_times=get_int(obj, "retryMaxTimes", path, 16, int32=True),
+            broker_id=get_int(obj, "brokerId", path, 0),
+            which_broker_when_consume_slowly=get_int(obj, "whichBrokerWhenConsumeSlowly", path, 1),
+            notify_consumer_ids_changed_enable=get_bool(
                 obj, "notifyConsumerIdsChangedEnable", path, True
             ),
         )
@@ -289,7 +434,7 @@ class SubscriptionGroupWrapper:
     subscription_group_table: dict[str, SubscriptionGroupConfig] = attrs.field(factory=dict)
     data_version: DataVersion = DataVersion()
 
-    def to_json_obj(self) -> dict:
+    def to_json_obj(self) -> dict[str, Any]:
         return {
             "dataVersion": self.data_version.to_json_obj(),
             "subscriptionGroupTable": {
@@ -301,8 +446,8 @@ class SubscriptionGroupWrapper:
 def decode_subscription_groups(data: bytes | str) -> SubscriptionGroupWrapper:
     what = SUBSCRIPTION_GROUP_JSON
     obj = _parse(data, what)
-    with _decoding(MetadataDecodeError, what):
-        table = _get_obj(obj, "subscriptionGroupTable", what)
+    with decoding(MetadataDecodeError, what):
+        table = get_object(obj, "subscriptionGroupTable", what)
         return SubscriptionGroupWrapper(
             {
                 name: SubscriptionGroupConfig.from_json_obj(

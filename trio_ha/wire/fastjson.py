@@ -1,0 +1,163 @@
+"""fastjson's JSON, read and written: the dialect every RocketMQ body and config file is in.
+
+RocketMQ serialises its bodies and config files with fastjson, which has one habit that
+matters: a map whose keys are not strings (``brokerAddrs``, keyed by broker id; the offset
+tables, keyed by queue id) is written with **unquoted** numeric keys,
+``{"brokerAddrs":{0:"10.0.0.1:10911"}}``, which no standard JSON parser accepts. Some callers
+want standard JSON instead (quoted keys, non-ASCII escaped; see ``route.wants_standard_json``).
+
+So this module has a reader that accepts both forms (``read_json``: standard JSON first, then
+again with numeric keys quoted) and a writer with both modes (``write_json``), which also writes
+bean fields in alphabetical order and leaves out nulls, as fastjson does, and can reproduce
+fastjson's tab-indented "pretty" layout of the config files (``metadata``).
+
+The reader takes untrusted bytes: the size is bounded before parsing, and anything that is not
+JSON in either form (NaN included) raises the caller's ``WireError`` subclass.
+``json_fields`` turns the parsed value into typed fields.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
+
+from .errors import RouteDecodeError, WireError
+
+__all__ = ["DEFAULT_MAX_JSON_LENGTH", "encode_json", "read_json", "write_json"]
+
+#: the largest JSON document we parse (frames are at most 16 MiB; config files may be larger)
+DEFAULT_MAX_JSON_LENGTH = 64 * 1024 * 1024
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+# a JSON string (skipped as is), or an unquoted integer key after '{' or ','
+_NUMERIC_KEY = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")|([{,]\s*)(-?[0-9]+)(\s*:)', re.S)
+
+
+def _quote_key(match: re.Match[str]) -> str:
+    if match.group(1) is not None:
+        return match.group(1)
+    return f'{match.group(2)}"{match.group(3)}"{match.group(4)}'
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def read_json(
+    data: bytes | bytearray | memoryview | str,
+    *,
+    max_length: int = DEFAULT_MAX_JSON_LENGTH,
+    error: type[WireError] = RouteDecodeError,
+    what: str = "JSON body",
+) -> Any:
+    """Parse standard JSON or fastjson's output (unquoted numeric object keys). Raises
+    ``error`` for anything else, for a document over ``max_length`` and for invalid UTF-8."""
+    if len(data) > max_length:
+        raise error(f"{what} of {len(data)} bytes exceeds the limit of {max_length}")
+    if isinstance(data, str):
+        text = data
+    else:
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise error(f"{what} is not UTF-8: {exc}") from None
+    try:
+        return _DECODER.decode(text)
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return _DECODER.decode(_NUMERIC_KEY.sub(_quote_key, text))
+    except (ValueError, RecursionError) as exc:
+        raise error(f"{what} is not valid JSON: {exc}") from None
+
+
+# ---- writing ----------------------------------------------------------------------------------
+
+_FAST_STR = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
+_STANDARD_STR = json.JSONEncoder(ensure_ascii=True, check_circular=False).encode
+
+
+def write_json(value: Any, *, standard_json: bool = False, pretty: bool = False) -> str:
+    """Write ``value`` (dicts, lists, tuples, sets, str, int, bool, None) as fastjson would.
+
+    Dict entries with a None value are left out (fastjson omits nulls); string keys are sorted
+    (fastjson sorts bean fields; ``MapSortField`` sorts maps); int keys are written bare in
+    fastjson's form and quoted in standard form, which also escapes non-ASCII (fastjson's
+    ``BrowserCompatible``). Sets are written sorted. ``pretty`` reproduces fastjson's
+    ``PrettyFormat``: a tab-indented line per string-keyed entry, int-keyed maps on one line
+    with the closing brace on the next."""
+    out: list[str] = []
+    _emit(value, out, _STANDARD_STR if standard_json else _FAST_STR, standard_json, pretty, 0)
+    return "".join(out)
+
+
+def _key_order(item: tuple[object, object]) -> tuple[int, object, str]:
+    key = item[0]
+    return (0, key, "") if type(key) is int else (1, 0, str(key))
+
+
+def _emit(
+    value: Any,
+    out: list[str],
+    enc: Callable[[str], str],
+    standard: bool,
+    pretty: bool,
+    depth: int,
+) -> None:
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, str):
+        out.append(enc(value))
+    elif isinstance(value, int):
+        out.append(int.__repr__(value))
+    elif isinstance(value, Mapping):
+        items = [item for item in value.items() if item[1] is not None]
+        if not items:
+            out.append("{}")
+            return
+        items.sort(key=_key_order)
+        out.append("{")
+        inner = "\n" + "\t" * (depth + 1) if pretty else ""
+        for i, (key, item) in enumerate(items):
+            if i:
+                out.append(",")
+            if type(key) is int:
+                out.append(f'"{key}":' if standard else f"{key}:")
+            elif isinstance(key, str):
+                out.append(inner)
+                out.append(enc(key))
+                out.append(":")
+            else:
+                raise TypeError(f"JSON object keys must be str or int, not {type(key).__name__}")
+            _emit(item, out, enc, standard, pretty, depth + 1)
+        if pretty:
+            out.append("\n" + "\t" * depth)
+        out.append("}")
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value) if isinstance(value, (set, frozenset)) else value
+        out.append("[")
+        for i, item in enumerate(items):
+            if i:
+                out.append(",")
+            _emit(item, out, enc, standard, pretty, depth + 1)
+        out.append("]")
+    elif isinstance(value, float):
+        out.append(repr(value))
+    else:
+        raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def encode_json(value: Any, *, standard_json: bool = False, pretty: bool = False) -> bytes:
+    """``write_json`` as UTF-8 bytes (a lone surrogate becomes ``?``, as Java's getBytes)."""
+    return write_json(value, standard_json=standard_json, pretty=pretty).encode("utf-8", "replace")
