@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 try:
-    import pyspark  # noqa: F401
     import pyarrow  # noqa: F401
+    import pyspark  # noqa: F401
 except ImportError:  # pragma: no cover - only without the spark extra
     if os.environ.get("TRIO_HA_REQUIRE_SPARK") == "1":
         raise
@@ -20,7 +20,11 @@ except ImportError:  # pragma: no cover - only without the spark extra
 
 from golden_encoder import build_golden_store
 from test_spark_files import (
-    add_partial_tail, complete_tail, flip_byte, our_messages, write_our_store,
+    add_partial_tail,
+    complete_tail,
+    flip_byte,
+    our_messages,
+    write_our_store,
 )
 from trio_ha.spark.local import read_arrow
 from trio_ha.spark.store_files import StoreDir, confirmed_end
@@ -89,7 +93,7 @@ def test_both_stores_every_field(spark, stores):
     got_ours = [r for r in rows if r["store_dir"] == os.path.abspath(stores["ours"])]
     messages = stores["messages"]
     assert len(got_ours) == len(messages)
-    for (message, queue), row in zip(messages, got_ours):
+    for (message, queue), row in zip(messages, got_ours, strict=True):
         assert (row["topic"], row["queue_id"], row["body"], row["tags"], row["keys"],
                 row["properties"], row["born_host"], row["flag"]) == (
             message.topic, queue, message.body, message.tags, list(message.keys or ()),
@@ -237,7 +241,9 @@ def test_export_resumes_after_interruption(spark, tmp_path):
     batch_files = sorted(int(n) for n in os.listdir(log) if n.isdigit())
     blocker = os.path.join(log, str(batch_files[-1] + 1))
     os.makedirs(os.path.join(blocker, "x"))
-    with pytest.raises(Exception):
+    from pyspark.errors import StreamingQueryException
+
+    with pytest.raises(StreamingQueryException):
         export(spark, root, out, fmt="json", topics=["Orders", "Payments"])
     shutil.rmtree(blocker)
     again = export(spark, root, out, fmt="json", topics=["Orders", "Payments"])

@@ -17,7 +17,9 @@ from .store import open_store
 from .wire.record import Message
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-bench_app = typer.Typer(no_args_is_help=True, help="Measure the hot paths against this machine's limits.")
+bench_app = typer.Typer(
+    no_args_is_help=True, help="Measure the hot paths against this machine's limits."
+)
 app.add_typer(bench_app, name="bench")
 
 DEFAULT_DATA_DIR = os.path.join(os.getcwd(), "data")
@@ -32,6 +34,7 @@ async def _demo(root: str, count: int) -> None:
     print(f"trio-ha store demo  (record engine: {_backend.native_backend}, store: {root})")
     async with open_store(config) as store:
         report = store.recovery
+        assert report is not None  # an open store has recovered
         print(f"opened: recovery {'after a crash' if report.abnormal else 'after a clean stop'}, "
               f"log ends at {report.end_offset} ({report.records} records verified)")
         before = store.max_queue_offset("DemoTopic", 0)
@@ -114,7 +117,8 @@ async def _runtime_info(pool, address: str) -> dict[str, str]:
     from .wire.route import KVTable
 
     try:
-        reply = await pool.invoke(address, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 2)
+        request = RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO)
+        reply = await pool.invoke(address, request, 2)
         return KVTable.decode(reply.body).table
     except (RemotingError, ValueError):
         return {}
@@ -264,8 +268,12 @@ def _spark(app_name: str, master: str | None):
 @spark_app.command("stats")
 def spark_stats(
     store_dirs: list[str] = typer.Argument(..., help="store directories (master or slave)"),
-    out: str = typer.Option("spark-stats", help="directory for queues.parquet, rate.parquet, rate.png"),
-    bucket: int = typer.Option(None, help="rate bucket in seconds (picked from the time span by default)"),
+    out: str = typer.Option(
+        "spark-stats", help="directory for queues.parquet, rate.parquet, rate.png"
+    ),
+    bucket: int = typer.Option(
+        None, help="rate bucket in seconds (picked from the time span by default)"
+    ),
     topic: list[str] = typer.Option(None, "--topic", help="only these topics (repeatable)"),
     master: str = typer.Option(None, help="Spark master (default local[2])"),
 ) -> None:
