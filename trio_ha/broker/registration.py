@@ -1,8 +1,9 @@
 """Registration with the name servers (RocketMQ's ``registerBrokerAll`` and BrokerOuterAPI).
 
-A broker registers with every name server at once: when it starts, every
-``registerNameServerPeriod`` (kept within 10..60 s, as RocketMQ does) and as soon as its topics
-change; it unregisters when it shuts down. REGISTER_BROKER carries the topic table (with the
+A broker registers with every name server at once: when it starts (before it reports that it
+serves, as RocketMQ's ``BrokerController.start`` does), every ``registerNameServerPeriod`` (kept
+within 10..60 s, as RocketMQ does) and as soon as its topics change; it unregisters when it
+shuts down. REGISTER_BROKER carries the topic table (with the
 broker's permission applied) and its CRC; each name server is asked in parallel, each call
 bounded by ``registerBrokerTimeoutMills``, so one dead name server delays none of the others.
 
@@ -111,18 +112,20 @@ class Registration:
             client.update_master_address(ha_addr)
 
     async def run(self) -> None:
-        """Register now and every period after, or sooner when asked; until cancelled."""
+        """Register again every period, or sooner when asked, until cancelled. The first
+        registration is the caller's (``register_all`` before the broker reports it serves)."""
         period = min(max(self.config.register_name_server_period, MIN_REGISTER_PERIOD_MS),
                      MAX_REGISTER_PERIOD_MS) / 1000
         while True:
-            self._register_now = trio.Event()
-            await self.register_all()
             # A slave that has not learned its master yet (it registered first) asks again
             # soon instead of waiting a whole period.
             wait = (SLAVE_WITHOUT_MASTER_RETRY if self.is_slave and self.master_addr is None
                     else period)
             with trio.move_on_after(wait):
                 await self._register_now.wait()
+            # A change while registering sets the new event: it is registered next round.
+            self._register_now = trio.Event()
+            await self.register_all()
 
     async def unregister_all(self, timeout: float = UNREGISTER_TIMEOUT) -> None:
         """UNREGISTER_BROKER with every name server, in parallel, within ``timeout``. Runs

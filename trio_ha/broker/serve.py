@@ -8,8 +8,10 @@ reports a ``BrokerAddresses`` once it serves. The order matters:
    the store records the real address as STOREHOST even with port 0;
 2. the metadata tables are loaded (in a worker thread) and the system topics added;
 3. the store opens (recovering if needed, HA included);
-4. only then is the ``Broker`` built, complete, and the listeners start serving; the broker
-   registers with every name server at once and every registerNameServerPeriod after.
+4. only then is the ``Broker`` built, complete, and the listeners start serving;
+5. the broker registers with every name server (each call bounded by
+   registerBrokerTimeoutMills) and reports that it serves; it registers again every
+   registerNameServerPeriod and whenever its topics change.
 
 A slave refuses sends, serves pulls and queries (so consumers keep going while the master is
 down), learns its master's HA address from its registration when haMasterAddress is not set
@@ -148,6 +150,8 @@ async def _serve(
         ))
     nursery.start_soon(broker.run_housekeeping)
     if config.namesrv_addresses:
+        # Registered before "started": whoever started the broker finds it in the routes.
+        await broker.registration.register_all()
         nursery.start_soon(broker.registration.run)
     if broker.is_slave:
         nursery.start_soon(run_slave_sync, broker.registration, broker.metadata,
