@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+from collections.abc import AsyncIterator
 
 import attrs
 import trio
@@ -96,7 +97,9 @@ class RemotingClient:
         )
         await self._send(encode(request))
 
-    async def run_reader(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run_reader(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         decoder = FrameDecoder()
         task_status.started()
         try:
@@ -133,16 +136,18 @@ class RemotingClient:
 
 
 @contextlib.asynccontextmanager
-async def open_remoting_client(address: str, *, connect_timeout: float = 3.0):
+async def open_remoting_client(
+    address: str, *, connect_timeout: float = 3.0
+) -> AsyncIterator[RemotingClient]:
     """A connected RemotingClient whose reader runs until the block ends."""
     host, port = parse_host_port(address)
-    with trio.move_on_after(connect_timeout) as scope:
-        try:
+    try:
+        with trio.fail_after(connect_timeout):
             stream = await trio.open_tcp_stream(host, port)
-        except OSError as exc:
-            raise RemotingConnectError(f"cannot connect to {address}: {exc}") from exc
-    if scope.cancelled_caught:
-        raise RemotingConnectError(f"connecting to {address} timed out")
+    except trio.TooSlowError:
+        raise RemotingConnectError(f"connecting to {address} timed out") from None
+    except OSError as exc:
+        raise RemotingConnectError(f"cannot connect to {address}: {exc}") from exc
     client = RemotingClient(address, stream)
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
@@ -183,7 +188,9 @@ class RemotingClientPool:
             self._clients[address] = client
             return client
 
-    async def invoke(self, address: str, request: RemotingCommand, timeout: float) -> RemotingCommand:
+    async def invoke(
+        self, address: str, request: RemotingCommand, timeout: float
+    ) -> RemotingCommand:
         client = await self.client(address)
         return await client.invoke(request, timeout)
 
@@ -203,7 +210,7 @@ class RemotingClientPool:
 
 
 @contextlib.asynccontextmanager
-async def open_client_pool(*, connect_timeout: float = 3.0):
+async def open_client_pool(*, connect_timeout: float = 3.0) -> AsyncIterator[RemotingClientPool]:
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
             pool = RemotingClientPool(nursery, connect_timeout)

@@ -16,21 +16,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
 
 from .._sockets import peer_name
 from ..wire.errors import HeaderFieldError, RemotingDecodeError
-from ..wire.remoting import (
-    NEED_DATA,
-    FrameDecoder,
-    RemotingCommand,
-    ResponseCode,
-    encode,
-    encode_head,
-)
+from ..wire.remoting import NEED_DATA, FrameDecoder, RemotingCommand, ResponseCode, encode
 
 log = logging.getLogger(__name__)
 
@@ -48,45 +41,18 @@ class RemotingConnection:
     stream: trio.abc.Stream
     peer: str
     connected_at: float = attrs.field(factory=time.time)
-    #: free-form per-connection facts processors keep (client id, groups, ...)
-    attributes: dict = attrs.field(factory=dict)
     closed: bool = False
     _send_lock: trio.Lock = attrs.field(factory=trio.Lock)
 
     async def send(self, command: RemotingCommand) -> None:
-        await self.send_parts(encode(command), ())
-
-    async def send_with_body(self, command: RemotingCommand, parts: Sequence) -> None:
-        """Send ``command`` with a body made of ``parts`` (bytes-like, e.g. views of the
-        commitlog mapping), without joining them into one bytes object first."""
-        size = sum(len(p) for p in parts)
-        await self.send_parts(encode_head(command, size), parts)
-
-    async def send_parts(self, head: bytes, parts: Sequence) -> None:
+        """Send one frame: under the lock, so frames never interleave, and shielded, so a
+        cancelled sender never leaves half a frame on the wire."""
         if self.closed:
             raise trio.ClosedResourceError("connection closed")
+        data = encode(command)
         async with self._send_lock:
             with trio.CancelScope(shield=True):
-                sock = getattr(self.stream, "socket", None)
-                if sock is not None and parts:
-                    await _sendmsg_all(sock, [head, *parts])
-                else:
-                    await self.stream.send_all(head)
-                    for part in parts:
-                        await self.stream.send_all(part)
-
-
-async def _sendmsg_all(sock, buffers: list) -> None:
-    views = [memoryview(b).cast("B") for b in buffers if len(b)]
-    while views:
-        sent = await sock.sendmsg(views[:512])
-        while sent:
-            if sent >= len(views[0]):
-                sent -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][sent:]
-                sent = 0
+                await self.stream.send_all(data)
 
 
 def not_supported(request: RemotingCommand) -> RemotingCommand:
@@ -117,9 +83,10 @@ async def serve_connection(
         async with trio.open_nursery() as nursery:
             try:
                 while True:
-                    with trio.move_on_after(idle_timeout) as idle:
+                    data: bytes | bytearray | None = None
+                    with trio.move_on_after(idle_timeout):
                         data = await stream.receive_some(RECEIVE_SIZE)
-                    if idle.cancelled_caught:
+                    if data is None:
                         log.info("remoting: closing %s, idle for %g s", peer, idle_timeout)
                         break
                     if not data:
@@ -180,8 +147,8 @@ async def serve_remoting(
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     on_open: Callable[[RemotingConnection], None] | None = None,
     on_close: Callable[[RemotingConnection], None] | None = None,
-    listeners: list | None = None,
-    task_status=trio.TASK_STATUS_IGNORED,
+    listeners: list[trio.SocketListener] | None = None,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on ``host:port`` (port 0: the OS picks), or on ``listeners`` already bound,
     and serve every connection with ``handler``; reports the bound ``(host, port)``."""
