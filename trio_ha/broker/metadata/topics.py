@@ -20,6 +20,7 @@ import attrs
 from trio_ha.wire.layout import INT32_MAX
 from trio_ha.wire.metadata import (
     DEFAULT_TOPIC_QUEUE_NUMS,
+    TOPIC_FILTER_TYPES,
     TOPICS_JSON,
     DataVersion,
     TopicConfig,
@@ -28,7 +29,6 @@ from trio_ha.wire.metadata import (
     encode_topics_json,
 )
 from trio_ha.wire.permission import Permission
-from trio_ha.wire.route import TOPIC_FILTER_TYPES
 
 from .config_file import VersionedTable, now_ms
 from .files import load_with_backup
