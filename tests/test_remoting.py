@@ -13,6 +13,7 @@ from trio_ha.wire.remoting import (
     NEED_DATA,
     FrameDecoder,
     RemotingCommand,
+    RemotingFlag,
     ResponseCode,
     encode,
 )
@@ -77,7 +78,7 @@ async def test_ext_fields_as_json_numbers_and_booleans_are_accepted(server):
                         "extFields": {"queueId": 3, "batch": True, "offset": 12345678901}})
     await stream.send_all(frame)
     (response,) = await read_commands(stream, 1)
-    assert response.opaque == 7 and response.flag & 1
+    assert response.opaque == 7 and response.flag & RemotingFlag.RESPONSE
     assert response.ext_fields == {"queueId": "3", "batch": "true", "offset": "12345678901"}
     await stream.aclose()
 

@@ -20,6 +20,7 @@ import trio
 
 from .._errors import unwrap_single_exception
 from ..wire.errors import RemotingDecodeError
+from ..wire.layout import INT32_MAX
 from ..wire.record import parse_host_port
 from ..wire.remoting import NEED_DATA, FrameDecoder, RemotingCommand, RemotingFlag, encode
 
@@ -41,6 +42,11 @@ class RemotingConnectError(RemotingError):
 
 
 _opaques = itertools.count(1)
+
+
+def _next_opaque() -> int:
+    """A request id for ``opaque``: a Java int, kept non-negative as the counter wraps."""
+    return next(_opaques) & INT32_MAX
 
 
 @attrs.define(eq=False)
@@ -72,7 +78,7 @@ class RemotingClient:
 
     async def invoke(self, request: RemotingCommand, timeout: float) -> RemotingCommand:
         """Send ``request`` and wait at most ``timeout`` seconds for its response."""
-        opaque = next(_opaques) & 0x7FFFFFFF
+        opaque = _next_opaque()
         request = attrs.evolve(request, opaque=opaque)
         call = _Call()
         self._pending[opaque] = call
@@ -93,7 +99,7 @@ class RemotingClient:
 
     async def invoke_oneway(self, request: RemotingCommand) -> None:
         request = attrs.evolve(
-            request, opaque=next(_opaques) & 0x7FFFFFFF, flag=request.flag | RemotingFlag.ONEWAY
+            request, opaque=_next_opaque(), flag=request.flag | RemotingFlag.ONEWAY
         )
         await self._send(encode(request))
 

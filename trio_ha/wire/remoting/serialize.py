@@ -137,7 +137,7 @@ def _reject_constant(name: str) -> NoReturn:
 _JSON_DECODER = json.JSONDecoder(parse_float=Decimal, parse_constant=_reject_constant)
 
 
-def _json_int(obj: dict, key: str, default: int) -> int:
+def _json_int(obj: dict[str, object], key: str, default: int) -> int:
     value = obj.get(key)
     if value is None:
         return default
