@@ -7,6 +7,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import trio
 import typer
@@ -15,6 +17,9 @@ from . import _backend
 from .config import FlushDiskType, StoreConfig
 from .store import open_store
 from .wire.record import Message
+
+if TYPE_CHECKING:  # pyspark is imported by the spark commands only
+    from pyspark.sql import SparkSession
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 bench_app = typer.Typer(
@@ -174,13 +179,13 @@ def dev_cluster(
     _run_until_interrupted(main)
 
 
-def _print_json_lines(results) -> None:
+def _print_json_lines(results: Iterable[dict[str, Any]]) -> None:
     """A benchmark's results, one JSON object per line, each as soon as it is measured."""
     for result in results:
         print(json.dumps(result), flush=True)
 
 
-def _run_until_interrupted(main) -> None:
+def _run_until_interrupted(main: Callable[[], Awaitable[None]]) -> None:
     """Run ``main`` until SIGINT/SIGTERM, then let it shut down gracefully."""
 
     async def runner() -> None:
@@ -259,7 +264,7 @@ spark_app = typer.Typer(
 app.add_typer(spark_app, name="spark")
 
 
-def _spark(app_name: str, master: str | None):
+def _spark(app_name: str, master: str | None) -> SparkSession:
     from .spark import spark_session
 
     return spark_session(app_name, master)

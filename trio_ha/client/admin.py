@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import attrs
 import trio
@@ -17,9 +19,9 @@ import trio
 from .._errors import unwrap_single_exception
 from ..remoting import RemotingError
 from ..wire.errors import RecordDecodeError, RouteDecodeError
-from ..wire.record import StoredMessage, decode_message_id, decode_record
-from ..wire.remoting import RequestCode, ResponseCode
 from ..wire.permission import Permission
+from ..wire.record import StoredMessage, decode_message_id, decode_record
+from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from ..wire.route import ClusterInfo, KVTable, TopicRouteData
 from .instance import (
     DEFAULT_TOPIC,
@@ -38,8 +40,8 @@ __all__ = ["Admin", "open_admin"]
 class Admin:
     instance: ClientInstance
 
-    async def _invoke(self, address: str, code: int, fields: dict | None = None,
-                      body: bytes = b"", timeout: float | None = None):
+    async def _invoke(self, address: str, code: int, fields: dict[str, Any] | None = None,
+                      body: bytes = b"", timeout: float | None = None) -> RemotingCommand:
         try:
             response = await self.instance.invoke(
                 address, self.instance.request(code, fields, body), timeout
@@ -206,7 +208,9 @@ class Admin:
 
 
 @contextlib.asynccontextmanager
-async def open_admin(namesrv_addr, **options):
+async def open_admin(
+    namesrv_addr: str | Iterable[str] | ClientInstance, **options: Any
+) -> AsyncIterator[Admin]:
     """An Admin on ``namesrv_addr`` (``"host:port;..."``) or a ClientInstance to share."""
     async with use_instance(namesrv_addr, options) as instance:
         yield Admin(instance)

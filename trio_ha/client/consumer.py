@@ -35,6 +35,8 @@ import contextlib
 import enum
 import logging
 import zlib
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import attrs
 import trio
@@ -47,6 +49,7 @@ from ..wire.record import SYSFLAG_COMPRESSED, StoredMessage, decode_record
 from ..wire.remoting import (
     PullMessageRequestHeader,
     PullSysFlag,
+    RemotingCommand,
     RequestCode,
     ResponseCode,
     encode_pull_message_fields,
@@ -206,7 +209,9 @@ class PullConsumer:
             subscription=sub.sub_string,
             expression_type="TAG",
         )
-        request = self.instance.request(RequestCode.PULL_MESSAGE, encode_pull_message_fields(header))
+        request = self.instance.request(
+            RequestCode.PULL_MESSAGE, encode_pull_message_fields(header)
+        )
         deadline = trio.current_time() + timeout
         with trio.CancelScope(deadline=deadline):  # route lookups included
             return await self._pull_within(queue, request, sub, deadline)
@@ -221,7 +226,9 @@ class PullConsumer:
                 await self._refresh_quietly(queue.topic)
                 found = self._pull_address(queue)
             if found is None:
-                raise MQClientError(f"the broker {queue.broker_name} of {queue} is not in the route")
+                raise MQClientError(
+                    f"the broker {queue.broker_name} of {queue} is not in the route"
+                )
             address, _ = found
             if address in tried:
                 raise MQClientError(f"pulling {queue} failed at {', '.join(sorted(tried))}")
@@ -270,8 +277,8 @@ class PullConsumer:
 
     # ---- offsets ---------------------------------------------------------------------------------
 
-    async def _offset_request(self, queue: MessageQueue, code: int, fields: dict,
-                              timeout: float | None):
+    async def _offset_request(self, queue: MessageQueue, code: int, fields: dict[str, Any],
+                              timeout: float | None) -> tuple[str, RemotingCommand]:
         address = await self._offset_address(queue)
         request = self.instance.request(code, fields)
         try:
@@ -281,7 +288,9 @@ class PullConsumer:
             raise MQClientError(f"offset request for {queue} to {address} failed: {exc}") from exc
         return address, response
 
-    async def commit(self, queue: MessageQueue, offset: int, *, timeout: float | None = None) -> None:
+    async def commit(
+        self, queue: MessageQueue, offset: int, *, timeout: float | None = None
+    ) -> None:
         """UPDATE_CONSUMER_OFFSET: ``offset`` is the next offset this group will read."""
         address, response = await self._offset_request(
             queue, RequestCode.UPDATE_CONSUMER_OFFSET,
@@ -325,7 +334,7 @@ class PullConsumer:
     async def min_offset(self, queue: MessageQueue, *, timeout: float | None = None) -> int:
         return await self._queue_offset(queue, RequestCode.GET_MIN_OFFSET, timeout)
 
-    # ---- stream ------------------------------------------------------------------------------------
+    # ---- stream ----------------------------------------------------------------------------------
 
     def messages(
         self,
@@ -425,11 +434,10 @@ class MessageStream:
         """Commit every consumed offset not committed yet (errors are logged; the offsets
         stay due and are tried again at the next commit)."""
         self._last_commit = trio.current_time()
-        due = [(q, s) for q, s in self._states.items()
+        due = [(q, s, s.consumed) for q, s in self._states.items()
                if s.consumed is not None and s.consumed != s.committed]
 
-        async def one(queue: MessageQueue, state: _QueueState) -> None:
-            offset = state.consumed
+        async def one(queue: MessageQueue, state: _QueueState, offset: int) -> None:
             try:
                 await self.consumer.commit(queue, offset)
             except MQError as exc:
@@ -439,8 +447,8 @@ class MessageStream:
 
         with unwrap_single_exception():
             async with trio.open_nursery() as nursery:
-                for queue, state in due:
-                    nursery.start_soon(one, queue, state)
+                for queue, state, offset in due:
+                    nursery.start_soon(one, queue, state, offset)
 
     async def aclose(self) -> None:
         """Count the last message handed out as consumed and commit (bounded, shielded)."""
@@ -479,7 +487,7 @@ class MessageStream:
         state.retry_at = trio.current_time() + delay
         log.info("client: stream of %s: %s (retrying in %.1f s)", queue, exc, delay)
 
-    async def _start_offset(self, queue: MessageQueue, state: _QueueState) -> None:
+    async def _start_offset(self, queue: MessageQueue, state: _QueueState) -> int:
         committed = await self.consumer.committed_offset(queue)
         if committed is None or committed < 0:
             if self.from_where == "first":
@@ -487,6 +495,7 @@ class MessageStream:
             else:
                 committed = await self.consumer.max_offset(queue)
         state.offset = state.consumed = state.committed = committed
+        return committed
 
     async def _fetch(self) -> None:
         """One round: pull every ready queue without waiting; if none had anything, pull
@@ -519,10 +528,11 @@ class MessageStream:
             nonlocal progressed
             state = self._states[queue]
             try:
-                if state.offset is None:
-                    await self._start_offset(queue, state)
+                offset = state.offset
+                if offset is None:
+                    offset = await self._start_offset(queue, state)
                 result = await self.consumer.pull(
-                    queue, state.offset, self.batch_size, subscription=self.subscription,
+                    queue, offset, self.batch_size, subscription=self.subscription,
                     suspend_timeout=suspend,
                 )
             except MQError as exc:
@@ -557,7 +567,8 @@ class MessageStream:
         if result.status is PullStatus.OFFSET_ILLEGAL:
             log.info("client: offset %s of %s is illegal; moving to %s", state.offset, queue,
                      result.next_begin_offset)
-        messages = [m for m in result.messages if m.queue_offset >= state.offset]
+        start = state.offset if state.offset is not None else result.next_begin_offset
+        messages = [m for m in result.messages if m.queue_offset >= start]
         state.offset = result.next_begin_offset
         if not messages:
             state.consumed = result.next_begin_offset
@@ -569,7 +580,9 @@ class MessageStream:
 
 
 @contextlib.asynccontextmanager
-async def open_pull_consumer(namesrv_addr, group: str, **options):
+async def open_pull_consumer(
+    namesrv_addr: str | Iterable[str] | ClientInstance, group: str, **options: Any
+) -> AsyncIterator[PullConsumer]:
     """A PullConsumer of ``group``. ``namesrv_addr`` is ``"host:port;..."`` or a
     ClientInstance to share; ``options`` are ClientConfig fields (with an address) and
     ``request_timeout``."""

@@ -43,13 +43,14 @@ import re
 import socket
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import attrs
 import trio
 
 from .._errors import unwrap_single_exception
-from ..remoting import RemotingClientPool, RemotingError
+from ..remoting import RemotingClient, RemotingClientPool, RemotingError
 from ..wire.errors import RouteDecodeError
 from ..wire.heartbeat import (
     CLUSTERING,
@@ -284,7 +285,7 @@ class ClientInstance:
         client = await self._connection(address)
         return await client.invoke(request, max(timeout, 0.0))
 
-    async def _connection(self, address: str):
+    async def _connection(self, address: str) -> RemotingClient:
         return await self.pool.client(address)
 
     async def invoke_namesrv(self, request: RemotingCommand, timeout: float | None = None
@@ -418,7 +419,9 @@ class ClientInstance:
     def master_addr(self, broker_name: str) -> str | None:
         return self.broker_addrs.get(broker_name, {}).get(MASTER_ID)
 
-    def find_broker_addr(self, broker_name: str, broker_id: int = MASTER_ID) -> tuple[str, int] | None:
+    def find_broker_addr(
+        self, broker_name: str, broker_id: int = MASTER_ID
+    ) -> tuple[str, int] | None:
         """Java's ``findBrokerAddressInSubscribe``: the address of ``broker_id`` in the group,
         else the lowest id present (the master if there is one, else a slave)."""
         addrs = self.broker_addrs.get(broker_name)
@@ -447,12 +450,14 @@ class ClientInstance:
             topics = set(self.routes) | set(self.default_routes)
             for topic in sorted(topics):
                 try:
-                    await self.refresh_route(topic, max_age=0, allow_default=topic in self.default_routes)
+                    await self.refresh_route(
+                        topic, max_age=0, allow_default=topic in self.default_routes
+                    )
                 except MQClientError as exc:
                     log.info("client: refreshing the route of %s failed: %s", topic, exc)
             self._rebuild_broker_addrs()
 
-    # ---- groups and heartbeats --------------------------------------------------------------------
+    # ---- groups and heartbeats -------------------------------------------------------------------
 
     def register_producer(self, group: str) -> None:
         if group in self.producer_groups:
@@ -501,7 +506,7 @@ class ClientInstance:
         if self.consumer_groups:
             addresses = self._all_broker_addresses()
         else:
-            addresses = sorted({a.get(MASTER_ID) for a in self.broker_addrs.values()} - {None})
+            addresses = sorted({a[MASTER_ID] for a in self.broker_addrs.values() if MASTER_ID in a})
         results: dict[str, bool] = {}
         async with self._heartbeat_lock:
             body = self.heartbeat_data().encode()
@@ -571,8 +576,8 @@ def _default_publish_route(default: TopicRouteData) -> TopicRouteData:
 
 @contextlib.asynccontextmanager
 async def open_client_instance(
-    namesrv_addr: str | Iterable[str], *, config: ClientConfig | None = None, **options
-):
+    namesrv_addr: str | Iterable[str], *, config: ClientConfig | None = None, **options: Any
+) -> AsyncIterator[ClientInstance]:
     """A ClientInstance for these name servers (``"a:9876;b:9876"``), its background tasks
     running until the block ends. ``options`` are ``ClientConfig`` fields."""
     config = attrs.evolve(config or ClientConfig(), **options)
@@ -599,7 +604,9 @@ async def open_client_instance(
 
 
 @contextlib.asynccontextmanager
-async def use_instance(namesrv_or_instance, options: dict):
+async def use_instance(
+    namesrv_or_instance: str | Iterable[str] | ClientInstance, options: dict[str, Any]
+) -> AsyncIterator[ClientInstance]:
     """The given ClientInstance, or a private one for a name server address."""
     if isinstance(namesrv_or_instance, ClientInstance):
         if options:

@@ -34,7 +34,8 @@ import random
 import re
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -92,7 +93,7 @@ class SendStatus(enum.Enum):
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
-_STATUS_BY_CODE = {
+_STATUS_BY_CODE: dict[int, SendStatus] = {
     ResponseCode.SUCCESS: SendStatus.SEND_OK,
     ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
     ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
@@ -234,7 +235,7 @@ class Producer:
         added.setdefault(PROPERTY_WAIT_STORE_MSG_OK, "true")
         return attrs.evolve(message, properties=added), uniq_id
 
-    # ---- queue selection ---------------------------------------------------------------------------
+    # ---- queue selection -------------------------------------------------------------------------
 
     async def publish_queues(self, topic: str) -> list[MessageQueue]:
         """The topic's writable queues, looking the route up when none are known."""
@@ -260,7 +261,7 @@ class Producer:
         self._indexes[topic] = index
         return queues[index % len(queues)]
 
-    # ---- sending -----------------------------------------------------------------------------------
+    # ---- sending ---------------------------------------------------------------------------------
 
     async def _send(
         self, topic: str, body: bytes, properties: str | None, sys_flag: int, flag: int,
@@ -290,6 +291,8 @@ class Producer:
 
         if queue is not None or selector is not None:
             if queue is None:
+                # a selector comes with the one message it selects a queue for
+                assert selector is not None and message is not None
                 queues = await self.publish_queues(topic)
                 if not queues:
                     raise MQClientError(self._no_route_text(topic))
@@ -414,7 +417,9 @@ class Producer:
 
 
 @contextlib.asynccontextmanager
-async def open_producer(namesrv_addr, group: str, **options):
+async def open_producer(
+    namesrv_addr: str | Iterable[str] | ClientInstance, group: str, **options: Any
+) -> AsyncIterator[Producer]:
     """A Producer of ``group``. ``namesrv_addr`` is ``"host:port;..."`` or a ClientInstance
     to share. ``options``: Producer fields (``retry_times_when_send_failed``,
     ``retry_another_broker_when_not_store_ok``, ``send_msg_timeout``, ``compress_over``,

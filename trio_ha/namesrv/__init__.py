@@ -1,6 +1,6 @@
 """The name server: brokers register, clients look up routes."""
 
 from .routes import RouteInfoManager
-from .server import NamesrvConfig, NameServer, serve_namesrv
+from .server import NameServer, NamesrvConfig, serve_namesrv
 
 __all__ = ["NameServer", "NamesrvConfig", "RouteInfoManager", "serve_namesrv"]

@@ -14,10 +14,15 @@ master's address and HA address, which is how a slave finds its master without c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 
 from ..wire.metadata import DataVersion, TopicConfigSerializeWrapper
 from ..wire.route import BrokerData, ClusterInfo, QueueData, TopicRouteData
+
+if TYPE_CHECKING:  # the table only compares connections by identity; it never uses one
+    from ..remoting import RemotingConnection
 
 BROKER_EXPIRY_SECONDS = 120.0
 
@@ -27,7 +32,7 @@ class BrokerLiveInfo:
     last_update: float
     data_version: DataVersion
     ha_server_addr: str | None
-    connection: object | None
+    connection: RemotingConnection | None
     cluster: str
     broker_name: str
     broker_id: int
@@ -58,7 +63,7 @@ class RouteInfoManager:
         broker_id: int,
         ha_server_addr: str | None,
         topics: TopicConfigSerializeWrapper | None,
-        connection: object | None,
+        connection: RemotingConnection | None,
         now: float,
     ) -> RegisterResult:
         self.cluster_addr_table.setdefault(cluster, set()).add(broker_name)
@@ -71,9 +76,10 @@ class RouteInfoManager:
 
         version = topics.data_version if topics is not None else DataVersion()
         previous = self.broker_live_table.get(broker_addr)
-        if broker_id == 0 and topics is not None:
-            if first or previous is None or previous.data_version != version:
-                self._update_topic_queues(broker_name, topics)
+        changed = first or previous is None or previous.data_version != version
+        if broker_id == 0 and topics is not None and changed:
+            # only a master's topics make routes, and only when its data version moved
+            self._update_topic_queues(broker_name, topics)
         self.broker_live_table[broker_addr] = BrokerLiveInfo(
             now, version, ha_server_addr, connection, cluster, broker_name, broker_id
         )
@@ -136,7 +142,7 @@ class RouteInfoManager:
             self._remove_address(address)
         return stale
 
-    def connection_closed(self, connection: object) -> list[str]:
+    def connection_closed(self, connection: RemotingConnection) -> list[str]:
         """Remove the brokers that registered over ``connection``."""
         gone = [a for a, live in self.broker_live_table.items() if live.connection is connection]
         for address in gone:

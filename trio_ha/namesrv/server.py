@@ -42,7 +42,9 @@ class NameServer:
     routes: RouteInfoManager = attrs.field(factory=RouteInfoManager)
     address: tuple[str, int] | None = None
 
-    async def handle(self, request: RemotingCommand, connection: RemotingConnection):
+    async def handle(
+        self, request: RemotingCommand, connection: RemotingConnection
+    ) -> RemotingCommand:
         await trio.lowlevel.checkpoint()
         code = request.code
         if code == RequestCode.REGISTER_BROKER:
@@ -79,7 +81,9 @@ class NameServer:
             return self._query_data_version(request)
         return not_supported(request)
 
-    def _register(self, request: RemotingCommand, connection: RemotingConnection):
+    def _register(
+        self, request: RemotingCommand, connection: RemotingConnection
+    ) -> RemotingCommand:
         body = request.body
         expected_crc = request.field_int("bodyCrc32", 0)
         if expected_crc and _backend.engine.crc32(body) != expected_crc:
@@ -105,14 +109,14 @@ class NameServer:
             connection=connection,
             now=trio.current_time(),
         )
-        fields = {}
+        fields: dict[str, str] = {}
         if result.master_addr:
             fields["masterAddr"] = result.master_addr
         if result.ha_server_addr:
             fields["haServerAddr"] = result.ha_server_addr
         return RemotingCommand.response_to(request, ResponseCode.SUCCESS, ext_fields=fields)
 
-    def _query_data_version(self, request: RemotingCommand):
+    def _query_data_version(self, request: RemotingCommand) -> RemotingCommand:
         known = self.routes.data_version(request.field_str("brokerAddr"))
         try:
             asked = DataVersion.decode(request.body) if request.body else None
@@ -131,25 +135,29 @@ class NameServer:
     async def run_expiry(self) -> None:
         await trio.sleep(min(5.0, self.config.scan_interval))
         while True:
-            for address in self.routes.scan_not_active(trio.current_time(), self.config.broker_expiry):
+            now = trio.current_time()
+            for address in self.routes.scan_not_active(now, self.config.broker_expiry):
                 log.warning("namesrv: broker %s expired (no registration for %g s)",
                             address, self.config.broker_expiry)
             await trio.sleep(self.config.scan_interval)
 
 
 async def serve_namesrv(
-    config: NamesrvConfig = NamesrvConfig(), *, task_status=trio.TASK_STATUS_IGNORED
+    config: NamesrvConfig = NamesrvConfig(),
+    *,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a name server until cancelled; reports its bound (host, port)."""
     server = NameServer(config)
     async with trio.open_nursery() as nursery:
-        server.address = await nursery.start(
+        address: tuple[str, int] = await nursery.start(
             lambda task_status: serve_remoting(
                 server.handle, config.listen_port, host=config.bind_address,
                 idle_timeout=config.idle_timeout, on_close=server.connection_closed,
                 task_status=task_status,
             )
         )
+        server.address = address
         nursery.start_soon(server.run_expiry)
-        log.info("name server listening on %s:%d", *server.address)
-        task_status.started(server.address)
+        log.info("name server listening on %s:%d", *address)
+        task_status.started(address)

@@ -28,7 +28,9 @@ import datetime as _dt
 import itertools
 import json
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -47,6 +49,8 @@ from .store_files import (
     read_queue_file,
     read_queue_offsets,
 )
+
+T = TypeVar("T")
 
 __all__ = ["Filters", "ReadOptions", "Chunk", "plan_store", "parse_options", "parse_time"]
 
@@ -76,7 +80,7 @@ class Filters:
 
     def merge(self, other: Filters) -> Filters:
         """Both sets of conditions at once (intersection)."""
-        def both(a, b, pick):
+        def both(a: T | None, b: T | None, pick: Callable[[T, T], T]) -> T | None:
             if a is None:
                 return b
             if b is None:
@@ -133,7 +137,7 @@ class Chunk:
 # ---- options ------------------------------------------------------------------------------
 
 
-def parse_time(value) -> int | None:
+def parse_time(value: object) -> int | None:
     """Epoch milliseconds from an int, a digit string, or ISO 8601 text (naive = UTC)."""
     if value is None or value == "":
         return None
@@ -151,7 +155,7 @@ def parse_time(value) -> int | None:
     return int(dt.timestamp() * 1000)
 
 
-def _parse_list(value) -> list[str] | None:
+def _parse_list(value: object) -> list[str] | None:
     if value is None:
         return None
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -164,7 +168,7 @@ def _parse_list(value) -> list[str] | None:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _parse_bool(value, default: bool) -> bool:
+def _parse_bool(value: object, default: bool) -> bool:
     if value is None:
         return default
     if isinstance(value, bool):
@@ -177,7 +181,7 @@ def _parse_bool(value, default: bool) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
-def _parse_size(value) -> int | None:
+def _parse_size(value: object) -> int | None:
     if value is None or value == "":
         return None
     text = str(value).strip().lower()
@@ -196,7 +200,7 @@ OPTION_NAMES = {
 }
 
 
-def parse_options(options) -> ReadOptions:
+def parse_options(options: Mapping[str, Any]) -> ReadOptions:
     """ReadOptions from Spark's (case-insensitive, string-valued) options."""
     opts = {str(k).lower(): v for k, v in dict(options).items()}
     unknown = sorted(set(opts) - OPTION_NAMES)

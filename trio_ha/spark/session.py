@@ -31,8 +31,8 @@ def spark_session(
     *,
     driver_memory: str = "4g",
     progress: bool = True,
-    conf: dict | None = None,
-):
+    conf: dict[str, str] | None = None,
+) -> SparkSession:
     """``SparkSession.builder...getOrCreate()`` with what a local session needs here:
 
     * Spark binds to the machine's external address unless told otherwise, so
