@@ -7,6 +7,7 @@ plumbing to get there.
 
 import inspect
 import os
+from typing import Any
 
 import pytest
 import trio
@@ -36,7 +37,7 @@ def make_config(tmp_path):
     """A StoreConfig in a temporary directory, with small segments so tests cross many."""
 
     def make(**overrides) -> StoreConfig:
-        values = dict(
+        values: dict[str, Any] = dict(
             store_path_root_dir=str(tmp_path / "store"),
             mapped_file_size_commit_log=64 * 1024,
             mapped_file_size_consume_queue=20 * 100,

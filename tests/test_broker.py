@@ -7,14 +7,13 @@ import struct
 import pytest
 import trio
 
+from conftest import wait_until
 from trio_ha.remoting import open_remoting_client
 from trio_ha.testing import ClusterConfig, serve_cluster
 from trio_ha.wire import record as rec
-from trio_ha.wire.remoting import PullSysFlag, RemotingCommand, RequestCode, ResponseCode
 from trio_ha.wire.heartbeat import HeartbeatData
+from trio_ha.wire.remoting import PullSysFlag, RemotingCommand, RequestCode, ResponseCode
 from trio_ha.wire.route import KVTable, TopicRouteData
-
-from conftest import wait_until
 
 PROPERTIES = {"mappedFileSizeCommitLog": 1048576, "haReconnectInterval": 100}
 

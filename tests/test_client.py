@@ -13,6 +13,7 @@ import attrs
 import pytest
 import trio
 
+from conftest import wait_until
 from trio_ha.client import (
     Message,
     MessageQueue,
@@ -31,8 +32,6 @@ from trio_ha.remoting import open_client_pool, serve_remoting
 from trio_ha.testing import ClusterConfig, open_cluster
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from trio_ha.wire.route import BrokerData, QueueData, TopicRouteData
-
-from conftest import wait_until
 
 STORED = {SendStatus.SEND_OK, SendStatus.FLUSH_DISK_TIMEOUT, SendStatus.FLUSH_SLAVE_TIMEOUT,
           SendStatus.SLAVE_NOT_AVAILABLE}
@@ -185,7 +184,7 @@ async def test_tag_filtering(cluster):
             # "Aa" and "BB" have the same Java hash code: only the tag string tells them apart
             collide = await producer.send(Message(topic, b"BB", tags="BB"))
             wanted = await producer.send(Message(topic, b"Aa", tags="Aa"))
-            for i in range(3):
+            for _ in range(3):
                 await producer.send(Message("OnlyC", b"c", tags="TagC"))
 
         async with open_pull_consumer(cluster.namesrv_addr, "tag-consumer") as consumer:
@@ -319,7 +318,7 @@ async def test_send_errors_are_typed(cluster):
             with pytest.raises(MQBrokerError) as info:
                 await producer.send(Message("Errors", b"x", properties={"DELAY": "3"}))
             assert info.value.code == ResponseCode.MESSAGE_ILLEGAL
-            assert "delay" in info.value.remark.lower()
+            assert "delay" in (info.value.remark or "").lower()
 
 
 async def test_heartbeat_registers_and_close_unregisters(cluster):
@@ -612,7 +611,7 @@ async def test_send_retry_rules(nursery, codes, options, expected_sends, outcome
     if expected_sends is not None:
         assert len(scripted.sends) == expected_sends
     # consecutive attempts go to different broker groups
-    assert all(a != b for a, b in zip(scripted.sends, scripted.sends[1:]))
+    assert all(a != b for a, b in zip(scripted.sends, scripted.sends[1:], strict=False))
 
 
 async def test_send_to_a_dead_broker_fails_over_and_times_out(nursery):
@@ -655,6 +654,7 @@ async def test_pool_closes_a_connection_the_peer_closed(nursery):
         try:
             new = await pool.client(address)  # reconnects
             assert new is not old
+            assert isinstance(old.stream, trio.SocketStream)
             assert old.stream.socket.fileno() == -1, "the broken connection's socket is still open"
         finally:
             await old.aclose()  # don't leak from this test

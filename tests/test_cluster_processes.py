@@ -5,12 +5,11 @@ wrote, the slave serves what was acknowledged, then the master restarts and noth
 import pytest
 import trio
 
+from conftest import wait_until
 from trio_ha.remoting import RemotingError, open_remoting_client
 from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port
 from trio_ha.wire import record as rec
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
-
-from conftest import wait_until
 
 
 def send(topic, body, queue=0):

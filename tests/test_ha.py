@@ -7,10 +7,9 @@ import time
 
 import trio
 
+from conftest import wait_until
 from trio_ha import BrokerRole, FlushDiskType, Message, PutMessageStatus, StoreConfig, open_store
 from trio_ha.store import retention
-
-from conftest import wait_until
 
 SEGMENT = 64 * 1024
 

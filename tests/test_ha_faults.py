@@ -33,10 +33,9 @@ import attrs
 import pytest
 import trio
 
+from conftest import wait_until
 from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
 from trio_ha.testing import open_fault_proxy
-
-from conftest import wait_until
 
 SEGMENT = 64 * 1024
 TOPIC = "Fault"

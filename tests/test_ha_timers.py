@@ -5,12 +5,11 @@ the intervals checked are the protocol's (RocketMQ defaults: 5 s, 20 s, 5 s)."""
 import trio
 import trio.testing
 
+from conftest import wait_until
 from trio_ha import BrokerRole, StoreConfig, open_store
 from trio_ha.store.ha.slave import HAClient
 from trio_ha.store.ha.transfer import StreamTransport
 from trio_ha.wire.ha import NEED_DATA, FrameHeader, MasterProtocol, SlaveProtocol
-
-from conftest import wait_until
 
 HEARTBEAT = 5.0
 HOUSEKEEPING = 20.0

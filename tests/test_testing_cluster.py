@@ -6,12 +6,11 @@ import os
 import pytest
 import trio
 
+from conftest import wait_until
 from trio_ha.broker import BrokerConfig
 from trio_ha.client import Message, SendStatus, open_admin, open_producer
 from trio_ha.config import BrokerRole, FlushDiskType
 from trio_ha.testing import ClusterConfig, ProcessCluster, open_cluster, serve_cluster
-
-from conftest import wait_until
 
 
 def test_config_derives_each_brokers_conf_and_explicit_keys_win(tmp_path):

@@ -16,11 +16,15 @@ inside Spark's Python workers, which must not import trio.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
-__all__ = ["percentile", "tidy"]
+T = TypeVar("T")
+
+__all__ = ["percentile", "percentile_us", "tidy"]
 
 
-def percentile(sorted_values, fraction: float):
+def percentile(sorted_values: Sequence[T], fraction: float) -> T | None:
     """The value at ``fraction`` (0..1) of an already sorted sequence (nearest rank), or None
     for an empty one."""
     if not sorted_values:
@@ -29,7 +33,16 @@ def percentile(sorted_values, fraction: float):
     return sorted_values[min(len(sorted_values), max(1, rank)) - 1]
 
 
-def tidy(value, digits: int = 5):
+def percentile_us(sorted_ns: Sequence[int], fraction: float) -> float:
+    """:func:`percentile` of nanosecond figures (a non-empty, sorted sequence), in
+    microseconds."""
+    value = percentile(sorted_ns, fraction)
+    if value is None:
+        raise ValueError("no figures")
+    return value / 1000
+
+
+def tidy(value: Any, digits: int = 5) -> Any:
     """``value`` with every float rounded to ``digits`` significant digits (recursively through
     dicts, lists and tuples), so printed results stay readable."""
     if isinstance(value, float):

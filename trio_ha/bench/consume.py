@@ -207,13 +207,13 @@ async def _preload(cluster: BenchCluster, total: int, timeout: float, label: str
     tasks; then wait until the slave holds every queue to its end."""
     body = os.urandom(BODY_SIZE)
     batches_per_queue = -(-total // (QUEUES * BATCH))
-    remaining = {q: batches_per_queue for q in range(QUEUES)}
+    remaining = dict.fromkeys(range(QUEUES), batches_per_queue)
     statuses: dict[str, int] = {}
     errors: list[str] = []
     ok = failed = 0
     async with open_client_instance(cluster.namesrv_addr) as client:
         async with open_producer(client, "BenchPreloadGroup") as producer:
-            queues = [q for q in await producer.publish_queues(cluster.topic)]
+            queues = list(await producer.publish_queues(cluster.topic))
             batch = [Message(cluster.topic, body, tags=TAGS) for _ in range(BATCH)]
             profiling = cluster.profiling()
             profiling.start(label)
@@ -276,7 +276,7 @@ async def _consume_pull(cluster: BenchCluster, plan: ClientsPlan, source: str,
     statuses: dict[str, int] = {}
     errors: list[str] = []
     by_address: dict[str, int] = {}
-    counts = {q: 0 for q in offsets}
+    counts = dict.fromkeys(offsets, 0)
     gaps = 0
     clock_ns = time.perf_counter_ns
     async with open_client_instance(cluster.namesrv_addr) as client:

@@ -29,7 +29,7 @@ import trio
 
 from .. import _backend
 from ..wire.record import Message, encode_batch
-from . import percentile, tidy
+from . import percentile_us, tidy
 
 MB = 1_000_000
 KiB = 1 << 10
@@ -100,10 +100,14 @@ def fit_plan(plan: Plan, scratch: Scratch) -> None:
 
 def tidied(results: Iterator[dict]) -> Iterator[dict]:
     """``results`` with floats rounded to 5 significant digits; closing it (also when the
-    caller stops early) closes ``results``, so its cleanup runs."""
-    with contextlib.closing(results):
+    caller stops early) closes ``results`` (a generator), so its cleanup runs."""
+    try:
         for result in results:
             yield tidy(result)
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
 
 
 def limit(name: str, value: float, unit: str, **extra) -> dict:
@@ -117,9 +121,9 @@ def latency_us(latencies_ns: list[int]) -> dict:
     if not lat:
         return {"p50": None, "p99": None, "p999": None, "max": None, "samples": 0}
     return {
-        "p50": percentile(lat, 0.5) / 1000,
-        "p99": percentile(lat, 0.99) / 1000,
-        "p999": percentile(lat, 0.999) / 1000,
+        "p50": percentile_us(lat, 0.5),
+        "p99": percentile_us(lat, 0.99),
+        "p999": percentile_us(lat, 0.999),
         "max": lat[-1] / 1000,
         "samples": len(lat),
     }
@@ -127,6 +131,16 @@ def latency_us(latencies_ns: list[int]) -> dict:
 
 def count(table: dict[str, int], key: str) -> None:
     table[key] = table.get(key, 0) + 1
+
+
+async def poll_until(predicate: Callable[[], object], *, interval: float) -> None:
+    """Return once ``predicate()`` is true, checking every ``interval`` seconds. For state a
+    benchmark sees from outside (a store's statistics, a connection table) that offers no
+    event to wait on; bound it with a cancel scope."""
+    while True:
+        if predicate():
+            return
+        await trio.sleep(interval)
 
 
 def trio_run(fn, *args):

@@ -21,7 +21,7 @@ import os
 import time
 
 from .. import _backend
-from . import percentile
+from . import percentile_us
 
 MB = 1_000_000
 GB = 1_000_000_000
@@ -68,6 +68,7 @@ def memcpy_into_mapping(
         # slower, and a lower limit would flatter the ratios read against it).
         per_pass = max(map_size, total_bytes // passes)
         rates = []
+        done = 0
         for _ in range(passes):
             done = 0
             started = time.perf_counter()
@@ -145,8 +146,8 @@ def sync_rates(directory: str, *, seconds: float = 2.0, file_size: int = 64 * Mi
         lat.sort()
         result = {
             "fdatasync_per_s": n / elapsed,
-            "fdatasync_p50_us": percentile(lat, 0.5) / 1000,
-            "fdatasync_p99_us": percentile(lat, 0.99) / 1000,
+            "fdatasync_p50_us": percentile_us(lat, 0.5),
+            "fdatasync_p99_us": percentile_us(lat, 0.99),
             "fdatasync_ops": n,
             "seconds": elapsed,
         }
@@ -167,15 +168,11 @@ def sync_rates(directory: str, *, seconds: float = 2.0, file_size: int = 64 * Mi
                 lat.sort()
                 result.update(
                     msync_per_s=n / elapsed,
-                    msync_p50_us=percentile(lat, 0.5) / 1000,
-                    msync_p99_us=percentile(lat, 0.99) / 1000,
+                    msync_p50_us=percentile_us(lat, 0.5),
+                    msync_p99_us=percentile_us(lat, 0.99),
                 )
         finally:
-            release = getattr(handle, "release", None)
-            if release is not None:
-                release()
-            else:
-                engine.ffi.release(handle)
+            engine.release_handle(handle)
             mm.close()
     finally:
         os.close(fd)

@@ -50,25 +50,27 @@ class Children:
         self.logs = logs
         self.module = module
         self.procs: list[subprocess.Popen] = []
+        self.roles: dict[int, str] = {}
 
     def start(self, role: str, **args) -> subprocess.Popen:
-        stderr = open(os.path.join(self.logs, f"{role}-{len(self.procs)}.stderr"), "wb")
-        try:
-            proc = subprocess.Popen(
+        with open(os.path.join(self.logs, f"{role}-{len(self.procs)}.stderr"), "wb") as stderr:
+            proc = subprocess.Popen(  # the child keeps its own descriptor of the log
                 child_command(self.module, role, **args), stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=stderr, env=child_env(),
             )
-        finally:
-            stderr.close()
         self.procs.append(proc)
+        self.roles[proc.pid] = role
         return proc
 
-    @staticmethod
-    def read_port(proc: subprocess.Popen, timeout: float) -> int:
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        line = proc.stdout.readline() if ready else b""
+    def read_port(self, proc: subprocess.Popen, timeout: float) -> int:
+        """The port the child prints once it listens."""
+        stdout = proc.stdout
+        assert stdout is not None  # started with stdout=PIPE
+        ready, _, _ = select.select([stdout], [], [], timeout)
+        line = stdout.readline() if ready else b""
         if not line.strip():
-            raise RuntimeError(f"child {proc.args[3]} did not start (no port within {timeout} s)")
+            raise RuntimeError(f"child {self.roles.get(proc.pid)} did not start "
+                               f"(no port within {timeout} s)")
         return int(line)
 
     def finish(self, proc: subprocess.Popen, timeout: float = 30.0) -> int:

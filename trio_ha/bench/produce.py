@@ -234,8 +234,10 @@ async def _produce_run(cluster: BenchCluster, plan: ClientsPlan, mode: str, prod
     per_send = 1 if mode == "single" else BATCH
     async with contextlib.AsyncExitStack() as stack:
         sends = []
+        clients = []
         for _ in range(instances):
             client = await stack.enter_async_context(open_client_instance(cluster.namesrv_addr))
+            clients.append(client)
             producer = await stack.enter_async_context(open_producer(client, PRODUCER_GROUP))
             if mode == "single":
                 message = Message(cluster.topic, body, tags=TAGS)
@@ -243,7 +245,7 @@ async def _produce_run(cluster: BenchCluster, plan: ClientsPlan, mode: str, prod
             else:
                 batch = [Message(cluster.topic, body, tags=TAGS) for _ in range(BATCH)]
                 sends.append(lambda p=producer, b=batch: p.send_batch(b))
-        admin = await stack.enter_async_context(open_admin(client))
+        admin = await stack.enter_async_context(open_admin(clients[0]))
 
         # warm-up on the same path: routes, connections, heartbeats, the broker's caches
         warm = RunState(plan.max_messages // per_send, time.perf_counter() + plan.warmup_seconds)

@@ -18,12 +18,13 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 
 import attrs
 import trio
 
 from ..config import BrokerRole, FlushDiskType, StoreConfig
-from ..store import open_store
+from ..store import MessageStore, open_store
 from ..testing.processes import child_env, log_tail
 from ..wire.layout import segment_file_name
 from .harness import (
@@ -35,6 +36,7 @@ from .harness import (
     drive_puts,
     latency_us,
     make_put,
+    poll_until,
     wait_spare_segment,
 )
 from .loopback import child_command
@@ -93,7 +95,7 @@ class ReplicationPlan(Plan):
 
 def master_config(root: str, plan: ReplicationPlan, role: BrokerRole,
                   **overrides) -> StoreConfig:
-    values = dict(
+    config = StoreConfig(
         store_path_root_dir=root,
         mapped_file_size_commit_log=plan.segment_size,
         flush_disk_type=FlushDiskType.ASYNC_FLUSH,
@@ -102,8 +104,7 @@ def master_config(root: str, plan: ReplicationPlan, role: BrokerRole,
         ha_bind_address="127.0.0.1",
         ha_start_from_min_offset=True,
     )
-    values.update(overrides)
-    return StoreConfig(**values)
+    return attrs.evolve(config, **overrides)
 
 
 def slave_config(root: str, segment_size: int, master_address: str) -> StoreConfig:
@@ -212,7 +213,8 @@ async def _catchup_slave(config: StoreConfig, end: int, timeout: float) -> dict:
         cpu = time.process_time() - cpu0
         stats = slave.statistics()
         ha = stats.ha_slave
-        result = {
+        assert ha is not None  # a slave store runs its HA client
+        return {
             "caught_up": done,
             "seconds": finished - started,
             "open_seconds": opened - started,
@@ -231,7 +233,6 @@ async def _catchup_slave(config: StoreConfig, end: int, timeout: float) -> dict:
             "slave_cpu_seconds": cpu,
             "slave_dispatch_behind_bytes": stats.dispatch_behind_bytes,
         }
-    return result
 
 
 def _catchup_child_main(args: dict) -> None:
@@ -261,7 +262,7 @@ async def run_catchups(config: StoreConfig, plan: ReplicationPlan, base: str,
             master_cpu0 = time.process_time()
             error = None
             figures: dict = {}
-            seen: dict[int, object] = {}
+            seen: dict[object, Any] = {}
             try:
                 async with trio.open_nursery() as nursery:
                     # Keep the master's connection objects: a child slave's connection is
@@ -307,13 +308,12 @@ async def run_catchups(config: StoreConfig, plan: ReplicationPlan, base: str,
             shutil.rmtree(slave_root, ignore_errors=True)
             # Let the master drop the connection to the closed slave before the next run.
             with trio.move_on_after(5):
-                while master.statistics().ha.connections:
-                    await trio.sleep(0.01)
+                await poll_until(lambda: _no_connections(master), interval=0.01)
     return results
 
 
 def with_rate(run: dict) -> dict:
-    seconds = run.get("seconds")
+    seconds = run.get("seconds") or 0.0
     ok = bool(seconds) and run.get("caught_up", False)
     open_seconds = run.get("open_seconds") or 0.0
     return {
@@ -337,6 +337,11 @@ def best_pass(runs: list[dict]) -> dict:
     return best
 
 
+def _no_connections(master: MessageStore) -> bool:
+    ha = master.statistics().ha
+    return ha is None or not ha.connections
+
+
 async def _collect_connections(master, seen: dict) -> None:
     connections = master.ha_service.connections
     while True:
@@ -353,18 +358,25 @@ async def _run_child_catchup(base: str, slave_root: str, plan: ReplicationPlan, 
         segment_size=plan.segment_size,
         end=end, timeout=plan.catchup_timeout,
     )
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        with trio.move_on_after(plan.catchup_timeout + 60) as scope:
-            proc = await trio.run_process(command, stdout=out, stderr=err, check=False,
-                                          env=child_env())
-    if scope.cancelled_caught:
+    proc = None
+    async with await trio.open_file(out_path, "wb") as out, \
+            await trio.open_file(err_path, "wb") as err:
+        with trio.move_on_after(plan.catchup_timeout + 60):
+            proc = await trio.run_process(command, stdout=out.wrapped, stderr=err.wrapped,
+                                          check=False, env=child_env())
+    if proc is None:
         return {}, "the slave process did not finish in time (killed)"
-    with open(out_path, "rb") as f:
-        lines = [line for line in f.read().splitlines() if line.strip()]
+    lines = await _output_lines(out_path)
     if proc.returncode != 0 or not lines:
         return {}, (f"slave process exited with {proc.returncode}: "
                     f"{log_tail(err_path)}")
     return json.loads(lines[-1]), None
+
+
+async def _output_lines(path: str) -> list[bytes]:
+    """The non-blank lines a child wrote to ``path``."""
+    data = await trio.Path(path).read_bytes()
+    return [line for line in data.splitlines() if line.strip()]
 
 
 # ---- SYNC_MASTER latency ----------------------------------------------------------------------
@@ -380,12 +392,14 @@ async def _follow_slave(config: StoreConfig, max_seconds: float) -> None:
                 while await stdin.receive_some(4096):
                     pass
         stats = slave.statistics()
+        ha = stats.ha_slave
+        assert ha is not None  # a slave store runs its HA client
         print(json.dumps({
             "seconds": time.perf_counter() - started,
             "slave_max_offset": stats.max_commitlog_offset,
-            "bytes_received": stats.ha_slave.bytes_received,
-            "slave_state": stats.ha_slave.state,
-            "slave_last_error": stats.ha_slave.last_error,
+            "bytes_received": ha.bytes_received,
+            "slave_state": ha.state,
+            "slave_last_error": ha.last_error,
             "cpu_seconds": time.process_time(),
         }), flush=True)
 
@@ -397,9 +411,12 @@ def _follow_child_main(args: dict) -> None:
 
 
 async def _wait_for_ack(master, timeout: float) -> bool:
+    def acked() -> bool:
+        ha = master.statistics().ha
+        return ha is not None and any(c.acked_offset is not None for c in ha.connections)
+
     with trio.move_on_after(timeout):
-        while not any(c.acked_offset is not None for c in master.statistics().ha.connections):
-            await trio.sleep(0.005)
+        await poll_until(acked, interval=0.005)
         return True
     return False
 
@@ -438,6 +455,8 @@ async def sync_master_run(base: str, plan: ReplicationPlan,
     config = master_config(root, plan, BrokerRole.SYNC_MASTER)
     info: dict = {"placement": placement}
     async with open_store(config) as master:
+        service = master.ha_service
+        assert service is not None  # a master with ha_listen_port set
         await wait_spare_segment(master, 60)
         follower = slave_config(slave_root, plan.segment_size, _address(master))
         if placement == "in_process":
@@ -456,15 +475,18 @@ async def sync_master_run(base: str, plan: ReplicationPlan,
                 segment_size=plan.segment_size,
                 max_seconds=60 + 4 * plan.sync_seconds + 2 * plan.sync_warmup_seconds,
             )
-            with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            async with await trio.open_file(out_path, "wb") as out, \
+                    await trio.open_file(err_path, "wb") as err:
                 proc = await trio.lowlevel.open_process(
-                    command, stdin=subprocess.PIPE, stdout=out, stderr=err, env=child_env()
+                    command, stdin=subprocess.PIPE, stdout=out.wrapped, stderr=err.wrapped,
+                    env=child_env(),
                 )
             try:
                 info["slave_connected"] = await _wait_for_ack(master, 30)
                 results = await _producer_runs(master, plan)
                 with trio.move_on_after(10):
-                    await master.ha_service.replicated.wait_for(master.commitlog.max_offset)
+                    await service.replicated.wait_for(master.commitlog.max_offset)
+                assert proc.stdin is not None  # opened with stdin=PIPE
                 await proc.stdin.aclose()
                 with trio.move_on_after(30):
                     await proc.wait()
@@ -473,8 +495,7 @@ async def sync_master_run(base: str, plan: ReplicationPlan,
                     proc.kill()
                     with trio.CancelScope(shield=True):
                         await proc.wait()
-            with open(out_path, "rb") as f:
-                lines = [line for line in f.read().splitlines() if line.strip()]
+            lines = await _output_lines(out_path)
             if lines:
                 child = json.loads(lines[-1])
                 info["slave_max_offset"] = child["slave_max_offset"]
@@ -483,7 +504,7 @@ async def sync_master_run(base: str, plan: ReplicationPlan,
             else:
                 info["slave_error"] = log_tail(err_path)
         info["master_max_offset"] = master.commitlog.max_offset
-        info["replicated_offset"] = master.ha_service.replicated.value
+        info["replicated_offset"] = service.replicated.value
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(slave_root, ignore_errors=True)
     return results, info

@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from . import limits, tidy
 
@@ -42,11 +43,14 @@ TARGET_ROWS_PER_S = 1_000_000
 TARGET_PARQUET_RATIO = 0.5
 
 
-try:  # the replay source below needs pyspark; the rest of this module imports without it
+if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-except ImportError:  # pragma: no cover
-    DataSource = DataSourceReader = object
-    InputPartition = None
+else:
+    try:  # the replay source below needs pyspark; the rest of this module imports without it
+        from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    except ImportError:  # pragma: no cover
+        DataSource = DataSourceReader = object
+        InputPartition = None
 
 
 class _ReplayReader(DataSourceReader):

@@ -180,8 +180,9 @@ class ClusterBroker:
             raise RuntimeError("the broker is running")
         self._stopped = trio.Event()
         config = BrokerConfig.from_properties(self.properties)
-        self.addresses = await self._nursery.start(self._run, config)
-        return self.addresses
+        addresses: BrokerAddresses = await self._nursery.start(self._run, config)
+        self.addresses = addresses
+        return addresses
 
     async def _run(self, config: BrokerConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:

@@ -313,6 +313,8 @@ class FaultProxy:
 
     async def _pump_up(self, connection: ProxyConnection, scope: trio.CancelScope) -> None:
         """slave -> master: reports."""
+        server = connection.server
+        assert server is not None  # the pumps start once the target answered
         while True:
             data = await self._receive(connection.client)
             await self._gate()
@@ -320,15 +322,17 @@ class FaultProxy:
                 if connection.end_reason is None:
                     connection.end_reason = "client closed"
                 break
-            if not await self._send(connection, connection.server, data):
+            if not await self._send(connection, server, data):
                 break
             connection.bytes_up += len(data)
         scope.cancel()
 
     async def _pump_down(self, connection: ProxyConnection, scope: trio.CancelScope) -> None:
         """master -> slave: frames; where cuts happen."""
+        server = connection.server
+        assert server is not None  # the pumps start once the target answered
         while True:
-            data = await self._receive(connection.server)
+            data = await self._receive(server)
             await self._gate()
             if not data:
                 if connection.end_reason is None:
@@ -352,6 +356,7 @@ class FaultProxy:
             connection._cursor.advance(len(data), data)
             connection.bytes_down += len(data)
             if cut_at is not None:
+                assert pending is not None  # a cut point comes from the pending cut
                 cursor = connection._cursor
                 frame = cursor.frame
                 header = bytes(cursor.header)

@@ -96,7 +96,7 @@ async def serve_node(spec: dict) -> None:
                 _, port = await nursery.start(
                     serve_namesrv, NamesrvConfig(listen_port=spec.get("port", 0), bind_address=host)
                 )
-                info = {"addr": f"{host}:{port}"}
+                info: dict[str, object] = {"addr": f"{host}:{port}"}
             else:
                 config = BrokerConfig.from_properties(spec["properties"])
                 addresses = await nursery.start(serve_broker, config)
