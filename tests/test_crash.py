@@ -105,7 +105,7 @@ async def verify_store(store, acked: Mapping[str, Ack], *, context: str = "") ->
     found: dict[str, rec.StoredMessage] = {}
     offset, blanks = start, 0
     while offset < end:
-        head = store.get_commitlog_data(offset, 8)
+        head = store.commitlog.read_available(offset, 8)
         assert len(head) == 8, f"commitlog unreadable at {offset} (end {end}){where}"
         size, magic = struct.unpack(">iI", head)
         if magic == rec.BLANK_MAGIC:
@@ -191,7 +191,7 @@ async def verify_store(store, acked: Mapping[str, Ack], *, context: str = "") ->
 
     # 4. Nothing past the end of the log, neither served nor left on disk to come back.
     assert await store.look_message_by_offset(end) is None
-    assert store.get_commitlog_data(end, 4096) == b""
+    assert store.commitlog.read_available(end, 4096) == b""
     assert_zero_after(store.config, end, where)
     return StoreCheck(end, len(found), blanks, len(queue_keys), len(acked))
 

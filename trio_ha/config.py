@@ -122,6 +122,9 @@ class StoreConfig:
         default=60_000, validator=_positive
     )
     sync_flush_timeout: int = attrs.field(default=5000, validator=_positive)
+    #: waiting SYNC_FLUSH / SYNC_MASTER puts each service (group commit, group transfer)
+    #: holds, and again as many in its request channel; puts beyond wait to get in
+    sync_request_channel_capacity: int = attrs.field(default=1024, validator=_in_range(1, 2**20))
     #: how long a put may wait for the next commitlog segment before CREATE_MAPEDFILE_FAILED
     allocate_timeout: int = attrs.field(default=5000, validator=_positive)
     #: hours a commitlog segment is kept after its last write

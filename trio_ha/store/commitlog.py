@@ -16,8 +16,8 @@ segment full while the spare is still being prepared waits for it, bounded by
 
 Flushing is one coroutine, ``flush()``, used by the async flush service (every 500 ms when at
 least 4 pages are dirty, everything every 10 s) and by group commit (SYNC_FLUSH: flush whatever
-is written, then again; every put that arrived during one msync is made durable by the next).
-The ``flushed`` watermark wakes the puts it covers.
+is written, then again; every put that arrived during one msync is made durable by the next;
+see ``group_commit``). The ``flushed`` watermark says how far the log is durable.
 """
 
 from __future__ import annotations
@@ -425,12 +425,3 @@ class CommitLog:
                 least = 0
                 last_thorough = now
             await self.flush(least)
-
-    async def run_group_commit(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """SYNC_FLUSH: whenever anything is written and not flushed, flush it all. Puts that
-        arrive during one sync are covered by the next: one fdatasync serves them all."""
-        task_status.started()
-        while True:
-            await self.written.wait_for(self.flushed.value + 1)
-            await self.flush(0)
-

@@ -3,10 +3,15 @@ async context manager.
 
 ``open_store(config)`` locks the directory, recovers it (see ``recovery``), brings the consume
 queues up to date, and runs the store's services as tasks in its own nursery: segment
-pre-allocation, commitlog flush (async flush or group commit), dispatch, consume-queue flush
-with the checkpoint, and retention. Leaving the block stops taking puts, flushes everything,
-writes the checkpoint and removes the ``abort`` file — unless something was left undone, in
-which case the next open performs crash recovery, as it would after a kill.
+pre-allocation, commitlog flush (async flush, or group commit under SYNC_FLUSH), dispatch,
+consume-queue flush with the checkpoint, retention, and replication (the HA service a master
+listens with, the group transfer its SYNC_MASTER puts wait on, a slave's HA client). Leaving
+the block stops taking puts, flushes everything, answers every put still waiting, writes the
+checkpoint and removes the ``abort`` file — unless something was left undone, in which case
+the next open performs crash recovery, as it would after a kill.
+
+A put appends (``CommitLog.append``) and, when the store promises more than "in the page
+cache", waits for its answers from group commit and group transfer (``sync_requests``).
 
 Everything here runs on one trio event loop; blocking work (file creation, msync/fdatasync,
 recovery scans) is handed to worker threads.
@@ -36,10 +41,13 @@ from .commitlog import AllocationTimeout, CommitLog, encode_batch, encode_messag
 from .consume_queue import ConsumeQueueTable, is_valid_topic
 from .segment import sync_ranges
 from .dispatch import Dispatcher
-from .ha.master import HAService
-from .ha.slave import HAClient
+from .group_commit import GroupCommitService
+from .ha.group_transfer import GroupTransferService
+from .ha.master import HAMasterStatistics, HAService
+from .ha.slave import HAClient, HASlaveStatistics
 from .recovery import RecoveryReport, recover
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
+from .sync_requests import SyncServiceStatistics
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +80,14 @@ class StoreStatistics:
     put_failures: int
     dispatch_error: str | None
     recovery: RecoveryReport | None
-    #: replication as the master sees it (HAMasterStatistics), when it listens
-    ha: object | None = None
-    #: replication as the slave sees it (HASlaveStatistics), on a slave
-    ha_slave: object | None = None
+    #: replication as the master sees it, when it listens for slaves
+    ha: HAMasterStatistics | None = None
+    #: replication as the slave sees it, on a slave
+    ha_slave: HASlaveStatistics | None = None
+    #: SYNC_FLUSH puts waiting for the disk (pending requests, the oldest wait)
+    group_commit: SyncServiceStatistics | None = None
+    #: SYNC_MASTER puts waiting for slaves
+    group_transfer: SyncServiceStatistics | None = None
 
 
 @attrs.define(eq=False)
@@ -96,9 +108,15 @@ class MessageStore:
     _put_failures: int = 0
     _born_hosts: dict[str, bytes] = attrs.field(factory=dict)
     _topics: dict[str, bytes] = attrs.field(factory=dict)
-    #: the HA listener (when ha_listen_port is set) and, on a slave, the HA client
+    #: the HA listener (when ha_listen_port is set) and, on a slave, the HA client: the
+    #: store owns its replication, as RocketMQ's DefaultMessageStore owns HAService
     ha_service: HAService | None = None
     ha_client: HAClient | None = None
+    #: the services SYNC_FLUSH and SYNC_MASTER puts wait on
+    group_commit: GroupCommitService | None = None
+    group_transfer: GroupTransferService | None = None
+    #: whether a put has anything to wait for after its append (read on every put)
+    _waits: bool = False
 
     # ---- opening -------------------------------------------------------------------------
 
@@ -116,11 +134,32 @@ class MessageStore:
             except BaseException:
                 commitlog.close()
                 raise
+            ha_service = HAService(config, commitlog) if config.ha_listen_port is not None else None
             store = cls(
                 config, commitlog, queues,
                 Dispatcher(commitlog, queues, max_record_size=_max_record_size(config)),
                 Checkpoint.load(os.path.join(root, "checkpoint")),
                 lock_fd=lock_fd, root=root,
+                ha_service=ha_service,
+                ha_client=(
+                    HAClient(config, commitlog, config.ha_master_address)
+                    if config.broker_role is BrokerRole.SLAVE else None
+                ),
+                group_commit=(
+                    GroupCommitService.for_commitlog(commitlog, config)
+                    if config.flush_disk_type is FlushDiskType.SYNC_FLUSH else None
+                ),
+                group_transfer=(
+                    GroupTransferService.for_replicas(
+                        ha_service.replicated, ha_service.is_slave_ok, config
+                    )
+                    if config.broker_role is BrokerRole.SYNC_MASTER and ha_service is not None
+                    else None
+                ),
+                waits=(
+                    config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+                    or config.broker_role is BrokerRole.SYNC_MASTER
+                ),
             )
             try:
                 store._recover()
@@ -172,19 +211,18 @@ class MessageStore:
     async def _run_services(self, nursery: trio.Nursery) -> None:
         commitlog = self.commitlog
         await nursery.start(commitlog.run_allocator)
-        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            await nursery.start(commitlog.run_group_commit)
+        if self.group_commit is not None:
+            await nursery.start(self.group_commit.run)  # SYNC_FLUSH: it flushes, too
         else:
             await nursery.start(commitlog.run_async_flush)
         await nursery.start(self.dispatcher.run, self.confirmed)
         await nursery.start(self._run_queue_flush)
         await nursery.start(retention.run_retention, self)
-        # The store owns its replication, as RocketMQ's DefaultMessageStore owns HAService.
-        if self.config.ha_listen_port is not None:
-            self.ha_service = HAService(self.config, commitlog)
+        if self.ha_service is not None:
             await nursery.start(self.ha_service.serve)
-        if self.config.broker_role is BrokerRole.SLAVE:
-            self.ha_client = HAClient(self.config, commitlog, self.config.ha_master_address)
+        if self.group_transfer is not None:
+            await nursery.start(self.group_transfer.run)
+        if self.ha_client is not None:
             await nursery.start(self.ha_client.run)
 
     async def _run_queue_flush(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -281,7 +319,7 @@ class MessageStore:
             self._accepting
             and self.dispatcher.error is None
             and 0 <= queue_id <= layout.INT32_MAX
-            and body_len <= self._max_message_size
+            and body_len <= self.config.max_message_size
         ):
             return self._topics.get(topic)
         return None
@@ -443,51 +481,30 @@ class MessageStore:
             return await self._wait_guarantees(appended)
         return appended
 
-    @property
-    def _sync_flush(self) -> bool:
-        return self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
-
-    @property
-    def _sync_master(self) -> bool:
-        return self.config.broker_role is BrokerRole.SYNC_MASTER
-
-    @property
-    def _waits(self) -> bool:
-        """Whether a put has anything to wait for after its append."""
-        return self._sync_flush or self._sync_master
-
     async def _wait_guarantees(self, appended: PutMessageResult) -> PutMessageResult:
         """Hold a put until what this store promises holds: SYNC_FLUSH, its bytes synced
-        (syncFlushTimeout); SYNC_MASTER, enough slaves acked them (slaveTimeout). Both
-        clocks start now and the waits overlap in effect (a slave keeps copying while the
-        put waits for the disk), so the put returns at the later of the two, as RocketMQ's
-        combined futures do; a replica failure overrides the flush status."""
+        (syncFlushTimeout); SYNC_MASTER, enough slaves acked them (slaveTimeout). The put
+        makes its requests to both services at once, so both clocks start now and the
+        waits overlap (a slave keeps copying while the put waits for the disk): the put
+        returns at the later of the two, as RocketMQ's combined futures do. A replica
+        failure overrides the flush status."""
         end = appended.commitlog_offset + appended.size
-        deadline = trio.current_time() + self.config.slave_timeout / 1000
+        start = trio.current_time()
+        group_commit, group_transfer = self.group_commit, self.group_transfer
+        durable = group_commit.request(end, start) if group_commit is not None else None
+        replica = group_transfer.request(end, start) if group_transfer is not None else None
         status = PutMessageStatus.PUT_OK
-        if self._sync_flush:
-            status = await self._wait_durable(end)
-        if self._sync_master:
-            if self.ha_service is None:
-                status = PutMessageStatus.SLAVE_NOT_AVAILABLE
-            else:
-                replica = await self.ha_service.wait_replicated(end, deadline)
-                if replica is not PutMessageStatus.PUT_OK:
-                    status = replica
+        if durable is not None and group_commit is not None:
+            status = await group_commit.wait(durable)
+        if replica is not None and group_transfer is not None:
+            replicated = await group_transfer.wait(replica)
+            if replicated is not PutMessageStatus.PUT_OK:
+                status = replicated
+        elif self.config.broker_role is BrokerRole.SYNC_MASTER:
+            status = PutMessageStatus.SLAVE_NOT_AVAILABLE  # no HA service: no slave can ack
         if status is PutMessageStatus.PUT_OK:
             return appended
         return attrs.evolve(appended, status=status)
-
-    @property
-    def _max_message_size(self) -> int:
-        return self.config.max_message_size
-
-    async def _wait_durable(self, end: int) -> PutMessageStatus:
-        """Hold a put until its bytes are synced (SYNC_FLUSH), at most syncFlushTimeout."""
-        with trio.move_on_after(self.config.sync_flush_timeout / 1000):
-            await self.commitlog.flushed.wait_for(end)
-            return PutMessageStatus.PUT_OK
-        return PutMessageStatus.FLUSH_DISK_TIMEOUT
 
     # ---- reads --------------------------------------------------------------------------------
 
@@ -654,14 +671,6 @@ class MessageStore:
         await trio.lowlevel.checkpoint()
         return self._decode_at(commitlog_offset)
 
-    def get_commitlog_data(self, offset: int, max_bytes: int) -> bytes:
-        """Raw commitlog bytes from ``offset``, up to the confirmed end and the end of the
-        segment holding ``offset`` (for replication and export)."""
-        limit = self.confirmed.value
-        if offset >= limit:
-            return b""
-        return self.commitlog.read_available(offset, min(max_bytes, limit - offset))
-
     def _store_timestamp_at(self, commitlog_offset: int) -> int | None:
         segment = self.commitlog.segments.find(commitlog_offset)
         if segment is None:
@@ -726,6 +735,12 @@ class MessageStore:
             recovery=self.recovery,
             ha=self.ha_service.statistics() if self.ha_service is not None else None,
             ha_slave=self.ha_client.statistics() if self.ha_client is not None else None,
+            group_commit=(
+                self.group_commit.statistics() if self.group_commit is not None else None
+            ),
+            group_transfer=(
+                self.group_transfer.statistics() if self.group_transfer is not None else None
+            ),
         )
 
     @property

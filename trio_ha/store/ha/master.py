@@ -18,8 +18,9 @@ haSendHeartbeatInterval. A slave that asks for an offset the master cannot serve
 first segment, or beyond its end: the logs diverged) gets one heartbeat carrying the master's
 offset, which the slave reports as a divergence, and the connection ends.
 
-No group-transfer task or request channel: a waiting put waits on the ``replicated``
-watermark with its own deadline, and an ack that raises it wakes exactly the puts it covers.
+SYNC_MASTER puts do not wait here: ``replicated`` feeds the group transfer service
+(``group_transfer``), which answers them, and ``is_slave_ok`` tells it when there is no slave
+worth waiting for.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import trio
 
 from ...config import StoreConfig
 from ..commitlog import CommitLog
-from ..results import PutMessageStatus
 from ...watermark import Watermark
 from ...wire.ha import NEED_DATA, HAProtocolError, MasterProtocol
 from .transfer import transport_for
@@ -278,20 +278,6 @@ class HAService:
             if c.acked_offset is not None and end - c.acked_offset < limit
         )
         return close >= self.config.ha_sync_acks
-
-    async def wait_replicated(self, end: int, deadline: float) -> PutMessageStatus:
-        """PUT_OK once enough slaves hold ``end``; SLAVE_NOT_AVAILABLE at once when there
-        are not enough slaves close enough; FLUSH_SLAVE_TIMEOUT at ``deadline``."""
-        if self.replicated.value >= end:
-            await trio.lowlevel.checkpoint()
-            return PutMessageStatus.PUT_OK
-        if not self.is_slave_ok(end):
-            await trio.lowlevel.checkpoint()
-            return PutMessageStatus.SLAVE_NOT_AVAILABLE
-        with trio.move_on_at(deadline):
-            await self.replicated.wait_for(end)
-            return PutMessageStatus.PUT_OK
-        return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
 
     # ---- observability ------------------------------------------------------------------
 

@@ -1,0 +1,251 @@
+"""Sync requests: how a put waits for a guarantee another task keeps, through a channel.
+
+A SYNC_FLUSH put is PUT_OK only once its bytes are synced, a SYNC_MASTER put only once enough
+slaves hold them. In RocketMQ the put thread hands a request to the service that keeps the
+guarantee (GroupCommitService, GroupTransferService) through two lists under a lock: each
+round the service swaps ``requestsWrite`` and ``requestsRead``, walks what it swapped in, and
+completes each put's future; the put gives up on its own after its timeout.
+
+Here a put makes a ``SyncRequest`` — the end offset it needs and its deadline — and sends it
+into the service's bounded trio memory channel, then waits for the answer; the channel takes
+the place of the swap, and the service drains it in batches. What the channel brings that the
+lists did not:
+
+* Back-pressure. The service holds at most ``capacity`` requests and the channel buffers as
+  many again; a put beyond that waits to get its request in (trio queues such senders in
+  order) instead of growing a list without bound. Nothing is dropped.
+* Order without sorting. A put makes its request right after its append, with no checkpoint
+  in between, and trio's channels are FIFO, so requests arrive in offset order — which is
+  deadline order too, every deadline being "now + the same timeout". The service keeps them
+  in a deque and looks only at its front: when the watermark rises it completes the covered
+  prefix, at the front's deadline it times out the expired prefix. (A request that arrived
+  out of order would be inserted in place; it cannot happen, and costs one comparison.)
+* No polling. Between rounds the service sleeps on the watermark, until it covers the front
+  request, inside a cancel scope that ends at the front's deadline — whichever comes first.
+  (RocketMQ's GroupTransferService wakes every 10 ms to look.)
+
+Every request is answered, by the service: PUT_OK, or the timeout status at its deadline, or,
+when the service stops (the store closes), PUT_OK if its end is covered by then and the
+timeout status if not. A put whose caller is cancelled while it waits just stops listening:
+its request is answered later to nobody and costs only its slot until its deadline.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+import attrs
+import trio
+
+from ..watermark import Watermark
+from .results import PutMessageStatus
+
+
+@attrs.define(eq=False)
+class SyncRequest:
+    """One put's wait: answered once, with a status, by the service it was sent to."""
+
+    #: the offset the guarantee must reach (one past the put's last byte)
+    end: int
+    #: trio time at which the service answers with its timeout status
+    deadline: float
+    #: trio time at which the put made the request
+    made_at: float
+    #: the answer, once given
+    status: PutMessageStatus | None = None
+    #: in the service's channel (False: it did not fit yet; ``wait`` sends it)
+    sent: bool = False
+    _waiter: trio.lowlevel.Task | None = None
+
+    def answer(self, status: PutMessageStatus) -> None:
+        """Give the answer (the first one counts) and wake the put if it waits."""
+        if self.status is not None:
+            return
+        self.status = status
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            trio.lowlevel.reschedule(waiter)
+
+    async def wait_answer(self) -> PutMessageStatus:
+        """The answer, once there is one. Parks the task directly (as ``Watermark`` does):
+        every SYNC_FLUSH and SYNC_MASTER put waits here."""
+        if self.status is None:
+            self._waiter = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._stop_listening)
+        else:
+            await trio.lowlevel.checkpoint()
+        status = self.status
+        assert status is not None  # rescheduled only by answer()
+        return status
+
+    def _stop_listening(self, _raise_cancel: object) -> trio.lowlevel.Abort:
+        self._waiter = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+@attrs.frozen
+class SyncServiceStatistics:
+    #: requests made and not answered yet: held + queued + blocked
+    pending: int
+    #: requests the service holds, waiting on the watermark or their deadline
+    held: int
+    #: requests in the channel, not taken by the service yet
+    queued: int
+    #: puts waiting for room in the full channel (the back-pressure at work)
+    blocked: int
+    #: the most the service holds, and the channel's buffer size
+    capacity: int
+    #: seconds the oldest held request has waited (0.0 when none is held)
+    oldest_wait: float
+    #: requests answered PUT_OK, and with the timeout status, since the start
+    completed: int
+    timed_out: int
+
+
+@attrs.define(eq=False)
+class SyncRequestService:
+    """Answers SyncRequests as ``watermark`` rises past their ends, or at their deadlines
+    with ``timeout_status``. ``run`` is its task; puts call ``request`` then ``wait``."""
+
+    watermark: Watermark
+    #: seconds a request may wait, from the moment its put made it
+    timeout: float
+    timeout_status: PutMessageStatus
+    capacity: int
+    _send: trio.MemorySendChannel[SyncRequest] = attrs.field(init=False)
+    _receive: trio.MemoryReceiveChannel[SyncRequest] = attrs.field(init=False)
+    _held: deque[SyncRequest] = attrs.field(init=False, factory=deque)
+    _completed: int = attrs.field(init=False, default=0)
+    _timed_out: int = attrs.field(init=False, default=0)
+
+    def __attrs_post_init__(self) -> None:
+        self._send, self._receive = trio.open_memory_channel[SyncRequest](self.capacity)
+
+    # ---- the put's side ------------------------------------------------------------------
+
+    def request(self, end: int, start: float) -> SyncRequest:
+        """A request for ``end`` whose clock started at ``start`` (trio time), sent into the
+        channel if it has room. Synchronous, so a put can make its requests to both
+        services right after its append, then wait for both answers."""
+        request = SyncRequest(end, start + self.timeout, start)
+        if self.watermark.value >= end:
+            request.answer(PutMessageStatus.PUT_OK)
+            return request
+        try:
+            self._send.send_nowait(request)
+        except trio.WouldBlock:
+            return request  # wait() sends it: the put waits for room there
+        except trio.BrokenResourceError:
+            request.answer(self._final_status(request))  # the service has stopped
+            return request
+        request.sent = True
+        return request
+
+    async def wait(self, request: SyncRequest) -> PutMessageStatus:
+        """The answer to ``request``; first, if the channel was full, wait for room in it
+        (at most until the request's deadline, which the requests ahead of it reach
+        first)."""
+        if not request.sent and request.status is None:
+            with trio.move_on_at(request.deadline):
+                try:
+                    await self._send.send(request)
+                    request.sent = True
+                except trio.BrokenResourceError:
+                    request.answer(self._final_status(request))  # the service has stopped
+            if request.status is None and not request.sent:
+                request.answer(self.timeout_status)
+                self._timed_out += 1
+        return await request.wait_answer()
+
+    # ---- the service's side --------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Answer requests until cancelled; then answer every one still pending."""
+        try:
+            task_status.started()
+            await self._answer_requests()
+        finally:
+            self._answer_all_and_close()
+
+    async def _answer_requests(self) -> None:
+        held = self._held
+        receive = self._receive
+        watermark = self.watermark
+        while True:
+            if not held:
+                self._take(await receive.receive())
+            while len(held) < self.capacity:
+                try:
+                    request = receive.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                self._take(request)
+            self._answer_covered_and_expired()
+            if held:
+                front = held[0]
+                with trio.move_on_at(front.deadline):
+                    await watermark.wait_for(front.end)
+
+    def _take(self, request: SyncRequest) -> None:
+        held = self._held
+        if held and request.end < held[-1].end:
+            bisect.insort(held, request, key=_end)
+        else:
+            held.append(request)
+
+    def _answer_covered_and_expired(self) -> None:
+        held = self._held
+        value = self.watermark.value
+        completed = 0
+        while held and held[0].end <= value:
+            held.popleft().answer(PutMessageStatus.PUT_OK)
+            completed += 1
+        self._completed += completed
+        if held:
+            now = trio.current_time()
+            while held and held[0].deadline <= now:
+                held.popleft().answer(self.timeout_status)
+                self._timed_out += 1
+
+    def _final_status(self, request: SyncRequest) -> PutMessageStatus:
+        if self.watermark.value >= request.end:
+            return PutMessageStatus.PUT_OK
+        return self.timeout_status
+
+    def _answer_all_and_close(self) -> None:
+        """The service stops: answer what it holds, drain the channel (which lets every
+        blocked sender in) and answer that too, then close it, so a later request is
+        answered at once. Synchronous: it runs while the task is being cancelled."""
+        held = self._held
+        while True:
+            try:
+                held.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.ClosedResourceError):
+                break
+        self._receive.close()
+        while held:
+            request = held.popleft()
+            status = self._final_status(request)
+            request.answer(status)
+            if status is PutMessageStatus.PUT_OK:
+                self._completed += 1
+            else:
+                self._timed_out += 1
+
+    def statistics(self) -> SyncServiceStatistics:
+        channel = self._receive.statistics()
+        held = len(self._held)
+        queued = channel.current_buffer_used
+        blocked = channel.tasks_waiting_send
+        oldest = trio.current_time() - self._held[0].made_at if self._held else 0.0
+        return SyncServiceStatistics(
+            pending=held + queued + blocked, held=held, queued=queued, blocked=blocked,
+            capacity=self.capacity, oldest_wait=oldest, completed=self._completed,
+            timed_out=self._timed_out,
+        )
+
+
+def _end(request: SyncRequest) -> int:
+    return request.end
