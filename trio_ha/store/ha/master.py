@@ -25,17 +25,19 @@ worth waiting for.
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
+from typing import NoReturn
 
 import attrs
 import trio
 
 from ...config import StoreConfig
-from ..commitlog import CommitLog
 from ...watermark import Watermark
 from ...wire.ha import NEED_DATA, HAProtocolError, MasterProtocol
-from .transfer import transport_for
+from ..commitlog import CommitLog
+from .transfer import HATransport, transport_for
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +49,22 @@ class HAConnectionClosed(Exception):
     """The slave connection ended (peer closed, timed out, or cannot be served)."""
 
 
+class HAConnectionState(enum.StrEnum):
+    """Where the master's connection to one slave stands (a str: logs and admin tables
+    print it as is)."""
+
+    #: connected; the master sends nothing until the slave says where its log ends
+    WAITING_FOR_REPORT = "waiting for first report"
+    #: sending the log from the offset the slave asked for
+    TRANSFER = "transfer"
+    #: the slave asked for bytes this master cannot serve; the connection ends
+    DIVERGED = "diverged"
+
+
 @attrs.frozen
 class SlaveConnectionStatistics:
     address: str
-    state: str
+    state: HAConnectionState
     connected_since: float
     requested_offset: int | None
     acked_offset: int | None
@@ -71,11 +85,11 @@ class HAMasterStatistics:
 
 @attrs.define(eq=False)
 class HAConnection:
-    service: "HAService"
-    transport: object  # SocketTransport or StreamTransport
+    service: HAService
+    transport: HATransport
     address: str
     protocol: MasterProtocol = attrs.field(factory=MasterProtocol)
-    state: str = "waiting for first report"
+    state: HAConnectionState = HAConnectionState.WAITING_FOR_REPORT
     connected_since: float = attrs.field(factory=time.time)
     requested_offset: int | None = None
     acked_offset: int | None = None
@@ -119,7 +133,7 @@ class HAConnection:
             self._first_report.set()
             if offset > self.commitlog.max_offset:
                 return  # a request for bytes we do not have: the writer tells the slave
-        elif offset > self.sent_offset:
+        elif self.sent_offset is None or offset > self.sent_offset:
             # RocketMQ #1155/#3015: acks must be of bytes this connection carried, or any
             # socket could make a SYNC_MASTER put succeed without a slave.
             raise HAProtocolError(
@@ -148,12 +162,13 @@ class HAConnection:
         config = self.service.config
         commitlog = self.commitlog
         await self._first_report.wait()
+        assert self.requested_offset is not None  # set with _first_report
         offset = self._start_offset(self.requested_offset)
         if offset < commitlog.min_offset or offset > commitlog.max_offset:
             await self._refuse(offset)
         self.next_offset = offset
         self.sent_offset = offset  # the slave holds (or asked for) everything below the start
-        self.state = "transfer"
+        self.state = HAConnectionState.TRANSFER
         batch = config.ha_transfer_batch_size
         heartbeat = config.ha_send_heartbeat_interval / 1000
         last_send = trio.current_time()
@@ -181,7 +196,7 @@ class HAConnection:
             await self.transport.send_all(self.protocol.send_heartbeat(offset))
             last_send = trio.current_time()
 
-    async def _refuse(self, requested: int) -> None:
+    async def _refuse(self, requested: int) -> NoReturn:
         """The slave asked for bytes this master cannot send. Tell it where the master's log
         is (one heartbeat: the slave sees the offsets disagree and reports the divergence)
         and end the connection — instead of RocketMQ's silent heartbeats forever."""
@@ -191,7 +206,7 @@ class HAConnection:
             "below the master's first retained offset" if requested < commitlog.min_offset
             else "beyond the master's log end (the master lost data the slave has)"
         )
-        self.state = "diverged"
+        self.state = HAConnectionState.DIVERGED
         log.error(
             "HA: slave %s asks for offset %d, %s (master log [%d, %d)); replication to it "
             "stops. Fix: wipe the slave's store (or restore the master) and restart the slave.",
@@ -229,9 +244,10 @@ class HAService:
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Listen on haListenPort and serve slaves until cancelled."""
-        listeners = await trio.open_tcp_listeners(
-            self.config.ha_listen_port, host=self.config.ha_bind_address
-        )
+        port = self.config.ha_listen_port
+        if port is None:
+            raise ValueError("the HA service needs ha_listen_port (0: any free port)")
+        listeners = await trio.open_tcp_listeners(port, host=self.config.ha_bind_address)
         sockname = listeners[0].socket.getsockname()
         self.listen_address = (sockname[0], sockname[1])
         log.info("HA service listening on %s:%d", *self.listen_address)
@@ -244,7 +260,7 @@ class HAService:
         """Serve one slave on ``stream`` until the connection ends (any trio Stream: the
         listener passes TCP streams; tests may pass memory streams)."""
         transport = transport_for(stream, method=self.config.ha_transfer_method)
-        address = getattr(transport, "peer", "stream")
+        address = transport.peer
         connection = HAConnection(self, transport, address)
         self.connections[id(connection)] = connection
         log.info("HA: slave %s connected", address)

@@ -19,14 +19,15 @@ address) — rather than RocketMQ's endless reconnect loop (#323).
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
 
 from ...config import StoreConfig
-from ..commitlog import CommitLog, ReplicaOffsetError
 from ...wire.ha import (
     NEED_DATA,
     FrameData,
@@ -37,7 +38,8 @@ from ...wire.ha import (
     SlaveProtocol,
 )
 from ...wire.record import parse_host_port
-from .transfer import SocketTransport
+from ..commitlog import CommitLog, ReplicaOffsetError
+from .transfer import HATransport, SocketTransport
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +53,29 @@ class MasterConnectionLost(Exception):
     """The master closed the connection or went silent."""
 
 
+class HAClientState(enum.StrEnum):
+    """Where a slave's replication stands (a str: logs and admin tables print it as is)."""
+
+    #: no master address to copy from
+    IDLE = "idle"
+    CONNECTING = "connecting"
+    #: connected, copying the master's log
+    TRANSFER = "transfer"
+    #: the last session failed; the next attempt comes after ha_reconnect_interval
+    BACKOFF = "backoff"
+    #: the logs differ; replication waits for an operator (``clear_divergence``)
+    DIVERGED = "diverged"
+
+
+async def _connect_tcp(address: str) -> HATransport:
+    host, port = parse_host_port(address)
+    return SocketTransport(await trio.open_tcp_stream(host, port))
+
+
 @attrs.frozen
 class HASlaveStatistics:
     master_address: str | None
-    #: "idle" (no master address), "connecting", "transfer", "backoff" or "diverged"
-    state: str
+    state: HAClientState
     local_max_offset: int
     connected_since: float | None
     last_frame_time: float | None
@@ -69,20 +89,16 @@ class HAClient:
     config: StoreConfig
     commitlog: CommitLog
     master_address: str | None = None
-    state: str = "idle"
+    state: HAClientState = HAClientState.IDLE
     connected_since: float | None = None
     last_frame_time: float | None = None
     bytes_received: int = 0
     divergence: str | None = None
     last_error: str | None = None
     #: opens a transport to the master; TCP by default (tests pass memory streams)
-    connect: object = None
+    connect: Callable[[str], Awaitable[HATransport]] = _connect_tcp
     _wakeup: trio.Event = attrs.field(factory=trio.Event)
     _session_scope: trio.CancelScope | None = None
-
-    def __attrs_post_init__(self) -> None:
-        if self.connect is None:
-            self.connect = _connect_tcp
 
     def update_master_address(self, address: str | None) -> None:
         """Follow a (new) master. A session with the old one ends; a divergence recorded
@@ -104,7 +120,7 @@ class HAClient:
         task_status.started()
         while True:
             if self.master_address is None or self.divergence is not None:
-                self.state = "diverged" if self.divergence else "idle"
+                self.state = HAClientState.DIVERGED if self.divergence else HAClientState.IDLE
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue
@@ -115,7 +131,7 @@ class HAClient:
                 try:
                     await self._session(address)
                 except* OffsetMismatch as group:
-                    self._diverged(address, group.exceptions[0])
+                    self._diverged(address, _first_mismatch(group))
                 except* (OSError, HAProtocolError, ReplicaOffsetError, MasterConnectionLost,
                          trio.BrokenResourceError, trio.ClosedResourceError,
                          trio.TooSlowError) as group:
@@ -126,7 +142,7 @@ class HAClient:
             self._session_scope = None
             self.connected_since = None
             if failed and self.master_address == address and self.divergence is None:
-                self.state = "backoff"
+                self.state = HAClientState.BACKOFF
                 self._wakeup = trio.Event()
                 with trio.move_on_after(self.config.ha_reconnect_interval / 1000):
                     await self._wakeup.wait()
@@ -144,14 +160,14 @@ class HAClient:
                 "the slave holds bytes the master does not have (the master lost its tail)"
             )
         self.divergence = why
-        self.state = "diverged"
+        self.state = HAClientState.DIVERGED
         log.error(
             "HA: replication from %s stopped: %s. Fix: wipe this slave's store and restart "
             "it to copy afresh, then clear_divergence().", address, why,
         )
 
     async def _session(self, address: str) -> None:
-        self.state = "connecting"
+        self.state = HAClientState.CONNECTING
         with trio.fail_after(CONNECT_TIMEOUT):
             transport = await self.connect(address)
         try:
@@ -159,7 +175,7 @@ class HAClient:
             local_end = commitlog.max_offset
             protocol = SlaveProtocol(expected=local_end if commitlog.segments.segments else None)
             await transport.send_all(protocol.send_report(local_end))
-            self.state = "transfer"
+            self.state = HAClientState.TRANSFER
             self.connected_since = time.time()
             log.info("HA: replicating from %s, local log ends at %d", address, local_end)
             async with trio.open_nursery() as nursery:
@@ -169,7 +185,7 @@ class HAClient:
             with trio.CancelScope(shield=True):
                 await transport.aclose()
 
-    async def _report(self, transport, protocol: SlaveProtocol, reported: int) -> None:
+    async def _report(self, transport: HATransport, protocol: SlaveProtocol, reported: int) -> None:
         """Tell the master the log end whenever it grows, and at least every heartbeat.
 
         While the receiver keeps advancing (catching up, frame after frame), the report waits
@@ -188,7 +204,7 @@ class HAClient:
             reported = max(reported, written.value)
             await transport.send_all(protocol.send_report(reported))
 
-    async def _receive(self, transport, protocol: SlaveProtocol) -> None:
+    async def _receive(self, transport: HATransport, protocol: SlaveProtocol) -> None:
         commitlog = self.commitlog
         silence = self.config.ha_housekeeping_interval / 1000
         body_offset = 0  # log offset of the next body byte
@@ -239,6 +255,9 @@ class HAClient:
         )
 
 
-async def _connect_tcp(address: str) -> SocketTransport:
-    host, port = parse_host_port(address)
-    return SocketTransport(await trio.open_tcp_stream(host, port))
+def _first_mismatch(group: ExceptionGroup[OffsetMismatch]) -> OffsetMismatch:
+    """The first OffsetMismatch of ``group``, however deeply it is nested."""
+    exc = group.exceptions[0]
+    while isinstance(exc, ExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

@@ -8,14 +8,16 @@ GB/s for slices and 1.3-1.5 GB/s for sendfile), so it is a config value
 (``ha_transfer_method``) set from ``trio-ha bench replication``.
 
 Any other trio Stream (memory streams in tests, TLS later) gets ``StreamTransport``, which does
-the same with copies. Both have the same four calls, so the HA code is written once and its
-timers can be tested on memory streams with trio's autojump clock.
+the same with copies. Both are an ``HATransport``, the seam the master's connection and the
+slave's client are written against, so the HA code is written once and its timers can be
+tested on memory streams with trio's autojump clock.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from typing import Protocol
 
 import trio
 
@@ -23,22 +25,33 @@ from ... import _backend
 from ..._sockets import peer_name
 from ..segment import Segment
 
-
 #: frames smaller than this are sent with one sendmsg even when the method is sendfile
 SENDFILE_MIN_BYTES = 64 * 1024
 
 
-def _sendfile(out_fd: int, in_fd: int, offset: int, count: int) -> int:
-    """Bytes sent, or -errno (-EAGAIN when the socket is full)."""
-    engine = _backend.engine
-    if engine.name == "native":
-        return engine.lib.th_sendfile(out_fd, in_fd, offset, count)
-    try:
-        return os.sendfile(out_fd, in_fd, offset, count)
-    except BlockingIOError:
-        return -errno.EAGAIN
-    except OSError as exc:
-        return -(exc.errno or errno.EIO)
+class HATransport(Protocol):
+    """How HA bytes move between a segment and the peer, whatever the stream is."""
+
+    @property
+    def peer(self) -> str:
+        """The peer's address, for logs and statistics."""
+        ...
+
+    async def receive_some(self, max_bytes: int) -> bytes | bytearray:
+        """Up to ``max_bytes`` bytes; empty when the peer closed."""
+        ...
+
+    async def receive_into(self, view: memoryview) -> int:
+        """Receive into ``view`` (a slave's segment mapping); 0 when the peer closed."""
+        ...
+
+    async def send_all(self, data: bytes) -> None: ...
+
+    async def send_frame(self, header: bytes, segment: Segment, start: int, end: int) -> None:
+        """Send ``header`` then ``segment[start:end)``; the caller holds the segment."""
+        ...
+
+    async def aclose(self) -> None: ...
 
 
 class SocketTransport:
@@ -53,7 +66,7 @@ class SocketTransport:
     def peer(self) -> str:
         return peer_name(self.sock)
 
-    async def receive_some(self, max_bytes: int) -> bytes:
+    async def receive_some(self, max_bytes: int) -> bytes | bytearray:
         return await self.sock.recv(max_bytes)
 
     async def receive_into(self, view: memoryview) -> int:
@@ -73,7 +86,9 @@ class SocketTransport:
             await self.send_all(header)
             position = start
             while position < end:
-                sent = _sendfile(self.sock.fileno(), segment.fd, position, end - position)
+                sent = _backend.engine.sendfile(
+                    self.sock.fileno(), segment.fd, position, end - position
+                )
                 if sent == -errno.EAGAIN:
                     await trio.lowlevel.wait_writable(self.sock)
                 elif sent < 0:
@@ -106,9 +121,13 @@ class StreamTransport:
 
     def __init__(self, stream: trio.abc.Stream, peer: str = "stream") -> None:
         self.stream = stream
-        self.peer = peer
+        self._peer = peer
 
-    async def receive_some(self, max_bytes: int) -> bytes:
+    @property
+    def peer(self) -> str:
+        return self._peer
+
+    async def receive_some(self, max_bytes: int) -> bytes | bytearray:
         return await self.stream.receive_some(max_bytes)
 
     async def receive_into(self, view: memoryview) -> int:
@@ -126,7 +145,7 @@ class StreamTransport:
         await self.stream.aclose()
 
 
-def transport_for(stream: trio.abc.Stream, *, method: str = "send"):
+def transport_for(stream: trio.abc.Stream, *, method: str = "send") -> HATransport:
     """The fastest transport for ``stream``."""
     if isinstance(stream, trio.SocketStream):
         return SocketTransport(stream, method=method)
