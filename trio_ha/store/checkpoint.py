@@ -32,7 +32,7 @@ class Checkpoint:
     confirm_phy_offset: int = 0
 
     @classmethod
-    def load(cls, path: str) -> "Checkpoint":
+    def load(cls, path: str) -> Checkpoint:
         checkpoint = cls(path)
         try:
             with open(path, "rb") as f:

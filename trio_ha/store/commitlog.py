@@ -58,7 +58,7 @@ MessageItem = tuple[bytes, bytes, bytes, int, int, int, int | None, bytes, int, 
 #: A SEND_BATCH_MESSAGE body as ``append`` takes it: the body, topic (encoded), batch
 #: properties, queue id, sys flag, born timestamp (None: the store timestamp), born host
 #: (encoded), the largest body an item may have.
-BatchItem = tuple[bytes | bytearray | memoryview, bytes, bytes, int, int, int | None, bytes, int]
+BatchItem = tuple[bytes, bytes, bytes, int, int, int | None, bytes, int]
 Item = TypeVar("Item", MessageItem, BatchItem)
 #: Encodes an item into ``segment`` at ``position`` with the given queue offset, store
 #: timestamp and store host: (new position or a negative ERR_* code, commitlog offsets of
@@ -118,7 +118,7 @@ class CommitLog:
     _store_host: bytes = b""
 
     @classmethod
-    def load(cls, config: StoreConfig) -> "CommitLog":
+    def load(cls, config: StoreConfig) -> CommitLog:
         segments = SegmentQueue.load(config.commitlog_dir, config.mapped_file_size_commit_log)
         commitlog = cls(config, segments, Watermark(), Watermark())
         commitlog._store_host = rec.encode_host(*rec.parse_host_port(config.store_host))
@@ -205,7 +205,10 @@ class CommitLog:
         """Blocking (worker thread): the segment at ``base_offset`` of an empty log."""
         # A slave's segments are filled by replication, which writes every page anyway:
         # warming them first would write each page twice.
-        warm = self.config.warm_mapped_file_enable and self.config.broker_role is not BrokerRole.SLAVE
+        warm = (
+            self.config.warm_mapped_file_enable
+            and self.config.broker_role is not BrokerRole.SLAVE
+        )
         segment = Segment.create(self.segments.directory, base_offset, self.segment_size, warm=warm)
         segment.wrote_position = segment.flushed_position = 0
         return segment

@@ -65,7 +65,7 @@ class ConsumeQueue:
     arrivals: Watermark = attrs.field(factory=Watermark)
 
     @classmethod
-    def open(cls, root: str, topic: str, queue_id: int, file_size: int) -> "ConsumeQueue":
+    def open(cls, root: str, topic: str, queue_id: int, file_size: int) -> ConsumeQueue:
         directory = os.path.join(root, topic, str(queue_id))
         return cls(topic, queue_id, SegmentQueue.load(directory, file_size))
 
@@ -99,8 +99,7 @@ class ConsumeQueue:
         if not self.files.segments:
             # A queue that starts past 0 (its early files were deleted, or this is a slave
             # that began mid-log): begin at the file holding the entry, blank-filled up to it.
-            self.files.create_segment(self.files.next_base(position))
-            current = self.files.first.base_offset
+            current = self.files.create_segment(self.files.next_base(position)).base_offset
             self.min_logic_offset = queue_offset
             if position > current:
                 self._write_blanks(current, position)
@@ -261,7 +260,7 @@ class ConsumeQueue:
         Returns the number of files deleted. The newest file is always kept."""
         deleted = 0
         while len(self.files.segments) > 1:
-            first = self.files.first
+            first = self.files.segments[0]
             raw = first.read(first.size - CQ_ENTRY_SIZE, CQ_ENTRY_SIZE)
             offset, size, _ = CQ_ENTRY.unpack(raw)
             if offset + size > commitlog_min_offset:
@@ -317,7 +316,7 @@ class ConsumeQueueTable:
     _future_arrivals: dict[tuple[str, int], Watermark] = attrs.field(factory=dict)
 
     @classmethod
-    def load(cls, root: str, file_size: int) -> "ConsumeQueueTable":
+    def load(cls, root: str, file_size: int) -> ConsumeQueueTable:
         table = cls(root, file_size)
         os.makedirs(root, exist_ok=True)
         for topic in sorted(os.listdir(root)):

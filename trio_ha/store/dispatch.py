@@ -19,9 +19,11 @@ import attrs
 import trio
 
 from .. import _backend
+from .._backend import RecordInfo, Scanner, ScanResult
 from ..watermark import Watermark
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable, is_valid_topic
+from .segment import Segment
 
 log = logging.getLogger(__name__)
 
@@ -46,30 +48,28 @@ class Dispatcher:
     last_store_timestamp: int = 0
     #: set when a record is corrupt: the dispatcher stops there instead of guessing
     error: str | None = None
-    _scanner: object = None
+    _scanner: Scanner = attrs.field(init=False, factory=lambda: _backend.engine.scanner(SCAN_BATCH))
+    #: topic bytes as found in records -> the topic, or None for bytes that are no topic
     _topics: dict[bytes, str | None] = attrs.field(factory=dict)
-
-    def __attrs_post_init__(self) -> None:
-        self._scanner = _backend.engine.scanner(SCAN_BATCH)
 
     def start_at(self, offset: int) -> None:
         self.cursor = offset
         self.dispatched.reset(offset)
 
-    def _topic(self, segment, info) -> str | None:
+    def _topic(self, segment: Segment, info: RecordInfo) -> str | None:
         raw = segment.read(info.topic_pos, info.topic_len)
-        topic = self._topics.get(raw, False)
-        if topic is False:
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = None
-            topic = text if text is not None and is_valid_topic(text) else None
-            if len(self._topics) < 100_000:
-                self._topics[raw] = topic
+        if raw in self._topics:
+            return self._topics[raw]
+        try:
+            text: str | None = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        topic = text if text is not None and is_valid_topic(text) else None
+        if len(self._topics) < 100_000:
+            self._topics[raw] = topic
         return topic
 
-    def index(self, segment, result) -> None:
+    def index(self, segment: Segment, result: ScanResult) -> None:
         """Write the consume-queue entries of the records a scan found in ``segment``.
 
         The engine groups the records into runs bound for one queue with consecutive queue

@@ -47,8 +47,9 @@ class GroupCommitService(SyncRequestService):
     @classmethod
     def for_commitlog(cls, commitlog: Flushable, config: StoreConfig) -> GroupCommitService:
         return cls(
-            commitlog.flushed, config.sync_flush_timeout / 1000, PutMessageStatus.FLUSH_DISK_TIMEOUT,
-            config.sync_request_channel_capacity, commitlog=commitlog,
+            commitlog.flushed, config.sync_flush_timeout / 1000,
+            PutMessageStatus.FLUSH_DISK_TIMEOUT, config.sync_request_channel_capacity,
+            commitlog=commitlog,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -38,22 +38,25 @@ def _is_delete_hour(delete_when: str, now: float) -> bool:
 
 
 async def delete_expired_files(
-    store: "MessageStore", *, now: float | None = None, force: bool = False
+    store: MessageStore, *, now: float | None = None, force: bool = False
 ) -> int:
     """One retention round; returns how many commitlog segments were deleted. ``force``
     ignores the hour and the disk ratio (an operator's manual delete), never the age."""
     config = store.config
     now = time.time() if now is None else now
-    if not force and not _is_delete_hour(config.delete_when, now):
-        if disk_used_ratio(config.commitlog_dir) * 100 < config.disk_max_used_space_ratio:
-            await trio.lowlevel.checkpoint()
-            return 0
+    if (
+        not force
+        and not _is_delete_hour(config.delete_when, now)
+        and disk_used_ratio(config.commitlog_dir) * 100 < config.disk_max_used_space_ratio
+    ):
+        await trio.lowlevel.checkpoint()
+        return 0
     commitlog = store.commitlog
     segments = commitlog.segments
     expiry = config.file_reserved_time * 3600
     deleted = 0
     while deleted < MAX_DELETIONS_PER_ROUND and len(segments.segments) > 1:
-        oldest = segments.first
+        oldest = segments.segments[0]
         if now - oldest.mtime() < expiry:
             break
         done_with = min(store.dispatcher.cursor, commitlog.flushed.value)
@@ -71,7 +74,7 @@ async def delete_expired_files(
     return deleted
 
 
-async def run_retention(store: "MessageStore", *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def run_retention(store: MessageStore, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     while True:
         await trio.sleep(store.config.clean_resource_interval / 1000)

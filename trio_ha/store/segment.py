@@ -21,6 +21,7 @@ import os
 import attrs
 
 from .. import _backend
+from .._backend import Handle
 from ..wire.layout import parse_segment_file_name, segment_file_name
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,8 @@ class Segment:
     size: int
     _fd: int
     _mmap: mmap.mmap
-    handle: object  # the record engine's handle on the mapping
+    #: the record engine's handle on the mapping
+    handle: Handle
     #: bytes appended (readable end within the segment)
     wrote_position: int = 0
     #: bytes known to be on disk
@@ -51,7 +53,7 @@ class Segment:
     # ---- life cycle -------------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: str, base_offset: int, size: int, *, warm: bool) -> "Segment":
+    def create(cls, directory: str, base_offset: int, size: int, *, warm: bool) -> Segment:
         """Create a zero-filled segment file (blocking: call from a worker thread).
 
         The file is sized under a temporary name and renamed, so a crash never leaves a
@@ -77,7 +79,7 @@ class Segment:
         return segment
 
     @classmethod
-    def open(cls, path: str, size: int) -> "Segment":
+    def open(cls, path: str, size: int) -> Segment:
         """Map an existing segment; its positions start at ``size`` until recovery sets them."""
         base = parse_segment_file_name(os.path.basename(path))
         if base is None:
@@ -95,7 +97,7 @@ class Segment:
         return segment
 
     @classmethod
-    def _map(cls, path: str, base_offset: int, size: int, fd: int) -> "Segment":
+    def _map(cls, path: str, base_offset: int, size: int, fd: int) -> Segment:
         try:
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as exc:
@@ -108,11 +110,7 @@ class Segment:
         if self._closed:
             return
         self._closed = True
-        release = getattr(self.handle, "release", None)
-        if release is not None:  # a memoryview (Python engine)
-            release()
-        else:
-            _backend.engine.ffi.release(self.handle)
+        _backend.engine.release_handle(self.handle)
         self.handle = None
         try:
             self._mmap.close()

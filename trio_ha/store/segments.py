@@ -26,7 +26,7 @@ class SegmentQueue:
     segments: list[Segment] = attrs.field(factory=list)
 
     @classmethod
-    def load(cls, directory: str, segment_size: int) -> "SegmentQueue":
+    def load(cls, directory: str, segment_size: int) -> SegmentQueue:
         """Map every segment file in ``directory`` (created if missing), oldest first.
 
         Leftover ``.tmp`` files of an interrupted pre-allocation are removed. A gap between

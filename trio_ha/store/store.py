@@ -23,7 +23,7 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import attrs
 import trio
@@ -39,7 +39,6 @@ from . import retention
 from .checkpoint import Checkpoint
 from .commitlog import AllocationTimeout, CommitLog, encode_batch, encode_message
 from .consume_queue import ConsumeQueueTable, is_valid_topic
-from .segment import sync_ranges
 from .dispatch import Dispatcher
 from .group_commit import GroupCommitService
 from .ha.group_transfer import GroupTransferService
@@ -47,6 +46,7 @@ from .ha.master import HAMasterStatistics, HAService
 from .ha.slave import HAClient, HASlaveStatistics
 from .recovery import RecoveryReport, recover
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
+from .segment import sync_ranges
 from .sync_requests import SyncServiceStatistics
 
 log = logging.getLogger(__name__)
@@ -98,8 +98,8 @@ class MessageStore:
     dispatcher: Dispatcher
     checkpoint: Checkpoint
     recovery: RecoveryReport | None = None
-    _lock_fd: int = -1
-    _root: str = ""
+    _lock_fd: int = attrs.field(default=-1, alias="lock_fd")
+    _root: str = attrs.field(default="", alias="root")
     _running: bool = False
     _closed: bool = False
     #: running, open, and a master: the put fast path's one check
@@ -116,12 +116,12 @@ class MessageStore:
     group_commit: GroupCommitService | None = None
     group_transfer: GroupTransferService | None = None
     #: whether a put has anything to wait for after its append (read on every put)
-    _waits: bool = False
+    _waits: bool = attrs.field(default=False, alias="waits")
 
     # ---- opening -------------------------------------------------------------------------
 
     @classmethod
-    def _open_blocking(cls, config: StoreConfig) -> "MessageStore":
+    def _open_blocking(cls, config: StoreConfig) -> MessageStore:
         root = os.path.realpath(config.store_path_root_dir)
         os.makedirs(root, exist_ok=True)
         lock_fd = _lock_root(root)
@@ -163,6 +163,9 @@ class MessageStore:
             )
             try:
                 store._recover()
+                # Present while the store is open: found at the next open, it means a crash.
+                with open(store._abort_path, "wb"):
+                    pass
             except BaseException:
                 store._close_files()
                 raise
@@ -234,8 +237,9 @@ class MessageStore:
         while True:
             await trio.sleep(config.flush_interval_consume_queue / 1000)
             least = config.flush_consume_queue_least_pages
-            if trio.current_time() - last_thorough >= config.flush_consume_queue_thorough_interval / 1000:
-                least, last_thorough = 0, trio.current_time()
+            now = trio.current_time()
+            if now - last_thorough >= config.flush_consume_queue_thorough_interval / 1000:
+                least, last_thorough = 0, now
             await self.flush_consume_queues(least)
 
     async def flush_consume_queues(self, least_pages: int = 0) -> None:
@@ -287,9 +291,10 @@ class MessageStore:
 
     # ---- puts -------------------------------------------------------------------------------
 
-    def _refusal(self, topic: str, queue_id: int, body_len: int) -> PutMessageResult | None:
-        """Why a put must be refused before it touches the log, or None. (The put paths
-        first try a cached fast check; this is the full one, with the reasons.)"""
+    def _admit(self, topic: str, queue_id: int, body_len: int) -> bytes | PutMessageResult:
+        """The encoded topic of a put that may go ahead, or why it is refused before it
+        touches the log. (The put paths first try ``_accepts``, a cached fast check; this is
+        the full one, with the reasons.)"""
         if self._closed or not self._running:
             return self._illegal("store is closed", PutMessageStatus.SERVICE_NOT_AVAILABLE)
         if self.config.broker_role is BrokerRole.SLAVE:
@@ -301,7 +306,8 @@ class MessageStore:
                 f"store is read-only: {self.dispatcher.error}",
                 PutMessageStatus.SERVICE_NOT_AVAILABLE,
             )
-        if self._topic_bytes(topic) is None:
+        topic_bytes = self._topic_bytes(topic)
+        if topic_bytes is None:
             return self._illegal(
                 f"topic {topic!r} is not a valid topic name (1-127 of [%|a-zA-Z0-9_-])"
             )
@@ -311,10 +317,10 @@ class MessageStore:
             return self._illegal(
                 f"body of {body_len} bytes exceeds maxMessageSize {self.config.max_message_size}"
             )
-        return None
+        return topic_bytes
 
     def _accepts(self, topic: str, queue_id: int, body_len: int) -> bytes | None:
-        """The fast path of ``_refusal``: the encoded topic when nothing stands in the way."""
+        """The fast path of ``_admit``: the encoded topic when nothing stands in the way."""
         if (
             self._accepting
             and self.dispatcher.error is None
@@ -383,10 +389,10 @@ class MessageStore:
         await trio.lowlevel.checkpoint()
         topic_bytes = self._accepts(topic, queue_id, len(body))
         if topic_bytes is None:
-            refusal = self._refusal(topic, queue_id, len(body))
-            if refusal is not None:
-                return refusal
-            topic_bytes = self._topic_bytes(topic)
+            admitted = self._admit(topic, queue_id, len(body))
+            if isinstance(admitted, PutMessageResult):
+                return admitted
+            topic_bytes = admitted
         if len(properties) > rec.MAX_PROPERTIES_LENGTH:
             return self._illegal(
                 f"properties of {len(properties)} bytes exceed {rec.MAX_PROPERTIES_LENGTH}",
@@ -415,7 +421,9 @@ class MessageStore:
             return await self._wait_guarantees(appended)
         return appended
 
-    async def put_messages(self, messages: Sequence[rec.Message], queue_id: int = 0) -> PutMessageResult:
+    async def put_messages(
+        self, messages: Sequence[rec.Message], queue_id: int = 0
+    ) -> PutMessageResult:
         """Append a batch of messages of one topic to one queue, all or nothing, with
         consecutive queue and commitlog offsets (SEND_BATCH_MESSAGE semantics)."""
         messages = list(messages)
@@ -444,7 +452,7 @@ class MessageStore:
         self,
         topic: str,
         queue_id: int,
-        body: bytes | bytearray | memoryview,
+        body: bytes,
         *,
         batch_properties: bytes = b"",
         sys_flag: int = 0,
@@ -455,15 +463,15 @@ class MessageStore:
         """Append an already-encoded SEND_BATCH_MESSAGE body (the broker's path: no
         per-message Python work, the native encoder converts every item)."""
         await trio.lowlevel.checkpoint()
-        refusal = None
-        if self._accepts(topic, queue_id, len(body)) is None:
+        topic_bytes = self._accepts(topic, queue_id, len(body))
+        if topic_bytes is None:
             # The whole body counts against maxMessageSize, as RocketMQ checks a batch.
-            refusal = self._refusal(topic, queue_id, len(body))
-        if refusal is None and sys_flag & rec.TRANSACTION_TYPE_MASK:
-            refusal = self._illegal("transaction messages cannot be batched")
-        if refusal is not None:
-            return refusal
-        topic_bytes = self._topic_bytes(topic)
+            admitted = self._admit(topic, queue_id, len(body))
+            if isinstance(admitted, PutMessageResult):
+                return admitted
+            topic_bytes = admitted
+        if sys_flag & layout.TRANSACTION_TYPE_MASK:
+            return self._illegal("transaction messages cannot be batched")
         item = (
             body, topic_bytes, batch_properties, queue_id, sys_flag, born_timestamp,
             self._born_host(born_host), self.config.max_message_size,
@@ -534,13 +542,12 @@ class MessageStore:
         segment = self.commitlog.segments.find(offset)
         if segment is None or offset + 8 > limit or offset < self.commitlog.min_offset:
             return None
+        at = offset - segment.base_offset
         if size is None:
-            size, _magic = layout.RECORD_START.unpack(
-                segment.read(offset - segment.base_offset, layout.RECORD_START.size)
-            )
+            size = int(layout.RECORD_START.unpack(segment.read(at, layout.RECORD_START.size))[0])
         if size <= 0 or offset + size > min(limit, segment.wrote_offset):
             return None
-        return segment.read(offset - segment.base_offset, size)
+        return segment.read(at, size)
 
     def _decode_at(self, offset: int, size: int | None = None) -> rec.StoredMessage | None:
         record = self._record_at(offset, size)
@@ -700,13 +707,16 @@ class MessageStore:
                 high = middle
         return low
 
-    def get_message_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
+    def get_message_store_timestamp(
+        self, topic: str, queue_id: int, queue_offset: int
+    ) -> int | None:
         queue = self.queues.get(topic, queue_id)
         entry = queue.entry(queue_offset) if queue is not None else None
         return None if entry is None else self._store_timestamp_at(entry.commitlog_offset)
 
     def get_earliest_message_time(self, topic: str, queue_id: int) -> int | None:
-        return self.get_message_store_timestamp(topic, queue_id, self.min_queue_offset(topic, queue_id))
+        first = self.min_queue_offset(topic, queue_id)
+        return self.get_message_store_timestamp(topic, queue_id, first)
 
     async def wait_dispatched(self, offset: int | None = None) -> None:
         """Wait until consume queues cover the log up to ``offset`` (default: everything
@@ -803,8 +813,6 @@ async def open_store(config: StoreConfig):
     services until the block ends; yields the MessageStore."""
     store = await trio.to_thread.run_sync(MessageStore._open_blocking, config)
     try:
-        with open(store._abort_path, "wb"):
-            pass
         with unwrap_single_exception():
             async with trio.open_nursery() as nursery:
                 await store._run_services(nursery)
