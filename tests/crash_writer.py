@@ -162,6 +162,7 @@ async def main(root: str, seed: int, run: int) -> None:
     _emit("START\n")
     async with open_store(store_config(root)) as store:
         report = store.recovery
+        assert report is not None  # an open store has recovered
         _emit(
             f"OPENED {report.abnormal} {report.end_offset} {report.records} "
             f"{report.stop_reason}\n"

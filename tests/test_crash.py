@@ -46,11 +46,14 @@ import pytest
 import trio
 
 from trio_ha import Message, PutMessageStatus, StoreConfig, open_store
+from trio_ha.store import MessageStore
+from trio_ha.store.recovery import RecoveryReport
 from trio_ha.store.segment import SegmentError
 from trio_ha.wire import record as rec
 
 _WRITER_PATH = Path(__file__).with_name("crash_writer.py")
 _spec = importlib.util.spec_from_file_location("_crash_writer", _WRITER_PATH)
+assert _spec is not None and _spec.loader is not None
 cw = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cw)
 
@@ -86,6 +89,11 @@ class StoreCheck:
     blanks: int
     queues: int
     acked: int
+
+
+def recovery_of(store: MessageStore) -> RecoveryReport:
+    assert store.recovery is not None  # an open store has recovered
+    return store.recovery
 
 
 def _only_key(message: rec.StoredMessage) -> str:
@@ -290,7 +298,7 @@ async def run_and_kill_child(store_dir: Path, log_dir: Path, seed: int, run: int
         changed.set()
 
     stderr_path = log_dir / f"child-{run}.stderr"
-    with open(stderr_path, "wb") as stderr:
+    with await trio.to_thread.run_sync(open, stderr_path, "wb") as stderr:
         process = await trio.lowlevel.open_process(
             [sys.executable, str(_WRITER_PATH), str(store_dir), str(seed), str(run)],
             stdout=subprocess.PIPE, stderr=stderr,
@@ -311,7 +319,8 @@ async def run_and_kill_child(store_dir: Path, log_dir: Path, seed: int, run: int
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
                 await process.wait()
-            await process.stdout.aclose()
+            if process.stdout is not None:
+                await process.stdout.aclose()
     child.returncode = process.returncode
     child.stderr = stderr_path.read_text(errors="replace")
     return child
@@ -395,7 +404,7 @@ async def crash_chain(root: Path, seed: int, kills: int, verify_every: int,
             if opened_since_close:
                 assert expect_abnormal, f"abort file missing after a kill: {context}"
             async with open_store(config) as store:
-                report = store.recovery
+                report = recovery_of(store)
                 assert report.abnormal is expect_abnormal, f"{report}; {context}"
                 assert report.end_offset == store.max_commitlog_offset, f"{report}; {context}"
                 check = await verify_store(
@@ -621,7 +630,7 @@ async def check_recovered_before(config: StoreConfig, written: list[Written], da
     if abnormal:
         (Path(config.store_path_root_dir) / "abort").touch()
     async with open_store(config) as store:
-        report = store.recovery
+        report = recovery_of(store)
         context = f"damaged record at {end} ({bad}); {report}"
         assert report.abnormal is abnormal, context
         assert store.max_commitlog_offset == end, context
@@ -652,7 +661,7 @@ async def check_recovered_before(config: StoreConfig, written: list[Written], da
                           result.queue_offset)
         await store.wait_dispatched()
     async with open_store(config) as store:
-        assert store.recovery.abnormal is False
+        assert recovery_of(store).abnormal is False
         assert store.max_commitlog_offset == result.commitlog_offset + result.size
         await verify_store(store, before, context="reopened after the write that followed recovery")
 
@@ -799,7 +808,7 @@ async def test_abnormal_recovery_rebuilds_a_torn_consume_queue_tail(tmp_path):
     patch(last, max(0, used - 30), bytes(30))  # tear the last entry and a half
     (Path(config.store_path_root_dir) / "abort").touch()
     async with open_store(config) as store:
-        assert store.recovery.abnormal
+        assert recovery_of(store).abnormal
         await verify_store(store, {w.ack.key: w.ack for w in written}, context="torn CQ")
 
 
@@ -812,7 +821,7 @@ async def test_normal_recovery_rebuilds_a_consume_queue_that_lost_its_tail_unlik
     used += (-used) % 20
     patch(last, used - 20, bytes(20))  # queue 0 loses its last entry; no abort file
     async with open_store(config) as store:
-        assert not store.recovery.abnormal
+        assert not recovery_of(store).abnormal
         key = torn_key(10_000, 10, run=3)
         result = await store.put_message(
             Message(TORN_TOPIC, cw.expected_body(key), tags=cw.expected_tags(key), keys=key), 0

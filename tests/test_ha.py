@@ -4,18 +4,20 @@ scenarios and more (docs/ha-protocol.md)."""
 import filecmp
 import os
 import time
+from typing import Any
 
 import trio
 
 from conftest import wait_until
 from trio_ha import BrokerRole, FlushDiskType, Message, PutMessageStatus, StoreConfig, open_store
-from trio_ha.store import retention
+from trio_ha.store import MessageStore, retention
+from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics
 
 SEGMENT = 64 * 1024
 
 
 def master_config(root, **overrides) -> StoreConfig:
-    values = dict(
+    values: dict[str, Any] = dict(
         store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT,
         mapped_file_size_consume_queue=20 * 200, broker_role=BrokerRole.SYNC_MASTER,
         ha_listen_port=0, ha_bind_address="127.0.0.1", ha_start_from_min_offset=True,
@@ -25,9 +27,10 @@ def master_config(root, **overrides) -> StoreConfig:
     return StoreConfig(**values)
 
 
-def slave_config(root, master, **overrides) -> StoreConfig:
+def slave_config(root, master: MessageStore, **overrides) -> StoreConfig:
+    assert master.ha_address is not None
     host, port = master.ha_address
-    values = dict(
+    values: dict[str, Any] = dict(
         store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT,
         mapped_file_size_consume_queue=20 * 200, broker_role=BrokerRole.SLAVE,
         ha_master_address=f"{host}:{port}", ha_reconnect_interval=100,
@@ -40,9 +43,21 @@ def body(i: int) -> bytes:
     return f"message {i} ".encode() * (1 + i % 80)
 
 
-def slave_count(master) -> int:
+def ha_of(master: MessageStore) -> HAMasterStatistics:
+    """Replication as the master sees it (it has an HA service in these tests)."""
     stats = master.statistics().ha
-    return sum(1 for c in stats.connections if c.acked_offset is not None)
+    assert stats is not None
+    return stats
+
+
+def ha_slave_of(slave: MessageStore) -> HASlaveStatistics:
+    stats = slave.statistics().ha_slave
+    assert stats is not None
+    return stats
+
+
+def slave_count(master: MessageStore) -> int:
+    return sum(1 for c in ha_of(master).connections if c.acked_offset is not None)
 
 
 async def assert_same_files(master_root, slave_root):
@@ -73,9 +88,9 @@ async def test_handle_ha_slave_copies_master_byte_for_byte(tmp_path):
             for r in results[::37]:
                 stored = await slave.look_message_by_offset(r.commitlog_offset)
                 assert stored is not None and stored.msg_id == r.msg_id
-            ha = master.statistics().ha.connections[0]
+            ha = ha_of(master).connections[0]
             assert ha.acked_offset == master.max_commitlog_offset and ha.lag_bytes == 0
-            slave_stats = slave.statistics().ha_slave
+            slave_stats = ha_slave_of(slave)
             assert slave_stats.state == "transfer" and slave_stats.local_max_offset == master.max_commitlog_offset
     await assert_same_files(tmp_path / "m", tmp_path / "s")
 
@@ -91,9 +106,10 @@ async def test_semi_sync_replica_slave_loss_gives_slave_not_available(tmp_path):
             for r in first:
                 on_master = await master.look_message_by_offset(r.commitlog_offset)
                 on_slave = await slave.look_message_by_offset(r.commitlog_offset)
+                assert on_master is not None and on_slave is not None
                 assert (on_slave.body, on_slave.topic, on_slave.tags, on_slave.keys) == (
                     on_master.body, on_master.topic, on_master.tags, on_master.keys)
-        await wait_until(lambda: not master.statistics().ha.connections,
+        await wait_until(lambda: not ha_of(master).connections,
                          "the master to drop its connections")
         later = [await master.put_message(Message("Semi", body(i))) for i in range(5)]
         assert {r.status for r in later} == {PutMessageStatus.SLAVE_NOT_AVAILABLE}
@@ -128,9 +144,9 @@ async def test_slave_restart_resumes_from_its_own_max_offset(tmp_path):
         for i in range(100, 300):  # the slave is away
             await master.put_message(Message("R", body(i)))
         async with open_store(slave_config(tmp_path / "s", master)) as slave:
-            await wait_until(lambda: master.statistics().ha.connections,
+            await wait_until(lambda: ha_of(master).connections,
                              "the master to list a connection")
-            requested = master.statistics().ha.connections[0].requested_offset
+            requested = ha_of(master).connections[0].requested_offset
             assert requested == end_before  # it asked for what it lacked, not from scratch
             await slave.wait_dispatched(master.max_commitlog_offset)
             assert slave.max_queue_offset("R", 0) == 300
@@ -140,6 +156,7 @@ async def test_slave_restart_resumes_from_its_own_max_offset(tmp_path):
 
 async def test_master_restart_and_the_slave_reconnects(tmp_path):
     async with open_store(master_config(tmp_path / "m")) as master:
+        assert master.ha_address is not None
         port = master.ha_address[1]
         slave_cfg = slave_config(tmp_path / "s", master)
         async with open_store(slave_cfg) as slave:
@@ -147,9 +164,9 @@ async def test_master_restart_and_the_slave_reconnects(tmp_path):
             assert (await master.put_message(Message("M", b"one"))).ok
     async with open_store(slave_cfg) as slave:
         # The master is down: the slave backs off and keeps serving reads.
-        await wait_until(lambda: slave.statistics().ha_slave.state == "backoff",
+        await wait_until(lambda: ha_slave_of(slave).state == "backoff",
                          "the slave to back off")
-        assert slave.statistics().ha_slave.last_error
+        assert ha_slave_of(slave).last_error
         assert [m.body for m in await slave.get_messages("M", 0, 0, 5)] == [b"one"]
         async with open_store(master_config(tmp_path / "m", ha_listen_port=port)) as master:
             await wait_until(lambda: slave_count(master) == 1, "one slave to ack")
@@ -193,7 +210,7 @@ async def test_empty_slave_starts_at_the_masters_last_segment_by_default(tmp_pat
     async with open_store(config) as master:
         for i in range(300):
             await master.put_message(Message("Last", body(i)))
-        last_segment = master.commitlog.segments.last.base_offset
+        last_segment = master.commitlog.segments.segments[-1].base_offset
         assert last_segment > 0
         async with open_store(slave_config(tmp_path / "s", master)) as slave:
             await slave.wait_dispatched(master.max_commitlog_offset)
@@ -223,15 +240,16 @@ async def test_slave_behind_the_masters_retained_log_diverges_fixes_rocketmq_338
         assert await retention.delete_expired_files(master, force=True) == 2
         assert master.min_commitlog_offset > slave_end
         async with open_store(slave_config(tmp_path / "s", master)) as slave:
-            await wait_until(lambda: slave.statistics().ha_slave.state == "diverged",
+            await wait_until(lambda: ha_slave_of(slave).state == "diverged",
                              "the slave to report the divergence")
-            stats = slave.statistics().ha_slave
+            stats = ha_slave_of(slave)
+            assert stats.divergence is not None
             assert str(master.min_commitlog_offset) in stats.divergence
             assert str(slave_end) in stats.divergence
             assert "gone from the master" in stats.divergence
             # It stays put: no reconnect loop, and it still serves what it has.
             await trio.sleep(0.3)
-            assert slave.statistics().ha_slave.state == "diverged"
+            assert ha_slave_of(slave).state == "diverged"
             assert slave.max_commitlog_offset == slave_end
 
 
@@ -245,11 +263,12 @@ async def test_slave_ahead_of_its_master_diverges_instead_of_looping_fixes_rocke
     # A new, empty master (it lost everything): the slave holds bytes it does not have.
     async with open_store(master_config(tmp_path / "m2", broker_role=BrokerRole.ASYNC_MASTER)) as fresh:
         async with open_store(slave_config(tmp_path / "s", fresh)) as slave:
-            await wait_until(lambda: slave.statistics().ha_slave.state == "diverged",
+            await wait_until(lambda: ha_slave_of(slave).state == "diverged",
                              "the slave to report the divergence")
-            stats = slave.statistics().ha_slave
+            stats = ha_slave_of(slave)
+            assert stats.divergence is not None
             assert str(slave_end) in stats.divergence and "master lost its tail" in stats.divergence
-            assert fresh.statistics().ha.connections == ()
+            assert ha_of(fresh).connections == ()
             assert slave.max_commitlog_offset == slave_end  # nothing was overwritten
 
 

@@ -28,6 +28,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -35,6 +36,8 @@ import trio
 
 from conftest import wait_until
 from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
+from trio_ha.store import MessageStore
+from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics, SlaveConnectionStatistics
 from trio_ha.testing import open_fault_proxy
 
 SEGMENT = 64 * 1024
@@ -49,6 +52,7 @@ FAST = dict(ha_send_heartbeat_interval=100, ha_housekeeping_interval=1000, ha_re
 
 _CHILD_PATH = Path(__file__).with_name("ha_slave_process.py")
 _spec = importlib.util.spec_from_file_location("ha_slave_process", _CHILD_PATH)
+assert _spec is not None and _spec.loader is not None
 ha_slave_process = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ha_slave_process)
 
@@ -57,7 +61,7 @@ _spec.loader.exec_module(ha_slave_process)
 
 
 def master_config(root, role=BrokerRole.SYNC_MASTER, **overrides) -> StoreConfig:
-    values = dict(
+    values: dict[str, Any] = dict(
         store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT,
         mapped_file_size_consume_queue=20 * 200, broker_role=role, ha_listen_port=0,
         ha_bind_address="127.0.0.1", ha_start_from_min_offset=True, slave_timeout=500, **FAST,
@@ -67,7 +71,7 @@ def master_config(root, role=BrokerRole.SYNC_MASTER, **overrides) -> StoreConfig
 
 
 def slave_config(root, master_address: str | None, **overrides) -> StoreConfig:
-    values = dict(
+    values: dict[str, Any] = dict(
         store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT,
         mapped_file_size_consume_queue=20 * 200, broker_role=BrokerRole.SLAVE,
         ha_master_address=master_address, **FAST,
@@ -86,9 +90,27 @@ def body(i: int) -> bytes:
     return (f"<{i}>".encode() * size)[:size]
 
 
-def connections(store) -> dict[str, object]:
+def ha_of(master: MessageStore) -> HAMasterStatistics:
+    """Replication as the master sees it (every master here has an HA service)."""
+    stats = master.statistics().ha
+    assert stats is not None
+    return stats
+
+
+def ha_slave_of(slave: MessageStore) -> HASlaveStatistics:
+    stats = slave.statistics().ha_slave
+    assert stats is not None
+    return stats
+
+
+def ha_address_of(master: MessageStore) -> tuple[str, int]:
+    assert master.ha_address is not None
+    return master.ha_address
+
+
+def connections(store: MessageStore) -> dict[str, SlaveConnectionStatistics]:
     """The master's slave connections by peer address."""
-    return {c.address: c for c in store.statistics().ha.connections}
+    return {c.address: c for c in ha_of(store).connections}
 
 
 def max_offset(store) -> int:
@@ -131,7 +153,7 @@ def assert_identical_commitlogs(master_root, slave_root) -> None:
     for name, data in ours.items():
         other = theirs[name]
         if other != data:
-            first = next(i for i, (a, b) in enumerate(zip(data, other)) if a != b) \
+            first = next(i for i, (a, b) in enumerate(zip(data, other, strict=True)) if a != b) \
                 if len(other) == len(data) else min(len(data), len(other))
             pytest.fail(f"segment {name} differs at byte {first} (log offset "
                         f"{int(name) + first}); sizes {len(data)} / {len(other)}")
@@ -158,8 +180,8 @@ class Putter:
     within one fault is recorded in ``during_fault``. With an in-process ``slave``, a
     SYNC_MASTER PUT_OK whose record end the slave's log has not reached is a violation."""
 
-    master: object
-    slave: object | None = None
+    master: MessageStore
+    slave: MessageStore | None = None
     sync: bool = True
     puts: int = 0
     results: list = attrs.field(factory=list)
@@ -211,7 +233,9 @@ class Putter:
             return await self.put_until_ok()
         result = await self.put()
         end = result.commitlog_offset + result.size
-        await wait_until(lambda: max_offset(self.slave) >= end, "the slave to replicate")
+        slave = self.slave
+        assert slave is not None, "an ASYNC_MASTER putter follows its slave"
+        await wait_until(lambda: max_offset(slave) >= end, "the slave to replicate")
         return result
 
     def statuses(self, fault: int | None = None) -> list:
@@ -235,7 +259,7 @@ async def putting(putter: Putter, tasks: int = 2, **kwargs):
 async def proxied_pair(tmp_path, role, *, master_overrides=None, slave_overrides=None, seed=0):
     """Master, fault proxy, and a slave that replicates through the proxy."""
     async with open_store(master_config(tmp_path / "m", role, **(master_overrides or {}))) as master:
-        async with open_fault_proxy(master.ha_address, seed=seed) as proxy:
+        async with open_fault_proxy(ha_address_of(master), seed=seed) as proxy:
             config = slave_config(tmp_path / "s", proxy.address_text, **(slave_overrides or {}))
             async with open_store(config) as slave:
                 yield master, proxy, slave
@@ -346,20 +370,25 @@ async def test_cuts_at_exact_places_of_the_frame_stream_lose_and_duplicate_nothi
                 putter.fault = None
                 if what == "body":
                     # Inside a data frame: its header and exactly `at` body bytes got through.
-                    assert cut.frame_size > at and cut.body_bytes == at, cut
+                    assert cut.frame_size is not None and cut.frame_size > at, cut
+                    assert cut.body_bytes == at, cut
                 elif what == "header":
                     assert cut.header_bytes == at and cut.frame_size is None, cut
                 # The slave reconnects through the proxy and asks for the exact byte after
                 # what it got: no earlier than the cut frame (it had every whole frame before
                 # it), no later than what crossed the proxy.
-                await wait_until(lambda: proxy.accepted > cut.connection, "the slave to reconnect")
+                await wait_until(lambda cut=cut: proxy.accepted > cut.connection,
+                                 "the slave to reconnect")
                 again = proxy.connections[cut.connection]
                 await wait_until(
-                    lambda: again.server_address in connections(master)
+                    lambda again=again: again.server_address is not None
+                    and again.server_address in connections(master)
                     and connections(master)[again.server_address].requested_offset is not None,
                     "the slave's first report on the new connection",
                 )
+                assert again.server_address is not None
                 requested = connections(master)[again.server_address].requested_offset
+                assert requested is not None  # waited for above
                 if cut.frame_offset is not None:
                     assert cut.frame_offset <= requested <= cut.frame_offset + cut.body_bytes
                 await putter.until_replicating()
@@ -397,11 +426,12 @@ async def test_late_fragmented_delivery_keeps_replicating(tmp_path, role):
 @contextlib.asynccontextmanager
 async def slave_process(store_dir: Path, master_address: str, log_path: Path):
     """Run tests/ha_slave_process.py until the block ends (SIGKILL at the latest)."""
-    with open(log_path, "ab") as stderr:
+    with await trio.to_thread.run_sync(open, log_path, "ab") as stderr:
         process = await trio.lowlevel.open_process(
             [sys.executable, str(_CHILD_PATH), str(store_dir), master_address],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
         )
+    assert process.stdin is not None and process.stdout is not None
     try:
         output = b""
         with trio.fail_after(60):
@@ -410,7 +440,7 @@ async def slave_process(store_dir: Path, master_address: str, log_path: Path):
                 if not data:
                     await process.wait()
                     pytest.fail(f"the slave process exited ({process.returncode}) before READY:"
-                                f"\n{log_path.read_text(errors='replace')}")
+                                f"\n{await trio.Path(log_path).read_text(errors='replace')}")
                 output += data
         yield process
     finally:
@@ -515,7 +545,7 @@ async def read_until_closed(stream: trio.SocketStream, timeout: float = 10.0) ->
 @contextlib.asynccontextmanager
 async def replicating(tmp_path, **master_overrides):
     """A SYNC_MASTER with a real slave (direct) and puts running that must all be PUT_OK."""
-    values = dict(slave_timeout=3000)
+    values: dict[str, Any] = dict(slave_timeout=3000)
     values.update(master_overrides)
     async with open_store(master_config(tmp_path / "m", **values)) as master:
         async with open_store(slave_config(tmp_path / "s", address_text(master.ha_address))) as slave:
@@ -612,7 +642,7 @@ async def test_bogus_ack_cannot_make_sync_master_put_ok_fixes_rocketmq_1155_3015
         (result,) = putter.results[-1:]
         assert result.commitlog_offset + result.size == end
         assert result.status in NOT_REPLICATED
-        assert master.statistics().ha.replicated_offset < end
+        assert ha_of(master).replicated_offset < end
         await read_until_closed(stream)
         await assert_dropped(master, hostile)
         await stream.aclose()
@@ -621,7 +651,7 @@ async def test_bogus_ack_cannot_make_sync_master_put_ok_fixes_rocketmq_1155_3015
 
 
 async def test_ack_of_bytes_never_sent_on_that_connection_cannot_make_sync_master_put_ok(tmp_path):
-    big = dict(mapped_file_size_commit_log=1024 * 1024)
+    big: dict[str, Any] = dict(mapped_file_size_commit_log=1024 * 1024)
     async with open_store(master_config(tmp_path / "m", slave_timeout=500, **big)) as master:
         no_wait = {"WAIT": "false"}
         for i in range(250):  # 4 MB: more than the peer's and the master's socket buffers hold
@@ -629,7 +659,7 @@ async def test_ack_of_bytes_never_sent_on_that_connection_cannot_make_sync_maste
         sock = trio.socket.socket()
         sock.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_RCVBUF, 1)
         with sock:
-            await sock.connect(master.ha_address)
+            await sock.connect(ha_address_of(master))
             hostile = address_text(sock.getsockname())
             await sock.send(REPORT.pack(0))  # everything, please; then never read
             await wait_until(lambda: hostile in connections(master)
@@ -653,7 +683,7 @@ async def test_peer_that_resets_before_it_is_served_costs_only_its_connection(tm
         # Connect and reset (SO_LINGER 0) before the master's accept loop runs: the kernel
         # completes the handshake; the master accepts an already-reset socket.
         raw = stdsocket.socket()
-        raw.connect(master.ha_address)
+        raw.connect(ha_address_of(master))
         raw.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_LINGER, struct.pack("ii", 1, 0))
         raw.close()
         await trio.sleep(0.3)
@@ -667,7 +697,7 @@ async def test_peer_that_never_reads_blocks_only_its_own_writer(tmp_path):
     """A peer asks for the whole log and never reads: the master's writer for it blocks on
     a full socket buffer. The real slave is unaffected, and the master still closes cleanly
     with that writer blocked."""
-    big = dict(mapped_file_size_commit_log=1024 * 1024)
+    big: dict[str, Any] = dict(mapped_file_size_commit_log=1024 * 1024)
     master_dir = tmp_path / "m"
     sock = trio.socket.socket()
     sock.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_RCVBUF, 1)
@@ -692,7 +722,7 @@ async def test_peer_that_never_reads_blocks_only_its_own_writer(tmp_path):
                     for i in range(250):  # 4 MB: more than a socket pair's buffers hold
                         result = await master.put_message(Message("Big", bytes([i]) * 16384))
                         assert result.status is OK
-                    await sock.connect(master.ha_address)
+                    await sock.connect(ha_address_of(master))
                     hostile = address_text(sock.getsockname())
                     await sock.send(REPORT.pack(0))
                     async with trio.open_nursery() as nursery:
@@ -730,7 +760,8 @@ async def test_peer_that_never_reads_blocks_only_its_own_writer(tmp_path):
         sock.close()
     assert not watchdog_fired, "closing the master waited for a writer blocked by its peer"
     async with open_store(master_config(master_dir, **big)) as master:
-        assert not master.statistics().recovery.abnormal  # it closed cleanly
+        recovery = master.statistics().recovery
+        assert recovery is not None and not recovery.abnormal  # it closed cleanly
 
 
 # ---- 3b. a fake master -------------------------------------------------------------------------
@@ -798,11 +829,12 @@ async def test_frame_at_an_unexpected_offset_diverges_once_not_a_reconnect_loop_
     wrong = end + 1000 if direction == "ahead" else end - 100
     async with fake_master(FRAME.pack(wrong, 0)) as fake:
         async with open_store(slave_config(tmp_path / "s", address_text(fake.address))) as slave:
-            await wait_until(lambda: slave.statistics().ha_slave.state == "diverged",
+            await wait_until(lambda: ha_slave_of(slave).state == "diverged",
                              "the slave to report the divergence")
             await trio.sleep(1.0)  # ten reconnect intervals
-            stats = slave.statistics().ha_slave
+            stats = ha_slave_of(slave)
             assert stats.state == "diverged"
+            assert stats.divergence is not None
             assert str(end) in stats.divergence and str(wrong) in stats.divergence
             assert fake.accepted == 1, "the diverged slave kept reconnecting"
             assert fake.reports[:1] == [end]
@@ -841,7 +873,7 @@ async def test_master_housekeeping_drops_a_slave_that_goes_silent(tmp_path):
             await wait_until(lambda: len(connections(master)) == 1, "the master to list the peer")
             received = await read_until_closed(stream)  # heartbeats, then the close
             assert len(received) % FRAME.size == 0
-        await wait_until(lambda: not master.statistics().ha.connections,
+        await wait_until(lambda: not ha_of(master).connections,
                          "the master to drop the connection")
 
 
@@ -855,7 +887,7 @@ async def test_slave_housekeeping_leaves_a_silent_master_and_reconnects(tmp_path
             # It reported all the while (every 100 ms): RocketMQ 4.9.8 times out on its own
             # writes and would never notice.
             assert len(fake.reports) >= 2
-            assert slave.statistics().ha_slave.last_error
+            assert ha_slave_of(slave).last_error
 
 
 async def test_slave_backs_off_and_retries_when_nobody_listens(tmp_path):
@@ -867,7 +899,7 @@ async def test_slave_backs_off_and_retries_when_nobody_listens(tmp_path):
             seen = set()
 
             def backed_off() -> bool:
-                stats = slave.statistics().ha_slave
+                stats = ha_slave_of(slave)
                 seen.add(stats.state)
                 return stats.state == "backoff" and stats.last_error is not None
 

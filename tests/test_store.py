@@ -1,9 +1,11 @@
 """The store against the scenarios of RocketMQ's own store tests (DefaultMessageStoreTest,
 BatchPutMessageTest, ...) and its contract (docs/formats.md)."""
 
+import itertools
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 
@@ -22,12 +24,25 @@ from trio_ha import (
     StoreLockedError,
     open_store,
 )
-from trio_ha.store import retention
+from trio_ha.store import MessageStore, retention
+from trio_ha.store.recovery import RecoveryReport
 from trio_ha.wire import record as rec
 
 
 def body_for(i: int, size: int) -> bytes:
     return (f"{i}:".encode() * (size // 2 + 1))[:size]
+
+
+async def stored_at(store: MessageStore, commitlog_offset: int) -> rec.StoredMessage:
+    """The message at ``commitlog_offset``, which the test knows is there."""
+    message = await store.look_message_by_offset(commitlog_offset)
+    assert message is not None, f"no message at {commitlog_offset}"
+    return message
+
+
+def recovery_of(store: MessageStore) -> RecoveryReport:
+    assert store.recovery is not None  # an open store has recovered
+    return store.recovery
 
 
 async def test_write_and_read_across_segments(make_config):
@@ -53,7 +68,7 @@ async def test_write_and_read_across_segments(make_config):
             expected = [r for i, r in enumerate(results) if i % 2 == queue_id]
             assert [m.commitlog_offset for m in found] == [r.commitlog_offset for r in expected]
         for i, result in enumerate(results):
-            message = await store.look_message_by_offset(result.commitlog_offset)
+            message = await stored_at(store, result.commitlog_offset)
             assert message.body == body_for(i, 200 + i % 50)
             assert message.keys == (f"k{i}",) and message.tags == f"T{i % 3}"
             assert message.msg_id == result.msg_id and message.crc_ok
@@ -82,7 +97,7 @@ async def test_transaction_half_and_rollback_records_get_no_queue_offset(make_co
         assert store.max_queue_offset("Tx", 0) == 2
         assert [m.body for m in await store.get_messages("Tx", 0, 0, 10)] == [b"n", b"c"]
         # The half message is in the commitlog all the same.
-        assert (await store.look_message_by_offset(half.commitlog_offset)).body == b"h"
+        assert (await stored_at(store, half.commitlog_offset)).body == b"h"
 
 
 async def test_batch_put_gets_consecutive_offsets_all_or_nothing(make_config):
@@ -97,7 +112,9 @@ async def test_batch_put_gets_consecutive_offsets_all_or_nothing(make_config):
         assert [m.queue_offset for m in stored] == list(range(64))
         assert [m.msg_id for m in stored] == list(result.msg_ids)
         offsets = [m.commitlog_offset for m in stored]
-        assert all(b == a + s.size for a, b, s in zip(offsets, offsets[1:], stored))
+        assert all(
+            b == a + s.size for (a, b), s in zip(itertools.pairwise(offsets), stored, strict=False)
+        )
         # Mixed topics, transactions and empty batches are refused.
         mixed = await store.put_messages([Message("A", b""), Message("B", b"")])
         assert mixed.status is PutMessageStatus.MESSAGE_ILLEGAL
@@ -148,7 +165,7 @@ async def test_invalid_topics_are_rejected(make_config):
         for topic in ("", "../escape", "a/b", "x" * 128, "spaces are bad"):
             result = await store.put_message(Message(topic, b"x"))
             assert result.status is PutMessageStatus.MESSAGE_ILLEGAL, topic
-        assert not os.path.exists(os.path.join(store.root, "escape"))
+        assert not await trio.Path(store.root, "escape").exists()
 
 
 async def test_get_message_statuses(make_config):
@@ -173,7 +190,7 @@ async def test_repeated_open_and_close_keeps_everything(make_config):
     offsets = []
     for round_ in range(5):
         async with open_store(config) as store:
-            assert store.recovery.abnormal is False
+            assert recovery_of(store).abnormal is False
             result = await store.put_message(Message("R", f"round {round_}".encode()))
             assert result.queue_offset == round_
             offsets.append(result.commitlog_offset)
@@ -206,7 +223,7 @@ async def test_lock_excludes_another_process(make_config):
             "        print('LOCKED', e); sys.exit(3)\n"
             "trio.run(main)\n"
         )
-        proc = await trio.run_process([os.sys.executable, "-c", code], capture_stdout=True, check=False)
+        proc = await trio.run_process([sys.executable, "-c", code], capture_stdout=True, check=False)
         assert proc.returncode == 3 and b"in use by another process" in proc.stdout
 
 
@@ -326,11 +343,11 @@ async def test_shutdown_with_dispatch_behind_keeps_abort_file(make_config):
         # A dispatcher that stopped on an error leaves work undone: the next open must
         # run crash recovery (RocketMQ's testDispatchBehindWhenShutdown).
         store.dispatcher.error = "simulated: queue write failed"
-    assert os.path.exists(os.path.join(config.store_path_root_dir, "abort"))
+    assert await trio.Path(config.store_path_root_dir, "abort").exists()
     async with open_store(config) as store:
-        assert store.recovery.abnormal
+        assert recovery_of(store).abnormal
         assert [m.body for m in await store.get_messages("A", 0, 0, 5)] == [b"x"]
-    assert not os.path.exists(os.path.join(config.store_path_root_dir, "abort"))
+    assert not await trio.Path(config.store_path_root_dir, "abort").exists()
 
 
 async def test_checkpoint_records_flushed_timestamps(make_config):
@@ -345,7 +362,7 @@ async def test_checkpoint_records_flushed_timestamps(make_config):
 
     on_disk = Checkpoint.load(os.path.join(config.store_path_root_dir, "checkpoint"))
     assert on_disk.physic_msg_timestamp == result.store_timestamp
-    assert os.path.getsize(os.path.join(config.store_path_root_dir, "checkpoint")) == 4096
+    assert (await trio.Path(config.store_path_root_dir, "checkpoint").stat()).st_size == 4096
     assert on_disk.min_timestamp == result.store_timestamp - 3000
 
 
@@ -365,10 +382,10 @@ async def test_retention_deletes_old_segments_and_queue_files_but_waits_for_hold
         with held.hold():
             deleted = await retention.delete_expired_files(store, force=True)
             assert deleted == 3
-            assert os.path.exists(held.path)  # a reader still holds it
+            assert await trio.Path(held.path).exists()  # a reader still holds it
             assert held.read(0, 4) != b""
-        assert not os.path.exists(held.path)
-        assert not any(os.path.exists(s.path) for s in segments[:3])
+        assert not await trio.Path(held.path).exists()
+        assert not any([await trio.Path(s.path).exists() for s in segments[:3]])
         assert store.min_commitlog_offset == segments[3].base_offset
         low = store.min_queue_offset("Old", 0)
         assert low > 0
@@ -430,7 +447,7 @@ async def test_everything_put_reads_back_identically(ops, flush):
                 if as_batch and len({m.topic for m in messages}) == 1:
                     result = await store.put_messages(messages, queue_id=queue_id)
                     assert result.ok, result
-                    for i, (m, msg_id) in enumerate(zip(messages, result.msg_ids)):
+                    for i, (m, msg_id) in enumerate(zip(messages, result.msg_ids, strict=True)):
                         _, offset = rec.decode_message_id(msg_id)
                         expected.append((offset, result.queue_offset + i, m, queue_id))
                 else:
@@ -471,8 +488,8 @@ async def test_bodies_up_to_4_mib_round_trip(sizes):
             for i, size in enumerate(sizes):
                 results.append(await store.put_message(Message("Big", body_for(i, size))))
             assert all(r.ok for r in results)
-            for i, (size, result) in enumerate(zip(sizes, results)):
-                stored = await store.look_message_by_offset(result.commitlog_offset)
+            for i, (size, result) in enumerate(zip(sizes, results, strict=True)):
+                stored = await stored_at(store, result.commitlog_offset)
                 assert stored.body == body_for(i, size)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -493,7 +510,7 @@ async def test_lookup_by_time_reads_store_timestamps_behind_ipv6_born_hosts(make
             await store.put_message(Message("Six", b"x", born_host="[::1]:5000")) for _ in range(3)
         ]
         await store.wait_dispatched()
-        stored = await store.look_message_by_offset(results[0].commitlog_offset)
+        stored = await stored_at(store, results[0].commitlog_offset)
         assert stored.sys_flag & rec.SYSFLAG_BORNHOST_V6
         for i, result in enumerate(results):
             assert store.get_message_store_timestamp("Six", 0, i) == result.store_timestamp

@@ -10,10 +10,13 @@ import pytest
 import trio
 import trio.testing
 
-from trio_ha import BrokerRole, FlushDiskType, Message, PutMessageStatus, open_store
+from conftest import wait_until
+from trio_ha import BrokerRole, FlushDiskType, Message, PutMessageStatus, StoreConfig, open_store
+from trio_ha.store import MessageStore
 from trio_ha.store.group_commit import GroupCommitService
 from trio_ha.store.ha.group_transfer import GroupTransferService
-from trio_ha.store.sync_requests import SyncRequestService
+from trio_ha.store.ha.master import SlaveConnectionStatistics
+from trio_ha.store.sync_requests import SyncRequestService, SyncServiceStatistics
 from trio_ha.watermark import Watermark
 from trio_ha.wire.ha import SlaveProtocol
 
@@ -287,12 +290,11 @@ async def test_store_puts_wait_in_the_channel_and_statistics_show_them(make_conf
                 for i in range(20):
                     nursery.start_soon(one, i)
                 await trio.sleep(0.2)
-                stats = store.statistics().group_commit
-                assert stats is not None
+                stats = group_commit_of(store)
                 assert (stats.pending, stats.held, stats.queued, stats.blocked) == (20, 4, 4, 12)
                 assert stats.oldest_wait >= 0.15
         assert len(results) == 20 and all(r.ok for r in results)
-        assert store.statistics().group_commit.pending == 0
+        assert group_commit_of(store).pending == 0
         await store.wait_dispatched()
         assert store.max_queue_offset("Q", 0) == 20
 
@@ -312,7 +314,7 @@ async def test_the_channel_bound_holds_under_10000_concurrent_store_puts(make_co
 
         async def watch():
             while len(results) < puts:
-                stats = store.statistics().group_commit
+                stats = group_commit_of(store)
                 most["in_service"] = max(most["in_service"], stats.held + stats.queued)
                 most["blocked"] = max(most["blocked"], stats.blocked)
                 await trio.lowlevel.checkpoint()
@@ -325,7 +327,7 @@ async def test_the_channel_bound_holds_under_10000_concurrent_store_puts(make_co
         assert len(results) == puts and {r.status for r in results} == {OK}
         assert len({r.commitlog_offset for r in results}) == puts
         assert most["in_service"] <= 2 * 16 and most["blocked"] > 0
-        stats = store.statistics().group_commit
+        stats = group_commit_of(store)
         assert stats.pending == 0 and stats.completed == puts
         await store.wait_dispatched()
         assert sum(store.max_queue_offset("Many", q) for q in range(4)) == puts
@@ -341,29 +343,47 @@ async def test_closing_the_store_answers_sync_master_puts_still_waiting(tmp_path
             async with open_store(config) as master:
                 slave_side, master_side = trio.testing.memory_stream_pair()
                 async with trio.open_nursery() as connection:
+                    assert master.ha_service is not None
                     connection.start_soon(master.ha_service.handle_stream, master_side)
                     # A slave that reports once, then never acknowledges anything again.
                     await slave_side.send_all(SlaveProtocol().send_report(0))
-                    while not any(c.acked_offset is not None
-                                  for c in master.statistics().ha.connections):
-                        await trio.sleep(0.01)
+                    await wait_until(
+                        lambda: any(c.acked_offset is not None for c in _connections(master)),
+                        "the slave's first report",
+                    )
 
                     async def one(i):
                         results.append(await master.put_message(Message("Close", b"%d" % i)))
 
                     for i in range(6):
                         outside.start_soon(one, i)
-                    while master.statistics().group_transfer.pending < 6:
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: _pending_transfers(master) == 6,
+                                     "six puts waiting for slaves")
                     connection.cancel_scope.cancel()
             # The store is closed: every put has its answer, long before slaveTimeout.
             assert [r.status for r in results] == [PutMessageStatus.FLUSH_SLAVE_TIMEOUT] * 6
             assert all(r.status.stored for r in results)
 
 
-def _master_config(root):
-    from trio_ha import StoreConfig
+def group_commit_of(store: MessageStore) -> SyncServiceStatistics:
+    stats = store.statistics().group_commit
+    assert stats is not None  # a SYNC_FLUSH store
+    return stats
 
+
+def _connections(master: MessageStore) -> tuple[SlaveConnectionStatistics, ...]:
+    ha = master.statistics().ha
+    assert ha is not None
+    return ha.connections
+
+
+def _pending_transfers(master: MessageStore) -> int:
+    stats = master.statistics().group_transfer
+    assert stats is not None
+    return stats.pending
+
+
+def _master_config(root) -> StoreConfig:
     return StoreConfig(
         store_path_root_dir=str(root), mapped_file_size_commit_log=64 * 1024,
         mapped_file_size_consume_queue=2000, broker_role=BrokerRole.SYNC_MASTER,
