@@ -15,16 +15,35 @@ import logging
 import os
 import shutil
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
-if TYPE_CHECKING:
-    from .store import MessageStore
+from ..config import StoreConfig
+from .commitlog import CommitLog
+from .consume_queue import ConsumeQueueTable
+from .dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
 
 MAX_DELETIONS_PER_ROUND = 10
+
+
+class RetainedStore(Protocol):
+    """What retention works on: the MessageStore's log, its index and its dispatcher (a
+    protocol, so this module need not import the store that runs it)."""
+
+    @property
+    def config(self) -> StoreConfig: ...
+
+    @property
+    def commitlog(self) -> CommitLog: ...
+
+    @property
+    def queues(self) -> ConsumeQueueTable: ...
+
+    @property
+    def dispatcher(self) -> Dispatcher: ...
 
 
 def disk_used_ratio(path: str) -> float:
@@ -38,7 +57,7 @@ def _is_delete_hour(delete_when: str, now: float) -> bool:
 
 
 async def delete_expired_files(
-    store: MessageStore, *, now: float | None = None, force: bool = False
+    store: RetainedStore, *, now: float | None = None, force: bool = False
 ) -> int:
     """One retention round; returns how many commitlog segments were deleted. ``force``
     ignores the hour and the disk ratio (an operator's manual delete), never the age."""
@@ -74,7 +93,9 @@ async def delete_expired_files(
     return deleted
 
 
-async def run_retention(store: MessageStore, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def run_retention(
+    store: RetainedStore, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     task_status.started()
     while True:
         await trio.sleep(store.config.clean_resource_interval / 1000)

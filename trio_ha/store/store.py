@@ -13,6 +13,12 @@ the next open performs crash recovery, as it would after a kill.
 A put appends (``CommitLog.append``) and, when the store promises more than "in the page
 cache", waits for its answers from group commit and group transfer (``sync_requests``).
 
+This module is long because it is the store's one public face, as RocketMQ's
+DefaultMessageStore is: opening and closing, puts, reads and statistics all go through the
+object that owns the files and runs the services. What has logic of its own lives in its own
+module (``commitlog``, ``consume_queue``, ``dispatch``, ``recovery``, ``retention``, ``lock``,
+``group_commit``, ``ha``); what stays here is how they are put together and what a caller sees.
+
 Everything here runs on one trio event loop; blocking work (file creation, msync/fdatasync,
 recovery scans) is handed to worker threads.
 """
@@ -20,7 +26,6 @@ recovery scans) is handed to worker threads.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 from collections.abc import Sequence
@@ -44,6 +49,7 @@ from .group_commit import GroupCommitService
 from .ha.group_transfer import GroupTransferService
 from .ha.master import HAMasterStatistics, HAService
 from .ha.slave import HAClient, HASlaveStatistics
+from .lock import StoreLockedError, lock_root, unlock_root
 from .recovery import RecoveryReport, recover
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
 from .segment import sync_ranges
@@ -56,14 +62,6 @@ RECORD_OVERHEAD_LIMIT = 64 * 1024
 
 #: enough of a record's head to reach STORETIMESTAMP, whichever host kinds SYSFLAG chooses
 _STORE_TIMESTAMP_HEAD = layout.store_timestamp_at(layout.SYSFLAG_BORNHOST_V6) + 8
-
-# Directories open in this process: POSIX locks do not exclude the process that holds them.
-_open_roots: set[str] = set()
-
-
-class StoreLockedError(RuntimeError):
-    """The store directory is already open (in this or another process)."""
-
 
 @attrs.frozen
 class StoreStatistics:
@@ -124,7 +122,7 @@ class MessageStore:
     def _open_blocking(cls, config: StoreConfig) -> MessageStore:
         root = os.path.realpath(config.store_path_root_dir)
         os.makedirs(root, exist_ok=True)
-        lock_fd = _lock_root(root)
+        lock_fd = lock_root(root)
         try:
             commitlog = CommitLog.load(config)
             try:
@@ -171,7 +169,7 @@ class MessageStore:
                 raise
             return store
         except BaseException:
-            _unlock_root(root, lock_fd)
+            unlock_root(root, lock_fd)
             raise
 
     def _recover(self) -> None:
@@ -784,29 +782,6 @@ def _max_record_size(config: StoreConfig) -> int:
 
 
 
-def _lock_root(root: str) -> int:
-    if root in _open_roots:
-        raise StoreLockedError(f"store {root} is already open in this process")
-    path = os.path.join(root, "lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
-    except OSError:
-        os.close(fd)
-        raise StoreLockedError(
-            f"store {root} is in use by another process (its lock file {path} is locked)"
-        ) from None
-    os.pwrite(fd, b"lock", 0)
-    _open_roots.add(root)
-    return fd
-
-
-def _unlock_root(root: str, fd: int) -> None:
-    _open_roots.discard(root)
-    if fd >= 0:
-        os.close(fd)  # closing the descriptor releases the POSIX lock
-
-
 @contextlib.asynccontextmanager
 async def open_store(config: StoreConfig):
     """Open (recovering if needed) the store at ``config.store_path_root_dir`` and run its
@@ -827,7 +802,7 @@ async def open_store(config: StoreConfig):
     finally:
         store._closed = True
         store._close_files()
-        _unlock_root(store._root, store._lock_fd)
+        unlock_root(store._root, store._lock_fd)
 
 
 __all__ = [
