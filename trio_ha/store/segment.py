@@ -161,14 +161,6 @@ class Segment:
     def is_full(self) -> bool:
         return self.wrote_position == self.size
 
-    @property
-    def is_retired(self) -> bool:
-        return self._retired
-
-    @property
-    def holders(self) -> int:
-        return self._holders
-
     def view(self, start: int = 0, end: int | None = None) -> memoryview:
         """A zero-copy view of ``[start, end)`` within the segment; release it (or drop it)
         before the segment can close."""
