@@ -1,5 +1,9 @@
 """The command line as a newcomer meets it."""
 
+import re
+import select
+import signal
+import socket
 import subprocess
 import sys
 
@@ -41,3 +45,49 @@ def test_dev_cluster_demo_round_trip_and_clean_stop(tmp_path):
     assert "consumed 100 messages back" in out
     assert "lag 0 B, HA transfer" in out
     assert "cluster stopped cleanly" in out
+
+
+def _first_line(proc: subprocess.Popen, timeout: float = 30) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"no output within {timeout} s"
+    return proc.stdout.readline()
+
+
+def test_namesrv_and_broker_commands_serve_until_sigterm(tmp_path):
+    """`trio-ha namesrv` and `trio-ha broker -c broker.conf`, as an operator runs them: each
+    says where it serves, serves there, and stops cleanly on SIGTERM."""
+    procs = []
+
+    def start(*args):
+        proc = subprocess.Popen([sys.executable, "-m", "trio_ha.cli", *args], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(proc)
+        return proc
+
+    try:
+        namesrv = start("namesrv", "--port", "0", "--bind", "127.0.0.1")
+        listening = re.fullmatch(r"name server listening on (\S+):(\d+)\n", _first_line(namesrv))
+        assert listening, "the name server did not say where it listens"
+        conf = tmp_path / "broker.conf"
+        conf.write_text(
+            "brokerRole=SYNC_MASTER\nlistenPort=0\nbindAddress=127.0.0.1\n"
+            f"haBindAddress=127.0.0.1\nstorePathRootDir={tmp_path / 'store'}\n"
+            f"mappedFileSizeCommitLog=1048576\nnamesrvAddr=127.0.0.1:{listening[2]}\n"
+        )
+        broker = start("broker", "-c", str(conf))
+        serving = re.fullmatch(r"broker broker-a \(SYNC_MASTER\) serving on 127\.0\.0\.1:(\d+), "
+                               r"HA 127\.0\.0\.1:(\d+)\n", _first_line(broker))
+        assert serving, "the broker did not say where it serves"
+        for port in (listening[2], serving[1], serving[2]):
+            socket.create_connection(("127.0.0.1", int(port)), timeout=5).close()
+        for proc in (broker, namesrv):
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err
+            assert "shutting down" in out
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
