@@ -28,7 +28,7 @@ from .wire.layout import (
 
 __all__ = [
     "GiB", "MiB", "INT64_MAX", "FlushDiskType", "BrokerRole", "ConfigError", "StoreConfig",
-    "parse_properties_text",
+    "parse_properties_text", "in_range", "camel_case", "parse_value",
 ]
 
 GiB = 1024**3
@@ -53,7 +53,8 @@ class ConfigError(ValueError):
     """A configuration value is missing, malformed or out of range."""
 
 
-def _in_range(low: int, high: int = INT64_MAX) -> _Validator:
+def in_range(low: int, high: int = INT64_MAX) -> _Validator:
+    """An attrs validator: an int (not a bool) within [low, high], else ConfigError."""
     def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{attribute.name} must be an integer, got {value!r}")
@@ -64,11 +65,11 @@ def _in_range(low: int, high: int = INT64_MAX) -> _Validator:
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    _in_range(1)(instance, attribute, value)
+    in_range(1)(instance, attribute, value)
 
 
 def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    _in_range(0)(instance, attribute, value)
+    in_range(0)(instance, attribute, value)
 
 
 def _cq_entries(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -81,7 +82,8 @@ def _transfer_method(instance: Any, attribute: attrs.Attribute[Any], value: Any)
         raise ConfigError(f"{attribute.name} must be 'send' or 'sendfile', got {value!r}")
 
 
-def _camel(name: str) -> str:
+def camel_case(name: str) -> str:
+    """``flush_disk_type`` -> ``flushDiskType``: a field's key in a RocketMQ properties file."""
     head, *rest = name.split("_")
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
@@ -104,11 +106,11 @@ class StoreConfig:
     #: commitlog directory; ``<store_path_root_dir>/commitlog`` when unset
     store_path_commit_log: str | None = None
     mapped_file_size_commit_log: int = attrs.field(
-        default=DEFAULT_COMMITLOG_SEGMENT_SIZE, validator=_in_range(4096)
+        default=DEFAULT_COMMITLOG_SEGMENT_SIZE, validator=in_range(4096)
     )
     mapped_file_size_consume_queue: int = attrs.field(
         default=DEFAULT_CQ_ENTRIES_PER_FILE * CQ_ENTRY_SIZE,
-        validator=[_in_range(CQ_ENTRY_SIZE), _cq_entries],
+        validator=[in_range(CQ_ENTRY_SIZE), _cq_entries],
     )
     flush_disk_type: FlushDiskType = attrs.field(
         default=FlushDiskType.ASYNC_FLUSH, converter=FlushDiskType
@@ -124,19 +126,19 @@ class StoreConfig:
     sync_flush_timeout: int = attrs.field(default=5000, validator=_positive)
     #: waiting SYNC_FLUSH / SYNC_MASTER puts each service (group commit, group transfer)
     #: holds, and again as many in its request channel; puts beyond wait to get in
-    sync_request_channel_capacity: int = attrs.field(default=1024, validator=_in_range(1, 2**20))
+    sync_request_channel_capacity: int = attrs.field(default=1024, validator=in_range(1, 2**20))
     #: how long a put may wait for the next commitlog segment before CREATE_MAPEDFILE_FAILED
     allocate_timeout: int = attrs.field(default=5000, validator=_positive)
     #: hours a commitlog segment is kept after its last write
     file_reserved_time: int = attrs.field(default=72, validator=_positive)
     #: hour(s) of day, ";"-separated, when expired files are deleted without disk pressure
     delete_when: str = "04"
-    disk_max_used_space_ratio: int = attrs.field(default=75, validator=_in_range(10, 95))
+    disk_max_used_space_ratio: int = attrs.field(default=75, validator=in_range(10, 95))
     clean_resource_interval: int = attrs.field(default=10_000, validator=_positive)
     delete_commit_log_files_interval: int = attrs.field(default=100, validator=_non_negative)
     #: body size limit (4 MiB), as RocketMQ's maxMessageSize
     max_message_size: int = attrs.field(
-        default=DEFAULT_MAX_MESSAGE_SIZE, validator=_in_range(1, INT32_MAX)
+        default=DEFAULT_MAX_MESSAGE_SIZE, validator=in_range(1, INT32_MAX)
     )
     check_crc_on_recover: bool = True
     #: write every page of a new segment in a worker thread before appends reach it
@@ -151,7 +153,7 @@ class StoreConfig:
     #: no HA listener (an embedded store). A broker derives listenPort + 1 only when this is
     #: not configured (RocketMQ #6537).
     ha_listen_port: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_in_range(0, 65535))
+        default=None, validator=attrs.validators.optional(in_range(0, 65535))
     )
     #: interface the HA service binds (RocketMQ binds every interface)
     ha_bind_address: str = "0.0.0.0"
@@ -159,13 +161,13 @@ class StoreConfig:
     ha_master_address: str | None = None
     ha_send_heartbeat_interval: int = attrs.field(default=5000, validator=_positive)
     ha_housekeeping_interval: int = attrs.field(default=20_000, validator=_positive)
-    ha_transfer_batch_size: int = attrs.field(default=32 * 1024, validator=_in_range(1, 64 * MiB))
+    ha_transfer_batch_size: int = attrs.field(default=32 * 1024, validator=in_range(1, 64 * MiB))
     #: 64-bit: a 25 GiB gap is 25 GiB, not a silently clamped int (RocketMQ #2611)
     ha_slave_fallbehind_max: int = attrs.field(default=256 * MiB, validator=_positive)
     #: how long a SYNC_MASTER put waits for slave acks before FLUSH_SLAVE_TIMEOUT
     slave_timeout: int = attrs.field(default=3000, validator=_positive)
     #: slave acks a SYNC_MASTER put needs (RocketMQ 4.9: any one slave)
-    ha_sync_acks: int = attrs.field(default=1, validator=_in_range(1, 64))
+    ha_sync_acks: int = attrs.field(default=1, validator=in_range(1, 64))
     #: an empty slave copies from the master's first segment instead of its last (RocketMQ's
     #: classic master starts it at the last segment; older data never reaches it)
     ha_start_from_min_offset: bool = False
@@ -188,7 +190,7 @@ class StoreConfig:
         if isinstance(properties, str):
             properties = parse_properties_text(properties)
         fields = attrs.fields_dict(cls)
-        by_camel = {_camel(name): name for name in fields}
+        by_camel = {camel_case(name): name for name in fields}
         by_camel.update(_RENAMED)
         hints = typing.get_type_hints(cls)
         # Each value is parsed to its field's type below; attrs validates the result.
@@ -197,12 +199,12 @@ class StoreConfig:
             name = by_camel.get(key.strip())
             if name is None:
                 continue
-            values[name] = _parse_value(name, hints[name], str(raw).strip())
+            values[name] = parse_value(name, hints[name], str(raw).strip())
         values.update(overrides)
         return cls(**values)
 
 
-def _parse_value(name: str, hint: Any, raw: str) -> object:
+def parse_value(name: str, hint: Any, raw: str) -> object:
     """``raw`` as the field's type hint says (int, bool, an enum, str, or optional ones)."""
     if hint == (int | None):
         hint = int

@@ -19,10 +19,10 @@ from ..config import (
     BrokerRole,
     ConfigError,
     StoreConfig,
-    _camel,
-    _in_range,
-    _parse_value,
+    camel_case,
+    in_range,
     parse_properties_text,
+    parse_value,
 )
 from ..wire.metadata import DEFAULT_TOPIC_QUEUE_NUMS
 from ..wire.permission import Permission
@@ -39,40 +39,40 @@ class BrokerConfig:
     broker_cluster_name: str = "DefaultCluster"
     broker_name: str = "broker-a"
     #: 0 for a master; a slave needs > 0
-    broker_id: int = attrs.field(default=0, validator=_in_range(0))
+    broker_id: int = attrs.field(default=0, validator=in_range(0))
     #: the address clients are given (and STOREHOST in records)
     broker_ip1: str = "127.0.0.1"
     #: the address slaves are given for HA (brokerIP1 when unset)
     broker_ip2: str | None = None
-    listen_port: int = attrs.field(default=10911, validator=_in_range(0, 65535))
+    listen_port: int = attrs.field(default=10911, validator=in_range(0, 65535))
     bind_address: str = "0.0.0.0"
     #: name servers, "host:port;host:port"
     namesrv_addr: str | None = None
-    register_name_server_period: int = attrs.field(default=30_000, validator=_in_range(1))
-    register_broker_timeout_mills: int = attrs.field(default=6000, validator=_in_range(1))
+    register_name_server_period: int = attrs.field(default=30_000, validator=in_range(1))
+    register_broker_timeout_mills: int = attrs.field(default=6000, validator=in_range(1))
     auto_create_topic_enable: bool = True
     auto_create_subscription_group: bool = True
     default_topic_queue_nums: int = attrs.field(
-        default=DEFAULT_TOPIC_QUEUE_NUMS, validator=_in_range(1, MAX_QUEUE_NUMS)
+        default=DEFAULT_TOPIC_QUEUE_NUMS, validator=in_range(1, MAX_QUEUE_NUMS)
     )
     broker_permission: int = attrs.field(
-        default=Permission.READ | Permission.WRITE, validator=_in_range(0, MAX_PERMISSION)
+        default=Permission.READ | Permission.WRITE, validator=in_range(0, MAX_PERMISSION)
     )
     long_polling_enable: bool = True
-    short_polling_time_mills: int = attrs.field(default=1000, validator=_in_range(1))
+    short_polling_time_mills: int = attrs.field(default=1000, validator=in_range(1))
     slave_read_enable: bool = False
-    access_message_in_memory_max_ratio: int = attrs.field(default=40, validator=_in_range(0, 100))
-    max_transfer_count_on_message_in_memory: int = attrs.field(default=32, validator=_in_range(1))
+    access_message_in_memory_max_ratio: int = attrs.field(default=40, validator=in_range(0, 100))
+    max_transfer_count_on_message_in_memory: int = attrs.field(default=32, validator=in_range(1))
     max_transfer_bytes_on_message_in_memory: int = attrs.field(
-        default=256 * 1024, validator=_in_range(1)
+        default=256 * 1024, validator=in_range(1)
     )
-    flush_consumer_offset_interval: int = attrs.field(default=5000, validator=_in_range(1))
+    flush_consumer_offset_interval: int = attrs.field(default=5000, validator=in_range(1))
     #: also listen on listenPort - 2 (RocketMQ's "VIP" channel)
     vip_channel_enable: bool = True
     #: remoting connections idle this long are closed
-    server_channel_max_idle_time_seconds: int = attrs.field(default=120, validator=_in_range(1))
+    server_channel_max_idle_time_seconds: int = attrs.field(default=120, validator=in_range(1))
     #: how often a slave copies topics, offsets and groups from its master (ms)
-    slave_sync_interval: int = attrs.field(default=10_000, validator=_in_range(1))
+    slave_sync_interval: int = attrs.field(default=10_000, validator=in_range(1))
     store: StoreConfig = attrs.field(factory=StoreConfig)
 
     def __attrs_post_init__(self) -> None:
@@ -107,14 +107,14 @@ class BrokerConfig:
         if isinstance(properties, str):
             properties = parse_properties_text(properties)
         hints = typing.get_type_hints(cls)
-        by_camel = {_camel(name): name for name in attrs.fields_dict(cls) if name != "store"}
+        by_camel = {camel_case(name): name for name in attrs.fields_dict(cls) if name != "store"}
         by_camel["brokerIP1"] = "broker_ip1"
         by_camel["brokerIP2"] = "broker_ip2"
         values: dict[str, Any] = {}
         for key, raw in properties.items():
             name = by_camel.get(key.strip())
             if name is not None:
-                values[name] = _parse_value(name, hints[name], str(raw).strip())
+                values[name] = parse_value(name, hints[name], str(raw).strip())
         values.update(overrides)
         # brokerRole says whether this is a master; RocketMQ forces a master's id to 0.
         store = StoreConfig.from_properties(properties)
