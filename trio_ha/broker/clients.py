@@ -11,7 +11,7 @@ from __future__ import annotations
 import attrs
 
 from ..remoting import RemotingConnection
-from ..wire.route import ConsumerData, HeartbeatData, SubscriptionData
+from ..wire.heartbeat import ConsumerData, HeartbeatData, SubscriptionData
 
 CLIENT_EXPIRY_SECONDS = 120.0
 
