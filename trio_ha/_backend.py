@@ -7,6 +7,9 @@ tests can hold the C code against an independent implementation. ``native_backen
 one loaded; with ``TRIO_HA_REQUIRE_NATIVE=1`` (as CI runs) a missing or stale native module is
 an import error, never a silent fallback.
 
+The module is long because it holds both engines side by side: the twin is meant to be read
+beside the C code, and the interface both implement is defined here too.
+
 Both engines share one interface, the ``RecordEngine`` protocol. Buffers are *handles* made
 once per mapping by ``handle_for(buffer)`` and given back by ``release_handle``: a cffi pointer
 for the native engine, a memoryview for Python. Where the Python twin reads or writes stored

@@ -282,7 +282,6 @@ async def _consume_pull(cluster: BenchCluster, plan: ClientsPlan, source: str,
     async with open_client_instance(cluster.namesrv_addr) as client:
         async with open_pull_consumer(client, group) as consumer:
             queues = await consumer.queues(cluster.topic)
-            pin = consumer._pull_from  # suggestWhichBrokerId, per queue (a bench may look)
 
             async def drain(queue, stop_at: float, limit: int | None, record: bool) -> None:
                 nonlocal gaps
@@ -290,7 +289,7 @@ async def _consume_pull(cluster: BenchCluster, plan: ClientsPlan, source: str,
                 if limit is not None:
                     end = min(end, offset + limit)
                 while offset < end and time.perf_counter() < stop_at:
-                    pin[queue] = broker_id
+                    consumer.prefer_broker(queue, broker_id)
                     t0 = clock_ns()
                     try:
                         result = await consumer.pull(queue, offset, PULL_BATCH,

@@ -160,6 +160,11 @@ class PullConsumer:
             raise MQClientError(f"no route info of topic {topic}")
         return queues
 
+    def prefer_broker(self, queue: MessageQueue, broker_id: int) -> None:
+        """Pull ``queue`` from ``broker_id`` of its broker group next (0: the master), as a
+        broker's suggestWhichBrokerId does; the next pull response's suggestion replaces it."""
+        self._pull_from[queue] = broker_id
+
     def _pull_address(self, queue: MessageQueue) -> tuple[str, int] | None:
         return self.instance.find_broker_addr(
             queue.broker_name, self._pull_from.get(queue, MASTER_ID)

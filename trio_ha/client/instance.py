@@ -1,5 +1,8 @@
 """The client instance: what every producer, consumer and admin of one process shares.
 
+One concept at ~600 lines: the instance is the shared state of a client process (id,
+connections, routes, heartbeats), and splitting it would spread one lifecycle over modules.
+
 RocketMQ's Java client keeps one ``MQClientInstance`` per process and name server set: one
 client id, one connection per broker, one topic route cache, one heartbeat. This module is
 that, as a trio async context manager::
