@@ -18,6 +18,8 @@ from trio_ha.broker.metadata import (
     BrokerMetadata,
     ConsumerOffsetManager,
     DelayOffsetManager,
+    InvalidMetadataError,
+    MetadataLimitError,
     MetadataLoadError,
     SubscriptionGroupManager,
     TopicConfigManager,
@@ -459,6 +461,43 @@ async def test_merge_from_master_is_monotonic_rocketmq_1094(cfg):
     assert slave.merge_from_master(master) == 0 and not slave.dirty
     # it survives a restart of the slave
     assert ConsumerOffsetManager.load(cfg).query("g", "t", 0) == 500
+
+
+async def test_point_13_offset_cap_counts_commits_merges_and_removals(cfg):
+    offsets = ConsumerOffsetManager.load(cfg, max_offsets=4)
+    offsets.commit("g", "t", 0, 1)
+    offsets.commit("g", "t", 1, 1)
+    offsets.merge_from_master(ConsumerOffsetTable({"t@g": {1: 5, 2: 5}, "u@h": {0: 1}}))
+    assert offsets.count == 4  # the master's offsets are taken past the cap: it bounded them
+    with pytest.raises(MetadataLimitError, match="maxConsumerOffsetNums=4"):
+        offsets.commit("g", "t", 3, 1)
+    offsets.commit("g", "t", 0, 9)  # what is held keeps moving
+    assert offsets.query("g", "t", 0) == 9
+    assert offsets.remove_group("h") == 1 and offsets.count == 3
+    offsets.commit("g", "t", 3, 1)
+    await offsets.persist()
+    reloaded = ConsumerOffsetManager.load(cfg, max_offsets=2)  # a smaller cap: all load
+    assert reloaded.count == 4
+    with pytest.raises(MetadataLimitError):
+        reloaded.commit("g2", "t", 0, 1)
+
+
+def test_point_13_subscription_group_cap(cfg):
+    groups = SubscriptionGroupManager.load(cfg, max_groups=len(SYSTEM_CONSUMER_GROUPS) + 1)
+    assert groups.find_or_create("first") is not None
+    assert groups.find_or_create("second") is None
+    assert "maxSubscriptionGroupNums" in groups.why_not_created()
+    with pytest.raises(MetadataLimitError):
+        groups.update(SubscriptionGroupConfig("second"))
+    assert groups.update(SubscriptionGroupConfig("first", consume_enable=False)) is not None
+    assert groups.delete("first") and groups.find_or_create("second") is not None
+
+
+def test_point_11_names_are_matched_whole(cfg):
+    offsets = ConsumerOffsetManager.load(cfg)
+    for group, topic in [("g\n", "t"), ("g", "t\n"), ("", "t"), ("g", " ")]:
+        with pytest.raises(InvalidMetadataError):
+            offsets.commit(group, topic, 0, 1)
 
 
 async def test_merge_adopts_5x_data_version(cfg):

@@ -24,10 +24,14 @@ integer keys), and files written by RocketMQ load here.
 """
 
 from .broker_metadata import BrokerMetadata
-from .consumer_offsets import ConsumerOffsetManager
+from .consumer_offsets import DEFAULT_MAX_CONSUMER_OFFSETS, ConsumerOffsetManager
 from .delay_offsets import DelayOffsetManager
 from .files import CONFIG_DIR_NAME, MetadataLoadError, atomic_write, config_dir_of, load_with_backup
-from .subscription_groups import SYSTEM_CONSUMER_GROUPS, SubscriptionGroupManager
+from .subscription_groups import (
+    DEFAULT_MAX_SUBSCRIPTION_GROUPS,
+    SYSTEM_CONSUMER_GROUPS,
+    SubscriptionGroupManager,
+)
 from .topics import (
     AUTO_CREATE_TOPIC_KEY_TOPIC,
     BENCHMARK_TOPIC,
@@ -35,30 +39,47 @@ from .topics import (
     OFFSET_MOVED_EVENT_TOPIC,
     SCHEDULE_TOPIC,
     SELF_TEST_TOPIC,
+    SYSTEM_TOPICS,
     TopicConfigManager,
     validate_topic_config,
 )
-from .validation import MAX_QUEUE_NUMS, is_valid_group
+from .validation import (
+    MAX_QUEUE_NUMS,
+    InvalidMetadataError,
+    MetadataLimitError,
+    MetadataRequestError,
+    group_problem,
+    is_valid_group,
+    topic_problem,
+)
 
 __all__ = [
     "AUTO_CREATE_TOPIC_KEY_TOPIC",
     "BENCHMARK_TOPIC",
     "CONFIG_DIR_NAME",
+    "DEFAULT_MAX_CONSUMER_OFFSETS",
+    "DEFAULT_MAX_SUBSCRIPTION_GROUPS",
     "MAX_QUEUE_NUMS",
     "NOT_ALLOWED_SEND_TOPICS",
     "OFFSET_MOVED_EVENT_TOPIC",
     "SCHEDULE_TOPIC",
     "SELF_TEST_TOPIC",
     "SYSTEM_CONSUMER_GROUPS",
+    "SYSTEM_TOPICS",
     "BrokerMetadata",
     "ConsumerOffsetManager",
     "DelayOffsetManager",
+    "InvalidMetadataError",
+    "MetadataLimitError",
     "MetadataLoadError",
+    "MetadataRequestError",
     "SubscriptionGroupManager",
     "TopicConfigManager",
     "atomic_write",
     "config_dir_of",
+    "group_problem",
     "is_valid_group",
     "load_with_backup",
+    "topic_problem",
     "validate_topic_config",
 ]

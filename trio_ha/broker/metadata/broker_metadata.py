@@ -19,9 +19,9 @@ from trio_ha.wire.metadata import DEFAULT_TOPIC_QUEUE_NUMS
 from trio_ha.wire.permission import Permission
 
 from .config_file import ConfigFile, now_ms
-from .consumer_offsets import ConsumerOffsetManager
+from .consumer_offsets import DEFAULT_MAX_CONSUMER_OFFSETS, ConsumerOffsetManager
 from .delay_offsets import DelayOffsetManager
-from .subscription_groups import SubscriptionGroupManager
+from .subscription_groups import DEFAULT_MAX_SUBSCRIPTION_GROUPS, SubscriptionGroupManager
 from .topics import TopicConfigManager
 
 __all__ = ["BrokerMetadata"]
@@ -45,6 +45,8 @@ class BrokerMetadata:
         auto_create_topic: bool = True,
         auto_create_subscription_group: bool = True,
         broker_permission: int = Permission.READ | Permission.WRITE,
+        max_subscription_groups: int = DEFAULT_MAX_SUBSCRIPTION_GROUPS,
+        max_consumer_offsets: int = DEFAULT_MAX_CONSUMER_OFFSETS,
         clock: Callable[[], int] = now_ms,
     ) -> BrokerMetadata:
         """Load every table from ``config_dir`` (``config_dir_of(storePathRootDir)``); missing
@@ -59,9 +61,10 @@ class BrokerMetadata:
                 broker_permission=broker_permission,
                 clock=clock,
             ),
-            ConsumerOffsetManager.load(config_dir),
+            ConsumerOffsetManager.load(config_dir, max_offsets=max_consumer_offsets),
             SubscriptionGroupManager.load(
-                config_dir, auto_create=auto_create_subscription_group, clock=clock
+                config_dir, auto_create=auto_create_subscription_group,
+                max_groups=max_subscription_groups, clock=clock,
             ),
             DelayOffsetManager.load(config_dir),
         )

@@ -6,6 +6,11 @@ broker writes the table every ``flushConsumerOffsetInterval``. A slave copies it
 table, merging **monotonically** per queue, so a master that restarted with older offsets
 cannot drag the slave's newer ones back (RocketMQ issue #1094, where ``putAll`` did exactly
 that and consumers saw duplicates).
+
+Every client may commit, so the table has a cap (``maxConsumerOffsetNums``, queue offsets in
+all, which RocketMQ lacks): a commit that would add an offset beyond it is refused, while the
+offsets already held keep moving. What a commit may name at all — a topic and a group the
+broker has — is the request processor's check.
 """
 
 from __future__ import annotations
@@ -28,9 +33,19 @@ from trio_ha.wire.metadata import (
 
 from .config_file import ConfigFile
 from .files import load_with_backup
-from .validation import check_group, check_offset, check_queue_id, check_topic
+from .validation import (
+    MetadataLimitError,
+    check_group,
+    check_offset,
+    check_queue_id,
+    check_topic,
+)
 
-__all__ = ["ConsumerOffsetManager"]
+__all__ = ["DEFAULT_MAX_CONSUMER_OFFSETS", "ConsumerOffsetManager"]
+
+#: ``maxConsumerOffsetNums``' default: 1000 groups each reading 100 queues, several times over;
+#: about 100 bytes of memory and 20 of JSON each
+DEFAULT_MAX_CONSUMER_OFFSETS = 500_000
 
 log = logging.getLogger(__name__)
 
@@ -46,24 +61,41 @@ def _group_of(key: str) -> str | None:
 @attrs.define(eq=False)
 class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
     """``consumerOffset.json``. ``commit`` takes whatever the consumer says (it may move back:
-    an offset reset); only ``merge_from_master`` is monotonic."""
+    an offset reset); only ``merge_from_master`` is monotonic. ``max_offsets`` is
+    ``maxConsumerOffsetNums``."""
 
     file_name: ClassVar[str] = CONSUMER_OFFSET_JSON
 
     _table: dict[str, dict[int, int]] = attrs.field(factory=dict)
     #: 5.x's DataVersion, kept when loaded or adopted from the master; None (not written) as 4.9
     _version: DataVersion | None = None
+    max_offsets: int = attrs.field(default=DEFAULT_MAX_CONSUMER_OFFSETS, kw_only=True)
+    #: queue offsets in the table, kept as it changes (a commit must not count them all)
+    _count: int = attrs.field(init=False)
+    _full_logged: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._count = sum(len(queues) for queues in self._table.values())
 
     @classmethod
-    def load(cls, config_dir: str | os.PathLike[str]) -> ConsumerOffsetManager:
+    def load(
+        cls, config_dir: str | os.PathLike[str], *,
+        max_offsets: int = DEFAULT_MAX_CONSUMER_OFFSETS,
+    ) -> ConsumerOffsetManager:
         """Read ``<config_dir>/consumerOffset.json`` (or its backup); an empty table when there
-        is none. Blocking. Raises ``MetadataLoadError`` if both copies are damaged."""
+        is none. Blocking. Raises ``MetadataLoadError`` if both copies are damaged. A file
+        with more offsets than ``max_offsets`` loads whole; no new ones are added to it."""
         path = os.path.join(os.fspath(config_dir), cls.file_name)
         loaded = load_with_backup(path, decode_consumer_offsets)
         if loaded is None:
-            return cls(path)
+            return cls(path, max_offsets=max_offsets)
         table = {key: dict(queues) for key, queues in loaded.offset_table.items()}
-        return cls(path, table, loaded.data_version)
+        return cls(path, table, loaded.data_version, max_offsets=max_offsets)
+
+    @property
+    def count(self) -> int:
+        """Queue offsets in the table."""
+        return self._count
 
     @property
     def data_version(self) -> DataVersion | None:
@@ -72,16 +104,34 @@ class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
         return self._version
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """UPDATE_CONSUMER_OFFSET / a pull's commit offset. Raises ``ValueError`` for an invalid
-        group, topic, queue id or a negative offset."""
+        """UPDATE_CONSUMER_OFFSET / a pull's commit offset. Raises ``InvalidMetadataError``
+        for an invalid group, topic, queue id or a negative offset, ``MetadataLimitError``
+        for a new queue offset when the table holds ``max_offsets``."""
         check_group(group)
         check_topic(topic)
         check_queue_id(queue_id)
         check_offset(offset)
-        queues = self._table.setdefault(offset_key(topic, group), {})
+        key = offset_key(topic, group)
+        queues = self._table.get(key)
+        if queues is None or queue_id not in queues:
+            self._check_room(key)
+            queues = self._table.setdefault(key, {})
+            self._count += 1
         if queues.get(queue_id) != offset:
             queues[queue_id] = offset
             self._dirty = True
+
+    def _check_room(self, key: str) -> None:
+        full = self._count >= self.max_offsets
+        if full and not self._full_logged:
+            log.warning("consumer offsets: the table holds maxConsumerOffsetNums=%d offsets; "
+                        "commits of new ones are refused", self.max_offsets)
+        self._full_logged = full
+        if full:
+            raise MetadataLimitError(
+                f"offset of {key} not stored: the broker holds maxConsumerOffsetNums="
+                f"{self.max_offsets} consumer offsets"
+            )
 
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
         """QUERY_CONSUMER_OFFSET: the committed offset, or None when the group never committed
@@ -102,7 +152,7 @@ class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
         returns how many topics were removed."""
         keys = [key for key in self._table if _group_of(key) == group]
         for key in keys:
-            del self._table[key]
+            self._count -= len(self._table.pop(key))
         if keys:
             self._dirty = True
         return len(keys)
@@ -132,6 +182,8 @@ class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
                 if mine is None:
                     mine = self._table[key] = {}
                 current = mine.get(queue_id)
+                if current is None:
+                    self._count += 1
                 if current is None or offset > current:
                     mine[queue_id] = offset
                     changed += 1

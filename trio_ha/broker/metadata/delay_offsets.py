@@ -23,7 +23,7 @@ from trio_ha.wire.metadata import (
 
 from .config_file import ConfigFile
 from .files import load_with_backup
-from .validation import check_offset
+from .validation import InvalidMetadataError, check_offset
 
 __all__ = ["DelayOffsetManager"]
 
@@ -52,7 +52,7 @@ class DelayOffsetManager(ConfigFile[DelayOffsetTable]):
 
     def update(self, level: int, offset: int) -> None:
         if type(level) is not int or not 1 <= level <= INT32_MAX:
-            raise ValueError(f"delay level must be a positive integer, got {level!r}")
+            raise InvalidMetadataError(f"delay level must be a positive integer, got {level!r}")
         check_offset(offset)
         if self._table.get(level) != offset:
             self._table[level] = offset

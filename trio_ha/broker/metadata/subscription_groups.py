@@ -6,6 +6,11 @@ slow-consume broker 1), with a DataVersion bumped on every change. A group appea
 consumer first pulls or heartbeats (``autoCreateSubscriptionGroup``), through
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, and on a slave by copying the master's table. RocketMQ's
 system groups are added at startup where the file lacks them.
+
+Clients name groups freely, so the table has a cap (``maxSubscriptionGroupNums``, which
+RocketMQ lacks): beyond it no group is created, on demand or by request, and the broker answers
+as for a group that does not exist. A slave takes its master's table whole, cap or not: the
+master bounded it.
 """
 
 from __future__ import annotations
@@ -28,9 +33,14 @@ from trio_ha.wire.metadata import (
 
 from .config_file import VersionedTable, now_ms
 from .files import load_with_backup
-from .validation import MAX_QUEUE_NUMS, check_group
+from .validation import MAX_QUEUE_NUMS, InvalidMetadataError, MetadataLimitError, check_group
 
-__all__ = ["SYSTEM_CONSUMER_GROUPS", "SYS_CONSUMER_GROUP_PREFIX", "SubscriptionGroupManager"]
+__all__ = [
+    "DEFAULT_MAX_SUBSCRIPTION_GROUPS",
+    "SYSTEM_CONSUMER_GROUPS",
+    "SYS_CONSUMER_GROUP_PREFIX",
+    "SubscriptionGroupManager",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +57,22 @@ SYSTEM_CONSUMER_GROUPS = (
 #: ``MixAll.CID_SYS_RMQ_SYS_PREFIX`` (``isSysConsumerGroup``): created on demand even with
 #: auto-creation off
 SYS_CONSUMER_GROUP_PREFIX = "CID_RMQ_SYS_"
+#: ``maxSubscriptionGroupNums``' default: far more groups than a broker serves, few enough that
+#: the table and its file stay small (a group is about 300 bytes of JSON)
+DEFAULT_MAX_SUBSCRIPTION_GROUPS = 10_000
 
 
 @attrs.define(eq=False)
 class SubscriptionGroupManager(VersionedTable[SubscriptionGroupWrapper, SubscriptionGroupConfig]):
-    """``subscriptionGroup.json``. ``auto_create`` is ``autoCreateSubscriptionGroup``."""
+    """``subscriptionGroup.json``. ``auto_create`` is ``autoCreateSubscriptionGroup``,
+    ``max_groups`` is ``maxSubscriptionGroupNums``."""
 
     file_name: ClassVar[str] = SUBSCRIPTION_GROUP_JSON
 
     auto_create: bool = attrs.field(default=True, kw_only=True)
+    max_groups: int = attrs.field(default=DEFAULT_MAX_SUBSCRIPTION_GROUPS, kw_only=True)
+    #: the cap was reached and said so in the log; cleared when the table is below it again
+    _full_logged: bool = attrs.field(default=False, init=False)
 
     @classmethod
     def load(
@@ -63,6 +80,7 @@ class SubscriptionGroupManager(VersionedTable[SubscriptionGroupWrapper, Subscrip
         config_dir: str | os.PathLike[str],
         *,
         auto_create: bool = True,
+        max_groups: int = DEFAULT_MAX_SUBSCRIPTION_GROUPS,
         clock: Callable[[], int] = now_ms,
     ) -> SubscriptionGroupManager:
         """Read ``<config_dir>/subscriptionGroup.json`` (or its backup) and add the system
@@ -78,6 +96,7 @@ class SubscriptionGroupManager(VersionedTable[SubscriptionGroupWrapper, Subscrip
             loaded.data_version,
             clock=clock,
             auto_create=auto_create,
+            max_groups=max_groups,
         )
         missing = [name for name in SYSTEM_CONSUMER_GROUPS if name not in manager._table]
         for name in missing:
@@ -89,27 +108,43 @@ class SubscriptionGroupManager(VersionedTable[SubscriptionGroupWrapper, Subscrip
     def find_or_create(self, group: str) -> SubscriptionGroupConfig | None:
         """``findSubscriptionGroupConfig``: the group's config; a missing group is created with
         the defaults when auto-creation is on or the name starts with ``CID_RMQ_SYS_`` (bumping
-        the DataVersion), else None (the caller answers SUBSCRIPTION_GROUP_NOT_EXIST). Raises
-        ``ValueError`` for a name outside RocketMQ's group charset."""
+        the DataVersion) and the table is below ``max_groups``, else None (the caller answers
+        SUBSCRIPTION_GROUP_NOT_EXIST; ``why_not_created`` says why). Raises
+        ``InvalidMetadataError`` for a name outside RocketMQ's group charset."""
         check_group(group)
         config = self._table.get(group)
         if config is not None:
             return config
         if not (self.auto_create or group.startswith(SYS_CONSUMER_GROUP_PREFIX)):
             return None
+        if self._full():
+            return None
         config = self._table[group] = SubscriptionGroupConfig(group)
         self._bump()
         log.info("auto-created subscription group %s", group)
         return config
 
+    def why_not_created(self) -> str:
+        """Why ``find_or_create`` returned None for a group: the remark's explanation."""
+        if len(self._table) >= self.max_groups:
+            return f"the broker holds maxSubscriptionGroupNums={self.max_groups} groups"
+        return "autoCreateSubscriptionGroup is off"
+
     def update(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig | None:
         """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: store ``config``, bump the DataVersion; returns
-        the previous config, if any."""
+        the previous config, if any. Raises ``InvalidMetadataError`` for a bad name or retry
+        queue count, ``MetadataLimitError`` for a new group beyond ``max_groups``."""
         check_group(config.group_name)
         if not 0 <= config.retry_queue_nums <= MAX_QUEUE_NUMS:
-            raise ValueError(f"group {config.group_name}: retryQueueNums must be in "
-                             f"0..{MAX_QUEUE_NUMS}, got {config.retry_queue_nums}")
+            raise InvalidMetadataError(
+                f"group {config.group_name}: retryQueueNums must be in 0..{MAX_QUEUE_NUMS}, "
+                f"got {config.retry_queue_nums}"
+            )
         old = self._table.get(config.group_name)
+        if old is None and self._full():
+            raise MetadataLimitError(
+                f"subscription group {config.group_name} not created: {self.why_not_created()}"
+            )
         self._table[config.group_name] = config
         self._bump()
         return old
@@ -120,6 +155,16 @@ class SubscriptionGroupManager(VersionedTable[SubscriptionGroupWrapper, Subscrip
             return False
         self._bump()
         return True
+
+    def _full(self) -> bool:
+        """Whether the table is at ``max_groups``; says so in the log once per time it fills
+        (a flood of new names must not become a flood of log lines)."""
+        full = len(self._table) >= self.max_groups
+        if full and not self._full_logged:
+            log.warning("subscription groups: the table holds maxSubscriptionGroupNums=%d "
+                        "groups; no more are created", self.max_groups)
+        self._full_logged = full
+        return full
 
     def wrapper(self) -> SubscriptionGroupWrapper:
         """``subscriptionGroup.json`` and the GET_ALL_SUBSCRIPTIONGROUP_CONFIG body."""

@@ -29,12 +29,14 @@ from trio_ha.wire.metadata import (
     encode_topics_json,
 )
 from trio_ha.wire.permission import Permission
+from trio_ha.wire.remoting.java import abbreviate
 
 from .config_file import VersionedTable, now_ms
 from .files import load_with_backup
 from .validation import (
     MAX_PERMISSION,
     MAX_QUEUE_NUMS,
+    InvalidMetadataError,
     check_queue_nums,
     check_topic,
     is_valid_topic,
@@ -49,6 +51,9 @@ __all__ = [
     "SCHEDULE_TOPIC",
     "SCHEDULE_TOPIC_QUEUE_NUMS",
     "SELF_TEST_TOPIC",
+    "SYSTEM_TOPICS",
+    "SYSTEM_TOPIC_PREFIX",
+    "TRACE_TOPIC",
     "TopicConfigManager",
     "validate_topic_config",
 ]
@@ -67,39 +72,58 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 REPLY_TOPIC_POSTFIX = "REPLY_TOPIC"
 #: queues of SCHEDULE_TOPIC_XXXX: one per delay level
 SCHEDULE_TOPIC_QUEUE_NUMS = 18
-#: topics a producer may not send to (``TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET``)
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+#: the default message trace topic (``TopicValidator.RMQ_SYS_TRACE_TOPIC``)
+TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
+#: topics a producer may not send to (``TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET``): only the
+#: broker itself writes them
 NOT_ALLOWED_SEND_TOPICS = frozenset(
     {
         SCHEDULE_TOPIC,
-        "RMQ_SYS_TRANS_HALF_TOPIC",
-        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
-        "TRANS_CHECK_MAX_TIME_TOPIC",
+        TRANS_HALF_TOPIC,
+        TRANS_OP_HALF_TOPIC,
+        TRANS_CHECK_MAX_TIME_TOPIC,
         SELF_TEST_TOPIC,
         OFFSET_MOVED_EVENT_TOPIC,
     }
 )
+#: RocketMQ 4.9's system topics (``TopicValidator.SYSTEM_TOPIC_SET``): no client creates or
+#: changes them through UPDATE_AND_CREATE_TOPIC. A broker adds the topics it makes for its
+#: cluster and itself (``TopicConfigManager.is_system_topic``).
+SYSTEM_TOPICS = NOT_ALLOWED_SEND_TOPICS | {
+    AUTO_CREATE_TOPIC_KEY_TOPIC, BENCHMARK_TOPIC, TRACE_TOPIC,
+}
+#: ``TopicValidator.SYSTEM_TOPIC_PREFIX``: every topic named so is a system topic
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
 
 _READ_WRITE = Permission.READ | Permission.WRITE
 
 
 def validate_topic_config(config: TopicConfig) -> None:
-    """Raise ``ValueError`` with a clear message unless ``config`` is acceptable for
-    ``create_or_update``: a valid name, 1..MAX_QUEUE_NUMS queues, perm within the four bits,
-    a known filter type."""
+    """Raise ``InvalidMetadataError`` (a ValueError) with a one-line message unless ``config``
+    is acceptable for ``create_or_update``: a valid name, 1..MAX_QUEUE_NUMS queues, perm
+    within the four bits, a known filter type."""
     check_topic(config.topic_name)
     check_queue_nums(config.read_queue_nums, f"topic {config.topic_name}: readQueueNums")
     check_queue_nums(config.write_queue_nums, f"topic {config.topic_name}: writeQueueNums")
     # Permission members are ints (an IntFlag); a bool is not a permission
     perm = config.perm
+    name = config.topic_name
     if not isinstance(perm, int) or isinstance(perm, bool) or not 0 <= perm <= MAX_PERMISSION:
-        raise ValueError(f"topic {config.topic_name}: perm must be in 0..{MAX_PERMISSION}, "
-                         f"got {config.perm!r}")
+        raise InvalidMetadataError(
+            f"topic {name}: perm must be in 0..{MAX_PERMISSION}, got {config.perm!r}"
+        )
     if config.topic_filter_type not in TOPIC_FILTER_TYPES:
-        raise ValueError(f"topic {config.topic_name}: topicFilterType must be one of "
-                         f"{TOPIC_FILTER_TYPES}, got {config.topic_filter_type!r}")
+        raise InvalidMetadataError(
+            f"topic {name}: topicFilterType must be one of {TOPIC_FILTER_TYPES}, "
+            f"got {abbreviate(str(config.topic_filter_type))!r}"
+        )
     if type(config.topic_sys_flag) is not int or not 0 <= config.topic_sys_flag <= INT32_MAX:
-        raise ValueError(f"topic {config.topic_name}: topicSysFlag {config.topic_sys_flag!r} "
-                         "is out of range")
+        raise InvalidMetadataError(
+            f"topic {name}: topicSysFlag {config.topic_sys_flag!r} is out of range"
+        )
 
 
 @attrs.define(eq=False)
@@ -151,8 +175,11 @@ class TopicConfigManager(VersionedTable[TopicConfigSerializeWrapper, TopicConfig
         return sorted(self._table)
 
     def is_system_topic(self, topic: str) -> bool:
-        """One of the topics ``ensure_system_topics`` made (or would make) on this broker."""
-        return topic in self._system_topics
+        """RocketMQ's ``TopicValidator.isSystemTopic``: one of RocketMQ's system topics, a
+        ``rmq_sys_`` topic, or one that ``ensure_system_topics`` made (or would make) on this
+        broker — its cluster's, its own, the trace and reply topics."""
+        return (topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
+                or topic in self._system_topics)
 
     def wrapper(self) -> TopicConfigSerializeWrapper:
         """The table and its version: ``topics.json`` and the GET_ALL_TOPIC_CONFIG body."""
@@ -283,7 +310,9 @@ class TopicConfigManager(VersionedTable[TopicConfigSerializeWrapper, TopicConfig
                 log.info("created topic %s from default topic %s", config, default_topic)
                 return config
             reason = f"queue count {n} (requested {queue_nums}) is not positive"
-        log.warning("cannot create topic %r on send: %s", topic, reason)
+        # Debug, not warning: any client can send to unknown topics as often as it likes, and
+        # the TOPIC_NOT_EXIST answer already tells it.
+        log.debug("cannot create topic %r on send: %s", topic, reason)
         return None
 
     def create_topic_in_send_back(
