@@ -4,6 +4,15 @@ Each handler takes the broker and the request and returns the response (RocketMQ
 ClientManageProcessor, ConsumerManageProcessor, QueryMessageProcessor and AdminBrokerProcessor,
 for the requests this broker supports). Requests it does not support get a response naming
 what is missing.
+
+Names and numbers from the client are checked before they reach a table; what a table refuses
+is answered with RocketMQ's code and a one-line remark (``MetadataRequestError``), never a
+traceback. Three requests follow RocketMQ 4.9's AdminBrokerProcessor in what they refuse: a
+slave changes no topic or subscription group ("please execute it from master broker"), and
+no client creates or changes a system topic ("The topic[...] is conflict with system topic.");
+the broker makes those itself at startup. Offset commits follow RocketMQ 5's
+ConsumerManageProcessor: the group must exist (or be created on demand, as a pull would
+create it) and the topic too, so consumerOffset.json only names what the broker has.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import json
 import time
 from collections.abc import Callable
 
+import attrs
 import trio
 
 from ..remoting import RemotingConnection
@@ -29,8 +39,10 @@ from ..wire.metadata import (
 )
 from ..wire.permission import Permission
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
+from ..wire.remoting.java import abbreviate
 from ..wire.route import KVTable
 from .broker import Broker
+from .metadata import MetadataRequestError, group_problem, topic_problem
 from .pull import TOTAL_MEMORY
 
 
@@ -72,6 +84,19 @@ def ok(request: RemotingCommand, **kwargs) -> RemotingCommand:
     return RemotingCommand.response_to(request, ResponseCode.SUCCESS, **kwargs)
 
 
+def error(request: RemotingCommand, remark: str,
+          code: int = ResponseCode.SYSTEM_ERROR) -> RemotingCommand:
+    return RemotingCommand.response_to(request, code, remark=remark)
+
+
+def refused_on_slave(broker: Broker, request: RemotingCommand) -> RemotingCommand | None:
+    """RocketMQ's ``validateSlave``: a slave's topics and groups are its master's copies."""
+    if not broker.is_slave:
+        return None
+    return error(request, "Can't modify topic or subscription group from slave broker, "
+                          "please execute it from master broker.")
+
+
 def unsupported(request: RemotingCommand) -> RemotingCommand | None:
     feature = UNSUPPORTED.get(request.code)
     if feature is None:
@@ -92,11 +117,21 @@ def heart_beat(
     try:
         data = HeartbeatData.decode(request.body)
     except RouteDecodeError as exc:
-        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
-                                           remark=f"bad heartbeat body: {exc}")
-    broker.clients.heartbeat(data, connection, trio.current_time())
-    for consumer in data.consumer_data_set:
-        broker.metadata.subscriptions.find_or_create(consumer.group_name)
+        return error(request, f"bad heartbeat body: {exc}")
+    groups = [c.group_name for c in data.consumer_data_set]
+    groups += [p.group_name for p in data.producer_data_set]
+    for group in groups:
+        problem = group_problem(group)
+        if problem is not None:
+            return error(request, f"bad heartbeat body: {problem}")
+    # As RocketMQ: a consumer's group is created on demand when autoCreateSubscriptionGroup
+    # allows it (and, here, while the table is below its cap). Only consumers of groups the
+    # broker has are registered: a pull of any other group is refused anyway.
+    subscriptions = broker.metadata.subscriptions
+    consumers = tuple(c for c in data.consumer_data_set
+                      if subscriptions.find_or_create(c.group_name) is not None)
+    broker.clients.heartbeat(attrs.evolve(data, consumer_data_set=consumers), connection,
+                             trio.current_time())
     return ok(request)
 
 
@@ -117,8 +152,7 @@ def consumer_list(
     group = request.field_str("consumerGroup")
     ids = broker.clients.consumer_ids(group)
     if not ids:
-        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
-                                           remark=f"no consumer for this group, {group}")
+        return error(request, f"no consumer for this group, {abbreviate(group)}")
     return ok(request, body=json.dumps({"consumerIdList": ids}, separators=(",", ":")).encode())
 
 
@@ -166,10 +200,28 @@ def _first_message_in_memory(broker: Broker, topic: str, queue_id: int) -> bool:
 def update_consumer_offset(
     broker: Broker, request: RemotingCommand, connection: RemotingConnection
 ) -> RemotingCommand:
-    broker.metadata.offsets.commit(
-        request.field_str("consumerGroup"), request.field_str("topic"),
-        request.field_int("queueId"), request.field_long("commitOffset"),
-    )
+    group = request.field_str("consumerGroup")
+    topic = request.field_str("topic")
+    queue_id = request.field_int("queueId")
+    offset = request.field_long("commitOffset")
+    problem = group_problem(group) or topic_problem(topic)
+    if problem is not None:
+        return error(request, problem)
+    if broker.metadata.subscriptions.find_or_create(group) is None:
+        return error(request, f"Group {group} not exist!",
+                     ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST)
+    queues = broker.queue_nums(topic)
+    if queues == 0:
+        return error(request, f"Topic {topic} not exist!", ResponseCode.TOPIC_NOT_EXIST)
+    if not 0 <= queue_id < queues:
+        return error(request, f"queueId[{queue_id}] is illegal, topic:[{topic}] "
+                              f"queueNums:[{queues}]")
+    if offset < 0:
+        return error(request, f"commitOffset[{offset}] is illegal, it must not be negative")
+    try:
+        broker.metadata.offsets.commit(group, topic, queue_id, offset)
+    except MetadataRequestError as exc:
+        return error(request, str(exc))
     return ok(request)
 
 
@@ -221,7 +273,15 @@ def view_message_by_id(
 def update_and_create_topic(
     broker: Broker, request: RemotingCommand, connection: RemotingConnection
 ) -> RemotingCommand:
+    refused = refused_on_slave(broker, request)
+    if refused is not None:
+        return refused
     topic = request.field_str("topic")
+    problem = topic_problem(topic)
+    if problem is not None:
+        return error(request, problem)
+    if broker.metadata.topics.is_system_topic(topic):
+        return error(request, f"The topic[{topic}] is conflict with system topic.")
     try:
         config = TopicConfig(
             topic_name=topic,
@@ -233,8 +293,8 @@ def update_and_create_topic(
             order=request.field_bool("order", False),
         )
         broker.metadata.topics.create_or_update(config)
-    except ValueError as exc:
-        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR, remark=str(exc))
+    except MetadataRequestError as exc:
+        return error(request, str(exc))
     broker.topics_changed()
     return ok(request)
 
@@ -270,17 +330,24 @@ def all_subscription_groups(
 def update_subscription_group(
     broker: Broker, request: RemotingCommand, connection: RemotingConnection
 ) -> RemotingCommand:
+    refused = refused_on_slave(broker, request)
+    if refused is not None:
+        return refused
     try:
         obj = json.loads(request.body)
+        if not isinstance(obj, dict):
+            raise TypeError(f"expected a JSON object, got {type(obj).__name__}")
         wrapped = decode_subscription_groups(
             json.dumps({"subscriptionGroupTable": {obj["groupName"]: obj}})
         )
         (config,) = wrapped.subscription_group_table.values()
     except (ValueError, KeyError, TypeError, MetadataDecodeError) as exc:
-        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
-                                           remark=f"bad subscription group body: {exc}")
+        return error(request, f"bad subscription group body: {exc}")
     assert isinstance(config, SubscriptionGroupConfig)
-    broker.metadata.subscriptions.update(config)
+    try:
+        broker.metadata.subscriptions.update(config)
+    except MetadataRequestError as exc:
+        return error(request, str(exc))
     return ok(request)
 
 

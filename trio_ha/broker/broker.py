@@ -79,7 +79,12 @@ class Broker:
     metadata: BrokerMetadata
     addresses: BrokerAddresses
     registration: Registration
-    clients: ClientManager = attrs.field(factory=ClientManager)
+    clients: ClientManager = attrs.field(
+        default=attrs.Factory(
+            lambda self: ClientManager(max_producer_groups=self.config.max_producer_group_nums),
+            takes_self=True,
+        )
+    )
     stats: BrokerStats = attrs.field(factory=BrokerStats)
     started_at: float = attrs.field(factory=time.time)
 
@@ -113,6 +118,18 @@ class Broker:
                      created.write_queue_nums)
             self.topics_changed()
         return created
+
+    def queue_nums(self, topic: str) -> int:
+        """How many queues ``topic`` has here for reading and committing: the larger of its
+        read and write queue numbers (RocketMQ's bound for a queue id); 0 for a topic this
+        broker does not know. A slave also counts the queues it holds replicated data for: the
+        master's topic config may not have reached it yet (or ever, if the master died)."""
+        config = self.metadata.topics.get(topic)
+        if config is not None:
+            return max(config.read_queue_nums, config.write_queue_nums)
+        if not self.is_slave:
+            return 0
+        return 1 + max((q for t, q in self.store.queues.queues if t == topic), default=-1)
 
     def topics_changed(self) -> None:
         """Topic configs changed: tell the name servers now (RocketMQ registers at once)."""

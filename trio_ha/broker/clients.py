@@ -4,16 +4,29 @@ A RocketMQ client sends HEART_BEAT every 30 s over each broker connection, namin
 id and the groups it produces or consumes for (with their subscriptions). A client is dropped
 from its groups when its connection closes or after 120 s without a heartbeat, so
 GET_CONSUMER_LIST_BY_GROUP lists live consumers only — what rebalancing relies on.
+
+The table is bounded: a group disappears with its last client; a consumer group's
+subscriptions are those of its latest heartbeat (as RocketMQ's ``updateSubscription``), not
+every topic ever named; the admin processor registers consumers only for subscription groups
+the broker has (themselves capped); and at most ``max_producer_groups``
+(``maxProducerGroupNums``) producer groups are tracked — a heartbeat naming more is answered,
+its extra groups ignored.
 """
 
 from __future__ import annotations
+
+import logging
 
 import attrs
 
 from ..remoting import RemotingConnection
 from ..wire.heartbeat import ConsumerData, HeartbeatData, SubscriptionData
 
+log = logging.getLogger(__name__)
+
 CLIENT_EXPIRY_SECONDS = 120.0
+#: ``maxProducerGroupNums``' default
+DEFAULT_MAX_PRODUCER_GROUPS = 10_000
 
 
 @attrs.define
@@ -40,15 +53,30 @@ class ClientManager:
     consumers: dict[str, ConsumerGroupInfo] = attrs.field(factory=dict)
     #: producer group -> connection -> channel
     producers: dict[str, dict[int, ClientChannel]] = attrs.field(factory=dict)
+    max_producer_groups: int = attrs.field(default=DEFAULT_MAX_PRODUCER_GROUPS, kw_only=True)
+    _full_logged: bool = attrs.field(default=False, init=False)
 
     def heartbeat(self, data: HeartbeatData, connection: RemotingConnection, now: float) -> None:
+        """Register the heartbeat's producers and consumers. The caller decides which
+        consumer groups may register (those the broker has a subscription group for)."""
         key = id(connection)
         for producer in data.producer_data_set:
-            self.producers.setdefault(producer.group_name, {})[key] = ClientChannel(
-                data.client_id, connection, now
-            )
+            channels = self.producers.get(producer.group_name)
+            if channels is None:
+                if self._producers_full():
+                    continue
+                channels = self.producers[producer.group_name] = {}
+            channels[key] = ClientChannel(data.client_id, connection, now)
         for consumer in data.consumer_data_set:
             self._register_consumer(consumer, data.client_id, connection, now)
+
+    def _producers_full(self) -> bool:
+        full = len(self.producers) >= self.max_producer_groups
+        if full and not self._full_logged:
+            log.warning("clients: maxProducerGroupNums=%d producer groups registered; "
+                        "heartbeats naming more are not tracked", self.max_producer_groups)
+        self._full_logged = full
+        return full
 
     def _register_consumer(
         self, consumer: ConsumerData, client_id: str, connection: RemotingConnection, now: float
@@ -60,8 +88,9 @@ class ClientManager:
         info.consume_type = consumer.consume_type
         info.message_model = consumer.message_model
         info.consume_from_where = consumer.consume_from_where
-        for subscription in consumer.subscription_data_set:
-            info.subscriptions[subscription.topic] = subscription
+        # The latest heartbeat's set replaces the group's (RocketMQ's updateSubscription drops
+        # the topics a heartbeat no longer names).
+        info.subscriptions = {s.topic: s for s in consumer.subscription_data_set}
 
     def unregister(self, client_id: str, *, producer_group: str | None,
                    consumer_group: str | None) -> None:
@@ -69,6 +98,8 @@ class ClientManager:
             channels = self.producers.get(producer_group, {})
             for key in [k for k, c in channels.items() if c.client_id == client_id]:
                 del channels[key]
+            if not channels:
+                self.producers.pop(producer_group, None)
         if consumer_group:
             info = self.consumers.get(consumer_group)
             if info is not None:
@@ -79,8 +110,11 @@ class ClientManager:
 
     def connection_closed(self, connection: RemotingConnection) -> None:
         key = id(connection)
-        for channels in self.producers.values():
+        for group in list(self.producers):
+            channels = self.producers[group]
             channels.pop(key, None)
+            if not channels:
+                del self.producers[group]
         for group in list(self.consumers):
             info = self.consumers[group]
             info.channels.pop(key, None)
@@ -88,9 +122,12 @@ class ClientManager:
                 del self.consumers[group]
 
     def expire(self, now: float, expiry: float = CLIENT_EXPIRY_SECONDS) -> None:
-        for channels in self.producers.values():
+        for group in list(self.producers):
+            channels = self.producers[group]
             for key in [k for k, c in channels.items() if now - c.last_update > expiry]:
                 del channels[key]
+            if not channels:
+                del self.producers[group]
         for group in list(self.consumers):
             info = self.consumers[group]
             for key in [k for k, c in info.channels.items() if now - c.last_update > expiry]:

@@ -26,6 +26,8 @@ from ..config import (
 )
 from ..wire.metadata import DEFAULT_TOPIC_QUEUE_NUMS
 from ..wire.permission import Permission
+from .clients import DEFAULT_MAX_PRODUCER_GROUPS
+from .metadata import DEFAULT_MAX_CONSUMER_OFFSETS, DEFAULT_MAX_SUBSCRIPTION_GROUPS
 from .metadata.validation import MAX_PERMISSION, MAX_QUEUE_NUMS
 
 #: a broker's HA port, when not configured, is listenPort + 1 (RocketMQ's default)
@@ -52,6 +54,19 @@ class BrokerConfig:
     register_broker_timeout_mills: int = attrs.field(default=6000, validator=in_range(1))
     auto_create_topic_enable: bool = True
     auto_create_subscription_group: bool = True
+    # Caps on what clients make the broker keep (trio_ha's keys; RocketMQ has no such limits).
+    #: subscription groups: none is created beyond it, on demand or by request
+    max_subscription_group_nums: int = attrs.field(
+        default=DEFAULT_MAX_SUBSCRIPTION_GROUPS, validator=in_range(1)
+    )
+    #: consumer offsets (topic, group, queue) in all: commits of new ones beyond it are refused
+    max_consumer_offset_nums: int = attrs.field(
+        default=DEFAULT_MAX_CONSUMER_OFFSETS, validator=in_range(1)
+    )
+    #: producer groups heartbeats may register (in memory): more are ignored
+    max_producer_group_nums: int = attrs.field(
+        default=DEFAULT_MAX_PRODUCER_GROUPS, validator=in_range(1)
+    )
     default_topic_queue_nums: int = attrs.field(
         default=DEFAULT_TOPIC_QUEUE_NUMS, validator=in_range(1, MAX_QUEUE_NUMS)
     )

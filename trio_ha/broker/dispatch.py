@@ -5,9 +5,17 @@ blocking the connection), everything else this broker supports to ``admin``; req
 knows but does not support get a response saying what is missing, and any other code
 REQUEST_CODE_NOT_SUPPORTED. The VIP port (RocketMQ's "fast" channel) serves the same except
 pulls.
+
+Processors check client input themselves and answer with RocketMQ's codes. What a metadata
+table refuses and a processor did not catch (``MetadataRequestError``: a bad name or number,
+a table at its cap) is still the client's doing, not a broker bug: it is answered here with
+SYSTEM_ERROR and its one-line message, and logged at debug level only — a client repeating a
+bad request must not fill the log with tracebacks.
 """
 
 from __future__ import annotations
+
+import logging
 
 import trio
 
@@ -15,10 +23,16 @@ from ..remoting import RemotingConnection
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from . import admin
 from .broker import Broker
+from .metadata import MetadataRequestError
 from .pull import process_pull
 from .send import process_send
 
 __all__ = ["SEND_CODES", "handle", "handle_vip"]
+
+log = logging.getLogger(__name__)
+
+#: the longest remark a refusal carries (its message quotes client input)
+MAX_REMARK = 256
 
 SEND_CODES = frozenset({
     RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
@@ -26,6 +40,24 @@ SEND_CODES = frozenset({
 
 
 async def handle(broker: Broker, request: RemotingCommand,
+                 connection: RemotingConnection) -> RemotingCommand:
+    try:
+        return await _route(broker, request, connection)
+    except MetadataRequestError as exc:
+        log.debug("broker: request code %d from %s refused: %s", request.code,
+                  connection.peer, exc)
+        return RemotingCommand.response_to(
+            request, ResponseCode.SYSTEM_ERROR, remark=one_line(str(exc))
+        )
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line of at most MAX_REMARK characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_REMARK else text[: MAX_REMARK - 3] + "..."
+
+
+async def _route(broker: Broker, request: RemotingCommand,
                  connection: RemotingConnection) -> RemotingCommand:
     code = request.code
     if code in SEND_CODES:

@@ -10,6 +10,10 @@ its own), so many held pulls share one connection without blocking anything else
 Statuses map to response codes as docs/remoting.md, 'Pull' lists, with the slave's rules: a slave
 does not correct offsets (offsetCheckInSlave is off) and suggests the master (broker id 0).
 The response body is the raw records, unchanged, as RocketMQ clients decode them.
+
+A pull names its consumer group: a name outside RocketMQ's charset is SYSTEM_ERROR, and a group
+the broker does not have and may not create (autoCreateSubscriptionGroup off, or
+maxSubscriptionGroupNums reached) is SUBSCRIPTION_GROUP_NOT_EXIST, as RocketMQ answers.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ..wire.remoting import (
     pull_message_header,
 )
 from .broker import Broker
+from .metadata import MetadataLimitError, group_problem
 
 #: ``MixAll.MASTER_ID``: the broker id a pull response suggests to read from the master
 MASTER_ID = 0
@@ -94,7 +99,16 @@ async def process_pull(
             remark=f"queueId[{header.queue_id}] is illegal, topic:[{header.topic}] "
                    f"topicConfig.readQueueNums:[{read_queues}]",
         )
-    broker.metadata.subscriptions.find_or_create(header.consumer_group)
+    problem = group_problem(header.consumer_group)
+    if problem is not None:
+        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR, remark=problem)
+    subscriptions = broker.metadata.subscriptions
+    if subscriptions.find_or_create(header.consumer_group) is None:
+        return RemotingCommand.response_to(
+            request, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+            remark=f"subscription group [{header.consumer_group}] does not exist, "
+                   f"{subscriptions.why_not_created()}",
+        )
     if header.has_subscription:
         codes, tags = parse_subscription(header.subscription)
     else:
@@ -121,9 +135,12 @@ async def process_pull(
         and not broker.is_slave
         and header.commit_offset >= 0
     ):
-        broker.metadata.offsets.commit(
-            header.consumer_group, header.topic, header.queue_id, header.commit_offset
-        )
+        try:
+            broker.metadata.offsets.commit(
+                header.consumer_group, header.topic, header.queue_id, header.commit_offset
+            )
+        except MetadataLimitError:
+            pass  # the table is full (and said so in the log); the pull's answer stands
     return response
 
 

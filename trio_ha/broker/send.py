@@ -8,6 +8,12 @@ remark.
 
 What this broker does not do yet — transactional half messages, delayed delivery — is refused
 with a response that says so, never stored as if it were a plain message.
+
+The topic is checked first, as RocketMQ's ``msgCheck`` does: a name outside RocketMQ's charset
+or length is SYSTEM_ERROR with ``validateTopic``'s remark, and the topics only the broker
+itself writes (SCHEDULE_TOPIC_XXXX, the transaction topics, SELF_TEST_TOPIC,
+OFFSET_MOVED_EVENT) are NO_PERMISSION, "Sending message to topic[...] is forbidden." The broker
+writes them through its store, never through this processor.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from ..wire import record as rec
 from ..wire.permission import Permission
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode, send_message_header
 from .broker import Broker
+from .metadata import NOT_ALLOWED_SEND_TOPICS, topic_problem
 
 STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
@@ -81,6 +88,14 @@ async def process_send(
             request, ResponseCode.SERVICE_NOT_AVAILABLE,
             remark=f"broker {config.broker_name} ({broker.addresses.broker_addr}) is a SLAVE "
                    "and does not accept writes; send to its master",
+        )
+    problem = topic_problem(header.topic)
+    if problem is not None:
+        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR, remark=problem)
+    if header.topic in NOT_ALLOWED_SEND_TOPICS:
+        return RemotingCommand.response_to(
+            request, ResponseCode.NO_PERMISSION,
+            remark=f"Sending message to topic[{header.topic}] is forbidden.",
         )
     topic_config = broker.metadata.topics.get(header.topic)
     if topic_config is None:

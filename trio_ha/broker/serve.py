@@ -54,6 +54,8 @@ def load_metadata(config: BrokerConfig) -> BrokerMetadata:
         auto_create_topic=config.auto_create_topic_enable,
         auto_create_subscription_group=config.auto_create_subscription_group,
         broker_permission=config.broker_permission,
+        max_subscription_groups=config.max_subscription_group_nums,
+        max_consumer_offsets=config.max_consumer_offset_nums,
     )
     metadata.topics.ensure_system_topics(config.broker_cluster_name, config.broker_name)
     return metadata

@@ -1,0 +1,349 @@
+"""What the broker does with input it must refuse (issue 9, points 11-13): bad names and
+numbers, system topics, and floods of groups, topics and offsets that do not exist.
+
+Every request goes over a real socket to a real broker, as a hostile client would send it;
+every flood is bounded in count. What the broker keeps is read back through the protocol
+(GET_ALL_SUBSCRIPTIONGROUP_CONFIG, GET_ALL_CONSUMER_OFFSET, GET_ALL_TOPIC_CONFIG).
+"""
+
+import json
+import logging
+
+import pytest
+import trio
+import trio.testing
+
+from trio_ha.broker import BrokerConfig
+from trio_ha.broker.clients import ClientManager
+from trio_ha.remoting import RemotingConnection, open_remoting_client
+from trio_ha.testing import ClusterConfig, serve_cluster
+from trio_ha.wire.heartbeat import HeartbeatData
+from trio_ha.wire.metadata import (
+    decode_consumer_offsets,
+    decode_subscription_groups,
+    decode_topics_json,
+)
+from trio_ha.wire.permission import Permission
+from trio_ha.wire.remoting import PullSysFlag, RemotingCommand, RequestCode, ResponseCode
+
+#: the input of issue 9, point 11: a 250-character group name ending in "/"
+BAD_GROUP = "g" * 249 + "/"
+BAD_TOPIC = "../etc"
+LONG_TOPIC = "t" * 300
+
+
+def send(topic, body=b"x", *, queue=0, code=RequestCode.SEND_MESSAGE_V2, default="TBW102",
+         queue_nums=4):
+    fields = {"producerGroup": "pg", "topic": topic, "defaultTopic": default,
+              "defaultTopicQueueNums": queue_nums, "queueId": queue, "sysFlag": 0,
+              "bornTimestamp": 1, "flag": 0}
+    if code != RequestCode.SEND_MESSAGE:  # V2 and batches: the same fields, one letter each
+        fields = dict(zip("abcdefgh", fields.values(), strict=True))
+    return RemotingCommand.request(code, fields, body=body)
+
+
+def pull(topic="T", *, group="cg", queue=0, offset=0, commit=None):
+    flags = PullSysFlag.COMMIT_OFFSET if commit is not None else 0
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, {
+        "consumerGroup": group, "topic": topic, "queueId": queue, "queueOffset": offset,
+        "maxMsgNums": 32, "sysFlag": int(flags), "commitOffset": commit or 0,
+        "suspendTimeoutMillis": 0, "subVersion": 0,
+    })
+
+
+def commit(group, topic, queue=0, offset=1):
+    return RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": group, "topic": topic, "queueId": queue, "commitOffset": offset,
+    })
+
+
+def heartbeat(client_id, *, consumers=(), producers=(), topic="T"):
+    return RemotingCommand.request(RequestCode.HEART_BEAT, body=json.dumps({
+        "clientID": client_id,
+        "consumerDataSet": [{
+            "groupName": group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+            "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
+            "subscriptionDataSet": [{"topic": topic, "subString": "*", "tagsSet": [],
+                                     "codeSet": [], "subVersion": 0, "classFilterMode": False}],
+        } for group in consumers],
+        "producerDataSet": [{"groupName": group} for group in producers],
+    }).encode())
+
+
+def create_topic(topic, queues=4, perm=Permission.READ | Permission.WRITE):
+    return RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
+        "topic": topic, "readQueueNums": queues, "writeQueueNums": queues, "perm": int(perm),
+    })
+
+
+async def start_cluster(nursery, tmp_path, *, slaves=0, **properties):
+    config = ClusterConfig(data_dir=tmp_path / "cluster", slaves=slaves,
+                           master_role="ASYNC_MASTER", properties=properties)
+    return await nursery.start(serve_cluster, config)
+
+
+async def get_all(client, code):
+    reply = await client.invoke(RemotingCommand.request(code), 5)
+    assert reply.code == ResponseCode.SUCCESS
+    return reply.body
+
+
+async def groups_of(client) -> set[str]:
+    body = await get_all(client, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+    return set(decode_subscription_groups(body).subscription_group_table)
+
+
+async def offsets_of(client) -> dict[str, dict[int, int]]:
+    body = await get_all(client, RequestCode.GET_ALL_CONSUMER_OFFSET)
+    return {key: dict(queues) for key, queues in decode_consumer_offsets(body).offset_table.items()}
+
+
+async def topics_of(client):
+    body = await get_all(client, RequestCode.GET_ALL_TOPIC_CONFIG)
+    return decode_topics_json(body).topic_config_table
+
+
+def one_line(reply: RemotingCommand) -> str:
+    """The reply's remark, asserted to be one short line."""
+    assert reply.remark is not None
+    assert "\n" not in reply.remark and len(reply.remark) <= 300, reply.remark
+    return reply.remark
+
+
+# ---- point 11 -----------------------------------------------------------------------------------
+
+
+def hostile_requests() -> dict[str, RemotingCommand]:
+    """One request per handler path that takes a name or a number from the client."""
+    consumer = {"groupName": BAD_GROUP, "consumeType": "CONSUME_PASSIVELY",
+                "messageModel": "CLUSTERING", "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+                "subscriptionDataSet": [], "unitMode": False}
+    return {
+        "pull with a bad group": pull(group=BAD_GROUP),
+        "pull committing for a bad group": pull(group=BAD_GROUP, commit=5),
+        "heartbeat with a bad consumer group": RemotingCommand.request(
+            RequestCode.HEART_BEAT, body=json.dumps(
+                {"clientID": "c", "consumerDataSet": [consumer], "producerDataSet": []}
+            ).encode()),
+        "heartbeat with a bad producer group": heartbeat("c", producers=[BAD_GROUP]),
+        "commit for a bad group": commit(BAD_GROUP, "T"),
+        "commit for a bad topic": commit("cg", BAD_TOPIC),
+        "commit to a negative queue": commit("cg", "T", queue=-1),
+        "commit of a negative offset": commit("cg", "T", offset=-1),
+        "commit to a queue the topic does not have": commit("cg", "T", queue=2**31 - 1),
+        "send to a bad topic": send(BAD_TOPIC),
+        "send to a too long topic": send(LONG_TOPIC),
+        "send to a blank topic": send(""),
+        "subscription group with a bad name": RemotingCommand.request(
+            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+            body=json.dumps({"groupName": BAD_GROUP}).encode()),
+        "subscription group body that is not an object": RemotingCommand.request(
+            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=b"[]"),
+        "topic with a bad name": create_topic(BAD_GROUP),
+        "topic with too many queues": create_topic("Ok", 2**31 - 1),
+        "topic with a bad filter type": RemotingCommand.request(
+            RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "Ok", "readQueueNums": 4,
+                                                  "writeQueueNums": 4,
+                                                  "topicFilterType": "x\n" * 200}),
+        "consumer list of a bad group": RemotingCommand.request(
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": BAD_GROUP}),
+    }
+
+
+async def test_point_11_invalid_client_input_is_a_one_line_answer_without_a_traceback(
+    nursery, tmp_path, caplog
+):
+    addresses = await start_cluster(nursery, tmp_path)
+    caplog.set_level(logging.INFO, logger="trio_ha")
+    async with open_remoting_client(addresses.master.broker_addr) as client:
+        assert (await client.invoke(send("T"), 5)).code == ResponseCode.SUCCESS
+        caplog.clear()
+        for name, request in hostile_requests().items():
+            reply = await client.invoke(request, 5)
+            assert reply.code != ResponseCode.SUCCESS, name
+            one_line(reply)
+        # The issue's flood, bounded: 500 pulls naming the 250-character group.
+        for _ in range(500):
+            reply = await client.invoke(pull(group=BAD_GROUP), 5)
+            assert reply.code == ResponseCode.SYSTEM_ERROR
+            assert "group" in one_line(reply)
+        # The broker still answers a well-formed pull.
+        assert (await client.invoke(pull(), 5)).code == ResponseCode.SUCCESS
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert not tracebacks, tracebacks[0].getMessage()
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(loud) <= 3, [r.getMessage() for r in loud]
+
+
+async def test_point_11_names_follow_rocketmqs_remarks(nursery, tmp_path):
+    addresses = await start_cluster(nursery, tmp_path)
+    async with open_remoting_client(addresses.master.broker_addr) as client:
+        for topic, remark in [
+            ("", "The specified topic is blank."),
+            (BAD_TOPIC, "The specified topic contains illegal characters, allowing only "
+                        "^[%|a-zA-Z0-9_-]+$"),
+            (LONG_TOPIC, "The specified topic is longer than topic max length."),
+            ("T\n", "The specified topic contains illegal characters, allowing only "
+                    "^[%|a-zA-Z0-9_-]+$"),
+        ]:
+            for request in (send(topic), create_topic(topic)):
+                reply = await client.invoke(request, 5)
+                assert (reply.code, reply.remark) == (ResponseCode.SYSTEM_ERROR, remark)
+        assert "T\n" not in await topics_of(client)
+
+
+# ---- point 12 -----------------------------------------------------------------------------------
+
+SYSTEM_TOPICS = ["TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "SELF_TEST_TOPIC",
+                 "OFFSET_MOVED_EVENT", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
+                 "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "rmq_sys_anything",
+                 # the topics a broker makes for its cluster and itself
+                 "DefaultCluster", "broker-a", "DefaultCluster_REPLY_TOPIC"]
+NOT_ALLOWED_SEND = ["SCHEDULE_TOPIC_XXXX", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT",
+                    "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+                    "TRANS_CHECK_MAX_TIME_TOPIC"]
+
+
+async def test_point_12_system_topics_cannot_be_created_or_written_by_clients(nursery, tmp_path):
+    addresses = await start_cluster(nursery, tmp_path, slaves=1)
+    async with open_remoting_client(addresses.master.broker_addr) as client:
+        before = await topics_of(client)
+        # the broker itself made them
+        assert {"TBW102", "SCHEDULE_TOPIC_XXXX", "broker-a"} <= set(before)
+        for topic in SYSTEM_TOPICS:
+            reply = await client.invoke(create_topic(topic, 1, Permission.READ), 5)
+            assert reply.code == ResponseCode.SYSTEM_ERROR, topic
+            assert reply.remark == f"The topic[{topic}] is conflict with system topic."
+        assert await topics_of(client) == before  # TBW102 keeps its queues and INHERIT
+        for topic in NOT_ALLOWED_SEND:
+            for code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_MESSAGE,
+                         RequestCode.SEND_BATCH_MESSAGE):
+                reply = await client.invoke(send(topic, code=code), 5)
+                assert reply.code == ResponseCode.NO_PERMISSION, topic
+                assert reply.remark == f"Sending message to topic[{topic}] is forbidden."
+            max_offset = await client.invoke(RemotingCommand.request(
+                RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": 0}), 5)
+            assert max_offset.ext_fields["offset"] == "0"
+        # a plain topic is still created and written
+        assert (await client.invoke(create_topic("Plain"), 5)).code == ResponseCode.SUCCESS
+        assert (await client.invoke(send("Plain"), 5)).code == ResponseCode.SUCCESS
+    async with open_remoting_client(addresses.slave.broker_addr) as client:
+        reply = await client.invoke(create_topic("OnSlave"), 5)
+        assert reply.code == ResponseCode.SYSTEM_ERROR
+        assert reply.remark is not None and "slave" in reply.remark
+        assert "OnSlave" not in await topics_of(client)
+
+
+# ---- point 13 -----------------------------------------------------------------------------------
+
+
+async def test_point_13_a_flood_of_unknown_groups_and_topics_stays_within_the_caps(
+    nursery, tmp_path
+):
+    addresses = await start_cluster(
+        nursery, tmp_path, maxSubscriptionGroupNums=20, maxConsumerOffsetNums=40
+    )
+    async with open_remoting_client(addresses.master.broker_addr) as client:
+        assert (await client.invoke(send("T"), 5)).code == ResponseCode.SUCCESS
+        good = await client.invoke(heartbeat("good", consumers=["good"]), 5)
+        assert good.code == ResponseCode.SUCCESS
+        # 200 heartbeats, each naming 3 new consumer groups and 3 new producer groups
+        for i in range(200):
+            names = [f"flood{i}_{j}" for j in range(3)]
+            reply = await client.invoke(heartbeat(f"c{i}", consumers=names, producers=names), 5)
+            assert reply.code == ResponseCode.SUCCESS
+        # 300 pulls for new groups, and commits for new groups and topics that do not exist
+        for i in range(300):
+            await client.invoke(pull(group=f"puller{i}"), 5)
+            reply = await client.invoke(commit(f"flood{i}_0", f"NoSuchTopic{i}"), 5)
+            assert reply.code in (ResponseCode.TOPIC_NOT_EXIST,
+                                  ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST)
+            one_line(reply)
+        groups = await groups_of(client)
+        assert len(groups) <= 20 and "good" in groups
+        offsets = await offsets_of(client)
+        assert not any(key.startswith("NoSuchTopic") for key in offsets)
+        # commits for groups that exist, on every queue of the topic: bounded too
+        existing = sorted(groups)
+        for group in existing:
+            for queue in range(4):
+                reply = await client.invoke(commit(group, "T", queue, 7), 5)
+                assert reply.code in (ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR)
+        offsets = await offsets_of(client)
+        assert sum(len(queues) for queues in offsets.values()) <= 40
+        # what was stored before the cap keeps being updated
+        key = next(iter(offsets))
+        topic, group = key.split("@")
+        queue = next(iter(offsets[key]))
+        assert (await client.invoke(commit(group, topic, queue, 9), 5)).code == ResponseCode.SUCCESS
+        assert (await offsets_of(client))[key][queue] == 9
+
+
+async def test_point_13_groups_are_created_on_demand_only_when_auto_creation_is_on(
+    nursery, tmp_path
+):
+    addresses = await start_cluster(nursery, tmp_path, autoCreateSubscriptionGroup="false")
+    async with open_remoting_client(addresses.master.broker_addr) as client:
+        assert (await client.invoke(send("T"), 5)).code == ResponseCode.SUCCESS
+        before = await groups_of(client)
+        for i in range(50):
+            reply = await client.invoke(heartbeat(f"c{i}", consumers=[f"g{i}"]), 5)
+            assert reply.code == ResponseCode.SUCCESS
+            reply = await client.invoke(pull(group=f"g{i}"), 5)
+            assert reply.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+            reply = await client.invoke(commit(f"g{i}", "T"), 5)
+            assert reply.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+            assert reply.remark == f"Group g{i} not exist!"
+        assert await groups_of(client) == before
+        assert await offsets_of(client) == {}
+        # a group made by an administrator works
+        created = await client.invoke(RemotingCommand.request(
+            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+            body=json.dumps({"groupName": "admin_made"}).encode()), 5)
+        assert created.code == ResponseCode.SUCCESS
+        assert (await client.invoke(pull(group="admin_made"), 5)).code == ResponseCode.SUCCESS
+        assert (await client.invoke(commit("admin_made", "T"), 5)).code == ResponseCode.SUCCESS
+        reply = await client.invoke(commit("admin_made", "NoSuchTopic"), 5)
+        assert (reply.code, reply.remark) == (ResponseCode.TOPIC_NOT_EXIST,
+                                              "Topic NoSuchTopic not exist!")
+
+
+def connection(port: int) -> RemotingConnection:
+    """A connection the client table can key on (it never sends)."""
+    stream, _ = trio.testing.memory_stream_pair()
+    return RemotingConnection(stream=stream, peer=f"127.0.0.1:{port}")
+
+
+def test_point_13_client_table_is_bounded_and_forgets_closed_connections():
+    clients = ClientManager(max_producer_groups=5)
+    connections = [connection(port) for port in range(20)]
+    for i, conn in enumerate(connections):
+        data = HeartbeatData.decode(heartbeat(
+            f"c{i}", producers=[f"p{i}_{j}" for j in range(3)], consumers=["cg"],
+            topic=f"topic{i}").body)
+        clients.heartbeat(data, conn, now=1.0)
+    assert len(clients.producers) <= 5
+    # a consumer's subscriptions are the latest heartbeat's, not every topic ever named
+    assert set(clients.consumers["cg"].subscriptions) == {"topic19"}
+    for conn in connections:
+        clients.connection_closed(conn)
+    assert clients.producers == {} and clients.consumers == {}
+
+
+@pytest.mark.parametrize("expire", [True, False])
+def test_point_13_expired_and_unregistered_clients_leave_no_empty_groups(expire):
+    clients = ClientManager()
+    data = HeartbeatData.decode(heartbeat("c", producers=["p"], consumers=["cg"]).body)
+    clients.heartbeat(data, connection(1), now=1.0)
+    if expire:
+        clients.expire(now=1000.0)
+    else:
+        clients.unregister("c", producer_group="p", consumer_group="cg")
+    assert clients.producers == {} and clients.consumers == {}
+
+
+def test_point_13_the_caps_are_config_keys():
+    config = BrokerConfig.from_properties(
+        "maxSubscriptionGroupNums=7\nmaxConsumerOffsetNums=9\nmaxProducerGroupNums=11\n")
+    assert (config.max_subscription_group_nums, config.max_consumer_offset_nums,
+            config.max_producer_group_nums) == (7, 9, 11)
