@@ -15,6 +15,7 @@ import trio.testing
 
 from trio_ha.broker import BrokerConfig
 from trio_ha.broker.clients import ClientManager
+from trio_ha.client import Message, MQClientError, open_producer
 from trio_ha.remoting import RemotingConnection, open_remoting_client
 from trio_ha.testing import ClusterConfig, serve_cluster
 from trio_ha.wire.heartbeat import HeartbeatData
@@ -232,6 +233,16 @@ async def test_point_12_system_topics_cannot_be_created_or_written_by_clients(nu
         assert reply.code == ResponseCode.SYSTEM_ERROR
         assert reply.remark is not None and "slave" in reply.remark
         assert "OnSlave" not in await topics_of(client)
+
+
+async def test_point_12_the_client_refuses_them_before_sending(nursery, tmp_path):
+    addresses = await start_cluster(nursery, tmp_path)
+    async with open_producer(addresses.namesrv_addr, "pg") as producer:
+        for topic in NOT_ALLOWED_SEND:
+            with pytest.raises(MQClientError, match=r"Sending message to topic\[.*\] is forbidden"):
+                await producer.send(Message(topic, b"x"))
+        with pytest.raises(MQClientError, match="illegal characters"):
+            await producer.send(Message("T\n", b"x"))
 
 
 # ---- point 13 -----------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import attrs
 import trio
 
 from ..remoting import RemotingError
+from ..wire.metadata import NOT_ALLOWED_SEND_TOPICS
 from ..wire.record import (
     DEFAULT_MAX_MESSAGE_SIZE,
     MAX_TOPIC_LENGTH,
@@ -208,13 +209,15 @@ class Producer:
             raise MQClientError("the specified topic is blank")
         if len(topic) > MAX_TOPIC_LENGTH:
             raise MQClientError(f"the specified topic is longer than {MAX_TOPIC_LENGTH} characters")
-        if not _TOPIC_PATTERN.match(topic):
+        if not _TOPIC_PATTERN.fullmatch(topic):  # whole: "$" would let a trailing newline in
             raise MQClientError(
                 f"the specified topic {topic!r} contains illegal characters "
                 f"(allowed: {_TOPIC_PATTERN.pattern})"
             )
         if topic == DEFAULT_TOPIC:
             raise MQClientError(f"the topic {DEFAULT_TOPIC} is reserved for topic auto-creation")
+        if topic in NOT_ALLOWED_SEND_TOPICS:  # the broker refuses them (NO_PERMISSION)
+            raise MQClientError(f"Sending message to topic[{topic}] is forbidden.")
         if not message.body:
             raise MQClientError("the message body length is zero")
         if len(message.body) > self.max_message_size:

@@ -47,13 +47,25 @@ from .json_fields import (
 from .permission import Permission
 
 __all__ = [
+    "AUTO_CREATE_TOPIC_KEY_TOPIC",
+    "BENCHMARK_TOPIC",
     "CONSUMER_OFFSET_JSON",
     "DEFAULT_DELAY_LEVELS",
     "DEFAULT_TOPIC_QUEUE_NUMS",
     "DELAY_OFFSET_JSON",
+    "NOT_ALLOWED_SEND_TOPICS",
+    "OFFSET_MOVED_EVENT_TOPIC",
+    "SCHEDULE_TOPIC",
+    "SELF_TEST_TOPIC",
     "SUBSCRIPTION_GROUP_JSON",
+    "SYSTEM_TOPICS",
+    "SYSTEM_TOPIC_PREFIX",
     "TOPICS_JSON",
     "TOPIC_FILTER_TYPES",
+    "TRACE_TOPIC",
+    "TRANS_CHECK_MAX_TIME_TOPIC",
+    "TRANS_HALF_TOPIC",
+    "TRANS_OP_HALF_TOPIC",
     "ConsumerOffsetTable",
     "DataVersion",
     "DelayOffsetTable",
@@ -91,6 +103,42 @@ TOPIC_GROUP_SEPARATOR = "@"
 
 #: TopicFilterType's names
 TOPIC_FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
+
+# TopicValidator's names (RocketMQ 4.9): the topics a broker makes for itself. Shared by the
+# broker, which refuses clients' writes and changes to them, and the client, which checks
+# before it sends (as Java's Validators).
+
+#: the template topic of auto-creation (``TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC``)
+AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
+SELF_TEST_TOPIC = "SELF_TEST_TOPIC"
+BENCHMARK_TOPIC = "BenchmarkTest"
+OFFSET_MOVED_EVENT_TOPIC = "OFFSET_MOVED_EVENT"
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+#: the default message trace topic (``TopicValidator.RMQ_SYS_TRACE_TOPIC``)
+TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
+#: topics a producer may not send to (``TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET``): only the
+#: broker itself writes them
+NOT_ALLOWED_SEND_TOPICS = frozenset(
+    {
+        SCHEDULE_TOPIC,
+        TRANS_HALF_TOPIC,
+        TRANS_OP_HALF_TOPIC,
+        TRANS_CHECK_MAX_TIME_TOPIC,
+        SELF_TEST_TOPIC,
+        OFFSET_MOVED_EVENT_TOPIC,
+    }
+)
+#: RocketMQ 4.9's system topics (``TopicValidator.SYSTEM_TOPIC_SET``): no client creates or
+#: changes them through UPDATE_AND_CREATE_TOPIC. A broker adds the topics it makes for its
+#: cluster and itself (its cluster's and its own name, the reply topic).
+SYSTEM_TOPICS = NOT_ALLOWED_SEND_TOPICS | {
+    AUTO_CREATE_TOPIC_KEY_TOPIC, BENCHMARK_TOPIC, TRACE_TOPIC,
+}
+#: ``TopicValidator.SYSTEM_TOPIC_PREFIX``: every topic named so is a system topic
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
 
 
 def _encode(obj: dict[str, Any], pretty: bool, standard_json: bool) -> bytes:

@@ -19,9 +19,18 @@ import attrs
 
 from trio_ha.wire.layout import INT32_MAX
 from trio_ha.wire.metadata import (
+    AUTO_CREATE_TOPIC_KEY_TOPIC,
+    BENCHMARK_TOPIC,
     DEFAULT_TOPIC_QUEUE_NUMS,
+    NOT_ALLOWED_SEND_TOPICS,
+    OFFSET_MOVED_EVENT_TOPIC,
+    SCHEDULE_TOPIC,
+    SELF_TEST_TOPIC,
+    SYSTEM_TOPIC_PREFIX,
+    SYSTEM_TOPICS,
     TOPIC_FILTER_TYPES,
     TOPICS_JSON,
+    TRACE_TOPIC,
     DataVersion,
     TopicConfig,
     TopicConfigSerializeWrapper,
@@ -60,43 +69,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: the template topic of auto-creation (``TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC``)
-AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
-SELF_TEST_TOPIC = "SELF_TEST_TOPIC"
-BENCHMARK_TOPIC = "BenchmarkTest"
 #: BenchmarkTest's queues (RocketMQ creates it with 1024)
 BENCHMARK_TOPIC_QUEUE_NUMS = 1024
-OFFSET_MOVED_EVENT_TOPIC = "OFFSET_MOVED_EVENT"
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 #: ``<cluster>_REPLY_TOPIC`` (request/reply)
 REPLY_TOPIC_POSTFIX = "REPLY_TOPIC"
 #: queues of SCHEDULE_TOPIC_XXXX: one per delay level
 SCHEDULE_TOPIC_QUEUE_NUMS = 18
-TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
-TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
-TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
-#: the default message trace topic (``TopicValidator.RMQ_SYS_TRACE_TOPIC``)
-TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
-#: topics a producer may not send to (``TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET``): only the
-#: broker itself writes them
-NOT_ALLOWED_SEND_TOPICS = frozenset(
-    {
-        SCHEDULE_TOPIC,
-        TRANS_HALF_TOPIC,
-        TRANS_OP_HALF_TOPIC,
-        TRANS_CHECK_MAX_TIME_TOPIC,
-        SELF_TEST_TOPIC,
-        OFFSET_MOVED_EVENT_TOPIC,
-    }
-)
-#: RocketMQ 4.9's system topics (``TopicValidator.SYSTEM_TOPIC_SET``): no client creates or
-#: changes them through UPDATE_AND_CREATE_TOPIC. A broker adds the topics it makes for its
-#: cluster and itself (``TopicConfigManager.is_system_topic``).
-SYSTEM_TOPICS = NOT_ALLOWED_SEND_TOPICS | {
-    AUTO_CREATE_TOPIC_KEY_TOPIC, BENCHMARK_TOPIC, TRACE_TOPIC,
-}
-#: ``TopicValidator.SYSTEM_TOPIC_PREFIX``: every topic named so is a system topic
-SYSTEM_TOPIC_PREFIX = "rmq_sys_"
 
 _READ_WRITE = Permission.READ | Permission.WRITE
 
