@@ -13,8 +13,9 @@ import pytest
 import trio
 import trio.testing
 
-from trio_ha.broker import BrokerConfig
+from trio_ha.broker import BrokerConfig, admin, dispatch
 from trio_ha.broker.clients import ClientManager
+from trio_ha.broker.metadata import MetadataLimitError
 from trio_ha.client import Message, MQClientError, open_producer
 from trio_ha.remoting import RemotingConnection, open_remoting_client
 from trio_ha.testing import ClusterConfig, serve_cluster
@@ -191,6 +192,19 @@ async def test_point_11_names_follow_rocketmqs_remarks(nursery, tmp_path):
                 reply = await client.invoke(request, 5)
                 assert (reply.code, reply.remark) == (ResponseCode.SYSTEM_ERROR, remark)
         assert "T\n" not in await topics_of(client)
+
+
+async def test_point_11_a_refusal_no_processor_caught_is_still_one_line(monkeypatch, caplog):
+    def refuses(broker, request, connection):
+        raise MetadataLimitError("first line\nsecond line " + "x" * 1000)
+
+    monkeypatch.setitem(admin.HANDLERS, RequestCode.GET_MAX_OFFSET, refuses)
+    request = RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "T", "queueId": 0})
+    caplog.set_level(logging.INFO, logger="trio_ha")
+    reply = await dispatch.handle(None, request, connection(1))  # type: ignore[arg-type]
+    assert reply.code == ResponseCode.SYSTEM_ERROR
+    assert one_line(reply).startswith("first line second line x")
+    assert not caplog.records
 
 
 # ---- point 12 -----------------------------------------------------------------------------------
