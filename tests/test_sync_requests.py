@@ -69,6 +69,24 @@ async def test_requests_complete_in_offset_order_as_the_watermark_rises(autojump
         nursery.cancel_scope.cancel()
 
 
+async def test_a_rise_answers_the_requests_it_covers_before_anything_else_runs(autojump_clock):
+    """The service listens to its watermark: the puts a rise covers are answered inside
+    raise_to, so they wake in the same scheduling round, as direct waiters would."""
+    svc = service()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(svc.run)
+        requests = [svc.request(end, trio.current_time()) for end in (10, 20, 30)]
+        await trio.sleep(1)  # the service takes them and waits for the front's deadline
+        svc.watermark.raise_to(20)
+        assert [r.status for r in requests] == [OK, OK, None]
+        svc.watermark.raise_to(30)  # the held one, and one still in the channel
+        late = svc.request(40, trio.current_time())
+        svc.watermark.raise_to(40)
+        assert requests[2].status is OK and late.status is OK
+        assert svc.statistics().pending == 0
+        nursery.cancel_scope.cancel()
+
+
 async def test_each_request_is_answered_at_its_own_deadline(autojump_clock):
     svc = service(timeout=5.0)
     answers: dict[int, tuple[PutMessageStatus, float]] = {}

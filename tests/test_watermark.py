@@ -55,3 +55,17 @@ async def test_reset_lowers_without_waking_and_raises_with():
         nursery.start_soon(mark.wait_for, 60)
         await trio.testing.wait_all_tasks_blocked()
         mark.reset(70)
+
+
+async def test_listeners_hear_every_rise_synchronously_and_can_leave():
+    mark = Watermark()
+    heard: list[int] = []
+    mark.add_listener(heard.append)
+    mark.raise_to(5)
+    mark.raise_to(3)  # not a rise
+    mark.reset(1)  # a fall: not a rise either
+    mark.reset(8)
+    assert heard == [5, 8]  # already, with no checkpoint in between
+    mark.remove_listener(heard.append)
+    mark.raise_to(9)
+    assert heard == [5, 8]

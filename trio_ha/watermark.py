@@ -8,15 +8,20 @@ rise wakes exactly the waiters it satisfies, as a prefix of a heap ordered by of
 waiter that gives up (a cancel scope or deadline around ``wait_for``) simply leaves.
 
 Waiters park their task directly (``wait_task_rescheduled``) rather than each making an
-Event: a SYNC_FLUSH put waits on every call, so the wait is on the hot path. A waiter that
-leaves is marked dead in place (O(1)) and dropped when the heap is popped past it or, if
-dead entries pile up (long polls timing out on an idle queue), compacted away.
+Event: the wait is on hot paths. A waiter that leaves is marked dead in place (O(1)) and
+dropped when the heap is popped past it or, if dead entries pile up (long polls timing out on
+an idle queue), compacted away.
+
+A rise can also call listeners, synchronously: the group commit and group transfer services
+answer the puts a rise covers from there (``sync_requests``), so those puts wake in the same
+scheduling round as the rise, as a waiter would, instead of one task switch later.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -39,6 +44,8 @@ class Watermark:
     _waiters: list[list] = attrs.field(factory=list)
     _counter: itertools.count = attrs.field(factory=itertools.count)
     _dead: int = 0
+    #: called with the new value after every rise
+    _listeners: list[Callable[[int], None]] = attrs.field(factory=list)
 
     @property
     def value(self) -> int:
@@ -59,6 +66,17 @@ class Watermark:
             else:
                 entry[_TASK] = None
                 trio.lowlevel.reschedule(task)
+        if self._listeners:
+            for listener in self._listeners:
+                listener(value)
+
+    def add_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(value)`` after every rise, inside ``raise_to`` (so it must not
+        block, and must not raise)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[int], None]) -> None:
+        self._listeners.remove(listener)
 
     def reset(self, value: int) -> None:
         """Set the mark to ``value`` even if lower (recovery truncated the log). Waiters above

@@ -20,9 +20,14 @@ lists did not:
   in a deque and looks only at its front: when the watermark rises it completes the covered
   prefix, at the front's deadline it times out the expired prefix. (A request that arrived
   out of order would be inserted in place; it cannot happen, and costs one comparison.)
-* No polling. Between rounds the service sleeps on the watermark, until it covers the front
-  request, inside a cancel scope that ends at the front's deadline — whichever comes first.
-  (RocketMQ's GroupTransferService wakes every 10 ms to look.)
+* No polling, and no extra task switch. The service listens to its watermark: a rise takes
+  what waits in the channel and answers the requests it covers right there, so a put wakes
+  in the same scheduling round as the rise, as if it waited on the watermark itself. The
+  service's task only keeps time: it sleeps until the front request's deadline (a rise that
+  changes the front moves that deadline), and waits on the channel when it holds nothing.
+  When a rise has answered everything, the task's sleep is left as it was, not cancelled: it
+  wakes once at the old deadline, for nothing, instead of once per put to go back to the
+  channel. (RocketMQ's GroupTransferService wakes every 10 ms to look.)
 
 Every request is answered, by the service: PUT_OK, or the timeout status at its deadline, or,
 when the service stops (the store closes), PUT_OK if its end is covered by then and the
@@ -97,7 +102,7 @@ class SyncServiceStatistics:
     blocked: int
     #: the most the service holds, and the channel's buffer size
     capacity: int
-    #: seconds the oldest held request has waited (0.0 when none is held)
+    #: seconds the oldest pending request has waited (0.0 when none is pending)
     oldest_wait: float
     #: requests answered PUT_OK, and with the timeout status, since the start
     completed: int
@@ -119,6 +124,10 @@ class SyncRequestService:
     _held: deque[SyncRequest] = attrs.field(init=False, factory=deque)
     _completed: int = attrs.field(init=False, default=0)
     _timed_out: int = attrs.field(init=False, default=0)
+    #: the task's wait for the front request's deadline, while it waits
+    _front_wait: trio.CancelScope | None = attrs.field(init=False, default=None)
+    #: when the oldest request in the channel was made, if any came since the last round
+    _queued_since: float | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._send, self._receive = trio.open_memory_channel[SyncRequest](self.capacity)
@@ -141,6 +150,8 @@ class SyncRequestService:
             request.answer(self._final_status(request))  # the service has stopped
             return request
         request.sent = True
+        if self._queued_since is None:
+            self._queued_since = start
         return request
 
     async def wait(self, request: SyncRequest) -> PutMessageStatus:
@@ -163,30 +174,60 @@ class SyncRequestService:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Answer requests until cancelled; then answer every one still pending."""
+        self.watermark.add_listener(self._on_rise)
         try:
             task_status.started()
             await self._answer_requests()
         finally:
+            self.watermark.remove_listener(self._on_rise)
             self._answer_all_and_close()
 
     async def _answer_requests(self) -> None:
         held = self._held
-        receive = self._receive
-        watermark = self.watermark
         while True:
             if not held:
-                self._take(await receive.receive())
+                self._take(await self._receive.receive())
+            self._round()
+            if held:
+                # Rises are answered by _on_rise, which also moves this deadline when the
+                # front changes.
+                with trio.CancelScope(deadline=held[0].deadline) as self._front_wait:
+                    await trio.sleep_forever()
+                self._front_wait = None
+
+    def _on_rise(self, value: int) -> None:
+        held = self._held
+        if held:
+            if held[0].end > value:
+                return  # nothing held is covered, and what is in the channel comes after it
+        elif self._queued_since is None:
+            return  # nothing held, nothing sent since the last round
+        self._round()
+
+    def _round(self) -> None:
+        """Take what the channel holds, up to the capacity, and answer what the watermark
+        covers and what is past its deadline; again while that makes room and the channel
+        has more. Then tell the task's wait where the front's deadline is now."""
+        held = self._held
+        receive = self._receive
+        while True:
+            drained = False
             while len(held) < self.capacity:
                 try:
                     request = receive.receive_nowait()
-                except trio.WouldBlock:
+                except (trio.WouldBlock, trio.ClosedResourceError):
+                    drained = True
                     break
                 self._take(request)
+            before = len(held)
             self._answer_covered_and_expired()
-            if held:
-                front = held[0]
-                with trio.move_on_at(front.deadline):
-                    await watermark.wait_for(front.end)
+            if drained or len(held) == before:
+                break  # the channel is empty, or nothing held could be answered
+        # Whatever is left in the channel now is younger than what is held.
+        self._queued_since = None
+        wait = self._front_wait
+        if wait is not None and held:
+            wait.deadline = held[0].deadline
 
     def _take(self, request: SyncRequest) -> None:
         held = self._held
@@ -239,7 +280,12 @@ class SyncRequestService:
         held = len(self._held)
         queued = channel.current_buffer_used
         blocked = channel.tasks_waiting_send
-        oldest = trio.current_time() - self._held[0].made_at if self._held else 0.0
+        if self._held:
+            oldest = trio.current_time() - self._held[0].made_at
+        elif self._queued_since is not None:
+            oldest = trio.current_time() - self._queued_since
+        else:
+            oldest = 0.0
         return SyncServiceStatistics(
             pending=held + queued + blocked, held=held, queued=queued, blocked=blocked,
             capacity=self.capacity, oldest_wait=oldest, completed=self._completed,
