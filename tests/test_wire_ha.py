@@ -85,9 +85,31 @@ def test_reports_survive_torn_reads(reports, seed):
     seen = []
     for chunk in chop(wire, random.Random(seed)):
         master.receive_data(chunk)
-        seen += drain(master)
-    assert seen == [SlaveReport(r, i == 0) for i, r in enumerate(reports)]
+        events = drain(master)
+        # Point 9: one report per read, besides the first of the connection.
+        assert len([e for e in events if not e.first]) <= 1
+        seen += events
+    # The first report whole, then the last one of each read: a subsequence, ending last.
+    assert seen[0] == SlaveReport(reports[0], True)
+    offsets = iter(reports[1:])
+    assert all(any(e.offset == r for r in offsets) for e in seen[1:])
+    if len(reports) > 1:
+        assert seen[-1] == SlaveReport(reports[-1], False)
     assert master.last_report == reports[-1]
+
+
+def test_point_9_a_read_full_of_reports_is_one_event():
+    """A peer streaming reports costs one event per read, however many it packed in; the
+    reports it skips are not even decoded (RocketMQ's master takes the last one too)."""
+    master = MasterProtocol(log_end=10**6)
+    slave = SlaveProtocol()
+    master.receive_data(slave.send_report(100))
+    assert drain(master) == [SlaveReport(100, first=True)]
+    master.receive_data(b"".join(slave.send_report(100 + i) for i in range(8192)) + b"\x00" * 5)
+    assert drain(master) == [SlaveReport(100 + 8191)]
+    master.receive_data(b"\x00\x00\x00")  # the torn tail completes a ninth report: 0
+    with pytest.raises(HAProtocolError, match="backwards"):
+        master.next_event()
 
 
 def test_an_ack_beyond_the_master_log_is_a_protocol_error_fixes_rocketmq_3015():

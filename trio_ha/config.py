@@ -177,6 +177,9 @@ class StoreConfig:
     ha_transfer_method: str = attrs.field(default="sendfile", validator=_transfer_method)
     #: reconnect back-off of a slave's HA client
     ha_reconnect_interval: int = attrs.field(default=5000, validator=_positive)
+    #: HA connections a master serves at once; it closes any beyond at once (RocketMQ has no
+    #: limit: every connection costs two tasks and a frame per put, docs/ha-protocol.md)
+    ha_max_connections: int = attrs.field(default=64, validator=in_range(1, 65535))
 
     @property
     def commitlog_dir(self) -> str:

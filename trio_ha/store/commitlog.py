@@ -36,6 +36,7 @@ from .. import _backend
 from ..config import BrokerRole, StoreConfig
 from ..watermark import Watermark
 from ..wire import record as rec
+from ..wire.layout import INT64_MAX
 from .results import PutMessageResult, PutMessageStatus
 from .segment import Segment, sync_ranges
 from .segments import SegmentQueue
@@ -49,6 +50,11 @@ class AllocationTimeout(Exception):
 
 class ReplicaOffsetError(Exception):
     """Replicated bytes do not fit this log where they claim to go."""
+
+
+class ReplicaStartError(ReplicaOffsetError):
+    """An empty slave log was asked to start where no log can: off a segment boundary, or
+    where its first segment would end beyond the largest 64-bit offset."""
 
 
 #: One message as ``append`` takes it: topic (encoded), body, properties (encoded), queue id,
@@ -315,13 +321,20 @@ class CommitLog:
         if last is not None and offset < last.end_offset:
             return last
         if offset % self.segment_size:
-            raise ReplicaOffsetError(
+            raise (ReplicaOffsetError if last is not None else ReplicaStartError)(
                 f"a new segment must start at a multiple of the segment size "
                 f"{self.segment_size}; the master sent offset {offset} (do both sides use the "
                 "same mappedFileSizeCommitLog?)"
             )
         if last is None:
-            # An empty slave log begins where its master starts it.
+            # An empty slave log begins where its master starts it, if a log can: its first
+            # segment must end at a 64-bit offset (a master never sends one that does not;
+            # a rogue one could, and the log could then never grow).
+            if offset > INT64_MAX - self.segment_size:
+                raise ReplicaStartError(
+                    f"the master would start this log at offset {offset}, where a segment of "
+                    f"{self.segment_size} bytes ends beyond the largest 64-bit offset"
+                )
             self.written.reset(offset)
             self.flushed.reset(offset)
         # Segments come from the allocator here too: one creator per file name.

@@ -148,9 +148,7 @@ class MessageStore:
                     if config.flush_disk_type is FlushDiskType.SYNC_FLUSH else None
                 ),
                 group_transfer=(
-                    GroupTransferService.for_replicas(
-                        ha_service.replicated, ha_service.is_slave_ok, config
-                    )
+                    ha_service.group_transfer_service()
                     if config.broker_role is BrokerRole.SYNC_MASTER and ha_service is not None
                     else None
                 ),

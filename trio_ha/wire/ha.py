@@ -123,13 +123,22 @@ class MasterProtocol:
         self._buffer += data
 
     def next_event(self) -> SlaveReport | NeedData:
-        if len(self._buffer) < REPORT.size:
+        """The next report, or NEED_DATA. After the first report of a connection, only the
+        last whole report of what arrived is returned: each report restates the slave's log
+        end, so one that a later one supersedes says nothing (RocketMQ's master reads the
+        last complete value of a read the same way). A peer streaming reports therefore costs
+        one event per read, not one per eight bytes."""
+        buffer = self._buffer
+        whole = len(buffer) // REPORT.size
+        if not whole:
             return NEED_DATA
-        (offset,) = REPORT.unpack_from(self._buffer)
-        del self._buffer[: REPORT.size]
+        first = self._last_report is None
+        # The first report is a request, never skipped.
+        at = 0 if first else (whole - 1) * REPORT.size
+        (offset,) = REPORT.unpack_from(buffer, at)
+        del buffer[: at + REPORT.size]
         if offset < 0:
             raise HAProtocolError(f"slave reported a negative offset {offset}")
-        first = self._last_report is None
         if not first and offset > self.log_end:
             # The first report is a request and may be anywhere (a slave ahead of a master
             # that lost its tail must be told so); every later one is an ack of bytes the

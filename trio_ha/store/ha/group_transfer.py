@@ -12,10 +12,15 @@ SLAVE_NOT_AVAILABLE is decided as RocketMQ's isSlaveOK decides it, when the put 
 request: if too few live slaves are within haSlaveFallbehindMax of the put's end, the put is
 told so at once and waits for nothing. A request that was accepted is not re-judged later: a
 slave that goes away leaves it to its deadline (FLUSH_SLAVE_TIMEOUT), as in RocketMQ.
+
+The service also tells the HA service which put waits longest (``oldest_waiting``): a slave
+connection's acks may answer a put only if that connection carried every byte of it, and the
+oldest waiting put is the one that decides (``master``, *which acks count*).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 import attrs
@@ -26,12 +31,27 @@ from ..results import PutMessageStatus
 from ..sync_requests import SyncRequest, SyncRequestService
 
 
+@attrs.frozen
+class WaitingPut:
+    """The oldest SYNC_MASTER put still waiting for slaves: its bytes start at or after
+    ``floor`` (the end of the put that appended just before it) and end at ``end``."""
+
+    floor: int
+    end: int
+
+
 @attrs.define(eq=False)
 class GroupTransferService(SyncRequestService):
     """Answers SYNC_MASTER puts from the HA service's ``replicated`` watermark."""
 
     #: whether enough slaves are close enough to ``end`` to be worth waiting for
     is_slave_ok: Callable[[int], bool] = attrs.field(kw_only=True)
+    #: every request since the oldest unanswered one, in the order the puts appended (an
+    #: answered one is dropped from the front as soon as it is seen answered)
+    _order: deque[SyncRequest] = attrs.field(init=False, factory=deque)
+    #: the end of the last request dropped from the front: where the front's bytes start at
+    #: the earliest (0 before any: nothing is assumed about a put that came before)
+    _floor: int = attrs.field(init=False, default=0)
 
     @classmethod
     def for_replicas(
@@ -46,5 +66,26 @@ class GroupTransferService(SyncRequestService):
         if self.watermark.value < end and not self.is_slave_ok(end):
             request = SyncRequest(end, start, start)
             request.answer(PutMessageStatus.SLAVE_NOT_AVAILABLE)
-            return request
-        return super().request(end, start)
+        else:
+            request = super().request(end, start)
+        # Puts make their requests right after their appends, with no checkpoint between,
+        # so this is append order.
+        self._forget_answered()
+        if request.status is None or self._order:
+            self._order.append(request)
+        else:
+            self._floor = request.end
+        return request
+
+    def oldest_waiting(self) -> WaitingPut | None:
+        """The oldest put not answered yet, or None when no put waits (then every put still
+        to come appends after the log's current end). Amortised O(1)."""
+        self._forget_answered()
+        if not self._order:
+            return None
+        return WaitingPut(self._floor, self._order[0].end)
+
+    def _forget_answered(self) -> None:
+        order = self._order
+        while order and order[0].status is not None:
+            self._floor = order.popleft().end

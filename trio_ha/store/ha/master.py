@@ -4,19 +4,35 @@ Each slave connection is one nursery with two tasks: the ack reader and the log 
 either fails — the peer closed, broke the protocol, went silent past haHousekeepingInterval —
 the nursery cancels the other, and ``_handle`` closes the socket and drops the connection from
 the table, in one place. RocketMQ's HAConnection runs two threads that each poll with 1 s
-selects and tear each other down by flags.
+selects and tear each other down by flags. At most ``ha_max_connections`` connections live at
+once; the listener closes any beyond that at once (and logs so, at most every 10 s).
 
-Acks are kept per connection. RocketMQ keeps one global ``push2SlaveMaxOffset``, never lowered
-and never checked, so any socket writing eight bytes to port 10912 could make a SYNC_MASTER
-report PUT_OK without a slave (issues #1155, #3015). Here an ack beyond what the master has
-written closes that connection, and ``replicated`` — what SYNC_MASTER puts wait for — is the
-``ha_sync_acks``-th highest ack among live connections.
+Which acks count. RocketMQ keeps one global ``push2SlaveMaxOffset``, the highest report of any
+socket, first reports included, so any peer that knows the log end can make a SYNC_MASTER put
+PUT_OK without a slave (issues #1155, #3015). Here a report acknowledges only bytes that its
+connection carried: a connection starts at the offset the master accepted from its first
+report, and a later report acknowledges the bytes between that start and itself — never more
+than the frames handed to that connection (beyond is a protocol error). The first report is a
+request and acknowledges nothing. A connection's acks answer puts only once it carried every
+byte of the oldest waiting put: that put appended after the connection was accepted, or starts
+at or after the connection's start (``counted``; from then on it carried every later put too).
+``replicated`` — what SYNC_MASTER puts wait for — is the ``ha_sync_acks``-th highest ack among
+counted connections. A real slave that reconnects with a full log reports its end, the master
+continues from there, and its acks count from the first byte it is sent (docs/ha-protocol.md,
+*Which acks count*).
+
+Cost. A peer may stream reports as fast as it likes: the protocol hands over only the last
+whole report of a read, a report that repeats the last one costs a comparison, and a changed
+ack moves one entry of two sorted lists (a binary search and a move of at most
+``ha_max_connections`` pointers) instead of sorting every connection's ack. ``is_slave_ok`` is
+a binary search too.
 
 The writer sleeps on the commitlog's ``written`` watermark: a put wakes it at once (RocketMQ
 polls every 100 ms on an ASYNC_MASTER), and with nothing to send it sends a heartbeat every
 haSendHeartbeatInterval. A slave that asks for an offset the master cannot serve (below its
 first segment, or beyond its end: the logs diverged) gets one heartbeat carrying the master's
-offset, which the slave reports as a divergence, and the connection ends.
+first offset — never its end — which the slave reports as a divergence, and the connection
+ends.
 
 SYNC_MASTER puts do not wait here: ``replicated`` feeds the group transfer service
 (``group_transfer``), which answers them, and ``is_slave_ok`` tells it when there is no slave
@@ -25,9 +41,11 @@ worth waiting for.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import logging
 import time
+from collections.abc import Callable
 from typing import NoReturn
 
 import attrs
@@ -37,12 +55,15 @@ from ...config import StoreConfig
 from ...watermark import Watermark
 from ...wire.ha import NEED_DATA, HAProtocolError, MasterProtocol
 from ..commitlog import CommitLog
+from .group_transfer import GroupTransferService, WaitingPut
 from .transfer import HATransport, transport_for
 
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 64 * 1024
 DIFF_LOG_INTERVAL = 60.0
+#: at most one line per this many seconds about connections refused at the cap
+REFUSAL_LOG_INTERVAL = 10.0
 
 
 class HAConnectionClosed(Exception):
@@ -66,13 +87,21 @@ class SlaveConnectionStatistics:
     address: str
     state: HAConnectionState
     connected_since: float
+    #: the first report: where the slave asked the master to start
     requested_offset: int | None
+    #: the slave's last report once its request was accepted (its log end, as it says)
     acked_offset: int | None
     lag_bytes: int
     #: wall-clock time since which the slave has been behind (None: caught up)
     lag_since: float | None
     next_transfer_offset: int | None
     bytes_sent: int
+    #: where this connection's transfer started (None until the request is accepted)
+    start_offset: int | None = None
+    #: the end of the bytes this connection carried and the slave acknowledged
+    confirmed_offset: int | None = None
+    #: whether its acks answer SYNC_MASTER puts (it carried every byte of the puts waiting)
+    counted: bool = False
 
 
 @attrs.frozen
@@ -81,6 +110,9 @@ class HAMasterStatistics:
     master_offset: int
     replicated_offset: int
     connections: tuple[SlaveConnectionStatistics, ...]
+    #: ha_max_connections, and the connections closed at once because it was reached
+    max_connections: int = 0
+    refused_connections: int = 0
 
 
 @attrs.define(eq=False)
@@ -92,13 +124,24 @@ class HAConnection:
     state: HAConnectionState = HAConnectionState.WAITING_FOR_REPORT
     connected_since: float = attrs.field(factory=time.time)
     requested_offset: int | None = None
+    #: where the transfer starts; set with the master's log end at that moment
+    #: (``accepted_end``) when the first report is accepted
+    start_offset: int | None = None
+    accepted_end: int | None = None
+    #: the slave's last report since the request was accepted: its log end, as it says
     acked_offset: int | None = None
+    #: the end of the bytes this connection carried that the slave acknowledged
+    confirmed_offset: int | None = None
+    #: its confirmed offset counts for ``replicated`` (see the module docstring)
+    counted: bool = False
     next_offset: int | None = None
     #: the log end this connection's slave can hold: where it started, plus every frame handed
     #: to the transport; an ack beyond it acknowledges bytes never sent to it
     sent_offset: int | None = None
     bytes_sent: int = 0
     lag_since: float | None = None
+    #: the start offset of a request the master cannot serve (the writer refuses it)
+    _refused: int | None = None
     _first_report: trio.Event = attrs.field(factory=trio.Event)
 
     @property
@@ -122,30 +165,49 @@ class HAConnection:
                 quiet.deadline = trio.current_time() + silence
                 self.protocol.log_end = self.commitlog.max_offset
                 self.protocol.receive_data(data)
+                # At most two events per read: the first report, and the last of the rest.
                 while (event := self.protocol.next_event()) is not NEED_DATA:
-                    self._on_report(event.offset, event.first)
+                    if event.first:
+                        self._on_request(event.offset)
+                    else:
+                        self._on_report(event.offset)
         raise HAConnectionClosed(f"no report from the slave for {silence:g} s")
 
-    def _on_report(self, offset: int, first: bool) -> None:
-        if first:
-            self.requested_offset = offset
-            self.sent_offset = offset  # what the slave says it has; the writer adjusts
-            self._first_report.set()
-            if offset > self.commitlog.max_offset:
-                return  # a request for bytes we do not have: the writer tells the slave
-        elif self.sent_offset is None or offset > self.sent_offset:
+    def _on_request(self, requested: int) -> None:
+        """The first report: where the slave's log ends, so where to start. It acknowledges
+        nothing (any peer can say any offset); what the master accepts is decided here, at
+        once, so that the reports that follow are judged against it."""
+        commitlog = self.commitlog
+        self.requested_offset = requested
+        start = self._start_offset(requested)
+        if start < commitlog.min_offset or start > commitlog.max_offset:
+            self._refused = start
+        else:
+            self.start_offset = self.next_offset = self.sent_offset = start
+            self.accepted_end = commitlog.max_offset
+            self.state = HAConnectionState.TRANSFER
+            self.service.connection_accepted(self, requested)
+        self._first_report.set()
+
+    def _on_report(self, offset: int) -> None:
+        if self.start_offset is None or self.sent_offset is None:
+            return  # the request was refused: the writer is ending the connection
+        if offset > self.sent_offset:
             # RocketMQ #1155/#3015: acks must be of bytes this connection carried, or any
             # socket could make a SYNC_MASTER put succeed without a slave.
             raise HAProtocolError(
                 f"slave acked offset {offset}, but this connection has carried the log only "
                 f"up to {self.sent_offset}"
             )
-        self.acked_offset = offset
+        service = self.service
+        if offset != self.acked_offset:
+            service.report_moved(self, offset)
         if offset >= self.commitlog.max_offset:
             self.lag_since = None
         elif self.lag_since is None:
             self.lag_since = time.time()
-        self.service.ack_changed()
+        if offset > self.start_offset and (offset != self.confirmed_offset or not self.counted):
+            service.confirm(self, offset)
 
     # ---- writer ----------------------------------------------------------------------------
 
@@ -162,13 +224,10 @@ class HAConnection:
         config = self.service.config
         commitlog = self.commitlog
         await self._first_report.wait()
-        assert self.requested_offset is not None  # set with _first_report
-        offset = self._start_offset(self.requested_offset)
-        if offset < commitlog.min_offset or offset > commitlog.max_offset:
-            await self._refuse(offset)
-        self.next_offset = offset
-        self.sent_offset = offset  # the slave holds (or asked for) everything below the start
-        self.state = HAConnectionState.TRANSFER
+        if self._refused is not None:
+            await self._refuse(self._refused)
+        offset = self.start_offset
+        assert offset is not None  # accepted, as the first report was not refused
         batch = config.ha_transfer_batch_size
         heartbeat = config.ha_send_heartbeat_interval / 1000
         last_send = trio.current_time()
@@ -197,13 +256,15 @@ class HAConnection:
             last_send = trio.current_time()
 
     async def _refuse(self, requested: int) -> NoReturn:
-        """The slave asked for bytes this master cannot send. Tell it where the master's log
-        is (one heartbeat: the slave sees the offsets disagree and reports the divergence)
-        and end the connection — instead of RocketMQ's silent heartbeats forever."""
+        """The slave asked for bytes this master cannot send. Tell it so (one heartbeat at
+        the master's first offset, which is not where the slave's log ends, so the slave sees
+        the offsets disagree and reports the divergence) and end the connection — instead of
+        RocketMQ's silent heartbeats forever. The heartbeat never carries the master's log
+        end: a peer that asks for bytes beyond it learns nothing it could report back."""
         commitlog = self.commitlog
-        where = commitlog.min_offset if requested < commitlog.min_offset else commitlog.max_offset
+        behind = requested < commitlog.min_offset
         why = (
-            "below the master's first retained offset" if requested < commitlog.min_offset
+            "below the master's first retained offset" if behind
             else "beyond the master's log end (the master lost data the slave has)"
         )
         self.state = HAConnectionState.DIVERGED
@@ -212,7 +273,7 @@ class HAConnection:
             "stops. Fix: wipe the slave's store (or restore the master) and restart the slave.",
             self.address, requested, why, commitlog.min_offset, commitlog.max_offset,
         )
-        await self.transport.send_all(self.protocol.send_heartbeat(where))
+        await self.transport.send_all(self.protocol.send_heartbeat(commitlog.min_offset))
         raise HAConnectionClosed(f"slave requested offset {requested}, {why}")
 
     def statistics(self) -> SlaveConnectionStatistics:
@@ -228,7 +289,14 @@ class HAConnection:
             lag_since=self.lag_since,
             next_transfer_offset=self.next_offset,
             bytes_sent=self.bytes_sent,
+            start_offset=self.start_offset,
+            confirmed_offset=self.confirmed_offset,
+            counted=self.counted,
         )
+
+
+def _no_put_waits() -> WaitingPut | None:
+    return None
 
 
 @attrs.define(eq=False)
@@ -237,10 +305,28 @@ class HAService:
 
     config: StoreConfig
     commitlog: CommitLog
-    #: the ha_sync_acks-th highest ack among live slaves: what SYNC_MASTER puts wait for
+    #: the ha_sync_acks-th highest ack among counted connections: what SYNC_MASTER puts wait
+    #: for
     replicated: Watermark = attrs.field(factory=Watermark)
     connections: dict[int, HAConnection] = attrs.field(factory=dict)
     listen_address: tuple[str, int] | None = None
+    #: the oldest SYNC_MASTER put still waiting (the group transfer service's, once there is
+    #: one: ``group_transfer_service``); none on a master whose puts never wait
+    oldest_waiting: Callable[[], WaitingPut | None] = _no_put_waits
+    #: acked offsets of accepted connections, sorted (``is_slave_ok``)
+    _positions: list[int] = attrs.field(factory=list)
+    #: confirmed offsets of counted connections, sorted (``replicated``)
+    _confirmed: list[int] = attrs.field(factory=list)
+    _refused: int = 0
+    _refused_unlogged: int = 0
+    _refusal_logged_at: float = -REFUSAL_LOG_INTERVAL
+
+    def group_transfer_service(self) -> GroupTransferService:
+        """The service that answers SYNC_MASTER puts from ``replicated``; it tells this one
+        which put waits longest (what a connection must have carried to count)."""
+        service = GroupTransferService.for_replicas(self.replicated, self.is_slave_ok, self.config)
+        self.oldest_waiting = service.oldest_waiting
+        return service
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Listen on haListenPort and serve slaves until cancelled."""
@@ -261,6 +347,11 @@ class HAService:
         listener passes TCP streams; tests may pass memory streams)."""
         transport = transport_for(stream, method=self.config.ha_transfer_method)
         address = transport.peer
+        if len(self.connections) >= self.config.ha_max_connections:
+            self._refuse_connection(address)
+            with trio.CancelScope(shield=True):
+                await transport.aclose()
+            return
         connection = HAConnection(self, transport, address)
         self.connections[id(connection)] = connection
         log.info("HA: slave %s connected", address)
@@ -272,26 +363,78 @@ class HAService:
                 log.warning("HA: connection to slave %s closed: %s", address, exc)
         finally:
             del self.connections[id(connection)]
+            self._connection_dropped(connection)
             with trio.CancelScope(shield=True):
                 await transport.aclose()
 
+    def _refuse_connection(self, address: str) -> None:
+        """Count a connection refused at ha_max_connections; log it at most every
+        REFUSAL_LOG_INTERVAL, with how many went unlogged (a peer that keeps connecting must
+        not fill the log)."""
+        self._refused += 1
+        self._refused_unlogged += 1
+        now = time.monotonic()
+        if now - self._refusal_logged_at < REFUSAL_LOG_INTERVAL:
+            return
+        log.warning(
+            "HA: refused connection from %s: %d HA connections is the limit "
+            "(haMaxConnections); %d refused since the last such line",
+            address, self.config.ha_max_connections, self._refused_unlogged,
+        )
+        self._refusal_logged_at = now
+        self._refused_unlogged = 0
+
     # ---- acks and SYNC_MASTER ---------------------------------------------------------------
 
-    def ack_changed(self) -> None:
-        acks = sorted(
-            (c.acked_offset for c in self.connections.values() if c.acked_offset is not None),
-            reverse=True,
-        )
+    def connection_accepted(self, connection: HAConnection, reported: int) -> None:
+        """A connection's request was accepted; ``reported`` is where the slave's log ends."""
+        connection.acked_offset = reported
+        bisect.insort(self._positions, reported)
+
+    def report_moved(self, connection: HAConnection, offset: int) -> None:
+        """An accepted connection's slave reported a new log end."""
+        old = connection.acked_offset
+        assert old is not None  # set when the request was accepted
+        _move(self._positions, old, offset)
+        connection.acked_offset = offset
+
+    def confirm(self, connection: HAConnection, offset: int) -> None:
+        """``connection`` carried the log up to ``offset`` and its slave acknowledged it (or
+        acknowledges it again, while the connection is not counted yet)."""
+        if connection.counted:
+            old = connection.confirmed_offset
+            assert old is not None  # a counted connection has confirmed something
+            _move(self._confirmed, old, offset)
+        elif self._may_count(connection):
+            connection.counted = True
+            bisect.insort(self._confirmed, offset)
+        connection.confirmed_offset = offset
         needed = self.config.ha_sync_acks
-        if len(acks) >= needed:
-            self.replicated.raise_to(acks[needed - 1])
+        if connection.counted and len(self._confirmed) >= needed:
+            self.replicated.raise_to(self._confirmed[-needed])
+
+    def _may_count(self, connection: HAConnection) -> bool:
+        """Whether ``connection`` carried every byte of every put still waiting: the oldest
+        one appended after the connection was accepted (so after its start), or starts at or
+        after the connection's start. Every later put then qualifies too."""
+        waiting = self.oldest_waiting()
+        if waiting is None:
+            return True  # puts to come append after the log end, which is past the start
+        start, accepted_end = connection.start_offset, connection.accepted_end
+        assert start is not None and accepted_end is not None  # set when accepted
+        return waiting.end > accepted_end or start <= waiting.floor
+
+    def _connection_dropped(self, connection: HAConnection) -> None:
+        if connection.acked_offset is not None and connection.start_offset is not None:
+            _remove(self._positions, connection.acked_offset)
+        if connection.counted and connection.confirmed_offset is not None:
+            _remove(self._confirmed, connection.confirmed_offset)
 
     def is_slave_ok(self, end: int) -> bool:
         """Enough live slaves within haSlaveFallbehindMax of ``end`` to wait for them."""
-        limit = self.config.ha_slave_fallbehind_max
-        close = sum(
-            1 for c in self.connections.values()
-            if c.acked_offset is not None and end - c.acked_offset < limit
+        positions = self._positions
+        close = len(positions) - bisect.bisect_right(
+            positions, end - self.config.ha_slave_fallbehind_max
         )
         return close >= self.config.ha_sync_acks
 
@@ -312,4 +455,17 @@ class HAService:
             master_offset=self.commitlog.max_offset,
             replicated_offset=self.replicated.value,
             connections=tuple(c.statistics() for c in self.connections.values()),
+            max_connections=self.config.ha_max_connections,
+            refused_connections=self._refused,
         )
+
+
+def _remove(values: list[int], value: int) -> None:
+    """Remove one ``value`` from the sorted list ``values``."""
+    del values[bisect.bisect_left(values, value)]
+
+
+def _move(values: list[int], old: int, new: int) -> None:
+    """Replace one ``old`` by ``new`` in the sorted list ``values``."""
+    _remove(values, old)
+    bisect.insort(values, new)

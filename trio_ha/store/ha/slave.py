@@ -15,6 +15,11 @@ behind what the master still keeps (RocketMQ #3388), or holds bytes the master l
 client stops, enters the ``diverged`` state with both offsets in its statistics and the log,
 and waits for an operator (``clear_divergence`` after repairing the store, or a new master
 address) — rather than RocketMQ's endless reconnect loop (#323).
+
+An empty slave's log begins where the master's first data frame says, which must be where a
+log can begin: a segment boundary whose segment ends at a 64-bit offset. A master that says
+otherwise (a rogue one, or one with another mappedFileSizeCommitLog) is refused: the client
+stops in the ``refused`` state, with the reason in its statistics, and has written nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 import attrs
 import trio
@@ -38,7 +44,7 @@ from ...wire.ha import (
     SlaveProtocol,
 )
 from ...wire.record import parse_host_port
-from ..commitlog import CommitLog, ReplicaOffsetError
+from ..commitlog import CommitLog, ReplicaOffsetError, ReplicaStartError
 from .transfer import HATransport, SocketTransport
 
 log = logging.getLogger(__name__)
@@ -47,6 +53,8 @@ CONNECT_TIMEOUT = 5.0
 #: a catching-up slave reports after at most this many rounds or this many new bytes
 REPORT_COALESCE_ROUNDS = 16
 REPORT_COALESCE_BYTES = 4 * 1024 * 1024
+
+_E = TypeVar("_E", bound=Exception)
 
 
 class MasterConnectionLost(Exception):
@@ -65,6 +73,9 @@ class HAClientState(enum.StrEnum):
     BACKOFF = "backoff"
     #: the logs differ; replication waits for an operator (``clear_divergence``)
     DIVERGED = "diverged"
+    #: the master would start this empty log where no log can begin; replication waits for
+    #: an operator (``clear_divergence``) or another master
+    REFUSED = "refused"
 
 
 async def _connect_tcp(address: str) -> HATransport:
@@ -82,6 +93,8 @@ class HASlaveStatistics:
     bytes_received: int
     divergence: str | None
     last_error: str | None
+    #: why the master's start offset was refused (state ``refused``)
+    refusal: str | None = None
 
 
 @attrs.define(eq=False)
@@ -94,6 +107,7 @@ class HAClient:
     last_frame_time: float | None = None
     bytes_received: int = 0
     divergence: str | None = None
+    refusal: str | None = None
     last_error: str | None = None
     #: opens a transport to the master; TCP by default (tests pass memory streams)
     connect: Callable[[str], Awaitable[HATransport]] = _connect_tcp
@@ -106,21 +120,31 @@ class HAClient:
         if address == self.master_address:
             return
         self.master_address = address
-        self.divergence = None
+        self.divergence = self.refusal = None
         if self._session_scope is not None:
             self._session_scope.cancel()
         self._wakeup.set()
 
     def clear_divergence(self) -> None:
-        """The operator repaired the store: try replicating again."""
-        self.divergence = None
+        """The operator repaired the store (or the master): try replicating again, after a
+        divergence or a refused start."""
+        self.divergence = self.refusal = None
         self._wakeup.set()
+
+    @property
+    def _stopped(self) -> HAClientState | None:
+        """DIVERGED or REFUSED while replication waits for an operator, else None."""
+        if self.divergence is not None:
+            return HAClientState.DIVERGED
+        if self.refusal is not None:
+            return HAClientState.REFUSED
+        return None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
-            if self.master_address is None or self.divergence is not None:
-                self.state = HAClientState.DIVERGED if self.divergence else HAClientState.IDLE
+            if self.master_address is None or self._stopped is not None:
+                self.state = self._stopped or HAClientState.IDLE
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue
@@ -131,7 +155,9 @@ class HAClient:
                 try:
                     await self._session(address)
                 except* OffsetMismatch as group:
-                    self._diverged(address, _first_mismatch(group))
+                    self._diverged(address, _first_of(group))
+                except* ReplicaStartError as group:
+                    self._refused(address, _first_of(group))
                 except* (OSError, HAProtocolError, ReplicaOffsetError, MasterConnectionLost,
                          trio.BrokenResourceError, trio.ClosedResourceError,
                          trio.TooSlowError) as group:
@@ -141,7 +167,7 @@ class HAClient:
                                 self.last_error)
             self._session_scope = None
             self.connected_since = None
-            if failed and self.master_address == address and self.divergence is None:
+            if failed and self.master_address == address and self._stopped is None:
                 self.state = HAClientState.BACKOFF
                 self._wakeup = trio.Event()
                 with trio.move_on_after(self.config.ha_reconnect_interval / 1000):
@@ -155,15 +181,27 @@ class HAClient:
                 "was away longer than the master keeps data)"
             )
         else:
+            # The master refuses a request beyond its end with a heartbeat at its first
+            # offset, never at its end: it is somewhere below this slave's.
             why = (
-                f"this slave's log ends at {exc.expected} but the master's at {exc.received}: "
-                "the slave holds bytes the master does not have (the master lost its tail)"
+                f"this slave's log ends at {exc.expected}, beyond the master's (it answered "
+                f"at {exc.received}): the slave holds bytes the master does not have (the "
+                "master lost its tail)"
             )
         self.divergence = why
         self.state = HAClientState.DIVERGED
         log.error(
             "HA: replication from %s stopped: %s. Fix: wipe this slave's store and restart "
             "it to copy afresh, then clear_divergence().", address, why,
+        )
+
+    def _refused(self, address: str, exc: ReplicaStartError) -> None:
+        self.refusal = str(exc)
+        self.state = HAClientState.REFUSED
+        log.error(
+            "HA: replication from %s refused: %s. Nothing was written. Fix: check that %s is "
+            "this slave's master and that both use the same mappedFileSizeCommitLog, then "
+            "clear_divergence().", address, exc, address,
         )
 
     async def _session(self, address: str) -> None:
@@ -252,12 +290,20 @@ class HAClient:
             bytes_received=self.bytes_received,
             divergence=self.divergence,
             last_error=self.last_error,
+            refusal=self.refusal,
         )
 
 
-def _first_mismatch(group: ExceptionGroup[OffsetMismatch]) -> OffsetMismatch:
-    """The first OffsetMismatch of ``group``, however deeply it is nested."""
-    exc = group.exceptions[0]
-    while isinstance(exc, ExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
+def _first_of(group: ExceptionGroup[_E]) -> _E:
+    """The first exception of ``group``, however deeply it is nested."""
+    for exc in _leaves(group):
+        return exc
+    raise AssertionError("an exception group is never empty")
+
+
+def _leaves(group: ExceptionGroup[_E]) -> Iterator[_E]:
+    for exc in group.exceptions:
+        if isinstance(exc, ExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
