@@ -18,8 +18,9 @@ lists did not:
   in between, and trio's channels are FIFO, so requests arrive in offset order — which is
   deadline order too, every deadline being "now + the same timeout". The service keeps them
   in a deque and looks only at its front: when the watermark rises it completes the covered
-  prefix, at the front's deadline it times out the expired prefix. (A request that arrived
-  out of order would be inserted in place; it cannot happen, and costs one comparison.)
+  prefix, at the front's deadline it times out the expired prefix. (One request can be
+  taken late: the one the channel handed straight to the idle task, when a rise took the
+  requests behind it before the task ran. It is inserted in place.)
 * No polling, and no extra task switch. The service listens to its watermark: a rise takes
   what waits in the channel and answers the requests it covers right there, so a put wakes
   in the same scheduling round as the rise, as if it waited on the watermark itself. The
