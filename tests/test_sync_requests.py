@@ -87,6 +87,24 @@ async def test_a_rise_answers_the_requests_it_covers_before_anything_else_runs(a
         nursery.cancel_scope.cancel()
 
 
+async def test_a_request_handed_to_the_idle_task_after_a_rise_is_put_in_its_place(
+    autojump_clock,
+):
+    svc = service(timeout=5.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(svc.run)  # idle: waiting on the channel
+        first = svc.request(10, trio.current_time())  # handed straight to the task
+        second = svc.request(20, trio.current_time())  # buffered
+        svc.watermark.raise_to(15)  # before the task runs: the rise takes the second
+        assert (first.status, second.status) == (None, None)
+        assert svc.statistics().held == 1  # the second, taken by the rise
+        await trio.testing.wait_all_tasks_blocked()
+        assert (first.status, second.status) == (OK, None)  # the task put the first first
+        await trio.sleep(10)
+        assert second.status is TIMEOUT
+        nursery.cancel_scope.cancel()
+
+
 async def test_each_request_is_answered_at_its_own_deadline(autojump_clock):
     svc = service(timeout=5.0)
     answers: dict[int, tuple[PutMessageStatus, float]] = {}
