@@ -1,0 +1,412 @@
+"""Issue 9's HA points, each attacked from outside over real loopback sockets (a frozen slave
+is a real slave process stopped with SIGSTOP):
+
+1. a peer on the HA port that learns the master's log end cannot make a SYNC_MASTER put
+   PUT_OK by presenting it: a first report acknowledges nothing, an ack counts only for bytes
+   its connection carried, and a refusal does not tell the log end;
+9. a flood of reports costs one decoded report per read, and HA connections beyond
+   haMaxConnections are closed at once;
+14. a rogue master cannot make an empty slave start its log where no log can begin.
+
+No test asserts a duration; the puts' slave timeout is short so that each test takes a few
+seconds at most.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from conftest import wait_until
+from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
+from trio_ha.store import MessageStore
+from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics, SlaveConnectionStatistics
+from trio_ha.wire.ha import NEED_DATA, MasterProtocol, NeedData, SlaveReport
+from trio_ha.wire.layout import INT64_MAX
+
+SEGMENT = 64 * 1024
+OK = PutMessageStatus.PUT_OK
+NOT_REPLICATED = {PutMessageStatus.FLUSH_SLAVE_TIMEOUT, PutMessageStatus.SLAVE_NOT_AVAILABLE}
+REPORT = struct.Struct(">q")
+FRAME = struct.Struct(">qi")
+
+_CHILD_PATH = Path(__file__).with_name("ha_slave_process.py")
+_spec = importlib.util.spec_from_file_location("ha_slave_process", _CHILD_PATH)
+assert _spec is not None and _spec.loader is not None
+ha_slave_process = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ha_slave_process)
+
+
+def master_config(root, **overrides) -> StoreConfig:
+    values: dict[str, Any] = dict(
+        store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT,
+        mapped_file_size_consume_queue=20 * 200, broker_role=BrokerRole.SYNC_MASTER,
+        ha_listen_port=0, ha_bind_address="127.0.0.1", slave_timeout=300,
+        # A frozen slave stays connected through the test: it still counts as worth
+        # waiting for, so puts wait (and could be answered by a rogue's ack).
+        ha_housekeeping_interval=30_000, ha_send_heartbeat_interval=100,
+    )
+    values.update(overrides)
+    return StoreConfig(**values)
+
+
+def ha_of(master: MessageStore) -> HAMasterStatistics:
+    stats = master.statistics().ha
+    assert stats is not None
+    return stats
+
+
+def ha_slave_of(slave: MessageStore) -> HASlaveStatistics:
+    stats = slave.statistics().ha_slave
+    assert stats is not None
+    return stats
+
+
+def connections(master: MessageStore) -> dict[str, SlaveConnectionStatistics]:
+    return {c.address: c for c in ha_of(master).connections}
+
+
+def max_offset(store: MessageStore) -> int:
+    return store.statistics().max_commitlog_offset
+
+
+def address_text(address) -> str:
+    return f"{address[0]}:{address[1]}"
+
+
+async def connect(master: MessageStore) -> trio.SocketStream:
+    assert master.ha_address is not None
+    return await trio.open_tcp_stream(*master.ha_address)
+
+
+async def receive_exactly(stream: trio.SocketStream, n: int) -> bytes:
+    data = b""
+    with trio.fail_after(5):
+        while len(data) < n:
+            chunk = await stream.receive_some(n - len(data))
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+async def read_until_closed(stream: trio.SocketStream, timeout: float = 5.0) -> bytes:
+    received = bytearray()
+    with trio.fail_after(timeout):
+        while True:
+            try:
+                data = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                break
+            if not data:
+                break
+            received += data
+    return bytes(received)
+
+
+@contextlib.asynccontextmanager
+async def slave_process(store_dir: Path, master_address: str, log_path: Path):
+    """tests/ha_slave_process.py replicating from ``master_address`` until the block ends."""
+    with await trio.to_thread.run_sync(open, log_path, "ab") as stderr:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, str(_CHILD_PATH), str(store_dir), master_address],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+        )
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        output = b""
+        with trio.fail_after(60):
+            while b"READY\n" not in output:
+                data = await process.stdout.receive_some(4096)
+                if not data:
+                    await process.wait()
+                    pytest.fail(f"the slave process exited ({process.returncode}) before READY")
+                output += data
+        yield process
+    finally:
+        with trio.CancelScope(shield=True):
+            if process.returncode is None:
+                process.send_signal(signal.SIGKILL)
+                await process.wait()
+            await process.stdin.aclose()
+            await process.stdout.aclose()
+
+
+# ---- point 1 -----------------------------------------------------------------------------------
+
+
+async def learn_the_end_from_a_refusal(master: MessageStore) -> int:
+    """The old leak: ask for bytes far beyond the log; the refusal's heartbeat said where the
+    log ends. Returns the offset the refusal carried."""
+    stream = await connect(master)
+    async with stream:
+        await stream.send_all(REPORT.pack(2**62))
+        answer = await read_until_closed(stream)
+    assert len(answer) == FRAME.size, answer
+    offset, size = FRAME.unpack(answer)
+    assert size == 0  # a heartbeat
+    return offset
+
+
+async def present_the_end(master: MessageStore, end: int, *, from_just_below: bool) -> None:
+    """A rogue that knows the log end ``end`` (a put's record ends there) tries to make that
+    put PUT_OK on a fresh connection: either it reports ``end`` as its first report and again
+    as an ack, or it asks for the last byte, receives it, and acks ``end``."""
+    stream = await connect(master)
+    async with stream:
+        if from_just_below:
+            await stream.send_all(REPORT.pack(end - 1))
+            header = await receive_exactly(stream, FRAME.size)
+            offset, size = FRAME.unpack(header)
+            assert (offset, size) == (end - 1, 1)
+            assert len(await receive_exactly(stream, 1)) == 1
+        else:
+            await stream.send_all(REPORT.pack(end))
+        for _ in range(3):
+            await stream.send_all(REPORT.pack(end))
+            await trio.sleep(0.05)
+
+
+@attrs.define
+class Puts:
+    master: MessageStore
+    results: list = attrs.field(factory=list)
+
+    async def put(self, i: int):
+        result = await self.master.put_message(Message("Point1", b"%d" % i * 50))
+        self.results.append(result)
+        return result
+
+    async def until_ok(self, attempts: int = 200) -> None:
+        """Put until one is PUT_OK: a slave replicates."""
+        with trio.fail_after(20):
+            for i in range(attempts):
+                if (await self.put(i)).status is OK:
+                    return
+                await trio.sleep(0.05)
+        pytest.fail(f"no PUT_OK in {attempts} puts")
+
+
+@pytest.mark.parametrize("real_slave", ["frozen", "absent"])
+async def test_point_1_a_rogue_that_learns_the_log_end_cannot_make_a_sync_master_put_ok(
+    tmp_path, real_slave
+):
+    """RocketMQ #1155 again: with the only real slave frozen (SIGSTOP) or absent, a peer that
+    learns the log end and presents it on a new connection must not make a waiting
+    SYNC_MASTER put PUT_OK (it used to: 6 of 6 PUT_OK)."""
+    async with open_store(master_config(tmp_path / "m")) as master:
+        puts = Puts(master)
+        async with contextlib.AsyncExitStack() as stack:
+            if real_slave == "frozen":
+                process = await stack.enter_async_context(slave_process(
+                    tmp_path / "s", address_text(master.ha_address), tmp_path / "slave.log"
+                ))
+                await puts.until_ok()
+                process.send_signal(signal.SIGSTOP)
+                stack.callback(process.send_signal, signal.SIGCONT)
+            else:
+                # A rogue that says where its log ends and then neither reads nor acks: it
+                # makes puts wait for slaves (as a frozen slave does) instead of
+                # SLAVE_NOT_AVAILABLE at once.
+                holder = await stack.enter_async_context(await connect(master))
+                await holder.send_all(REPORT.pack(max_offset(master)))
+                await wait_until(lambda: len(connections(master)) == 1, "the holder's request")
+            attacked = []
+            for i in range(1, 7):
+                async with trio.open_nursery() as nursery:
+                    before = max_offset(master)
+                    nursery.start_soon(puts.put, i)
+                    await wait_until(lambda before=before: max_offset(master) > before,
+                                     "the put to append")
+                    end = max_offset(master)  # what a rogue can learn (it used to be told)
+                    await present_the_end(master, end, from_just_below=i % 2 == 0)
+                result = puts.results[-1]
+                assert result.commitlog_offset + result.size == end
+                attacked.append(result.status)
+            assert set(attacked) <= NOT_REPLICATED, attacked
+            # And the refusal of a request beyond the log no longer says where the log ends.
+            assert await learn_the_end_from_a_refusal(master) != max_offset(master)
+
+
+async def test_point_1_a_real_slave_that_restarts_with_a_full_log_counts_from_its_first_new_byte(
+    tmp_path,
+):
+    """The classic protocol still works for a slave that restarts with a full log: it reports
+    its end first, the master sends from there, and its acks of the new bytes answer puts."""
+    async with open_store(master_config(tmp_path / "m", ha_housekeeping_interval=1000)) as master:
+        puts = Puts(master)
+        address = address_text(master.ha_address)
+        for restart in range(2):
+            async with slave_process(tmp_path / "s", address, tmp_path / "slave.log"):
+                await puts.until_ok()
+                (connection,) = connections(master).values()
+                assert connection.counted and connection.start_offset is not None
+                if restart:  # it came back with its log, and was not sent it again
+                    assert connection.requested_offset == connection.start_offset > 0
+                statuses = [(await puts.put(10 + i)).status for i in range(20)]
+                assert set(statuses) == {OK}
+            await wait_until(lambda: not connections(master), "the master to drop the slave")
+
+
+# ---- point 9 -----------------------------------------------------------------------------------
+
+
+async def test_point_9_a_report_flood_is_decoded_once_per_read(tmp_path, monkeypatch):
+    """One socket streams 1 MiB of reports (131,072 of them) at a master with an honest slave
+    and puts going on: the master decodes at most one report per read (the last whole one),
+    drops nothing it should not, and keeps replicating."""
+    decoded = []
+    original = MasterProtocol.next_event
+
+    def counting(self: MasterProtocol) -> SlaveReport | NeedData:
+        event = original(self)
+        if event is not NEED_DATA:
+            decoded.append(event)
+        return event
+
+    monkeypatch.setattr(MasterProtocol, "next_event", counting)
+    config = master_config(tmp_path / "m", ha_housekeeping_interval=1000, slave_timeout=2000)
+    async with open_store(config) as master:
+        slave_config = ha_slave_process.slave_config(
+            str(tmp_path / "s"), address_text(master.ha_address)
+        )
+        async with open_store(slave_config):
+            puts = Puts(master)
+            await puts.until_ok()
+            flood = await connect(master)
+            async with flood:
+                here = max_offset(master)
+                await flood.send_all(REPORT.pack(here))
+                await wait_until(lambda: any(c.requested_offset == here
+                                             for c in connections(master).values()),
+                                 "the flood's request")
+                decoded.clear()
+                reports = 131_072
+                block = REPORT.pack(here) * 8192
+                async with trio.open_nursery() as nursery:
+                    async def stream_reports():
+                        for _ in range(reports // 8192):
+                            await flood.send_all(block)
+
+                    nursery.start_soon(stream_reports)
+                    statuses = [(await puts.put(i)).status for i in range(1, 21)]
+            # The master reads what is buffered, then the end, and drops the connection.
+            await wait_until(lambda: all(c.requested_offset != here
+                                         for c in connections(master).values()),
+                             "the master to read the whole flood")
+            assert set(statuses) == {OK}
+            # Every read of up to 64 KiB yields at most one report: 1 MiB is at least 16
+            # reads, and at most a few thousand however the kernel cuts it.
+            flood_events = [e for e in decoded if e.offset == here and not e.first]
+            assert len(flood_events) <= reports // 16, len(flood_events)
+
+
+async def test_point_9_ha_connections_beyond_the_limit_are_closed_at_once(tmp_path):
+    limit = 8
+    config = master_config(tmp_path / "m", ha_max_connections=limit, slave_timeout=2000)
+    async with open_store(config) as master:
+        slave_config = ha_slave_process.slave_config(
+            str(tmp_path / "s"), address_text(master.ha_address)
+        )
+        async with open_store(slave_config):
+            puts = Puts(master)
+            await puts.until_ok()
+            idle = [await connect(master) for _ in range(limit - 1)]  # the slave is one
+            await wait_until(lambda: len(ha_of(master).connections) == limit,
+                             "the master to hold its limit")
+            extra = [await connect(master) for _ in range(20)]
+            for stream in extra:
+                # Closed at once, without a report: nothing to read, then the end.
+                assert await read_until_closed(stream) == b""
+            stats = ha_of(master)
+            assert len(stats.connections) == limit
+            assert stats.max_connections == limit and stats.refused_connections == 20
+            assert {(await puts.put(i)).status for i in range(1, 11)} == {OK}
+            for stream in idle + extra:
+                await stream.aclose()
+            # Room again once connections leave.
+            await wait_until(lambda: len(ha_of(master).connections) == 1, "the idle ones to go")
+            again = await connect(master)
+            async with again:
+                await again.send_all(REPORT.pack(max_offset(master)))
+                await wait_until(lambda: len(ha_of(master).connections) == 2,
+                                 "a new connection to be served")
+
+
+# ---- point 14 ----------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class RogueMaster:
+    """A listener that plays master: answers a slave's first report with one data frame at
+    ``offset``."""
+
+    offset: int
+    accepted: int = 0
+    address: tuple[str, int] | None = None
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED):
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.address = listeners[0].socket.getsockname()[:2]
+        task_status.started(self.address)
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        self.accepted += 1
+        async with stream:
+            await receive_exactly(stream, REPORT.size)
+            with contextlib.suppress(trio.BrokenResourceError):
+                await stream.send_all(FRAME.pack(self.offset, 100) + b"x" * 100)
+                await trio.sleep_forever()
+
+
+@pytest.mark.parametrize("offset", [
+    INT64_MAX + 1 - SEGMENT,  # aligned, but its segment ends at 2^63: past the largest offset
+    2**62 + SEGMENT // 2,  # off a segment boundary
+    2**62 + 4096,
+], ids=["segment-ends-past-2^63-1", "half-segment", "page"])
+async def test_point_14_an_empty_slave_refuses_a_start_where_no_log_can_begin(tmp_path, offset):
+    rogue = RogueMaster(offset)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(rogue.serve)
+        config = ha_slave_process.slave_config(str(tmp_path / "s"), address_text(rogue.address))
+        async with open_store(config) as slave:
+            await wait_until(lambda: ha_slave_of(slave).state == "refused",
+                             "the slave to refuse the master's start offset")
+            await trio.sleep(0.5)  # five reconnect intervals: it does not try again
+            stats = ha_slave_of(slave)
+            assert stats.state == "refused" and stats.refusal is not None
+            assert str(offset) in stats.refusal
+            assert rogue.accepted == 1
+            # Nothing written: at most the allocator's spare first segment exists.
+            assert max_offset(slave) == 0
+            files = {p.name for p in (tmp_path / "s" / "commitlog").iterdir()}
+            assert files <= {"0" * 20}, files
+            # An operator who fixed things lets it try again (and it refuses again).
+            assert slave.ha_client is not None
+            slave.ha_client.clear_divergence()
+            await wait_until(lambda: rogue.accepted == 2, "another attempt")
+            await wait_until(lambda: ha_slave_of(slave).state == "refused", "the refusal")
+        nursery.cancel_scope.cancel()
+
+
+async def test_point_14_an_empty_slave_still_starts_at_the_highest_segment_that_fits(tmp_path):
+    offset = INT64_MAX + 1 - 2 * SEGMENT  # its segment ends at 2^63 - SEGMENT
+    rogue = RogueMaster(offset)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(rogue.serve)
+        config = ha_slave_process.slave_config(str(tmp_path / "s"), address_text(rogue.address))
+        async with open_store(config) as slave:
+            await wait_until(lambda: max_offset(slave) == offset + 100, "the frame to arrive")
+            assert ha_slave_of(slave).state == "transfer"
+        nursery.cancel_scope.cancel()
