@@ -7,7 +7,7 @@ import struct
 import pytest
 import trio
 
-from trio_ha.remoting import not_supported, open_remoting_client, serve_remoting
+from trio_ha.remoting import RemotingLimits, not_supported, open_remoting_client, serve_remoting
 from trio_ha.remoting.client import RemotingTimeout
 from trio_ha.wire.remoting import (
     NEED_DATA,
@@ -37,7 +37,8 @@ async def handler(request, connection):
 @pytest.fixture
 async def server(nursery):
     host, port = await nursery.start(lambda task_status: serve_remoting(
-        handler, 0, host="127.0.0.1", idle_timeout=2.0, task_status=task_status))
+        handler, 0, host="127.0.0.1", limits=RemotingLimits(idle_timeout=2.0),
+        task_status=task_status))
     return f"127.0.0.1:{port}"
 
 

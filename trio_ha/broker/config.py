@@ -18,6 +18,7 @@ import attrs
 from ..config import (
     BrokerRole,
     ConfigError,
+    MiB,
     StoreConfig,
     camel_case,
     in_range,
@@ -86,6 +87,26 @@ class BrokerConfig:
     vip_channel_enable: bool = True
     #: remoting connections idle this long are closed
     server_channel_max_idle_time_seconds: int = attrs.field(default=120, validator=in_range(1))
+    #: remoting limits (docs/remoting.md, "Limits and bad input"): reply bytes waiting on one
+    #: connection at which its requests are no longer read, and below which they are again
+    #: (RocketMQ's Netty water marks; Netty's own defaults, 64/32 KiB, apply when they are 0)
+    write_buffer_high_water_mark: int = attrs.field(default=4 * MiB, validator=in_range(1))
+    write_buffer_low_water_mark: int = attrs.field(default=1 * MiB, validator=in_range(0))
+    #: reply bytes waiting on all connections at which no requests are read
+    server_write_buffer_total_bytes: int = attrs.field(default=256 * MiB, validator=in_range(1))
+    #: a connection whose replies make no progress for this long is closed
+    server_write_timeout_seconds: int = attrs.field(default=30, validator=in_range(1))
+    #: bytes of unfinished request frames beyond each connection's first 64 KiB, all together
+    server_read_buffer_total_bytes: int = attrs.field(default=128 * MiB, validator=in_range(1))
+    #: a request frame begun must arrive whole within this long
+    server_request_timeout_seconds: int = attrs.field(default=30, validator=in_range(1))
+    #: connections per remoting listener, within what the fd limit allows; more are refused
+    server_max_connections: int = attrs.field(default=10_000, validator=in_range(1))
+    #: requests running at once on one connection; beyond it its requests are not read
+    server_max_in_flight_requests: int = attrs.field(default=4096, validator=in_range(1))
+    #: at shutdown, how long connections may take to finish before they are closed
+    #: (RocketMQ 5's name; it waits 30 s, and only with enableShutdownGracefully)
+    shutdown_wait_time_seconds: int = attrs.field(default=5, validator=in_range(0))
     #: how often a slave copies topics, offsets and groups from its master (ms)
     slave_sync_interval: int = attrs.field(default=10_000, validator=in_range(1))
     store: StoreConfig = attrs.field(factory=StoreConfig)
@@ -95,6 +116,8 @@ class BrokerConfig:
             raise ConfigError("a SLAVE needs brokerId > 0 (0 is the master's id)")
         if self.store.broker_role is not BrokerRole.SLAVE and self.broker_id != 0:
             raise ConfigError(f"a master has brokerId 0, not {self.broker_id}")
+        if self.write_buffer_low_water_mark > self.write_buffer_high_water_mark:
+            raise ConfigError("writeBufferLowWaterMark must not exceed writeBufferHighWaterMark")
 
     @property
     def role(self) -> BrokerRole:

@@ -124,8 +124,13 @@ async def process_pull(
         wait = (header.suspend_timeout_millis if config.long_polling_enable
                 else config.short_polling_time_mills) / 1000
         arrivals = broker.store.queue_arrivals(header.topic, header.queue_id)
-        with trio.move_on_after(wait):
+        # Held on the connection: the wait ends early when it closes or the server drains it
+        # (the pull then answers as after a timeout).
+        with connection.holding(wait):
             await arrivals.wait_for(header.queue_offset + 1)
+        # Many held pulls may wake at once: each waits for room under the connection's reply
+        # bound before reading, and nothing after this checkpoints before the reply is queued.
+        await connection.wait_reply_room()
         response = _pull_once(broker, request, header, codes, tags)
     else:
         await trio.lowlevel.checkpoint()

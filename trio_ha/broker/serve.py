@@ -19,8 +19,10 @@ down), learns its master's HA address from its registration when haMasterAddress
 and subscription groups from the master every slaveSyncInterval, never moving an offset back
 (RocketMQ issue #1094).
 
-Cancelling the nursery shuts down gracefully: listeners close, in-flight requests end, the
-broker unregisters, metadata and the store are flushed, and the abort file is removed.
+Cancelling the nursery shuts down gracefully: listeners close, connections stop reading, held
+pulls answer, running requests get at most shutdownWaitTimeSeconds to finish and write their
+replies before their connections are closed, the broker unregisters, metadata and the store
+are flushed, and the abort file is removed.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import logging
 import attrs
 import trio
 
-from ..remoting import RemotingClientPool, serve_remoting
+from ..remoting import RemotingBudgets, RemotingClientPool, RemotingLimits, serve_remoting
 from ..store import MessageStore, open_store
 from .broker import Broker, BrokerAddresses
 from .config import VIP_PORT_OFFSET, BrokerConfig
@@ -40,7 +42,7 @@ from .metadata import BrokerMetadata, config_dir_of
 from .registration import Registration
 from .slave_sync import run_slave_sync
 
-__all__ = ["load_metadata", "serve_broker"]
+__all__ = ["load_metadata", "remoting_limits", "serve_broker"]
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +134,22 @@ async def _run(
                     await registration.unregister_all()
 
 
+def remoting_limits(config: BrokerConfig) -> RemotingLimits:
+    """The limits of the broker's remoting ports, from its config keys."""
+    return RemotingLimits(
+        idle_timeout=config.server_channel_max_idle_time_seconds,
+        max_in_flight=config.server_max_in_flight_requests,
+        write_buffer_high_water_mark=config.write_buffer_high_water_mark,
+        write_buffer_low_water_mark=config.write_buffer_low_water_mark,
+        write_buffer_total=config.server_write_buffer_total_bytes,
+        write_timeout=config.server_write_timeout_seconds,
+        read_buffer_total=config.server_read_buffer_total_bytes,
+        request_timeout=config.server_request_timeout_seconds,
+        max_connections=config.server_max_connections,
+        shutdown_timeout=config.shutdown_wait_time_seconds,
+    )
+
+
 async def _serve(
     nursery: trio.Nursery,
     broker: Broker,
@@ -140,15 +158,16 @@ async def _serve(
 ) -> None:
     """Start the listeners and the broker's own tasks in ``nursery``."""
     config = broker.config
-    idle = config.server_channel_max_idle_time_seconds
+    limits = remoting_limits(config)
+    budgets = RemotingBudgets.for_limits(limits)  # the port and the VIP port share them
     await nursery.start(functools.partial(
         serve_remoting, functools.partial(handle, broker), 0, listeners=listeners,
-        idle_timeout=idle, on_close=broker.connection_closed,
+        limits=limits, budgets=budgets, on_close=broker.connection_closed,
     ))
     if vip_listeners:
         await nursery.start(functools.partial(
             serve_remoting, functools.partial(handle_vip, broker), 0, listeners=vip_listeners,
-            idle_timeout=idle, on_close=broker.connection_closed,
+            limits=limits, budgets=budgets, on_close=broker.connection_closed,
         ))
     nursery.start_soon(broker.run_housekeeping)
     if config.namesrv_addresses:

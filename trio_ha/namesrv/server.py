@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from .. import _backend
-from ..remoting import RemotingConnection, not_supported, serve_remoting
+from ..remoting import RemotingConnection, RemotingLimits, not_supported, serve_remoting
 from ..wire.errors import RouteDecodeError
 from ..wire.metadata import DataVersion
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
@@ -33,7 +33,8 @@ class NamesrvConfig:
     #: how often expired brokers are looked for (RocketMQ: every 10 s, first after 5 s)
     scan_interval: float = 10.0
     broker_expiry: float = BROKER_EXPIRY_SECONDS
-    idle_timeout: float = 120.0
+    #: connections, idle time, buffered bytes, shutdown deadline (the broker's remoting keys)
+    remoting: RemotingLimits = attrs.field(factory=RemotingLimits)
 
 
 @attrs.define(eq=False)
@@ -153,7 +154,7 @@ async def serve_namesrv(
         address: tuple[str, int] = await nursery.start(
             lambda task_status: serve_remoting(
                 server.handle, config.listen_port, host=config.bind_address,
-                idle_timeout=config.idle_timeout, on_close=server.connection_closed,
+                limits=config.remoting, on_close=server.connection_closed,
                 task_status=task_status,
             )
         )

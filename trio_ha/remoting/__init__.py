@@ -1,5 +1,6 @@
 """RocketMQ remoting over trio: frames (see ``trio_ha.wire.remoting``) on real connections."""
 
+from .answers import RequestError, not_supported
 from .client import (
     RemotingClient,
     RemotingClientPool,
@@ -9,10 +10,14 @@ from .client import (
     open_client_pool,
     open_remoting_client,
 )
-from .server import RemotingConnection, not_supported, serve_connection, serve_remoting
+from .connection import CloseReason, Handler, RemotingConnection, serve_connection
+from .limits import RemotingBudgets, RemotingLimits
+from .server import RemotingServer, RemotingServerStatistics, serve_remoting
 
 __all__ = [
-    "RemotingClient", "RemotingClientPool", "RemotingConnectError", "RemotingConnection",
-    "RemotingError", "RemotingTimeout", "not_supported", "open_client_pool",
-    "open_remoting_client", "serve_connection", "serve_remoting",
+    "CloseReason", "Handler", "RemotingBudgets", "RemotingClient", "RemotingClientPool",
+    "RemotingConnectError", "RemotingConnection", "RemotingError", "RemotingLimits",
+    "RemotingServer", "RemotingServerStatistics", "RemotingTimeout", "RequestError",
+    "not_supported", "open_client_pool", "open_remoting_client", "serve_connection",
+    "serve_remoting",
 ]

@@ -1,141 +1,212 @@
-"""RocketMQ remoting over trio: the server side.
+"""RocketMQ remoting over trio: the server side — listeners, connections, shutdown.
 
-One nursery per connection. Its reader decodes frames and starts one task per request, so a
-slow request (a long-polled pull holds its reply for up to 15 s) never stalls the requests
-behind it; replies go out in whatever order they finish, matched by ``opaque`` as RocketMQ
-clients expect. Replies are written by ``RemotingConnection.send``: under a lock, so frames
-never interleave, and shielded from cancellation, so a frame is never left half-written.
+``serve_remoting(handler, port, ...)`` (or a ``RemotingServer``) accepts connections and serves
+each with a ``RemotingConnection`` (see ``connection``: one task per request, replies written
+by a writer task, every resource bounded by ``RemotingLimits``). Here:
 
-The peer is untrusted: frame and header sizes are checked by the decoder before anything is
-buffered, a malformed frame closes that one connection, and at most ``max_in_flight`` requests
-run at once per connection — beyond that the reader stops reading, and back-pressure reaches
-the peer's socket. A connection silent for ``idle_timeout`` seconds (RocketMQ: 120) is closed.
+- **connections** are limited per listener (``max_connections``) and, for the whole process,
+  to the file descriptor limit less a reserve (``limits.fd_connection_limit``), so idle
+  connections cannot take the descriptors the store needs to roll a segment. A connection over
+  a limit is accepted and closed at once. An accept that fails for want of descriptors or
+  memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) is retried after a back-off, never fatal.
+- **shutdown** is graceful with a deadline (hypercorn's habit): when the server is cancelled,
+  its listeners close, every connection stops reading, held requests (long-polled pulls) answer
+  at once, running requests finish and replies are written — and whatever is not done after
+  ``shutdown_timeout`` is cancelled and its connection closed. The connections run in a
+  nursery shielded from the caller's cancellation, under that deadline, so a peer that never
+  reads cannot hold the process up.
+- **log lines** a peer can cause (bad frames, refusals, failing requests) are rate-limited.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
-import time
-from collections.abc import Awaitable, Callable
+import os
+from collections import Counter
+from collections.abc import Callable, Mapping
 
 import attrs
 import trio
 
 from .._sockets import peer_name
-from ..wire.errors import HeaderFieldError, RemotingDecodeError
-from ..wire.remoting import NEED_DATA, FrameDecoder, RemotingCommand, ResponseCode, encode
+from .connection import CloseReason, Handler, RemotingConnection
+from .limits import RemotingBudgets, RemotingLimits, fd_connection_limit
+from .ratelog import RateLimitedLog
+
+__all__ = ["RemotingServer", "RemotingServerStatistics", "serve_remoting"]
 
 log = logging.getLogger(__name__)
 
-RECEIVE_SIZE = 256 * 1024
-DEFAULT_IDLE_TIMEOUT = 120.0
-DEFAULT_MAX_IN_FLIGHT = 4096
-
-Handler = Callable[[RemotingCommand, "RemotingConnection"], Awaitable[RemotingCommand | None]]
+#: accept errors that mean "not now" (out of descriptors or memory), not "never"
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_RETRY_MIN = 0.05
+ACCEPT_RETRY_MAX = 1.0
 
 
 @attrs.define(eq=False)
-class RemotingConnection:
-    """One client connection, as processors see it."""
+class _ProcessConnections:
+    """Remoting connections open in this process, every server's: file descriptors are the
+    process's, not one listener's."""
 
-    stream: trio.abc.Stream
-    peer: str
-    connected_at: float = attrs.field(factory=time.time)
-    closed: bool = False
-    _send_lock: trio.Lock = attrs.field(factory=trio.Lock)
-
-    async def send(self, command: RemotingCommand) -> None:
-        """Send one frame: under the lock, so frames never interleave, and shielded, so a
-        cancelled sender never leaves half a frame on the wire."""
-        if self.closed:
-            raise trio.ClosedResourceError("connection closed")
-        data = encode(command)
-        async with self._send_lock:
-            with trio.CancelScope(shield=True):
-                await self.stream.send_all(data)
+    count: int = 0
 
 
-def not_supported(request: RemotingCommand) -> RemotingCommand:
-    """RocketMQ's answer to a request code nobody handles."""
-    return RemotingCommand.response_to(
-        request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-        remark=f" request type {request.code} not supported",
+_PROCESS = _ProcessConnections()
+
+
+@attrs.frozen
+class RemotingServerStatistics:
+    #: connections open now
+    connections: int
+    accepted: int
+    #: accepted and closed at once: over max_connections or the file descriptor limit
+    refused: int
+    #: accepts that failed for want of descriptors or memory, and were retried
+    accept_errors: int
+    #: connections that ended, by CloseReason name
+    closed: Mapping[str, int]
+    #: encoded replies waiting to be written, all connections
+    reply_bytes_pending: int
+    #: request bytes buffered beyond the connections' own allowances (the shared read budget)
+    request_bytes_buffered: int
+    #: requests running, all connections
+    requests_in_flight: int
+
+
+@attrs.define(eq=False)
+class RemotingServer:
+    handler: Handler
+    limits: RemotingLimits = attrs.field(factory=RemotingLimits)
+    budgets: RemotingBudgets = attrs.field(
+        default=attrs.Factory(lambda self: RemotingBudgets.for_limits(self.limits),
+                              takes_self=True)
     )
+    on_open: Callable[[RemotingConnection], None] | None = None
+    on_close: Callable[[RemotingConnection], None] | None = None
+    connections: set[RemotingConnection] = attrs.field(factory=set)
+    _accepted: int = 0
+    _refused: int = 0
+    _accept_errors: int = 0
+    _closed: Counter[str] = attrs.field(factory=Counter)
+    _connections_scope: trio.CancelScope | None = None
+    _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
 
+    def statistics(self) -> RemotingServerStatistics:
+        return RemotingServerStatistics(
+            connections=len(self.connections), accepted=self._accepted, refused=self._refused,
+            accept_errors=self._accept_errors, closed=dict(self._closed),
+            reply_bytes_pending=self.budgets.replies.used,
+            request_bytes_buffered=self.budgets.requests.used,
+            requests_in_flight=sum(c.in_flight for c in self.connections),
+        )
 
-async def serve_connection(
-    stream: trio.abc.Stream,
-    handler: Handler,
-    *,
-    peer: str = "?",
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-    on_open: Callable[[RemotingConnection], None] | None = None,
-    on_close: Callable[[RemotingConnection], None] | None = None,
-) -> None:
-    """Serve requests from one connection until it closes, misbehaves or idles out."""
-    connection = RemotingConnection(stream, peer)
-    decoder = FrameDecoder()
-    limiter = trio.CapacityLimiter(max_in_flight)
-    if on_open is not None:
-        on_open(connection)
-    try:
+    async def serve(
+        self,
+        port: int = 0,
+        *,
+        host: str | None = None,
+        listeners: list[trio.SocketListener] | None = None,
+        task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen on ``host:port`` (port 0: the OS picks), or on ``listeners`` already bound,
+        until cancelled; reports the bound ``(host, port)``. Cancelling it shuts down within
+        ``limits.shutdown_timeout``."""
+        if listeners is None:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        sockname = listeners[0].socket.getsockname()
+        stopping = trio.Event()
         async with trio.open_nursery() as nursery:
+            connections: trio.Nursery = await nursery.start(self._run_connections, stopping)
+            task_status.started((sockname[0], sockname[1]))
             try:
-                while True:
-                    data: bytes | bytearray | None = None
-                    with trio.move_on_after(idle_timeout):
-                        data = await stream.receive_some(RECEIVE_SIZE)
-                    if data is None:
-                        log.info("remoting: closing %s, idle for %g s", peer, idle_timeout)
-                        break
-                    if not data:
-                        break
-                    decoder.receive_data(data)
-                    while (command := decoder.next_command()) is not NEED_DATA:
-                        if command.is_response:
-                            continue  # we send no requests to clients; ignore stray replies
-                        token = object()  # one slot per request in flight
-                        await limiter.acquire_on_behalf_of(token)
-                        nursery.start_soon(_process, handler, connection, command, limiter,
-                                           token)
-            except RemotingDecodeError as exc:
-                log.warning("remoting: bad frame from %s, closing: %s", peer, exc)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                log.info("remoting: connection %s lost: %s", peer, exc)
-            connection.closed = True
-            nursery.cancel_scope.cancel()
-    finally:
-        connection.closed = True
-        if on_close is not None:
-            on_close(connection)
-        with trio.CancelScope(shield=True):
-            await stream.aclose()
+                async with trio.open_nursery() as accepting:
+                    for listener in listeners:
+                        accepting.start_soon(self._accept, listener, connections)
+            finally:
+                with trio.CancelScope(shield=True):
+                    for listener in listeners:
+                        await listener.aclose()
+                self._shut_down(stopping)
+
+    async def _run_connections(
+        self, stopping: trio.Event, task_status: trio.TaskStatus[trio.Nursery]
+    ) -> None:
+        """The connections' nursery, shielded from the caller's cancellation: at shutdown they
+        get ``shutdown_timeout`` to finish (the scope's deadline), not nothing."""
+        with trio.CancelScope(shield=True) as scope:
+            self._connections_scope = scope
+            async with trio.open_nursery() as nursery:
+                task_status.started(nursery)
+                await stopping.wait()
+
+    def _shut_down(self, stopping: trio.Event) -> None:
+        if self._connections_scope is not None:
+            self._connections_scope.deadline = trio.current_time() + self.limits.shutdown_timeout
+        for connection in list(self.connections):
+            connection.drain()
+        stopping.set()
+
+    async def _accept(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
+        name = _listener_name(listener)
+        open_here = 0
+        backoff = ACCEPT_RETRY_MIN
+
+        def closed(connection: RemotingConnection) -> None:
+            nonlocal open_here
+            open_here -= 1
+            _PROCESS.count -= 1
+            self.connections.discard(connection)
+            self._closed[(connection.close_reason or CloseReason.SHUTDOWN).name] += 1
+
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                self._accept_errors += 1
+                self._log.log(logging.WARNING, ("accept", name, exc.errno),
+                              "remoting: accepting on %s failed: %s; retrying in %g s",
+                              name, os.strerror(exc.errno or 0), backoff)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, ACCEPT_RETRY_MAX)
+                continue
+            backoff = ACCEPT_RETRY_MIN
+            limit = self.limits.max_connections
+            fd_limit = fd_connection_limit()
+            if open_here >= limit or (fd_limit is not None and _PROCESS.count >= fd_limit):
+                self._refused += 1
+                why = (f"{open_here} connections, the listener's limit" if open_here >= limit
+                       else f"{_PROCESS.count} connections in the process, the limit its "
+                            "file descriptors allow")
+                self._log.log(logging.WARNING, ("refused", name),
+                              "remoting: refusing a connection from %s on %s: %s",
+                              peer_name(stream.socket), name, why)
+                await trio.aclose_forcefully(stream)
+                continue
+            self._accepted += 1
+            open_here += 1
+            _PROCESS.count += 1
+            connection = RemotingConnection(stream, peer_name(stream.socket), self.limits,
+                                            self.budgets)
+            self.connections.add(connection)  # now, so a shutdown from here on drains it
+            connections.start_soon(self._serve_one, connection, closed)
+
+    async def _serve_one(self, connection: RemotingConnection,
+                         closed: Callable[[RemotingConnection], None]) -> None:
+        try:
+            await connection.serve(self.handler, on_open=self.on_open, on_close=self.on_close)
+        finally:
+            closed(connection)
 
 
-async def _process(handler: Handler, connection: RemotingConnection, request: RemotingCommand,
-                   limiter: trio.CapacityLimiter, token: object) -> None:
+def _listener_name(listener: trio.SocketListener) -> str:
     try:
-        try:
-            response = await handler(request, connection)
-        except HeaderFieldError as exc:
-            response = RemotingCommand.response_to(
-                request, ResponseCode.SYSTEM_ERROR, remark=f"bad request header: {exc}"
-            )
-        except Exception as exc:  # a processor bug costs one request, not the connection
-            log.exception("remoting: request code %d from %s failed", request.code,
-                          connection.peer)
-            response = RemotingCommand.response_to(
-                request, ResponseCode.SYSTEM_ERROR, remark=f"{type(exc).__name__}: {exc}"
-            )
-        if response is None or request.is_oneway or connection.closed:
-            return
-        try:
-            await connection.send(response)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            connection.closed = True
-    finally:
-        limiter.release_on_behalf_of(token)
+        host, port = listener.socket.getsockname()[:2]
+    except OSError:
+        return "?"
+    return f"{host}:{port}"
 
 
 async def serve_remoting(
@@ -143,25 +214,17 @@ async def serve_remoting(
     port: int,
     *,
     host: str | None = None,
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    limits: RemotingLimits | None = None,
+    budgets: RemotingBudgets | None = None,
     on_open: Callable[[RemotingConnection], None] | None = None,
     on_close: Callable[[RemotingConnection], None] | None = None,
     listeners: list[trio.SocketListener] | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on ``host:port`` (port 0: the OS picks), or on ``listeners`` already bound,
-    and serve every connection with ``handler``; reports the bound ``(host, port)``."""
-    if listeners is None:
-        listeners = await trio.open_tcp_listeners(port, host=host)
-    sockname = listeners[0].socket.getsockname()
-
-    async def handle(stream: trio.SocketStream) -> None:
-        await serve_connection(
-            stream, handler, peer=peer_name(stream.socket), idle_timeout=idle_timeout,
-            max_in_flight=max_in_flight, on_open=on_open, on_close=on_close,
-        )
-
-    async with trio.open_nursery() as nursery:
-        task_status.started((sockname[0], sockname[1]))
-        await trio.serve_listeners(handle, listeners, handler_nursery=nursery)
+    and serve every connection with ``handler`` under ``limits``; reports the bound
+    ``(host, port)``. ``budgets`` lets servers share their byte budgets."""
+    limits = limits or RemotingLimits()
+    server = RemotingServer(handler, limits, budgets or RemotingBudgets.for_limits(limits),
+                            on_open, on_close)
+    await server.serve(port, host=host, listeners=listeners, task_status=task_status)

@@ -1,0 +1,95 @@
+"""From a handler's outcome to the bytes of its reply: typed refusals answered in one line, and
+the unexpected logged at a rate a hostile peer cannot raise.
+
+A handler refuses bad input by raising ``RequestError(code, remark)`` (or the wire's
+``HeaderFieldError`` for a custom header Java could not parse): the peer gets that response
+code with a one-line remark, and the log gets nothing — bad input is the peer's problem, not
+the server's. Any other exception is a bug on our side, or input nobody thought to check: the
+request is answered SYSTEM_ERROR with ``<type>: <message>`` on one line (RocketMQ answers a
+failing processor the same way, with ``RemotingHelper.exceptionSimpleDesc``), and the traceback
+is logged at most once per request code and exception type every ten seconds, with the count
+of the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+
+from ..wire.errors import HeaderFieldError
+from ..wire.remoting import RemotingCommand, ResponseCode, encode
+from .ratelog import RateLimitedLog
+
+__all__ = ["MAX_REMARK", "RequestError", "answer", "not_supported", "one_line"]
+
+log = logging.getLogger("trio_ha.remoting.server")
+
+#: the longest remark an error answer carries (the peer's own input may be in the message)
+MAX_REMARK = 256
+
+_failures = RateLimitedLog(log)
+_WHITESPACE = re.compile(r"\s+")
+
+
+class RequestError(Exception):
+    """A request the server refuses: answered with ``code`` and ``remark`` (one line), not
+    logged. Raise it from a handler for input that is wrong, not for a fault of the server."""
+
+    def __init__(self, code: int, remark: str) -> None:
+        super().__init__(remark)
+        self.code = code
+        self.remark = remark
+
+
+def one_line(text: str, limit: int = MAX_REMARK) -> str:
+    """``text`` on one line (runs of whitespace, newlines included, become one space), cut to
+    ``limit`` characters."""
+    text = _WHITESPACE.sub(" ", text).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def not_supported(request: RemotingCommand) -> RemotingCommand:
+    """RocketMQ's answer to a request code nobody handles."""
+    return RemotingCommand.response_to(
+        request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+        remark=f" request type {request.code} not supported",
+    )
+
+
+async def answer(handle: Callable[[], Awaitable[RemotingCommand | None]],
+                 request: RemotingCommand, peer: str) -> bytes | None:
+    """Run ``handle`` (a handler applied to ``request`` from ``peer``) and return the encoded
+    reply (None: no reply — a oneway request, or a handler with nothing to say). Never raises
+    for the handler's exceptions; cancellation passes through."""
+    try:
+        response = await handle()
+    except RequestError as exc:
+        response = RemotingCommand.response_to(request, exc.code, remark=one_line(exc.remark))
+    except HeaderFieldError as exc:
+        response = RemotingCommand.response_to(
+            request, ResponseCode.SYSTEM_ERROR, remark=one_line(f"bad request header: {exc}")
+        )
+    except Exception as exc:  # a processor bug costs one request, not the connection
+        _failures.log(
+            logging.ERROR, ("handler", request.code, type(exc)),
+            "remoting: request code %d from %s failed: %s", request.code, peer,
+            one_line(f"{type(exc).__name__}: {exc}"), exc_info=exc,
+        )
+        response = RemotingCommand.response_to(
+            request, ResponseCode.SYSTEM_ERROR, remark=one_line(f"{type(exc).__name__}: {exc}")
+        )
+    if response is None or request.is_oneway:
+        return None
+    try:
+        return encode(response)
+    except Exception as exc:  # a reply the wire cannot carry (a header field out of range)
+        _failures.log(
+            logging.ERROR, ("encode", request.code, type(exc)),
+            "remoting: the reply to request code %d from %s cannot be encoded: %s",
+            request.code, peer, one_line(str(exc)), exc_info=exc,
+        )
+        return encode(RemotingCommand.response_to(
+            request, ResponseCode.SYSTEM_ERROR,
+            remark=one_line(f"the reply cannot be encoded: {exc}"),
+        ))

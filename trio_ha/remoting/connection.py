@@ -1,0 +1,442 @@
+"""One remoting connection on the server side: a reader, a writer, and a task per request.
+
+The reader decodes frames and starts one task per request, so a slow request (a long-polled
+pull holds its reply for up to 15 s) never stalls the requests behind it; replies go out in
+whatever order they finish, matched by ``opaque`` as RocketMQ clients expect. A finished
+request queues its encoded reply and ends; the writer task writes the queue in order, so frames
+never interleave and no request waits on a peer that does not read.
+
+Every resource the peer can make us hold is bounded (``RemotingLimits``):
+
+- **replies waiting** — once this connection's unwritten replies reach the high-water mark (or
+  all connections' reach the total), the reader stops reading requests until they drain below
+  the low-water mark: back-pressure reaches the peer's socket. The check before each request
+  and the queueing of each reply have no checkpoint between a reply's making and its counting
+  where it matters (see ``wait_reply_room``), so the bound is passed by at most the replies of
+  the requests already running. A write that makes no progress for ``write_timeout`` closes
+  the connection: a peer that never reads is dropped, and its replies with it.
+- **request bytes** — a connection buffers up to ``READ_ALLOWANCE`` bytes of unfinished frames
+  on its own; a larger frame draws on the server's shared read budget, and waits (unread) when
+  that is spent. A frame begun must be complete within ``request_timeout``, so a peer trickling
+  one byte a second is closed though it is never idle.
+- **requests running** — at most ``max_in_flight``; beyond it the reader stops reading.
+- **time** — ``idle_timeout`` without a byte read or written closes the connection.
+
+While the reader is not reading (back-pressure), it cannot see the peer's FIN; it polls the
+socket for a hang-up every ``hangup_check_interval`` instead, so a peer that leaves with
+thousands of long-polled pulls in flight has them cancelled promptly, not when they time out.
+A held request uses ``holding()`` for its wait, which also ends when the server drains the
+connection at shutdown (the request then answers as if its wait had timed out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import logging
+import select
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
+
+import attrs
+import trio
+
+from ..wire.errors import RemotingDecodeError
+from ..wire.remoting import NEED_DATA, FrameDecoder, RemotingCommand, encode
+from .answers import answer
+from .limits import READ_ALLOWANCE, RemotingBudgets, RemotingLimits
+from .ratelog import RateLimitedLog
+
+__all__ = ["CloseReason", "Handler", "RemotingConnection", "serve_connection"]
+
+log = logging.getLogger("trio_ha.remoting.server")
+
+#: the most one receive asks for
+RECEIVE_SIZE = 64 * 1024
+#: small replies are joined into one write up to this size
+WRITE_BATCH = 64 * 1024
+#: a write makes progress (resets ``write_timeout``) at least every this many bytes
+WRITE_CHUNK = 256 * 1024
+
+_HANGUP_EVENTS = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+
+_closes = RateLimitedLog(log)
+
+#: what serves requests: the request and its connection in, the reply (or None) out
+Handler = Callable[[RemotingCommand, "RemotingConnection"], Awaitable[RemotingCommand | None]]
+
+
+class CloseReason(enum.StrEnum):
+    """Why a connection ended."""
+
+    PEER_CLOSED = "the peer closed the connection"
+    LOST = "connection lost"
+    BAD_FRAME = "bad frame"
+    IDLE = "idle"
+    REQUEST_TIMEOUT = "a request frame did not arrive within the request timeout"
+    WRITE_TIMEOUT = "the peer is not reading its replies"
+    SHUTDOWN = "server shutdown"
+
+
+_CLOSE_LOG_LEVELS = {
+    CloseReason.PEER_CLOSED: logging.DEBUG,
+    CloseReason.SHUTDOWN: logging.DEBUG,
+    CloseReason.LOST: logging.INFO,
+    CloseReason.IDLE: logging.INFO,
+    CloseReason.BAD_FRAME: logging.WARNING,
+    CloseReason.REQUEST_TIMEOUT: logging.WARNING,
+    CloseReason.WRITE_TIMEOUT: logging.WARNING,
+}
+
+
+@attrs.define(eq=False)
+class RemotingConnection:
+    """One client connection, as handlers see it: who it is, whether it is closed, and the
+    ways a handler cooperates with its limits (``holding``, ``wait_reply_room``)."""
+
+    stream: trio.abc.Stream
+    peer: str
+    limits: RemotingLimits = attrs.field(factory=RemotingLimits)
+    budgets: RemotingBudgets = attrs.field(
+        default=attrs.Factory(lambda self: RemotingBudgets.for_limits(self.limits),
+                              takes_self=True)
+    )
+    connected_at: float = attrs.field(factory=time.time)
+    #: why the connection ended; None while it is open
+    close_reason: CloseReason | None = None
+    close_detail: str | None = None
+    _outbox: deque[bytes] = attrs.field(factory=deque)
+    _outbox_bytes: int = 0
+    _writable: bool = True
+    _in_flight: int = 0
+    _read_charge: int = 0
+    _draining: bool = False
+    _last_activity: float = 0.0
+    _holds: set[trio.CancelScope] = attrs.field(factory=set)
+    _scope: trio.CancelScope | None = None
+    _read_scope: trio.CancelScope | None = None
+    _writer_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _room_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _slot_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _idle_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    @property
+    def closed(self) -> bool:
+        return self.close_reason is not None
+
+    @property
+    def pending_reply_bytes(self) -> int:
+        """Encoded replies queued or being written."""
+        return self._outbox_bytes
+
+    @property
+    def in_flight(self) -> int:
+        """Requests running."""
+        return self._in_flight
+
+    # ---- for handlers ----------------------------------------------------------------------
+
+    async def send(self, command: RemotingCommand) -> None:
+        """Queue one frame for the writer (it does not wait for the bytes to be written).
+        Raises trio.ClosedResourceError once the connection is closed."""
+        await trio.lowlevel.checkpoint()
+        if not self._enqueue(encode(command)):
+            raise trio.ClosedResourceError(f"connection to {self.peer} closed: "
+                                           f"{self.close_reason}")
+
+    async def wait_reply_room(self) -> None:
+        """Wait while this connection's replies are over the high-water mark (until they drain
+        below the low one) or all connections' are over the total. A handler that builds a
+        large reply after waiting — a held pull, many of which may wake at once — calls this
+        first and must not checkpoint between it and returning the reply: the reply is then
+        counted before the next waiter looks."""
+        await trio.lowlevel.checkpoint()
+        await self._wait_for_room()
+
+    @contextlib.contextmanager
+    def holding(self, timeout: float) -> Iterator[trio.CancelScope]:
+        """A scope for a request's long wait (a long-polled pull): cancelled after ``timeout``
+        seconds, when the connection closes, or when the server drains it at shutdown; the
+        block then exits normally, as after a timeout, and the request answers."""
+        with trio.move_on_after(timeout) as scope:
+            if self.closed or self._draining:
+                scope.cancel()
+            self._holds.add(scope)
+            try:
+                yield scope
+            finally:
+                self._holds.discard(scope)
+
+    # ---- control ---------------------------------------------------------------------------
+
+    def close(self, reason: CloseReason, detail: object = None) -> None:
+        """End the connection now: its reader, writer and requests are cancelled."""
+        if self.close_reason is None:
+            self.close_reason = reason
+            self.close_detail = str(detail) if detail is not None else None
+        for scope in list(self._holds):
+            scope.cancel()
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def drain(self) -> None:
+        """Stop reading requests, end held requests early, and close once the running
+        requests have finished and their replies are written (server shutdown)."""
+        self._draining = True
+        for scope in list(self._holds):
+            scope.cancel()
+        if self._read_scope is not None:
+            self._read_scope.cancel()
+
+    # ---- serving ---------------------------------------------------------------------------
+
+    async def serve(
+        self,
+        handler: Handler,
+        *,
+        on_open: Callable[[RemotingConnection], None] | None = None,
+        on_close: Callable[[RemotingConnection], None] | None = None,
+    ) -> None:
+        """Serve requests until the connection closes, misbehaves, idles out or is drained."""
+        self._last_activity = trio.current_time()
+        if on_open is not None:
+            on_open(self)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._scope = nursery.cancel_scope
+                if self.closed:
+                    nursery.cancel_scope.cancel()
+                nursery.start_soon(self._run_writer)
+                try:
+                    await self._run_reader(handler, nursery)
+                except RemotingDecodeError as exc:
+                    self.close(CloseReason.BAD_FRAME, exc)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    self.close(CloseReason.LOST, exc)
+                if not self.closed:  # drained: let the running requests finish and answer
+                    while self._in_flight or self._outbox_bytes:
+                        await self._idle_lot.park()
+                    self.close(CloseReason.SHUTDOWN)
+        finally:
+            if self.close_reason is None:  # cancelled from outside: the shutdown deadline
+                self.close_reason = CloseReason.SHUTDOWN
+            self._release_all()
+            reason = self.close_reason
+            _closes.log(_CLOSE_LOG_LEVELS[reason], reason, "remoting: closing %s: %s%s",
+                        self.peer, reason.value,
+                        f" ({self.close_detail})" if self.close_detail else "")
+            if on_close is not None:
+                on_close(self)
+            await trio.aclose_forcefully(self.stream)
+
+    # ---- the reader ------------------------------------------------------------------------
+
+    async def _run_reader(self, handler: Handler, nursery: trio.Nursery) -> None:
+        limits = self.limits
+        decoder = FrameDecoder()
+        #: when the unfinished frame in the decoder began (None: nothing unfinished)
+        partial_since: float | None = None
+        with trio.CancelScope() as self._read_scope:
+            if self._draining:
+                return
+            while True:
+                size = await self._reserve_read(decoder.buffered, partial_since)
+                deadline = self._last_activity + limits.idle_timeout
+                if partial_since is not None:
+                    deadline = min(deadline, partial_since + limits.request_timeout)
+                data: bytes | bytearray | None = None
+                with trio.move_on_at(deadline):
+                    data = await self.stream.receive_some(size)
+                now = trio.current_time()
+                if data is None:
+                    if partial_since is not None and now >= partial_since + limits.request_timeout:
+                        self.close(CloseReason.REQUEST_TIMEOUT,
+                                   f"{decoder.buffered} bytes of a frame in "
+                                   f"{now - partial_since:.1f} s")
+                        return
+                    if now >= self._last_activity + limits.idle_timeout:
+                        self.close(CloseReason.IDLE, f"{limits.idle_timeout:g} s")
+                        return
+                    continue  # a write moved the idle deadline
+                if not data:
+                    self.close(CloseReason.PEER_CLOSED)
+                    return
+                self._last_activity = now
+                decoder.receive_data(data)
+                completed = False
+                while (command := decoder.next_command()) is not NEED_DATA:
+                    completed = True
+                    if command.is_response:
+                        continue  # we send no requests to clients; ignore stray replies
+                    await self._wait_to_dispatch()
+                    self._in_flight += 1
+                    nursery.start_soon(self._process, handler, command)
+                self._settle_read(decoder.buffered)
+                if not decoder.buffered:
+                    partial_since = None
+                elif completed or partial_since is None:
+                    # A new frame began; time spent not reading (back-pressure) is not its.
+                    partial_since = trio.current_time()
+                if completed:
+                    self._last_activity = trio.current_time()
+
+    async def _reserve_read(self, buffered: int, partial_since: float | None) -> int:
+        """How many bytes the next receive may ask for: within the connection's allowance,
+        plus what the shared read budget grants; waits (not reading) while neither has room,
+        until the unfinished frame's deadline."""
+        while True:
+            free = READ_ALLOWANCE + self._read_charge - buffered
+            if free >= RECEIVE_SIZE:
+                return RECEIVE_SIZE
+            if self.budgets.requests.try_take(RECEIVE_SIZE - free):
+                self._read_charge += RECEIVE_SIZE - free
+                return RECEIVE_SIZE
+            if free > 0:
+                return free
+            # A frame larger than the allowance, and the budget is spent: wait for it.
+            deadline = (partial_since if partial_since is not None else trio.current_time()) \
+                + self.limits.request_timeout
+            if trio.current_time() >= deadline:
+                self.close(CloseReason.REQUEST_TIMEOUT,
+                           f"{buffered} bytes of a frame; the server's read budget is spent")
+                await trio.lowlevel.checkpoint()  # cancelled: the connection is closed
+            with trio.move_on_at(min(deadline,
+                                     trio.current_time() + self.limits.hangup_check_interval)):
+                await self.budgets.requests.wait_released()
+            self._check_hangup()
+
+    def _settle_read(self, buffered: int) -> None:
+        """Return the read budget the decoder no longer needs."""
+        charge = max(0, buffered - READ_ALLOWANCE)
+        if charge < self._read_charge:
+            self.budgets.requests.release(self._read_charge - charge)
+            self._read_charge = charge
+
+    async def _wait_to_dispatch(self) -> None:
+        """Before starting a request: room for its reply, and a slot to run in."""
+        await self._wait_for_room()
+        while self._in_flight >= self.limits.max_in_flight:
+            with trio.move_on_after(self.limits.hangup_check_interval):
+                await self._slot_lot.park()
+            self._check_hangup()
+
+    async def _wait_for_room(self) -> None:
+        await trio.lowlevel.checkpoint()
+        while True:
+            if not self._writable:
+                wait = self._room_lot.park
+            elif self.budgets.replies.exhausted:
+                wait = self.budgets.replies.wait_released
+            else:
+                return
+            with trio.move_on_after(self.limits.hangup_check_interval):
+                await wait()
+            self._check_hangup()
+
+    def _check_hangup(self) -> None:
+        """Close the connection if the peer has gone (FIN, RST), which a reader that is not
+        reading cannot otherwise see; the caller's next checkpoint is then cancelled."""
+        sock = getattr(self.stream, "socket", None)
+        if sock is None or self.closed:
+            return
+        try:
+            poller = select.poll()
+            poller.register(sock.fileno(), _HANGUP_EVENTS)
+            hung_up = bool(poller.poll(0))
+        except (OSError, ValueError):
+            hung_up = True
+        if hung_up:
+            self.close(CloseReason.PEER_CLOSED, "seen while not reading")
+
+    # ---- requests --------------------------------------------------------------------------
+
+    async def _process(self, handler: Handler, request: RemotingCommand) -> None:
+        try:
+            data = await answer(functools.partial(handler, request, self), request, self.peer)
+            if data is not None:
+                self._enqueue(data)  # no checkpoint since the handler returned: counted now
+        finally:
+            self._in_flight -= 1
+            self._slot_lot.unpark()
+            if not self._in_flight:
+                self._idle_lot.unpark_all()
+
+    # ---- the writer ------------------------------------------------------------------------
+
+    def _enqueue(self, data: bytes) -> bool:
+        if self.closed:
+            return False
+        self._outbox.append(data)
+        self._outbox_bytes += len(data)
+        self.budgets.replies.take(len(data))
+        if self._outbox_bytes >= self.limits.write_buffer_high_water_mark:
+            self._writable = False
+        self._writer_lot.unpark()
+        return True
+
+    def _written(self, size: int) -> None:
+        self._outbox_bytes -= size
+        self.budgets.replies.release(size)
+        if not self._writable and self._outbox_bytes <= self.limits.write_buffer_low_water_mark:
+            self._writable = True
+            self._room_lot.unpark_all()
+        if not self._outbox_bytes:
+            self._idle_lot.unpark_all()
+
+    async def _run_writer(self) -> None:
+        outbox = self._outbox
+        while True:
+            if not outbox:
+                await self._writer_lot.park()
+                continue
+            frames = [outbox.popleft()]
+            size = len(frames[0])
+            while outbox and size + len(outbox[0]) <= WRITE_BATCH:
+                frames.append(outbox.popleft())
+                size += len(frames[-1])
+            try:
+                await self._write(frames[0] if len(frames) == 1 else b"".join(frames))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self._written(size)
+                self.close(CloseReason.LOST, exc)
+                return
+            self._written(size)
+
+    async def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        for start in range(0, len(view), WRITE_CHUNK):
+            with trio.move_on_after(self.limits.write_timeout) as scope:
+                await self.stream.send_all(view[start:start + WRITE_CHUNK])
+            if scope.cancelled_caught:
+                self.close(CloseReason.WRITE_TIMEOUT,
+                           f"no progress writing replies for {self.limits.write_timeout:g} s, "
+                           f"{self._outbox_bytes} bytes waiting")
+                await trio.lowlevel.checkpoint()  # cancelled: the connection is closed
+            self._last_activity = trio.current_time()
+
+    def _release_all(self) -> None:
+        """Give back what the connection holds of the shared budgets."""
+        self.budgets.replies.release(self._outbox_bytes)
+        self._outbox_bytes = 0
+        self._outbox.clear()
+        self.budgets.requests.release(self._read_charge)
+        self._read_charge = 0
+
+
+async def serve_connection(
+    stream: trio.abc.Stream,
+    handler: Handler,
+    *,
+    peer: str = "?",
+    limits: RemotingLimits | None = None,
+    budgets: RemotingBudgets | None = None,
+    on_open: Callable[[RemotingConnection], None] | None = None,
+    on_close: Callable[[RemotingConnection], None] | None = None,
+) -> None:
+    """Serve requests from one connection until it closes, misbehaves or idles out."""
+    limits = limits or RemotingLimits()
+    connection = RemotingConnection(stream, peer, limits,
+                                    budgets or RemotingBudgets.for_limits(limits))
+    await connection.serve(handler, on_open=on_open, on_close=on_close)
