@@ -77,6 +77,15 @@ def _cq_entries(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> N
         raise ConfigError(f"{attribute.name}={value} must be a multiple of {CQ_ENTRY_SIZE}")
 
 
+def _not_below_sync_acks(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    # attrs runs validators once every field is set, so the other field is there.
+    if value < instance.ha_sync_acks:
+        raise ConfigError(
+            f"{attribute.name}={value} is below ha_sync_acks={instance.ha_sync_acks}: no put "
+            "could ever get its acks"
+        )
+
+
 def _transfer_method(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in ("send", "sendfile"):
         raise ConfigError(f"{attribute.name} must be 'send' or 'sendfile', got {value!r}")
@@ -178,8 +187,11 @@ class StoreConfig:
     #: reconnect back-off of a slave's HA client
     ha_reconnect_interval: int = attrs.field(default=5000, validator=_positive)
     #: HA connections a master serves at once; it closes any beyond at once (RocketMQ has no
-    #: limit: every connection costs two tasks and a frame per put, docs/ha-protocol.md)
-    ha_max_connections: int = attrs.field(default=64, validator=in_range(1, 65535))
+    #: limit: every connection costs two tasks and a frame per put, docs/ha-protocol.md); at
+    #: least ha_sync_acks
+    ha_max_connections: int = attrs.field(
+        default=16, validator=[in_range(1, 65535), _not_below_sync_acks]
+    )
 
     @property
     def commitlog_dir(self) -> str:
