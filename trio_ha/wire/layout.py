@@ -148,7 +148,8 @@ DEFAULT_CQ_ENTRIES_PER_FILE = 300_000
 # ---- segment files -------------------------------------------------------------------------
 
 DEFAULT_COMMITLOG_SEGMENT_SIZE = 1024 * 1024 * 1024
-SEGMENT_NAME_RE = re.compile(r"^\d{20}$")
+#: exactly 20 ASCII digits (``\d`` would take other scripts' digits, ``$`` a trailing newline)
+SEGMENT_NAME_RE = re.compile(r"[0-9]{20}")
 
 
 def segment_file_name(base_offset: int) -> str:
@@ -159,4 +160,4 @@ def segment_file_name(base_offset: int) -> str:
 
 def parse_segment_file_name(name: str) -> int | None:
     """The base offset a segment file name stands for, or None for any other file."""
-    return int(name) if SEGMENT_NAME_RE.match(name) else None
+    return int(name) if SEGMENT_NAME_RE.fullmatch(name) else None
