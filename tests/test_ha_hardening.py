@@ -76,6 +76,11 @@ def connections(master: MessageStore) -> dict[str, SlaveConnectionStatistics]:
     return {c.address: c for c in ha_of(master).connections}
 
 
+def accepted(master: MessageStore) -> int:
+    """Connections whose request the master accepted."""
+    return sum(c.start_offset is not None for c in ha_of(master).connections)
+
+
 def max_offset(store: MessageStore) -> int:
     return store.statistics().max_commitlog_offset
 
@@ -256,6 +261,32 @@ async def test_point_1_a_real_slave_that_restarts_with_a_full_log_counts_from_it
                 statuses = [(await puts.put(10 + i)).status for i in range(20)]
                 assert set(statuses) == {OK}
             await wait_until(lambda: not connections(master), "the master to drop the slave")
+
+
+async def test_point_1_a_connection_counts_once_the_put_it_did_not_carry_is_answered(tmp_path):
+    """A slave connects while a put from before waits (its bytes were not sent on this
+    connection): its ack of a later put cannot count yet. Once the old put is answered (its
+    deadline), the connection counts and the later put is PUT_OK, without another report."""
+    async with open_store(master_config(tmp_path / "m", slave_timeout=600)) as master:
+        holder = await connect(master)  # makes puts wait, never acks
+        slave = await connect(master)
+        async with holder, slave, trio.open_nursery() as nursery:
+            await holder.send_all(REPORT.pack(max_offset(master)))
+            await wait_until(lambda: accepted(master) == 1, "the holder's request")
+            puts = Puts(master)
+            nursery.start_soon(puts.put, 1)
+            await wait_until(lambda: max_offset(master) > 0, "the old put to append")
+            start = max_offset(master)
+            await slave.send_all(REPORT.pack(start))  # it starts after the old put
+            await wait_until(lambda: accepted(master) == 2, "the slave's request")
+            nursery.start_soon(puts.put, 2)
+            offset, size = FRAME.unpack(await receive_exactly(slave, FRAME.size))
+            assert offset == start and len(await receive_exactly(slave, size)) == size
+            await slave.send_all(REPORT.pack(start + size))  # its one and only ack
+        old, new = sorted(puts.results, key=lambda r: r.commitlog_offset)
+        assert old.commitlog_offset + old.size == start
+        assert old.status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT  # never sent to the slave
+        assert new.status is OK
 
 
 # ---- point 9 -----------------------------------------------------------------------------------

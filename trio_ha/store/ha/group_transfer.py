@@ -34,10 +34,12 @@ from ..sync_requests import SyncRequest, SyncRequestService
 @attrs.frozen
 class WaitingPut:
     """The oldest SYNC_MASTER put still waiting for slaves: its bytes start at or after
-    ``floor`` (the end of the put that appended just before it) and end at ``end``."""
+    ``floor`` (the end of the put that appended just before it) and end at ``end``; it is
+    answered by ``deadline`` (trio time) at the latest."""
 
     floor: int
     end: int
+    deadline: float
 
 
 @attrs.define(eq=False)
@@ -83,7 +85,8 @@ class GroupTransferService(SyncRequestService):
         self._forget_answered()
         if not self._order:
             return None
-        return WaitingPut(self._floor, self._order[0].end)
+        front = self._order[0]
+        return WaitingPut(self._floor, front.end, front.deadline)
 
     def _forget_answered(self) -> None:
         order = self._order

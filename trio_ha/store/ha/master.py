@@ -143,6 +143,8 @@ class HAConnection:
     #: the start offset of a request the master cannot serve (the writer refuses it)
     _refused: int | None = None
     _first_report: trio.Event = attrs.field(factory=trio.Event)
+    #: set when an ack could not count yet: ``_count_when_due`` judges it again later
+    _uncounted: trio.Event = attrs.field(factory=trio.Event)
 
     @property
     def commitlog(self) -> CommitLog:
@@ -152,6 +154,7 @@ class HAConnection:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_acks)
             nursery.start_soon(self._write_log)
+            nursery.start_soon(self._count_when_due)
 
     # ---- reader ----------------------------------------------------------------------------
 
@@ -208,6 +211,25 @@ class HAConnection:
             self.lag_since = time.time()
         if offset > self.start_offset and (offset != self.confirmed_offset or not self.counted):
             service.confirm(self, offset)
+
+    def not_counted_yet(self) -> None:
+        """Its last ack could not count (a put from before it was accepted still waits)."""
+        self._uncounted.set()
+
+    async def _count_when_due(self) -> None:
+        """Judge an ack that could not count again once the put that stood in the way is
+        answered (at its deadline at the latest), rather than at the slave's next report,
+        which may come only after the puts this connection did carry timed out."""
+        while not self.counted:
+            await self._uncounted.wait()
+            self._uncounted = trio.Event()
+            waiting = self.service.oldest_waiting()
+            if waiting is not None:
+                # The service answers it at this deadline; if this task runs first, the
+                # judgement fails again and the loop comes back after one checkpoint.
+                await trio.sleep_until(waiting.deadline)
+            if not self.counted and self.confirmed_offset is not None:
+                self.service.confirm(self, self.confirmed_offset)
 
     # ---- writer ----------------------------------------------------------------------------
 
@@ -408,6 +430,8 @@ class HAService:
         elif self._may_count(connection):
             connection.counted = True
             bisect.insort(self._confirmed, offset)
+        else:
+            connection.not_counted_yet()
         connection.confirmed_offset = offset
         needed = self.config.ha_sync_acks
         if connection.counted and len(self._confirmed) >= needed:
