@@ -223,13 +223,16 @@ class HAConnection:
         while not self.counted:
             await self._uncounted.wait()
             self._uncounted = trio.Event()
-            waiting = self.service.oldest_waiting()
-            if waiting is not None:
-                # The service answers it at this deadline; if this task runs first, the
-                # judgement fails again and the loop comes back after one checkpoint.
-                await trio.sleep_until(waiting.deadline)
-            if not self.counted and self.confirmed_offset is not None:
+            while not self.counted and self.confirmed_offset is not None:
+                # Judge first, then look at what stands in the way: the service answers the
+                # blocking put at the same deadline this task wakes at, and whichever runs
+                # first, the put behind it must not be mistaken for the blocker (it was, and
+                # the connection then counted only at that later put's deadline).
                 self.service.confirm(self, self.confirmed_offset)
+                waiting = self.service.oldest_waiting()
+                if self.counted or waiting is None:
+                    break
+                await trio.sleep_until(waiting.deadline)  # at once if past: a checkpoint
 
     # ---- writer ----------------------------------------------------------------------------
 
