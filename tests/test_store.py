@@ -366,6 +366,31 @@ async def test_checkpoint_records_flushed_timestamps(make_config):
     assert on_disk.min_timestamp == result.store_timestamp - 3000
 
 
+async def test_point_2_checkpoint_never_covers_consume_queue_entries_left_unflushed(make_config):
+    """flushConsumeQueueLeastPages=2 skips a queue with one dirty page; the checkpoint's
+    logicsMsgTimestamp used to move to the last dispatched record whenever any queue synced,
+    so it covered the skipped queue's entry, which a power loss could still take (a crash
+    recovery starting after it would never re-index it)."""
+    config = make_config(
+        mapped_file_size_consume_queue=20 * 1024,  # 5 pages per file
+        flush_interval_consume_queue=600_000,  # only this test flushes queues
+    )
+    async with open_store(config) as store:
+        lone = await store.put_message(Message("Lone", b"x"))
+        await trio.sleep(0.005)  # a later store timestamp for the rest
+        # 8,400 bytes of entries: two dirty pages
+        last = await store.put_messages([Message("Busy", b"y")] * 420)
+        await store.wait_dispatched()
+        assert last.store_timestamp > lone.store_timestamp
+        await store.flush_consume_queues(2)
+        busy, single = store.queues.get("Busy", 0), store.queues.get("Lone", 0)
+        assert busy is not None and single is not None
+        assert not busy.dirty_segments(0) and single.dirty_segments(0)  # Lone was skipped
+        assert store.checkpoint.logics_msg_timestamp < lone.store_timestamp
+        await store.flush_consume_queues(0)
+        assert store.checkpoint.logics_msg_timestamp == last.store_timestamp
+
+
 async def test_retention_deletes_old_segments_and_queue_files_but_waits_for_holders(make_config):
     config = make_config(delete_commit_log_files_interval=0)
     async with open_store(config) as store:

@@ -63,6 +63,13 @@ class ConsumeQueue:
     max_physical_offset: int = 0
     #: rises with max_offset: long-polled pulls wait on it for the next message
     arrivals: Watermark = attrs.field(factory=Watermark)
+    #: why this queue does not agree with the commitlog (a file zeroed or lost, entries at
+    #: the wrong positions), when something showed it; recovery rebuilds such a queue from
+    #: the commitlog (recovery.rebuild_disagreeing_queues)
+    disagreement: str | None = None
+    #: store timestamp of the oldest record whose entry may not be on disk yet (0: every
+    #: entry is); the checkpoint's logicsMsgTimestamp stays below it
+    unflushed_since: int = 0
 
     @classmethod
     def open(cls, root: str, topic: str, queue_id: int, file_size: int) -> ConsumeQueue:
@@ -105,14 +112,24 @@ class ConsumeQueue:
                 self._write_blanks(current, position)
                 current = position
         if position < current:
+            # A record the queue has not indexed (it lies past max_physical_offset) claims
+            # a queue offset the queue already gave to another record: the queue's entries
+            # are not this commitlog's. Keep what is there; recovery rebuilds the queue.
+            self._disagrees(
+                f"the record at commitlog offset {commitlog_offset} has queue offset "
+                f"{queue_offset}, which already holds an entry"
+            )
             return False
         if position > current:
-            log.error(
-                "consume queue %s-%d: entry for queue offset %d but %d entries exist; "
-                "appending at the current position", self.topic, self.queue_id, queue_offset,
-                current // CQ_ENTRY_SIZE,
+            # Entries are missing (a zeroed or lost file). RocketMQ appends the entry at the
+            # current end, which serves this record under another record's queue offset and
+            # makes the next put reuse one; the entry goes to its own position instead, the
+            # gap reads as removed, and recovery rebuilds the queue from the commitlog.
+            self._disagrees(
+                f"the record at commitlog offset {commitlog_offset} has queue offset "
+                f"{queue_offset}, but the queue holds {current // CQ_ENTRY_SIZE} entries"
             )
-            position = current
+            self._write_blanks(current, position)
         segment = self._writable_segment(position)
         at = position - segment.base_offset
         segment.write(at, CQ_ENTRY.pack(commitlog_offset, size, tags_code))
@@ -150,6 +167,12 @@ class ConsumeQueue:
             done += n
         self.max_physical_offset = last_end
         self.arrivals.raise_to(self.max_offset)
+
+    def _disagrees(self, reason: str) -> None:
+        if self.disagreement is None:
+            self.disagreement = reason
+            log.error("consume queue %s disagrees with the commitlog: %s", self.files.directory,
+                      reason)
 
     def _write_blanks(self, start: int, end: int) -> None:
         while start < end:
@@ -193,16 +216,32 @@ class ConsumeQueue:
         RocketMQ scans entry by entry from the third-to-last file; entries are only ever
         appended, so a file is a run of valid entries followed by zeros (a torn entry at the
         boundary is invalid too), and a bisection finds the boundary without touching the
-        300,000 entries of a full file one by one in Python."""
+        300,000 entries of a full file one by one in Python.
+
+        What cannot be the result of appends is noted in ``disagreement`` (recovery then
+        rebuilds the queue from the commitlog): a file before the last three whose first or
+        last entry is invalid, a file that is not the last with invalid entries, a queue
+        whose files hold no valid entry at all."""
         segments = self.files.segments
         if not segments:
             return
         index = max(0, len(segments) - 3)
+        for segment in segments[:index]:
+            last = segment.size // CQ_ENTRY_SIZE - 1
+            if not (_entry_valid(segment, 0) and _entry_valid(segment, last)):
+                self._disagrees(f"file {os.path.basename(segment.path)} is not full of entries "
+                                "although later files exist")
+                break
         end = segments[index].base_offset
         for segment in segments[index:]:
             valid = _valid_prefix(segment)
             end = segment.base_offset + valid * CQ_ENTRY_SIZE
             if valid * CQ_ENTRY_SIZE < segment.size:
+                if segment is not segments[-1]:
+                    self._disagrees(
+                        f"file {os.path.basename(segment.path)} holds {valid} entries, but "
+                        "later files exist"
+                    )
                 # Past the prefix there are zeros, or one torn entry: clear that slot only
                 # (zeroing to the end of a 6 MB file on every open would dirty all of it).
                 at = valid * CQ_ENTRY_SIZE
@@ -211,6 +250,8 @@ class ConsumeQueue:
                 segment.wrote_position = segment.flushed_position = at
                 break
         self._cut(end)
+        if self.files.max_offset <= self.files.min_offset:
+            self._disagrees("its files hold no valid entry")
         self.max_physical_offset = self._last_real_physical_end()
         self.arrivals.reset(self.max_offset)
 
@@ -356,6 +397,21 @@ class ConsumeQueueTable:
         if len(self._future_arrivals) > 65536:
             self._future_arrivals.clear()  # bound it; waiters on dropped marks time out
         return self._future_arrivals.setdefault((topic, queue_id), Watermark())
+
+    def remove(self, queue: ConsumeQueue) -> None:
+        """Delete a queue's files and forget it."""
+        self.queues.pop((queue.topic, queue.queue_id), None)
+        queue.destroy()
+
+    def replace_empty(self, queue: ConsumeQueue) -> ConsumeQueue:
+        """Delete a queue's files and put an empty queue in its place (the same arrival
+        watermark: long polls on it stay attached). Recovery rebuilds it from the
+        commitlog."""
+        queue.destroy()
+        fresh = ConsumeQueue.open(self.root, queue.topic, queue.queue_id, self.file_size)
+        fresh.arrivals = queue.arrivals
+        self.queues[(queue.topic, queue.queue_id)] = fresh
+        return fresh
 
     def __iter__(self):
         return iter(self.queues.values())

@@ -14,6 +14,7 @@ still take back. Records are found by the native scanner in batches, without rea
 from __future__ import annotations
 
 import logging
+from collections.abc import Set
 
 import attrs
 import trio
@@ -69,8 +70,10 @@ class Dispatcher:
             self._topics[raw] = topic
         return topic
 
-    def index(self, segment: Segment, result: ScanResult) -> None:
-        """Write the consume-queue entries of the records a scan found in ``segment``.
+    def index(self, segment: Segment, result: ScanResult,
+              only: Set[tuple[str, int]] | None = None) -> None:
+        """Write the consume-queue entries of the records a scan found in ``segment`` (with
+        ``only``, of those queues alone: a rebuild).
 
         The engine groups the records into runs bound for one queue with consecutive queue
         offsets and lays out their 20-byte entries, so a batch of a thousand messages to one
@@ -84,17 +87,51 @@ class Dispatcher:
             info = infos[first]
             topic = self._topic(segment, info)
             if topic is None or info.queue_id < 0:
-                log.error(
-                    "dispatch: record at %d has an invalid topic or queue id %d; not indexed",
-                    info.phys_offset, info.queue_id,
-                )
+                if only is None:
+                    log.error(
+                        "dispatch: record at %d has an invalid topic or queue id %d; "
+                        "not indexed", info.phys_offset, info.queue_id,
+                    )
+                continue
+            if only is not None and (topic, info.queue_id) not in only:
                 continue
             last = infos[first + count - 1]
-            queues.find_or_create(topic, info.queue_id).put_run(
+            queue = queues.find_or_create(topic, info.queue_id)
+            if not queue.unflushed_since:
+                queue.unflushed_since = info.store_timestamp
+            queue.put_run(
                 entries[first * 20 : (first + count) * 20], info.queue_offset,
                 info.phys_offset + info.size, last.phys_offset + last.size,
             )
-            self.last_store_timestamp = last.store_timestamp
+            if only is None:
+                self.last_store_timestamp = last.store_timestamp
+
+    def reindex(self, only: Set[tuple[str, int]], start: int, end: int) -> int:
+        """Index the records of the queues in ``only`` found in ``[start, end)`` of the
+        commitlog, which is below the cursor (recovery's rebuild of queues that disagree
+        with the commitlog). Synchronous. Returns how many records were scanned."""
+        segments = self.commitlog.segments
+        offset = max(start, segments.min_offset)
+        scanned = 0
+        while offset < end:
+            segment = segments.find(offset)
+            if segment is None:
+                break
+            limit = min(segment.wrote_position, end - segment.base_offset)
+            result = self._scanner.scan(
+                segment.handle, limit, offset - segment.base_offset, segment.base_offset,
+                _backend.SCAN_TAGS, self.max_record_size,
+            )
+            self.index(segment, result, only)
+            scanned += result.count
+            offset = segment.base_offset + result.end
+            if result.stop == _backend.STOP_BLANK or (
+                result.stop == _backend.STOP_END and offset == segment.end_offset
+            ):
+                offset = segment.end_offset
+            elif result.stop != _backend.STOP_FULL:
+                break
+        return scanned
 
     def dispatch_available(self, limit: int, budget: int = ROUND_BUDGET) -> int:
         """Index whole records in ``[cursor, limit)``, up to ``budget`` of them. Synchronous.

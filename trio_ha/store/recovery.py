@@ -21,10 +21,14 @@ Nothing after the first invalid record is ever served, even if later bytes look 
 from __future__ import annotations
 
 import logging
+import os
 
 import attrs
 
 from .. import _backend
+from .._backend import Scanner
+from ..wire import layout
+from ..wire.layout import CQ_BLANK_SIZE, CQ_ENTRY, CQ_ENTRY_SIZE
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable
@@ -40,6 +44,9 @@ class RecoveryReport:
     end_offset: int
     records: int
     stop_reason: str
+    #: consume queues ("topic/queueId") that disagreed with the commitlog and were rebuilt
+    #: from it, and why
+    rebuilt_queues: tuple[str, ...] = ()
 
 
 def _first_record_timestamp(scanner, segment, max_record: int) -> int | None:
@@ -125,9 +132,12 @@ def recover(
         log.warning("recovery: commitlog ends at %d: %s; everything after it is discarded",
                     end, reason)
     commitlog.set_end(end, zero_tail=reason != "end of log")
-    for queue in queues:
+    for queue in list(queues):
         if queue.max_physical_offset > end:
             queue.truncate_dirty(end)
+            if queue.max_offset == queue.files.min_offset // CQ_ENTRY_SIZE:
+                queues.remove(queue)  # every record it indexed is gone with the tail
+    check_queues(commitlog, queues, max_record)
     if not abnormal:
         # RocketMQ resumes at the highest end over all queues, so a queue that lost its tail
         # is never rebuilt and its next put reuses a stored queue offset. Re-dispatching the
@@ -139,3 +149,99 @@ def recover(
     else:
         dispatcher.start_at(end)  # every valid record up to the end was indexed above
     return RecoveryReport(abnormal, start_offset, end, records, reason)
+
+
+def check_queues(commitlog: CommitLog, queues: ConsumeQueueTable, max_record: int) -> None:
+    """Check each consume queue against the records it points at: for every file, its first
+    and its last entry must point at a whole record of this topic and queue id, of the
+    entry's size, that carries the entry's queue offset as QUEUEOFFSET and its own position
+    as PHYSICALOFFSET. A queue that fails is marked (``disagreement``) for the rebuild.
+    Two record heads per file: cheap, and it finds a file zeroed or copied from elsewhere
+    wherever it sits. Entries that point below the commitlog's first byte (deleted by
+    retention) cannot be checked and are skipped."""
+    scanner = _backend.engine.scanner(1)
+    for queue in queues:
+        if queue.disagreement is not None:
+            continue
+        topic = queue.topic.encode()
+        for segment in queue.files.segments:
+            count = segment.wrote_position // CQ_ENTRY_SIZE
+            for index in sorted({0, count - 1}) if count else ():
+                offset, size, _tags = CQ_ENTRY.unpack(
+                    segment.read(index * CQ_ENTRY_SIZE, CQ_ENTRY_SIZE)
+                )
+                if size == CQ_BLANK_SIZE or offset < commitlog.min_offset:
+                    continue
+                queue_offset = segment.base_offset // CQ_ENTRY_SIZE + index
+                problem = _entry_problem(commitlog, scanner, max_record, offset, size,
+                                         topic, queue.queue_id, queue_offset)
+                if problem is not None:
+                    queue.disagreement = (
+                        f"entry {queue_offset} (file {os.path.basename(segment.path)}) "
+                        f"{problem}"
+                    )
+                    break
+            if queue.disagreement is not None:
+                break
+
+
+def _entry_problem(commitlog: CommitLog, scanner: Scanner, max_record: int, offset: int,
+                   size: int, topic: bytes, queue_id: int, queue_offset: int) -> str | None:
+    segment = commitlog.segments.find(offset)
+    if segment is None or size <= 0 or offset + size > min(commitlog.max_offset,
+                                                           segment.wrote_offset):
+        return f"points at {offset}+{size}, outside the commitlog"
+    at = offset - segment.base_offset
+    result = scanner.scan(segment.handle, at + size, at, segment.base_offset, 0, max_record)
+    if result.count != 1:
+        return f"points at {offset}, where no record of {size} bytes is ({result.reason})"
+    info = result.infos[0]
+    (physical,) = layout.INT64.unpack(segment.read(at + layout.PHYSICALOFFSET_AT, 8))
+    found = (segment.read(info.topic_pos, info.topic_len), info.queue_id, info.queue_offset,
+             physical)
+    if found != (topic, queue_id, queue_offset, offset):
+        return (
+            f"points at the record at {offset} with topic {found[0]!r}, queue id {found[1]}, "
+            f"queue offset {found[2]} and PHYSICALOFFSET {found[3]}"
+        )
+    return None
+
+
+def rebuild_disagreeing_queues(commitlog: CommitLog, queues: ConsumeQueueTable,
+                               dispatcher: Dispatcher) -> tuple[str, ...]:
+    """Rebuild every consume queue marked as disagreeing with the commitlog, from the
+    commitlog, after the dispatcher has indexed everything else up to its cursor.
+
+    RocketMQ writes an entry whose queue offset lies past a queue's end at that end, so a
+    zeroed file is "repaired" with entries at the wrong positions: a consumer at offset 0
+    gets the message stored as offset N, the messages before it become unreachable, and the
+    next put reuses a queue offset. Every record carries its QUEUEOFFSET, so the queue is
+    rebuilt instead: its files are deleted and one scan of the retained commitlog writes
+    each of its records' entries at its own position (blank fillers before the first record
+    still retained, as for any queue that starts past 0). The scan reads record heads only;
+    it costs one pass over the commitlog, once, when damage was found."""
+    damaged = [queue for queue in queues if queue.disagreement is not None]
+    if not damaged:
+        return ()
+    keys: set[tuple[str, int]] = set()
+    notes = []
+    for queue in damaged:
+        log.warning("recovery: consume queue %s disagrees with the commitlog (%s); rebuilding "
+                    "it from the commitlog", queue.files.directory, queue.disagreement)
+        notes.append(f"{queue.topic}/{queue.queue_id}: {queue.disagreement}")
+        keys.add((queue.topic, queue.queue_id))
+        queues.replace_empty(queue)
+    scanned = dispatcher.reindex(keys, commitlog.min_offset, dispatcher.cursor)
+    for topic, queue_id in sorted(keys):
+        queue = queues.get(topic, queue_id)
+        if queue is None:
+            continue
+        if not queue.files.segments:
+            queues.remove(queue)  # the commitlog holds no record of it
+            continue
+        queue.arrivals.reset(queue.max_offset)
+        log.warning("recovery: consume queue %s rebuilt: offsets %d..%d", queue.files.directory,
+                    queue.min_offset, queue.max_offset)
+    log.warning("recovery: rebuilt %d consume queue(s) from %d records of the commitlog",
+                len(keys), scanned)
+    return tuple(notes)

@@ -50,7 +50,7 @@ from .ha.group_transfer import GroupTransferService
 from .ha.master import HAMasterStatistics, HAService
 from .ha.slave import HAClient, HASlaveStatistics
 from .lock import StoreLockedError, lock_root, unlock_root
-from .recovery import RecoveryReport, recover
+from .recovery import RecoveryReport, rebuild_disagreeing_queues, recover
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
 from .segment import sync_ranges
 from .sync_requests import SyncServiceStatistics
@@ -186,6 +186,9 @@ class MessageStore:
         # start() blocks until reput has caught up), then derive the next queue offsets.
         while self.dispatcher.dispatch_available(self.commitlog.max_offset):
             pass
+        rebuilt = rebuild_disagreeing_queues(self.commitlog, self.queues, self.dispatcher)
+        if rebuilt:
+            self.recovery = attrs.evolve(self.recovery, rebuilt_queues=rebuilt)
         self.commitlog.queue_offsets = {
             (queue.topic, queue.queue_id): queue.max_offset for queue in self.queues
         }
@@ -250,9 +253,19 @@ class MessageStore:
                 await trio.to_thread.run_sync(sync_ranges, work, abandon_on_cancel=False)
         for segment, _, end in work:
             segment.flushed_position = max(segment.flushed_position, end)
+        # A queue with fewer than least_pages dirty pages was skipped (and entries may have
+        # arrived during the sync): the checkpoint must stay below the oldest record whose
+        # entry is not on disk, or a crash recovery starting after it would never re-index
+        # that entry (RocketMQ moves logicsMsgTimestamp only in thorough rounds for this).
+        for queue in self.queues:
+            if queue.unflushed_since:
+                if queue.dirty_segments(0):
+                    logics_timestamp = min(logics_timestamp, queue.unflushed_since - 1)
+                else:
+                    queue.unflushed_since = 0
         checkpoint = self.checkpoint
         changed = False
-        if work and logics_timestamp > checkpoint.logics_msg_timestamp:
+        if logics_timestamp > checkpoint.logics_msg_timestamp:
             checkpoint.logics_msg_timestamp = logics_timestamp
             changed = True
         physic = self.commitlog.flushed_store_timestamp

@@ -1,0 +1,152 @@
+"""Damaged store files (issue 9, points 2-4): what recovery does with a consume queue that
+disagrees with the commitlog, a commitlog with a missing segment, and a bad record in the
+middle of the log; and the CRC check on the pull path.
+
+Each test damages files of a store that was written and closed by the store itself, then
+reopens it (after a clean stop and, where it matters, as after a crash) and checks the whole
+store with ``test_crash.verify_store``: every acknowledged record where its put said, the
+consume queues exactly the records of each queue in commitlog order, nothing served past the
+end.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+import pytest
+
+from test_crash import (
+    TORN_TOPIC,
+    Ack,
+    Written,
+    cw,
+    recovery_of,
+    torn_config,
+    torn_key,
+    verify_store,
+    write_torn_store,
+)
+from trio_ha import Message, PutMessageStatus, StoreConfig, open_store
+
+# ---- point 2: a consume queue that disagrees with the commitlog ---------------------------
+
+
+def queue_dir(config: StoreConfig, queue_id: int, topic: str = TORN_TOPIC) -> Path:
+    return Path(config.store_path_root_dir) / "consumequeue" / topic / str(queue_id)
+
+
+def zero_file(path: Path) -> None:
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.write(bytes(size))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+async def reopen_and_check(config: StoreConfig, written: list[Written], *, abnormal: bool,
+                           context: str, rebuilt: str = f"{TORN_TOPIC}/0") -> None:
+    """Reopen; the damaged queue is rebuilt, the whole store agrees with the commitlog, and
+    the next put to each queue takes the next queue offset (none is reused)."""
+    if abnormal:
+        (Path(config.store_path_root_dir) / "abort").touch()
+    acked = {w.ack.key: w.ack for w in written}
+    async with open_store(config) as store:
+        report = recovery_of(store)
+        assert report.abnormal is abnormal
+        assert [note.split(":")[0] for note in report.rebuilt_queues] == [rebuilt], report
+        await verify_store(store, acked, context=context)
+        for queue_id in (0, 1):
+            count = sum(1 for w in written if w.ack.queue_id == queue_id)
+            key = torn_key(20_000 + queue_id, 30, run=9)
+            result = await store.put_message(
+                Message(TORN_TOPIC, cw.expected_body(key), tags=cw.expected_tags(key), keys=key),
+                queue_id,
+            )
+            assert result.status is PutMessageStatus.PUT_OK
+            assert result.queue_offset == count, f"queue offset reused [{context}]"
+            acked[key] = Ack(result.commitlog_offset, key, TORN_TOPIC, queue_id, count)
+        await store.wait_dispatched()
+    async with open_store(config) as store:
+        assert recovery_of(store).rebuilt_queues == ()
+        await verify_store(store, acked, context=f"{context}, reopened after the puts")
+
+
+def big_cq_config(root: Path) -> StoreConfig:
+    """One consume-queue file holds every entry of a queue (the reported case: a queue of
+    one file, zeroed)."""
+    return attrs.evolve(torn_config(root), mapped_file_size_consume_queue=20 * 4096)
+
+
+@pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
+async def test_point_2_zeroed_consume_queue_file_is_rebuilt_at_the_right_offsets(
+    tmp_path, abnormal
+):
+    """The reported case: a queue's only consume-queue file is zeroed. Before the fix,
+    normal recovery re-dispatched the last commitlog segment and wrote its records at the
+    queue's (empty) end — queue offset 0 served the record stored as offset N, the records
+    before it were unreachable, and the next put reused a queue offset."""
+    config = big_cq_config(tmp_path)
+    written = await write_torn_store(config, 120)  # ~7 commitlog segments, 60 per queue
+    zero_file(queue_dir(config, 0) / f"{0:020d}")
+    await reopen_and_check(config, written, abnormal=abnormal, context="zeroed CQ file")
+
+
+@pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
+async def test_point_2_zeroed_consume_queue_of_old_records_never_reuses_queue_offsets(
+    tmp_path, abnormal
+):
+    """A queue whose records all lie before the segments recovery re-dispatches: zeroing its
+    file left it empty, and the next put took queue offset 0 again."""
+    config = big_cq_config(tmp_path)
+    written = await write_torn_store(config, 120)
+    # A third queue, written first, then 60 more records on queues 0/1 after it.
+    async with open_store(config) as store:
+        early = []
+        for i in range(5):
+            key = torn_key(30_000 + i, 40, run=4)
+            result = await store.put_message(
+                Message("EarlyTopic", cw.expected_body(key), tags=cw.expected_tags(key),
+                        keys=key), 0,
+            )
+            early.append(Ack(result.commitlog_offset, key, "EarlyTopic", 0, result.queue_offset))
+        await store.wait_dispatched()
+    more = await write_torn_store(config, 60, run=5)
+    zero_file(queue_dir(config, 0, "EarlyTopic") / f"{0:020d}")
+    if abnormal:
+        (Path(config.store_path_root_dir) / "abort").touch()
+    acked = {w.ack.key: w.ack for w in written + more} | {a.key: a for a in early}
+    async with open_store(config) as store:
+        assert [n.split(":")[0] for n in recovery_of(store).rebuilt_queues] == ["EarlyTopic/0"]
+        await verify_store(store, acked, context="zeroed CQ of an early queue")
+        key = torn_key(30_100, 40, run=6)
+        result = await store.put_message(
+            Message("EarlyTopic", cw.expected_body(key), tags=cw.expected_tags(key), keys=key), 0
+        )
+        assert result.queue_offset == len(early), "queue offset reused"
+
+
+@pytest.mark.parametrize("which", ["first", "middle", "last"])
+async def test_point_2_zeroed_file_among_many_is_rebuilt(tmp_path, which):
+    """Small consume-queue files (16 entries): one of a queue's files zeroed, normal
+    recovery. A zeroed file before the last three used to be taken as data (zero entries
+    served as nothing); the last ones were 'repaired' at the wrong positions."""
+    config = torn_config(tmp_path)
+    written = await write_torn_store(config, 150)  # 75 entries per queue: 5 files each
+    files = sorted(os.listdir(queue_dir(config, 0)))
+    assert len(files) == 5
+    name = {"first": files[0], "middle": files[2], "last": files[-1]}[which]
+    zero_file(queue_dir(config, 0) / name)
+    await reopen_and_check(config, written, abnormal=False, context=f"zeroed {which} CQ file")
+
+
+async def test_point_2_consume_queue_entries_pointing_at_other_records_are_rebuilt(tmp_path):
+    """Entries that are valid in form but point at the wrong records (queue 0's file holds
+    queue 1's entries) are found by checking the queue against the records it points at."""
+    config = torn_config(tmp_path)
+    written = await write_torn_store(config, 60)
+    q0, q1 = queue_dir(config, 0), queue_dir(config, 1)
+    name = sorted(os.listdir(q0))[0]
+    (q0 / name).write_bytes((q1 / name).read_bytes())
+    await reopen_and_check(config, written, abnormal=False, context="swapped CQ file")
