@@ -29,6 +29,7 @@ from test_crash import (
     write_torn_store,
 )
 from trio_ha import Message, PutMessageStatus, StoreConfig, open_store
+from trio_ha.store.segments import SegmentGapError
 
 # ---- point 2: a consume queue that disagrees with the commitlog ---------------------------
 
@@ -150,3 +151,44 @@ async def test_point_2_consume_queue_entries_pointing_at_other_records_are_rebui
     name = sorted(os.listdir(q0))[0]
     (q0 / name).write_bytes((q1 / name).read_bytes())
     await reopen_and_check(config, written, abnormal=False, context="swapped CQ file")
+
+
+# ---- point 3: a missing segment -------------------------------------------------------------
+
+
+async def test_point_3_missing_middle_commitlog_segment_is_a_clear_gap_error(tmp_path):
+    """Before: IndexError from the loader (it closed the segments it had, then read the last
+    one's end for its message). Now a SegmentGapError naming the offset and both files;
+    the lock is released, so the second attempt says the same, and with the file back the
+    store opens whole."""
+    config = torn_config(tmp_path)
+    written = await write_torn_store(config, 100)
+    directory = Path(config.commitlog_dir)
+    names = sorted(os.listdir(directory))
+    assert len(names) >= 5
+    missing = directory / names[2]
+    saved = missing.read_bytes()
+    missing.unlink()
+    gap = int(names[2])
+    for _ in range(2):
+        with pytest.raises(SegmentGapError) as caught:
+            async with open_store(config):
+                pass  # pragma: no cover
+        error = caught.value
+        assert (error.before, error.offset, error.after) == (int(names[1]), gap, int(names[3]))
+        message = str(error)
+        assert f"gap between segments at offset {gap}" in message
+        assert names[1] in message and names[3] in message
+    missing.write_bytes(saved)
+    async with open_store(config) as store:
+        await verify_store(store, {w.ack.key: w.ack for w in written}, context="file back")
+
+
+async def test_point_3_missing_middle_consume_queue_file_is_rebuilt(tmp_path):
+    """The same gap in a consume queue (derived data) is not fatal: the queue is rebuilt from
+    the commitlog."""
+    config = torn_config(tmp_path)
+    written = await write_torn_store(config, 150)
+    names = sorted(os.listdir(queue_dir(config, 0)))
+    (queue_dir(config, 0) / names[2]).unlink()
+    await reopen_and_check(config, written, abnormal=False, context="missing CQ file")

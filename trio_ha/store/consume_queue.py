@@ -23,7 +23,7 @@ import attrs
 from ..watermark import Watermark
 from ..wire.layout import CQ_BLANK_ENTRY, CQ_BLANK_SIZE, CQ_ENTRY, CQ_ENTRY_SIZE
 from .segment import Segment
-from .segments import SegmentQueue
+from .segments import SegmentGapError, SegmentQueue
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,17 @@ class ConsumeQueue:
     @classmethod
     def open(cls, root: str, topic: str, queue_id: int, file_size: int) -> ConsumeQueue:
         directory = os.path.join(root, topic, str(queue_id))
-        return cls(topic, queue_id, SegmentQueue.load(directory, file_size))
+        try:
+            return cls(topic, queue_id, SegmentQueue.load(directory, file_size))
+        except SegmentGapError as exc:
+            # A consume queue is derived data: with a file missing, what remains cannot be
+            # trusted to say where its entries belong. Start it empty and let recovery
+            # rebuild it from the commitlog (the files go now, so none is reused by name).
+            log.warning("%s; the consume queue is rebuilt from the commitlog", exc)
+            shutil.rmtree(directory, ignore_errors=True)
+            queue = cls(topic, queue_id, SegmentQueue.load(directory, file_size))
+            queue.disagreement = f"a file is missing: {exc}"
+            return queue
 
     def close(self) -> None:
         self.files.close()

@@ -19,6 +19,24 @@ from .segment import Segment, SegmentError
 log = logging.getLogger(__name__)
 
 
+class SegmentGapError(SegmentError):
+    """Segment files are missing between two that exist: the bytes in between are lost, and
+    reading on would join records that never followed each other."""
+
+    def __init__(self, directory: str, before: int, offset: int, after: int) -> None:
+        self.directory = directory
+        #: base of the file before the gap, where the gap starts, base of the file after it
+        self.before, self.offset, self.after = before, offset, after
+        super().__init__(
+            f"{directory}: gap between segments at offset {offset}: "
+            f"{segment_file_name(before)} ends there but the next file is "
+            f"{segment_file_name(after)}; the files for [{offset}, {after}) are missing"
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.directory, self.before, self.offset, self.after))
+
+
 @attrs.define(eq=False)
 class SegmentQueue:
     directory: str
@@ -42,19 +60,18 @@ class SegmentQueue:
             base = parse_segment_file_name(name)
             if base is not None:
                 bases.append(base)
+        previous: int | None = None
         for base in sorted(bases):
             if base % segment_size:
                 queue.close()
                 raise SegmentError(
-                    f"{directory}: segment {base} is not a multiple of the segment size "
-                    f"{segment_size}"
+                    f"{directory}: segment {segment_file_name(base)} is not a multiple of the "
+                    f"segment size {segment_size}"
                 )
-            if queue.segments and base != queue.segments[-1].end_offset:
+            if previous is not None and base != previous + segment_size:
                 queue.close()
-                raise SegmentError(
-                    f"{directory}: gap between segments ending at "
-                    f"{queue.segments[-1].end_offset} and starting at {base}"
-                )
+                raise SegmentGapError(directory, previous, previous + segment_size, base)
+            previous = base
             path = os.path.join(directory, segment_file_name(base))
             try:
                 queue.segments.append(Segment.open(path, segment_size))
