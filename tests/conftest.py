@@ -1,8 +1,8 @@
 """Fixtures and helpers shared by the suite.
 
-``wait_until`` is imported by the tests that poll (``from conftest import wait_until``), not
-a fixture: module-level helpers of those tests call it too, and a plain function needs no
-plumbing to get there.
+``wait_until`` and the HA statistics accessors ``ha_of`` / ``ha_slave_of`` are imported by
+the tests that use them (``from conftest import wait_until``), not fixtures: module-level
+helpers of those tests call them too, and plain functions need no plumbing to get there.
 """
 
 import inspect
@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import trio
 
-from trio_ha import FlushDiskType, StoreConfig
+from trio_ha import FlushDiskType, MessageStore, StoreConfig
+from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics
 
 
 async def wait_until(predicate, what: str, *, timeout: float = 10.0, interval: float = 0.01):
@@ -30,6 +31,20 @@ async def wait_until(predicate, what: str, *, timeout: float = 10.0, interval: f
                 return value
             await trio.sleep(interval)
     pytest.fail(f"gave up after {timeout:g} s waiting for {what}")
+
+
+def ha_of(master: MessageStore) -> HAMasterStatistics:
+    """Replication as a master sees it (for a store that has an HA service)."""
+    stats = master.statistics().ha
+    assert stats is not None
+    return stats
+
+
+def ha_slave_of(slave: MessageStore) -> HASlaveStatistics:
+    """Replication as a slave sees it."""
+    stats = slave.statistics().ha_slave
+    assert stats is not None
+    return stats
 
 
 @pytest.fixture

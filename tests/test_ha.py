@@ -8,10 +8,9 @@ from typing import Any
 
 import trio
 
-from conftest import wait_until
+from conftest import ha_of, ha_slave_of, wait_until
 from trio_ha import BrokerRole, FlushDiskType, Message, PutMessageStatus, StoreConfig, open_store
 from trio_ha.store import MessageStore, retention
-from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics
 
 SEGMENT = 64 * 1024
 
@@ -42,18 +41,6 @@ def slave_config(root, master: MessageStore, **overrides) -> StoreConfig:
 def body(i: int) -> bytes:
     return f"message {i} ".encode() * (1 + i % 80)
 
-
-def ha_of(master: MessageStore) -> HAMasterStatistics:
-    """Replication as the master sees it (it has an HA service in these tests)."""
-    stats = master.statistics().ha
-    assert stats is not None
-    return stats
-
-
-def ha_slave_of(slave: MessageStore) -> HASlaveStatistics:
-    stats = slave.statistics().ha_slave
-    assert stats is not None
-    return stats
 
 
 def slave_count(master: MessageStore) -> int:

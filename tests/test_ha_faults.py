@@ -34,10 +34,10 @@ import attrs
 import pytest
 import trio
 
-from conftest import wait_until
+from conftest import ha_of, ha_slave_of, wait_until
 from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
 from trio_ha.store import MessageStore
-from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics, SlaveConnectionStatistics
+from trio_ha.store.ha import SlaveConnectionStatistics
 from trio_ha.testing import open_fault_proxy
 
 SEGMENT = 64 * 1024
@@ -89,18 +89,6 @@ def body(i: int) -> bytes:
     size = random.Random(i).randint(30, 3000)
     return (f"<{i}>".encode() * size)[:size]
 
-
-def ha_of(master: MessageStore) -> HAMasterStatistics:
-    """Replication as the master sees it (every master here has an HA service)."""
-    stats = master.statistics().ha
-    assert stats is not None
-    return stats
-
-
-def ha_slave_of(slave: MessageStore) -> HASlaveStatistics:
-    stats = slave.statistics().ha_slave
-    assert stats is not None
-    return stats
 
 
 def ha_address_of(master: MessageStore) -> tuple[str, int]:

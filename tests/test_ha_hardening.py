@@ -27,10 +27,10 @@ import attrs
 import pytest
 import trio
 
-from conftest import wait_until
+from conftest import ha_of, ha_slave_of, wait_until
 from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
 from trio_ha.store import MessageStore
-from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics, SlaveConnectionStatistics
+from trio_ha.store.ha import SlaveConnectionStatistics
 from trio_ha.wire.ha import NEED_DATA, MasterProtocol, NeedData, SlaveReport
 from trio_ha.wire.layout import INT64_MAX
 
@@ -59,17 +59,6 @@ def master_config(root, **overrides) -> StoreConfig:
     values.update(overrides)
     return StoreConfig(**values)
 
-
-def ha_of(master: MessageStore) -> HAMasterStatistics:
-    stats = master.statistics().ha
-    assert stats is not None
-    return stats
-
-
-def ha_slave_of(slave: MessageStore) -> HASlaveStatistics:
-    stats = slave.statistics().ha_slave
-    assert stats is not None
-    return stats
 
 
 def connections(master: MessageStore) -> dict[str, SlaveConnectionStatistics]:
