@@ -466,6 +466,13 @@ def torn_config(root: Path) -> StoreConfig:
     )
 
 
+def truncating_config(root: Path) -> StoreConfig:
+    """torn_config with ``skipCorruptRecordsOnRecover=false``: the log ends at the first
+    damaged record whatever follows it (RocketMQ's rule, and ours before issue 9 point 4;
+    test_store_damage.py covers the default, which keeps intact records that chain)."""
+    return attrs.evolve(torn_config(root), skip_corrupt_records_on_recover=False)
+
+
 @attrs.frozen
 class Written:
     ack: Ack
@@ -701,9 +708,9 @@ async def test_nothing_after_the_first_invalid_record_is_served_even_if_it_looks
     tmp_path, abnormal
 ):
     """Damage in the middle of the log — later records, even whole later segments, are
-    valid: the log still ends at the damage, later segment files are deleted and the
-    consume queues (both queues) are cut to match."""
-    config = torn_config(tmp_path)
+    valid: with skipCorruptRecordsOnRecover off, the log still ends at the damage, later
+    segment files are deleted and the consume queues (both queues) are cut to match."""
+    config = truncating_config(tmp_path)
     written = await write_torn_store(config, 60)
     segments_before = sorted(os.listdir(config.commitlog_dir))
     # A record in the second-to-last segment that is not its first.
@@ -727,8 +734,9 @@ async def test_recovery_zeroes_tail_so_stale_records_never_return(tmp_path, abno
     same size written at the cut then lines up with the old, still valid records after it,
     and the next recovery serves them again (with stale queue offsets). Here recovery zeroes
     everything past the end, so they never come back (docs/differences.md, 'Store and
-    recovery')."""
-    config = torn_config(tmp_path)
+    recovery'). (With skipCorruptRecordsOnRecover off: by default the records after the
+    damage chain and are kept, see test_store_damage.py.)"""
+    config = truncating_config(tmp_path)
     written = await write_torn_store(config, 12, sizes=lambda i: 200)  # one segment, same sizes
     damaged = 6
     w = written[damaged]

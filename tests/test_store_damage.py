@@ -12,23 +12,30 @@ end.
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import attrs
 import pytest
 
 from test_crash import (
+    TORN_SEGMENT,
     TORN_TOPIC,
     Ack,
     Written,
+    _flip,
+    _topic_len_position,
     cw,
+    patch,
     recovery_of,
+    segment_file,
     torn_config,
     torn_key,
     verify_store,
     write_torn_store,
 )
 from trio_ha import Message, PutMessageStatus, StoreConfig, open_store
+from trio_ha.store.holes import HOLE_TOPIC
 from trio_ha.store.segments import SegmentGapError
 
 # ---- point 2: a consume queue that disagrees with the commitlog ---------------------------
@@ -192,3 +199,166 @@ async def test_point_3_missing_middle_consume_queue_file_is_rebuilt(tmp_path):
     names = sorted(os.listdir(queue_dir(config, 0)))
     (queue_dir(config, 0) / names[2]).unlink()
     await reopen_and_check(config, written, abnormal=False, context="missing CQ file")
+
+
+# ---- point 4: a damaged record in the middle of the log -----------------------------------
+
+
+def damage_flip_body(path: Path, pos: int, w: Written) -> None:
+    _flip(lambda w: 88 + w.body_len // 2)(None, path, pos, w)
+
+
+def damage_zero_header(path: Path, pos: int, w: Written) -> None:
+    patch(path, pos + _topic_len_position(w), bytes(16))
+
+
+def damage_bad_magic(path: Path, pos: int, w: Written) -> None:
+    patch(path, pos + 4, b"\x12\x34\x56\x78")
+
+
+def damage_zero_range(path: Path, pos: int, w: Written) -> None:
+    """A lost page: zeros over this record and into the next (or to its segment's end)."""
+    patch(path, pos, bytes(min(w.size + 150, TORN_SEGMENT - pos)))
+
+
+POINT_4_DAMAGE = {
+    "crc_mismatch": damage_flip_body,
+    "zeroed_16_bytes": damage_zero_header,
+    "bad_magic": damage_bad_magic,
+    "zeroed_range": damage_zero_range,
+}
+
+
+def pick_damaged(written: list[Written], where: str) -> int:
+    """A record of the second segment that is not its first: its last one, or one with
+    records of the same segment after it."""
+    second = [i for i, w in enumerate(written)
+              if TORN_SEGMENT <= w.ack.offset < 2 * TORN_SEGMENT and w.ack.offset % TORN_SEGMENT]
+    return second[-1] if where == "last_of_segment" else second[len(second) // 2]
+
+
+async def check_kept_all_but(store, written: list[Written], lost: set[int], *,
+                             context: str) -> None:
+    """Every record but ``lost`` is where its put said, served by its queue at its queue
+    offset; the lost ones are never served, and their queue offsets read as removed."""
+    for i, w in enumerate(written):
+        message = await store.look_message_by_offset(w.ack.offset)
+        served = await store.get_messages(TORN_TOPIC, w.ack.queue_id, w.ack.queue_offset, 1)
+        if i in lost:
+            assert message is None or message.topic == HOLE_TOPIC, (i, w, context)
+            assert all(m.queue_offset != w.ack.queue_offset for m in served), (i, context)
+            continue
+        assert message is not None and message.keys == (w.ack.key,), (i, w, context)
+        assert message.crc_ok
+        assert [m.commitlog_offset for m in served] == [w.ack.offset], (i, w, served, context)
+
+
+@pytest.mark.parametrize("where", ["middle_of_segment", "last_of_segment"])
+@pytest.mark.parametrize("kind", list(POINT_4_DAMAGE))
+@pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
+async def test_point_4_recovery_keeps_the_intact_records_after_a_damaged_one(
+    tmp_path, abnormal, kind, where
+):
+    """Before: recovery ended the log at the damaged record and discarded everything after
+    it, acknowledged SYNC_FLUSH records and later segments included. Now the damaged bytes
+    are replaced by filler (and kept in corrupt/), every record after them is kept, the
+    damaged record is never served, and its queue offset reads as removed."""
+    config = torn_config(tmp_path)
+    written = await write_torn_store(config, 60)
+    damaged = pick_damaged(written, where)
+    w = written[damaged]
+    path, pos = segment_file(config, w.ack.offset)
+    POINT_4_DAMAGE[kind](path, pos, w)
+    lost = {damaged}
+    zeroed_end = w.ack.offset + min(w.size + 150, TORN_SEGMENT - pos)
+    if kind == "zeroed_range" and written[damaged + 1].ack.offset < zeroed_end:
+        lost.add(damaged + 1)
+    if abnormal:
+        (Path(config.store_path_root_dir) / "abort").touch()
+    end = written[-1].ack.offset + written[-1].size
+    async with open_store(config) as store:
+        report = recovery_of(store)
+        context = f"{kind} at {w.ack.offset}: {report}"
+        assert store.max_commitlog_offset == end, context
+        assert len(report.holes) == 1 and report.holes[0].startswith(f"[{w.ack.offset}, ")
+        await check_kept_all_but(store, written, lost, context=context)
+        key = torn_key(40_000, 60, run=2)
+        result = await store.put_message(
+            Message(TORN_TOPIC, cw.expected_body(key), tags=cw.expected_tags(key), keys=key),
+            w.ack.queue_id,
+        )
+        last_of_queue = max(x.ack.queue_offset for x in written if x.ack.queue_id == w.ack.queue_id)
+        assert result.queue_offset == last_of_queue + 1
+        await store.wait_dispatched()
+    quarantined = os.listdir(Path(config.store_path_root_dir) / "corrupt")
+    assert quarantined == [f"{w.ack.offset:020d}-{report.holes[0].split(', ')[1].split(')')[0]:0>20}"]
+    for crashed in (False, True):  # the filler is a valid part of the log for every later open
+        if crashed:
+            (Path(config.store_path_root_dir) / "abort").touch()
+        async with open_store(config) as store:
+            report = recovery_of(store)
+            assert report.holes == () and report.rebuilt_queues == (), report
+            assert store.max_commitlog_offset == result.commitlog_offset + result.size
+            await check_kept_all_but(store, written, lost, context=f"reopened {crashed}")
+
+
+async def test_point_4_stale_records_behind_a_damaged_one_are_not_taken_back(tmp_path):
+    """Records after the damage whose store time goes back (what RocketMQ leaves behind a
+    cut: an earlier life of the file) do not chain: the log ends at the damage."""
+    config = torn_config(tmp_path)
+    written = await write_torn_store(config, 12, sizes=lambda i: 200)  # one segment
+    damaged = 6
+    path, _ = segment_file(config, 0)
+    older = struct.pack(">q", 1_000_000)  # 1970: older than anything before the damage
+    for later in written[damaged + 1:]:
+        patch(path, later.ack.offset + 56, older)  # STORETIMESTAMP (IPv4 born host)
+    damage_flip_body(path, written[damaged].ack.offset, written[damaged])
+    async with open_store(config) as store:
+        report = recovery_of(store)
+        assert report.holes == ()
+        assert store.max_commitlog_offset == written[damaged].ack.offset
+        for later in written[damaged:]:
+            assert await store.look_message_by_offset(later.ack.offset) is None
+
+
+async def test_point_4_skip_can_be_turned_off(tmp_path):
+    config = attrs.evolve(torn_config(tmp_path), skip_corrupt_records_on_recover=False)
+    written = await write_torn_store(config, 60)
+    damaged = pick_damaged(written, "middle_of_segment")
+    path, pos = segment_file(config, written[damaged].ack.offset)
+    damage_flip_body(path, pos, written[damaged])
+    async with open_store(config) as store:
+        assert store.max_commitlog_offset == written[damaged].ack.offset
+        assert recovery_of(store).holes == ()
+
+
+async def test_point_4_pulls_never_serve_a_record_that_fails_its_check(tmp_path):
+    """Damage after recovery (a bit flipped on disk while the store runs; an entry that
+    points at another record of the queue): before, pulls served both as messages. Now
+    such a record is not served — the pull moves past it as OFFSET_FOUND_NULL — counted in
+    statistics and logged."""
+    config = torn_config(tmp_path)
+    written = await write_torn_store(config, 30)
+    by_queue = [w for w in written if w.ack.queue_id == 0]
+    flipped, pointed = by_queue[5], by_queue[9]
+    async with open_store(config) as store:
+        path, pos = segment_file(config, flipped.ack.offset)
+        damage_flip_body(path, pos, flipped)  # the store's mapping sees the write
+        queue = store.queues.get(TORN_TOPIC, 0)
+        assert queue is not None
+        segment = queue.files.find(pointed.ack.queue_offset * 20)
+        assert segment is not None
+        other = by_queue[10]
+        segment.write(pointed.ack.queue_offset * 20 - segment.base_offset,
+                      struct.pack(">qiq", other.ack.offset, other.size, 0))
+        for raw in (False, True):
+            result = store.read_queue(TORN_TOPIC, 0, 0, 32, raw=raw)
+            served = ([m.commitlog_offset for m in result.messages] if not raw else
+                      [struct.unpack_from(">q", r, 28)[0] for r in result.records])
+            expected = [w.ack.offset for w in by_queue if w not in (flipped, pointed)]
+            assert served == expected
+            assert result.next_begin_offset == len(by_queue)
+        assert store.statistics().unverified_reads == 4
+        assert await store.look_message_by_offset(flipped.ack.offset) is None
+        assert store.record_bytes(flipped.ack.offset) is None
+        assert await store.look_message_by_offset(other.ack.offset) is not None

@@ -99,6 +99,8 @@ def camel_case(name: str) -> str:
 
 # RocketMQ spells a few names differently from a plain camelCase of ours.
 _RENAMED = {
+    "checkCRCOnRecover": "check_crc_on_recover",
+    "checkCRCOnRead": "check_crc_on_read",
     "flushIntervalConsumeQueue": "flush_interval_consume_queue",
     "osPageCacheBusyTimeOutMills": "os_page_cache_busy_timeout_mills",
     "warmMapedFileEnable": "warm_mapped_file_enable",
@@ -150,6 +152,13 @@ class StoreConfig:
         default=DEFAULT_MAX_MESSAGE_SIZE, validator=in_range(1, INT32_MAX)
     )
     check_crc_on_recover: bool = True
+    #: recovery replaces a damaged record by filler and keeps the records after it when
+    #: they chain (docs/formats.md, 'Recovery'); false: the log ends at the first damaged
+    #: record, as RocketMQ's
+    skip_corrupt_records_on_recover: bool = True
+    #: pulls and lookups check each record (structure, BODYCRC, PHYSICALOFFSET, and for a
+    #: pull the queue and queue offset its entry promised) before serving it
+    check_crc_on_read: bool = True
     #: write every page of a new segment in a worker thread before appends reach it
     warm_mapped_file_enable: bool = True
     #: ``ip:port`` recorded as STOREHOST in every record (brokerIP1:listenPort)

@@ -265,6 +265,23 @@ class ConsumeQueue:
         self.max_physical_offset = self._last_real_physical_end()
         self.arrivals.reset(self.max_offset)
 
+    def points_into(self, start: int, end: int) -> bool:
+        """Whether an entry points at a commitlog offset in ``[start, end)``. Entries are in
+        commitlog order, so this reads backwards from the newest only as far as ``start``."""
+        if self.max_physical_offset <= start:
+            return False
+        for segment in reversed(self.files.segments):
+            raw = segment.read(0, segment.wrote_position)
+            for at in range(len(raw) - CQ_ENTRY_SIZE, -1, -CQ_ENTRY_SIZE):
+                offset, size, _tags = CQ_ENTRY.unpack_from(raw, at)
+                if size == CQ_BLANK_SIZE:
+                    continue
+                if offset < start:
+                    return False
+                if offset < end:
+                    return True
+        return False
+
     def _last_real_physical_end(self) -> int:
         """Commitlog end of the newest entry that is not a blank filler."""
         for segment in reversed(self.files.segments):

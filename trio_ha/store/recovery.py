@@ -33,6 +33,7 @@ from .checkpoint import Checkpoint
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable
 from .dispatch import Dispatcher
+from .holes import Hole, fill_hole, find_resume
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ class RecoveryReport:
     #: consume queues ("topic/queueId") that disagreed with the commitlog and were rebuilt
     #: from it, and why
     rebuilt_queues: tuple[str, ...] = ()
+    #: damaged commitlog ranges replaced by filler because intact records followed them
+    #: ("[start, end): what was found")
+    holes: tuple[str, ...] = ()
 
 
 def _first_record_timestamp(scanner, segment, max_record: int) -> int | None:
@@ -79,8 +83,11 @@ def recover(
     abnormal: bool,
     check_crc: bool,
     max_record: int,
+    skip_holes: bool = False,
+    quarantine_dir: str = "",
 ) -> RecoveryReport:
-    """Blocking: run before any service starts."""
+    """Blocking: run before any service starts. With ``skip_holes``, a damaged record that
+    intact records follow is replaced by filler and the scan goes on (see ``holes``)."""
     for queue in queues:
         queue.recover()
     segments = commitlog.segments.segments
@@ -100,13 +107,17 @@ def recover(
     end = start_offset
     records = 0
     reason = "end of log"
+    holes: list[Hole] = []
+    last_timestamp = 0
+    position = 0
     while index < len(segments):
         segment = segments[index]
-        position = 0
         while True:
             result = scanner.scan(segment.handle, segment.size, position, segment.base_offset,
                                   flags, max_record)
             records += result.count
+            if result.count:
+                last_timestamp = result.infos[result.count - 1].store_timestamp
             if abnormal:
                 dispatcher.index(segment, result)
             position = result.end
@@ -117,15 +128,35 @@ def recover(
             result.stop == _backend.STOP_END and position == segment.size
         ):
             index += 1
+            position = 0
             if index < len(segments):
                 end = segments[index].base_offset
             continue
-        if result.stop == _backend.STOP_BAD_MAGIC and result.size == 0:
+        zeros = result.stop == _backend.STOP_BAD_MAGIC and result.size == 0
+        if zeros:
             reason = "end of log"
         elif result.stop == _backend.STOP_PARTIAL:
             reason = f"torn record ({result.size} bytes declared) at the end of a segment"
         else:
             reason = f"{result.reason} (TOTALSIZE {result.size})"
+        # Zeros in the last segment after a clean stop are the end the store wrote (no need
+        # to read the rest of the segment); after a crash they may be a page that never
+        # reached the disk while later pages did; anywhere else they are damage.
+        if skip_holes and (abnormal or not zeros or index < len(segments) - 1):
+            resume = find_resume(segments, index, position, flags=flags, max_record=max_record,
+                                 min_timestamp=last_timestamp)
+            if resume is not None:
+                holes.append(fill_hole(
+                    segment, position, resume, reason=reason, store_timestamp=last_timestamp,
+                    store_host=commitlog.store_host, max_record=max_record,
+                    quarantine_dir=quarantine_dir,
+                ))
+                reason = "end of log"
+                if resume >= segment.end_offset:
+                    index, position = index + 1, 0
+                else:
+                    position = resume - segment.base_offset
+                continue
         break
 
     if reason != "end of log":
@@ -137,6 +168,10 @@ def recover(
             queue.truncate_dirty(end)
             if queue.max_offset == queue.files.min_offset // CQ_ENTRY_SIZE:
                 queues.remove(queue)  # every record it indexed is gone with the tail
+    for hole in holes:
+        for queue in queues:
+            if queue.disagreement is None and queue.points_into(hole.start, hole.end):
+                queue.disagreement = f"entries point into the damaged commitlog bytes {hole}"
     check_queues(commitlog, queues, max_record)
     if not abnormal:
         # RocketMQ resumes at the highest end over all queues, so a queue that lost its tail
@@ -148,7 +183,8 @@ def recover(
         dispatcher.start_at(min(resume, last.base_offset) if last is not None else resume)
     else:
         dispatcher.start_at(end)  # every valid record up to the end was indexed above
-    return RecoveryReport(abnormal, start_offset, end, records, reason)
+    return RecoveryReport(abnormal, start_offset, end, records, reason,
+                          holes=tuple(str(hole) for hole in holes))
 
 
 def check_queues(commitlog: CommitLog, queues: ConsumeQueueTable, max_record: int) -> None:
@@ -240,6 +276,9 @@ def rebuild_disagreeing_queues(commitlog: CommitLog, queues: ConsumeQueueTable,
             queues.remove(queue)  # the commitlog holds no record of it
             continue
         queue.arrivals.reset(queue.max_offset)
+        # A gap found by the rebuild itself is in the commitlog (records lost to a hole):
+        # its queue offsets read as removed, which is all there is to do.
+        queue.disagreement = None
         log.warning("recovery: consume queue %s rebuilt: offsets %d..%d", queue.files.directory,
                     queue.min_offset, queue.max_offset)
     log.warning("recovery: rebuilt %d consume queue(s) from %d records of the commitlog",

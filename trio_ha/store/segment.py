@@ -169,6 +169,10 @@ class Segment:
     def read(self, start: int, length: int) -> bytes:
         return self._mmap[start : start + length]
 
+    def find(self, pattern: bytes, start: int, end: int | None = None) -> int:
+        """The first position of ``pattern`` in ``[start, end)``, or -1 (C speed, no copy)."""
+        return self._mmap.find(pattern, start, self.size if end is None else end)
+
     def write(self, position: int, data) -> None:
         self._mmap[position : position + len(data)] = data
 

@@ -54,6 +54,7 @@ from .recovery import RecoveryReport, rebuild_disagreeing_queues, recover
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
 from .segment import sync_ranges
 from .sync_requests import SyncServiceStatistics
+from .verify import RecordVerifier
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class StoreStatistics:
     put_failures: int
     dispatch_error: str | None
     recovery: RecoveryReport | None
+    #: records a read refused to serve because they failed their check (checkCRCOnRead)
+    unverified_reads: int = 0
     #: replication as the master sees it, when it listens for slaves
     ha: HAMasterStatistics | None = None
     #: replication as the slave sees it, on a slave
@@ -115,6 +118,8 @@ class MessageStore:
     group_transfer: GroupTransferService | None = None
     #: whether a put has anything to wait for after its append (read on every put)
     _waits: bool = attrs.field(default=False, alias="waits")
+    #: checks records before they are served (None: checkCRCOnRead is off)
+    _verifier: RecordVerifier | None = attrs.field(default=None, alias="verifier")
 
     # ---- opening -------------------------------------------------------------------------
 
@@ -156,6 +161,10 @@ class MessageStore:
                     config.flush_disk_type is FlushDiskType.SYNC_FLUSH
                     or config.broker_role is BrokerRole.SYNC_MASTER
                 ),
+                verifier=(
+                    RecordVerifier(_max_record_size(config)) if config.check_crc_on_read
+                    else None
+                ),
             )
             try:
                 store._recover()
@@ -176,6 +185,8 @@ class MessageStore:
             self.commitlog, self.queues, self.dispatcher, self.checkpoint,
             abnormal=abnormal, check_crc=self.config.check_crc_on_recover,
             max_record=_max_record_size(self.config),
+            skip_holes=self.config.skip_corrupt_records_on_recover,
+            quarantine_dir=os.path.join(self._root, "corrupt"),
         )
         log.info("store %s recovered: %s", self._root, self.recovery)
         if not self.commitlog.segments.segments and self.config.broker_role is not BrokerRole.SLAVE:
@@ -545,8 +556,12 @@ class MessageStore:
     def topics(self) -> set[str]:
         return {topic for topic, _ in self.queues.queues}
 
-    def _record_at(self, offset: int, size: int | None = None) -> bytes | None:
-        """The bytes of the record at ``offset``, if one that readers may see is there."""
+    def _record_at(self, offset: int, size: int | None = None,
+                   expect: tuple[bytes, int, int] | None = None) -> bytes | None:
+        """The bytes of the record at ``offset``, if one that readers may see is there —
+        checked first (``checkCRCOnRead``, see ``verify``). ``expect``: the (topic, queue
+        id, queue offset) a consume-queue entry promised; a record that fails then is
+        counted and logged as unverified, not only missing."""
         limit = self.confirmed.value
         segment = self.commitlog.segments.find(offset)
         if segment is None or offset + 8 > limit or offset < self.commitlog.min_offset:
@@ -556,7 +571,18 @@ class MessageStore:
             size = int(layout.RECORD_START.unpack(segment.read(at, layout.RECORD_START.size))[0])
         if size <= 0 or offset + size > min(limit, segment.wrote_offset):
             return None
-        return segment.read(at, size)
+        record = segment.read(at, size)
+        if self._verifier is not None:
+            problem = self._verifier.problem(segment, at, record, expect)
+            if problem is not None:
+                if expect is not None:
+                    self._verifier.refused(
+                        offset, problem,
+                        f"{expect[0].decode(errors='replace')}/{expect[1]} queue offset "
+                        f"{expect[2]}",
+                    )
+                return None
+        return record
 
     def _decode_at(self, offset: int, size: int | None = None) -> rec.StoredMessage | None:
         record = self._record_at(offset, size)
@@ -622,6 +648,7 @@ class MessageStore:
         last_commitlog_offset = -1
         status = GetMessageStatus.NO_MATCHED_MESSAGE
         commitlog_min = self.commitlog.min_offset
+        topic_bytes = topic.encode()
         # RocketMQ scans at most max(16000 bytes, maxMsgNums * 20) of consume queue per pull.
         budget = max(800, max_count)
         while len(found) < max_count and next_offset < high and budget > 0:
@@ -642,7 +669,9 @@ class MessageStore:
                 if max_bytes is not None and found and total + entry.size > max_bytes:
                     budget = 0
                     break
-                record = self._record_at(entry.commitlog_offset, entry.size)
+                record = self._record_at(
+                    entry.commitlog_offset, entry.size, (topic_bytes, queue_id, next_offset)
+                )
                 if record is None:
                     status = GetMessageStatus.OFFSET_FOUND_NULL
                     next_offset += 1
@@ -752,6 +781,7 @@ class MessageStore:
             put_failures=self._put_failures,
             dispatch_error=self.dispatcher.error,
             recovery=self.recovery,
+            unverified_reads=self._verifier.failures if self._verifier is not None else 0,
             ha=self.ha_service.statistics() if self.ha_service is not None else None,
             ha_slave=self.ha_client.statistics() if self.ha_client is not None else None,
             group_commit=(
