@@ -145,6 +145,10 @@ class StoreConfig:
     #: hour(s) of day, ";"-separated, when expired files are deleted without disk pressure
     delete_when: str = "04"
     disk_max_used_space_ratio: int = attrs.field(default=75, validator=in_range(10, 95))
+    #: above this percentage of its filesystem used, the store refuses puts
+    #: (SERVICE_NOT_AVAILABLE) until it falls below again; RocketMQ's
+    #: rocketmq.broker.diskSpaceWarningLevelRatio (0.90), here a percentage
+    disk_space_warning_level_ratio: int = attrs.field(default=90, validator=in_range(10, 100))
     clean_resource_interval: int = attrs.field(default=10_000, validator=_positive)
     delete_commit_log_files_interval: int = attrs.field(default=100, validator=_non_negative)
     #: body size limit (4 MiB), as RocketMQ's maxMessageSize

@@ -372,6 +372,15 @@ def runtime_info(
         "runtime": f"{int(time.time() - broker.started_at)} s",
         "recoveryAbnormal": stats.recovery.abnormal if stats.recovery else False,
     }
+    health = stats.health
+    if health is not None:
+        # RocketMQ's RunningStats names, as fractions; and what keeps the store from taking
+        # (some) puts, if anything
+        table["commitLogDiskRatio"] = f"{health.disk.commitlog:.4f}"
+        table["consumeQueueDiskRatio"] = f"{health.disk.consume_queues:.4f}"
+        trouble = health.disk_full or health.dispatch_stalled or health.allocation_error
+        if trouble:
+            table["storeTrouble"] = trouble
     if stats.ha is not None:
         for i, c in enumerate(stats.ha.connections):
             table[f"slave{i}Address"] = c.address

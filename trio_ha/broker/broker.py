@@ -148,4 +148,9 @@ class Broker:
         while True:
             await trio.sleep(interval)
             self.clients.expire(trio.current_time())
-            await self.metadata.persist_dirty()
+            try:
+                await self.metadata.persist_dirty()
+            except OSError:
+                # A full disk or no descriptors left: the tables stay dirty and are written
+                # at the next round (each file's error was logged); never end the broker.
+                continue

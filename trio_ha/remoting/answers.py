@@ -17,9 +17,9 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 
+from ..ratelog import RateLimitedLog
 from ..wire.errors import HeaderFieldError
 from ..wire.remoting import RemotingCommand, ResponseCode, encode
-from .ratelog import RateLimitedLog
 
 __all__ = ["MAX_REMARK", "RequestError", "answer", "not_supported", "one_line"]
 

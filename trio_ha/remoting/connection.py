@@ -43,11 +43,11 @@ from collections.abc import Awaitable, Callable, Iterator
 import attrs
 import trio
 
+from ..ratelog import RateLimitedLog
 from ..wire.errors import RemotingDecodeError
 from ..wire.remoting import NEED_DATA, FrameDecoder, RemotingCommand, encode
 from .answers import answer
 from .limits import READ_ALLOWANCE, RemotingBudgets, RemotingLimits
-from .ratelog import RateLimitedLog
 
 __all__ = ["CloseReason", "Handler", "RemotingConnection", "serve_connection"]
 

@@ -30,9 +30,9 @@ import attrs
 import trio
 
 from .._sockets import peer_name
+from ..ratelog import RateLimitedLog
 from .connection import CloseReason, Handler, RemotingConnection
 from .limits import RemotingBudgets, RemotingLimits, fd_connection_limit
-from .ratelog import RateLimitedLog
 
 __all__ = ["RemotingServer", "RemotingServerStatistics", "serve_remoting"]
 

@@ -34,9 +34,11 @@ import trio
 
 from .. import _backend
 from ..config import BrokerRole, StoreConfig
+from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
 from ..wire import record as rec
 from ..wire.layout import INT64_MAX
+from .health import RETRY_INTERVAL, describe
 from .results import PutMessageResult, PutMessageStatus
 from .segment import Segment, sync_ranges
 from .segments import SegmentQueue
@@ -44,8 +46,17 @@ from .segments import SegmentQueue
 log = logging.getLogger(__name__)
 
 
-class AllocationTimeout(Exception):
+class SegmentUnavailable(Exception):
+    """The next commitlog segment cannot be had now (a put gets CREATE_MAPEDFILE_FAILED)."""
+
+
+class AllocationTimeout(SegmentUnavailable):
     """The next segment was not ready within allocate_timeout."""
+
+
+class AllocationFailed(SegmentUnavailable):
+    """The allocator's last attempt to create the next segment failed (ENOSPC, EMFILE...);
+    it tries again every RETRY_INTERVAL."""
 
 
 class ReplicaOffsetError(Exception):
@@ -120,6 +131,13 @@ class CommitLog:
     _spare: Segment | None = None
     _spare_ready: trio.Event = attrs.field(factory=trio.Event)
     _spare_wanted: trio.Event = attrs.field(factory=trio.Event)
+    #: set when an allocation attempt ends, success or failure (puts waiting for the spare
+    #: look again)
+    _attempted: trio.Event = attrs.field(factory=trio.Event)
+    #: why the allocator's last attempt failed (None: it did not), and how many failed
+    allocation_error: str | None = None
+    allocation_failures: int = 0
+    _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
     _flush_lock: trio.Lock = attrs.field(factory=trio.Lock)
     _store_host: bytes = b""
 
@@ -198,10 +216,22 @@ class CommitLog:
         return self._take_spare()
 
     async def wait_for_segment(self) -> None:
-        """Wait for the allocator's spare; AllocationTimeout after allocate_timeout."""
+        """Wait for the allocator's spare: AllocationFailed at once while its attempts fail
+        (it keeps trying on its own), AllocationTimeout after allocate_timeout."""
         self._spare_wanted.set()
+        if self.allocation_error is not None:
+            await trio.lowlevel.checkpoint()
+            raise AllocationFailed(
+                f"the next commitlog segment cannot be created: {self.allocation_error}"
+            )
         with trio.move_on_after(self.config.allocate_timeout / 1000):
-            await self._spare_ready.wait()
+            await trio.lowlevel.checkpoint()  # a checkpoint even when the spare is there
+            while not self._spare_ready.is_set():
+                await self._attempted.wait()
+                if self.allocation_error is not None and not self._spare_ready.is_set():
+                    raise AllocationFailed(
+                        f"the next commitlog segment cannot be created: {self.allocation_error}"
+                    )
             return
         raise AllocationTimeout(
             f"next commitlog segment not ready after {self.config.allocate_timeout} ms"
@@ -228,17 +258,42 @@ class CommitLog:
             if spare is not None and spare.base_offset != base:
                 spare.destroy()  # the log was truncated or restarted elsewhere
                 self._spare = spare = None
+                self._spare_ready = trio.Event()
             if spare is None:
-                created = await trio.to_thread.run_sync(
-                    self.create_first_segment, base, abandon_on_cancel=False
-                )
+                try:
+                    created = await trio.to_thread.run_sync(
+                        self.create_first_segment, base, abandon_on_cancel=False
+                    )
+                except OSError as exc:
+                    # A full disk or no descriptors left: say so, let puts that need the
+                    # segment fail at once, and try again (never end the store for it).
+                    self.allocation_failures += 1
+                    self.allocation_error = describe(exc)
+                    self._log.log(logging.ERROR, "allocate",
+                                  "cannot create commitlog segment %d: %s; puts that need it "
+                                  "get CREATE_MAPEDFILE_FAILED until it can be created",
+                                  base, self.allocation_error)
+                    self._attempt_ended()
+                    await trio.sleep(RETRY_INTERVAL)
+                    continue
+                if self.allocation_error is not None:
+                    log.warning("commitlog segment %d created after %d failed attempts (%s)",
+                                base, self.allocation_failures, self.allocation_error)
+                    self.allocation_error = None
+                    self._log.ended("allocate")
                 if base != self._next_base():
                     created.destroy()
+                    self._attempt_ended()
                     continue
                 self._spare = created
                 self._spare_ready.set()
+                self._attempt_ended()
             self._spare_wanted = trio.Event()
             await self._spare_wanted.wait()
+
+    def _attempt_ended(self) -> None:
+        self._attempted.set()
+        self._attempted = trio.Event()
 
     def end_segment(self, segment: Segment) -> None:
         """Fill the rest of ``segment`` with the blank record: the next append rolls over."""
@@ -341,7 +396,7 @@ class CommitLog:
         while (segment := self._take_spare()) is None:
             try:
                 await self.wait_for_segment()
-            except AllocationTimeout as exc:
+            except SegmentUnavailable as exc:
                 raise ReplicaOffsetError(str(exc)) from None
         return segment
 

@@ -4,7 +4,10 @@ Each entry is 20 bytes â€” commitlog offset (8), record size (4), tag hash (8) â
 is the message with queue offset ``n``, so a consumer at offset ``n`` finds its message with
 one multiplication. Files hold 300,000 entries and are named by their first byte's position
 (``consumequeue/<topic>/<queueId>/00000000000006000000``), byte for byte as RocketMQ lays them
-out (docs/formats.md, 'Consume queue').
+out (docs/formats.md, 'Consume queue'). A file has its full size from the start but is sparse:
+blocks are reserved 64 KiB at a time ahead of the entries (``Segment.reserve_to``), so a new
+queue costs 64 KiB of disk, not 6 MB, and a full disk fails a reservation (an OSError the
+dispatcher waits out) instead of a store into the mapping (SIGBUS).
 
 Entries are written only by the dispatcher, from records already in the commitlog, and writing
 one is idempotent: a record at or below the highest commitlog offset already indexed is
@@ -29,7 +32,8 @@ log = logging.getLogger(__name__)
 
 
 def _entry_valid(segment: Segment, index: int) -> bool:
-    offset, size, _tags = CQ_ENTRY.unpack(segment.read(index * CQ_ENTRY_SIZE, CQ_ENTRY_SIZE))
+    # read(2), not the mapping: past the entries a file may be a hole (see Segment.pread)
+    offset, size, _tags = CQ_ENTRY.unpack(segment.pread(index * CQ_ENTRY_SIZE, CQ_ENTRY_SIZE))
     return offset >= 0 and size > 0
 
 
@@ -75,14 +79,14 @@ class ConsumeQueue:
     def open(cls, root: str, topic: str, queue_id: int, file_size: int) -> ConsumeQueue:
         directory = os.path.join(root, topic, str(queue_id))
         try:
-            return cls(topic, queue_id, SegmentQueue.load(directory, file_size))
+            return cls(topic, queue_id, SegmentQueue.load(directory, file_size, reserved=False))
         except SegmentGapError as exc:
             # A consume queue is derived data: with a file missing, what remains cannot be
             # trusted to say where its entries belong. Start it empty and let recovery
             # rebuild it from the commitlog (the files go now, so none is reused by name).
             log.warning("%s; the consume queue is rebuilt from the commitlog", exc)
             shutil.rmtree(directory, ignore_errors=True)
-            queue = cls(topic, queue_id, SegmentQueue.load(directory, file_size))
+            queue = cls(topic, queue_id, SegmentQueue.load(directory, file_size, reserved=False))
             queue.disagreement = f"a file is missing: {exc}"
             return queue
 
@@ -116,11 +120,19 @@ class ConsumeQueue:
         if not self.files.segments:
             # A queue that starts past 0 (its early files were deleted, or this is a slave
             # that began mid-log): begin at the file holding the entry, blank-filled up to it.
-            current = self.files.create_segment(self.files.next_base(position)).base_offset
-            self.min_logic_offset = queue_offset
+            first = self.files.create_segment(self.files.next_base(position))
+            current = first.base_offset
             if position > current:
-                self._write_blanks(current, position)
+                try:
+                    self._write_blanks(current, position)
+                except OSError:
+                    # No room for the filler (ENOSPC, EMFILE): leave no file behind, so the
+                    # retry starts this queue afresh rather than finding a gap.
+                    self.files.segments.remove(first)
+                    first.destroy()
+                    raise
                 current = position
+            self.min_logic_offset = queue_offset
         if position < current:
             # A record the queue has not indexed (it lies past max_physical_offset) claims
             # a queue offset the queue already gave to another record: the queue's entries
@@ -142,6 +154,7 @@ class ConsumeQueue:
             self._write_blanks(current, position)
         segment = self._writable_segment(position)
         at = position - segment.base_offset
+        segment.reserve_to(at + CQ_ENTRY_SIZE)
         segment.write(at, CQ_ENTRY.pack(commitlog_offset, size, tags_code))
         segment.wrote_position = at + CQ_ENTRY_SIZE
         self.max_physical_offset = commitlog_offset + size
@@ -165,16 +178,21 @@ class ConsumeQueue:
             for i, (offset, size, tags) in enumerate(CQ_ENTRY.iter_unpack(entries)):
                 self.put(offset, size, tags, first_queue_offset + i)
             return
-        done = 0
+        # Room first, for the whole run (a file may roll in the middle): a write is never
+        # half done because the disk or the descriptors ran out (OSError, before any entry).
         total = len(entries)
+        chunks: list[tuple[Segment, int, int, int]] = []
+        done = 0
         while done < total:
-            segment = self._writable_segment(position)
-            at = position - segment.base_offset
+            segment = self._writable_segment(position + done)
+            at = position + done - segment.base_offset
             n = min(total - done, segment.size - at)
+            segment.reserve_to(at + n)
+            chunks.append((segment, at, done, n))
+            done += n
+        for segment, at, done, n in chunks:
             segment.write(at, entries[done : done + n])
             segment.wrote_position = at + n
-            position += n
-            done += n
         self.max_physical_offset = last_end
         self.arrivals.raise_to(self.max_offset)
 
@@ -189,6 +207,7 @@ class ConsumeQueue:
             segment = self._writable_segment(start)
             at = start - segment.base_offset
             n = min(end - start, segment.size - at) // CQ_ENTRY_SIZE
+            segment.reserve_to(at + n * CQ_ENTRY_SIZE)
             segment.write(at, CQ_BLANK_ENTRY * n)
             segment.wrote_position = at + n * CQ_ENTRY_SIZE
             start += n * CQ_ENTRY_SIZE
@@ -255,7 +274,7 @@ class ConsumeQueue:
                 # Past the prefix there are zeros, or one torn entry: clear that slot only
                 # (zeroing to the end of a 6 MB file on every open would dirty all of it).
                 at = valid * CQ_ENTRY_SIZE
-                if segment.read(at, CQ_ENTRY_SIZE) != bytes(CQ_ENTRY_SIZE):
+                if segment.pread(at, CQ_ENTRY_SIZE) != bytes(CQ_ENTRY_SIZE):
                     segment.write(at, bytes(CQ_ENTRY_SIZE))
                 segment.wrote_position = segment.flushed_position = at
                 break

@@ -21,9 +21,11 @@ import trio
 
 from .. import _backend
 from .._backend import RecordInfo, Scanner, ScanResult
+from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable, is_valid_topic
+from .health import RETRY_INTERVAL, describe
 from .segment import Segment
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,12 @@ class Dispatcher:
     last_store_timestamp: int = 0
     #: set when a record is corrupt: the dispatcher stops there instead of guessing
     error: str | None = None
+    #: why the last round could not write a consume-queue entry (ENOSPC, EMFILE: a state
+    #: that passes, unlike ``error``); the round is tried again every RETRY_INTERVAL
+    stalled: str | None = None
+    #: how many rounds stalled so
+    stalls: int = 0
+    _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
     _scanner: Scanner = attrs.field(init=False, factory=lambda: _backend.engine.scanner(SCAN_BATCH))
     #: topic bytes as found in records -> the topic, or None for bytes that are no topic
     _topics: dict[bytes, str | None] = attrs.field(factory=dict)
@@ -158,7 +166,19 @@ class Dispatcher:
                     segment.handle, end, start, segment.base_offset, _backend.SCAN_TAGS,
                     self.max_record_size,
                 )
-                self.index(segment, result)
+                try:
+                    self.index(segment, result)
+                except OSError as exc:
+                    # No room for a consume-queue file or its blocks, or no descriptor to
+                    # create it: stay at this batch (what was indexed of it is skipped as a
+                    # repeat next time) and try again later; never end the store for it.
+                    self._stalled(exc)
+                    break
+            if self.stalled is not None:
+                log.warning("dispatch: consume queues writable again after %d stalled rounds "
+                            "(%s)", self.stalls, self.stalled)
+                self.stalled = None
+                self._log.ended("stall")
             passed += result.count
             self.cursor = segment.base_offset + result.end
             stop = result.stop
@@ -181,12 +201,22 @@ class Dispatcher:
             commitlog.last_store_timestamp = self.last_store_timestamp
         return passed
 
+    def _stalled(self, exc: OSError) -> None:
+        self.stalls += 1
+        self.stalled = f"cannot write a consume-queue entry: {describe(exc)}"
+        self._log.log(logging.ERROR, "stall", "dispatch: %s; at commitlog offset %d, puts get "
+                      "SERVICE_NOT_AVAILABLE until it can", self.stalled, self.cursor)
+
     async def run(self, limit: Watermark, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Follow ``limit`` for ever, indexing what appears below it."""
         task_status.started()
         while True:
+            if self.stalled is not None:
+                await trio.sleep(RETRY_INTERVAL)
             await limit.wait_for(self.cursor + 1)
             if self.dispatch_available(limit.value) == 0 and self.cursor < limit.value:
+                if self.stalled is not None:
+                    continue
                 # Nothing whole to index yet (a partial record) or stopped by an error:
                 # wait for more bytes rather than spin.
                 await limit.wait_for(limit.value + 1)

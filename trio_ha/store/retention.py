@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from typing import Protocol
 
@@ -23,6 +22,7 @@ from ..config import StoreConfig
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable
 from .dispatch import Dispatcher
+from .health import disk_used_ratio
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +44,6 @@ class RetainedStore(Protocol):
 
     @property
     def dispatcher(self) -> Dispatcher: ...
-
-
-def disk_used_ratio(path: str) -> float:
-    usage = shutil.disk_usage(path)
-    return usage.used / usage.total if usage.total else 0.0
 
 
 def _is_delete_hour(delete_when: str, now: float) -> bool:

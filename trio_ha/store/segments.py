@@ -42,16 +42,20 @@ class SegmentQueue:
     directory: str
     segment_size: int
     segments: list[Segment] = attrs.field(factory=list)
+    #: segments are created with their blocks reserved and keep their descriptor (the
+    #: commitlog); False: sparse, blocks reserved ahead of writes, no descriptor of their
+    #: own (consume queues; see Segment.create)
+    reserved: bool = True
 
     @classmethod
-    def load(cls, directory: str, segment_size: int) -> SegmentQueue:
+    def load(cls, directory: str, segment_size: int, *, reserved: bool = True) -> SegmentQueue:
         """Map every segment file in ``directory`` (created if missing), oldest first.
 
         Leftover ``.tmp`` files of an interrupted pre-allocation are removed. A gap between
         segments is an error: the log would silently lose the bytes in it.
         """
         os.makedirs(directory, exist_ok=True)
-        queue = cls(directory, segment_size)
+        queue = cls(directory, segment_size, reserved=reserved)
         bases = []
         for name in os.listdir(directory):
             if name.endswith(".tmp"):
@@ -74,7 +78,7 @@ class SegmentQueue:
             previous = base
             path = os.path.join(directory, segment_file_name(base))
             try:
-                queue.segments.append(Segment.open(path, segment_size))
+                queue.segments.append(Segment.open(path, segment_size, keep_fd=reserved))
             except BaseException:
                 queue.close()
                 raise
@@ -140,7 +144,8 @@ class SegmentQueue:
 
     def create_segment(self, base_offset: int, *, warm: bool = False) -> Segment:
         """Create, map and append a segment synchronously (small files, or tests)."""
-        segment = Segment.create(self.directory, base_offset, self.segment_size, warm=warm)
+        segment = Segment.create(self.directory, base_offset, self.segment_size, warm=warm,
+                                 reserve=self.reserved, keep_fd=self.reserved)
         segment.wrote_position = segment.flushed_position = 0
         self.append_segment(segment)
         return segment

@@ -36,19 +36,21 @@ import trio
 from .. import _backend
 from .._errors import unwrap_single_exception
 from ..config import BrokerRole, FlushDiskType, StoreConfig
+from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
 from ..wire import layout
 from ..wire import record as rec
 from ..wire.errors import RecordDecodeError
 from . import retention
 from .checkpoint import Checkpoint
-from .commitlog import AllocationTimeout, CommitLog, encode_batch, encode_message
+from .commitlog import CommitLog, SegmentUnavailable, encode_batch, encode_message
 from .consume_queue import ConsumeQueueTable, is_valid_topic
 from .dispatch import Dispatcher
 from .group_commit import GroupCommitService
 from .ha.group_transfer import GroupTransferService
 from .ha.master import HAMasterStatistics, HAService
 from .ha.slave import HAClient, HASlaveStatistics
+from .health import DiskMonitor, StoreHealth, StoreResourceError, describe
 from .lock import StoreLockedError, lock_root, unlock_root
 from .recovery import RecoveryReport, rebuild_disagreeing_queues, recover
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
@@ -81,6 +83,9 @@ class StoreStatistics:
     recovery: RecoveryReport | None
     #: records a read refused to serve because they failed their check (checkCRCOnRead)
     unverified_reads: int = 0
+    #: disk use, and what keeps the store from taking puts (a full disk, a segment or a
+    #: consume-queue file that cannot be created)
+    health: StoreHealth | None = None
     #: replication as the master sees it, when it listens for slaves
     ha: HAMasterStatistics | None = None
     #: replication as the slave sees it, on a slave
@@ -120,6 +125,16 @@ class MessageStore:
     _waits: bool = attrs.field(default=False, alias="waits")
     #: checks records before they are served (None: checkCRCOnRead is off)
     _verifier: RecordVerifier | None = attrs.field(default=None, alias="verifier")
+    #: why puts are refused for disk use (None: they are not), and the use at the last look
+    #: refuses puts above diskSpaceWarningLevelRatio (set up by the constructor)
+    disk: DiskMonitor = attrs.field(init=False)
+    _health_log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
+
+    def __attrs_post_init__(self) -> None:
+        self.disk = DiskMonitor(
+            (self.config.commitlog_dir, self.queues.root),
+            self.config.disk_space_warning_level_ratio,
+        )
 
     # ---- opening -------------------------------------------------------------------------
 
@@ -197,6 +212,12 @@ class MessageStore:
         # start() blocks until reput has caught up), then derive the next queue offsets.
         while self.dispatcher.dispatch_available(self.commitlog.max_offset):
             pass
+        if self.dispatcher.stalled is not None:
+            # The next queue offsets come from the consume queues: they must be whole first.
+            raise StoreResourceError(
+                f"store {self._root}: cannot bring the consume queues up to the commitlog: "
+                f"{self.dispatcher.stalled}"
+            )
         rebuilt = rebuild_disagreeing_queues(self.commitlog, self.queues, self.dispatcher)
         if rebuilt:
             self.recovery = attrs.evolve(self.recovery, rebuilt_queues=rebuilt)
@@ -231,6 +252,7 @@ class MessageStore:
         await nursery.start(self.dispatcher.run, self.confirmed)
         await nursery.start(self._run_queue_flush)
         await nursery.start(retention.run_retention, self)
+        await nursery.start(self.disk.run)
         if self.ha_service is not None:
             await nursery.start(self.ha_service.serve)
         if self.group_transfer is not None:
@@ -251,6 +273,19 @@ class MessageStore:
             if now - last_thorough >= config.flush_consume_queue_thorough_interval / 1000:
                 least, last_thorough = 0, now
             await self.flush_consume_queues(least)
+
+    def check_disk(self) -> None:
+        """Look at the disk use now (the store's task does it every second)."""
+        self.disk.check()
+
+    def health(self) -> StoreHealth:
+        commitlog, dispatcher = self.commitlog, self.dispatcher
+        return StoreHealth(
+            disk=self.disk.usage, disk_full=self.disk.full,
+            allocation_error=commitlog.allocation_error,
+            allocation_failures=commitlog.allocation_failures,
+            dispatch_stalled=dispatcher.stalled, dispatch_stalls=dispatcher.stalls,
+        )
 
     async def flush_consume_queues(self, least_pages: int = 0) -> None:
         """Sync dirty consume-queue pages, then record in the checkpoint only what is now
@@ -284,7 +319,14 @@ class MessageStore:
             checkpoint.physic_msg_timestamp = physic
             changed = True
         if changed:
-            await trio.to_thread.run_sync(checkpoint.write, abandon_on_cancel=False)
+            try:
+                await trio.to_thread.run_sync(checkpoint.write, abandon_on_cancel=False)
+            except OSError as exc:
+                # No descriptor or no room for it: the file keeps its older values, which
+                # only make a crash recovery start earlier. Try again next round.
+                self._health_log.log(logging.ERROR, "checkpoint",
+                                     "store %s: cannot write the checkpoint: %s", self._root,
+                                     describe(exc))
 
     async def _shutdown(self) -> None:
         """Stop taking puts, make everything durable, and say so with the abort file."""
@@ -326,6 +368,14 @@ class MessageStore:
                 f"store is read-only: {self.dispatcher.error}",
                 PutMessageStatus.SERVICE_NOT_AVAILABLE,
             )
+        if self.disk.full is not None:
+            return self._illegal(self.disk.full, PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        if self.dispatcher.stalled is not None:
+            return self._illegal(
+                f"the consume queues cannot be written now ({self.dispatcher.stalled}); "
+                "the store takes puts again once they can",
+                PutMessageStatus.SERVICE_NOT_AVAILABLE,
+            )
         topic_bytes = self._topic_bytes(topic)
         if topic_bytes is None:
             return self._illegal(
@@ -341,9 +391,12 @@ class MessageStore:
 
     def _accepts(self, topic: str, queue_id: int, body_len: int) -> bytes | None:
         """The fast path of ``_admit``: the encoded topic when nothing stands in the way."""
+        dispatcher = self.dispatcher
         if (
             self._accepting
-            and self.dispatcher.error is None
+            and dispatcher.error is None
+            and dispatcher.stalled is None
+            and self.disk.full is None
             and 0 <= queue_id <= layout.INT32_MAX
             and body_len <= self.config.max_message_size
         ):
@@ -430,7 +483,7 @@ class MessageStore:
             appended = await self.commitlog.append(
                 encode_message, item, (topic, queue_id) if consumable else None
             )
-        except AllocationTimeout as exc:
+        except SegmentUnavailable as exc:
             return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
         if isinstance(appended, int):
             return self._illegal(
@@ -498,7 +551,7 @@ class MessageStore:
         )
         try:
             appended = await self.commitlog.append(encode_batch, item, (topic, queue_id))
-        except AllocationTimeout as exc:
+        except SegmentUnavailable as exc:
             return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
         if isinstance(appended, int):
             return self._illegal(
@@ -782,6 +835,7 @@ class MessageStore:
             dispatch_error=self.dispatcher.error,
             recovery=self.recovery,
             unverified_reads=self._verifier.failures if self._verifier is not None else 0,
+            health=self.health(),
             ha=self.ha_service.statistics() if self.ha_service is not None else None,
             ha_slave=self.ha_client.statistics() if self.ha_client is not None else None,
             group_commit=(

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from trio_ha.ratelog import RateLimitedLog
 from trio_ha.wire.metadata import DEFAULT_TOPIC_QUEUE_NUMS
 from trio_ha.wire.permission import Permission
 
@@ -35,6 +36,8 @@ class BrokerMetadata:
     offsets: ConsumerOffsetManager
     subscriptions: SubscriptionGroupManager
     delay_offsets: DelayOffsetManager
+    #: a full disk fails every round until it is freed: one line per file per 10 s
+    _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
 
     @classmethod
     def load(
@@ -92,9 +95,11 @@ class BrokerMetadata:
                     await manager.persist()
                     wrote = True
             except Exception as exc:
-                log.error("cannot persist %s: %s", manager.path, exc)
+                self._log.log(logging.ERROR, manager.file_name, "cannot persist %s: %s",
+                              manager.path, exc)
                 error = error or exc
             else:
+                self._log.ended(manager.file_name)
                 if wrote:
                     written.append(manager.file_name)
         if error is not None:

@@ -3,7 +3,9 @@
 A bad frame, a refused connection or a failing request is one line in the log when it is the
 first of its kind in ``interval`` seconds; the rest of that interval's are counted and the
 count rides on the next line that gets through ("... (and 1999 more like it)"). A peer that
-sends 2,000 bad requests costs two lines, not 2,000 tracebacks.
+sends 2,000 bad requests costs two lines, not 2,000 tracebacks. The store uses it the same way
+for troubles that last (a full disk, no descriptors left): one line when it starts, then at
+most one per interval, and ``ended(kind)`` so that the next time it starts is logged at once.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class RateLimitedLog:
             args = (*args, suppressed, self.interval)
         self.logger.log(level, message, *args, exc_info=exc_info)
         return True
+
+    def ended(self, kind: Hashable) -> None:
+        """The trouble of this ``kind`` is over: its next line is logged at once."""
+        self._kinds.pop(kind, None)
 
     def _forget_oldest(self) -> None:
         oldest = min(self._kinds, key=lambda k: self._kinds[k][0])
