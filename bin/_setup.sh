@@ -53,6 +53,17 @@ if [[ ",$extras," == *,spark,* ]] && ! command -v java >/dev/null 2>&1; then
     fi
 fi
 
+if [[ ",$extras," == *,dev,* ]] && ! { command -v javac && command -v mvn; } >/dev/null 2>&1; then
+    # The interop tests run the real Apache RocketMQ (fetched by Maven, our Java programs built
+    # by javac); without these they skip, or fail under TRIO_HA_REQUIRE_ROCKETMQ=1 (CI).
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "installing a JDK 17 and Maven for the interop tests ..." >&2
+        apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless maven >/dev/null
+    else
+        echo "warning: no javac or mvn on PATH: the interop tests will skip" >&2
+    fi
+fi
+
 # Reinstall when anything that shapes the install changed (dependencies, the C source).
 stamp="$venv/.trio-ha-install"
 want=$(cat "$root/pyproject.toml" "$root/setup.py" "$root"/native/* 2>/dev/null | sha256sum | cut -d' ' -f1)

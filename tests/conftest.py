@@ -14,6 +14,7 @@ import trio
 
 from trio_ha import FlushDiskType, MessageStore, StoreConfig
 from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics
+from trio_ha.testing.rocketmq import DEFAULT_VERSION, VERSION_5, RocketMQ, RocketMQUnavailable
 
 
 async def wait_until(predicate, what: str, *, timeout: float = 10.0, interval: float = 0.01):
@@ -69,3 +70,28 @@ def store_dir(tmp_path):
     path = tmp_path / "store"
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def _rocketmq_peer(version: str) -> RocketMQ:
+    """The real RocketMQ, fetched once per session; where it cannot run here the interop
+    tests skip with the reason — or fail, under TRIO_HA_REQUIRE_ROCKETMQ=1 (CI)."""
+    try:
+        peer = RocketMQ.fetch(version)
+        peer.compile_programs()
+    except RocketMQUnavailable as exc:
+        if os.environ.get("TRIO_HA_REQUIRE_ROCKETMQ") == "1":
+            pytest.fail(f"TRIO_HA_REQUIRE_ROCKETMQ=1 but RocketMQ {version} cannot run: {exc}")
+        pytest.skip(f"RocketMQ {version} cannot run here: {exc}")
+    return peer
+
+
+@pytest.fixture(scope="session")
+def rocketmq() -> RocketMQ:
+    """The real Apache RocketMQ 4.x (see trio_ha.testing.rocketmq for the version)."""
+    return _rocketmq_peer(DEFAULT_VERSION)
+
+
+@pytest.fixture(scope="session")
+def rocketmq5() -> RocketMQ:
+    """The real Apache RocketMQ 5.3.3."""
+    return _rocketmq_peer(VERSION_5)

@@ -1,0 +1,360 @@
+package trioha.interop;
+
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
+
+import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
+import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
+import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
+import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
+import org.apache.rocketmq.client.exception.MQBrokerException;
+import org.apache.rocketmq.client.exception.MQClientException;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
+import org.apache.rocketmq.client.producer.SendCallback;
+import org.apache.rocketmq.client.producer.SendResult;
+import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
+import org.apache.rocketmq.common.message.Message;
+import org.apache.rocketmq.common.message.MessageExt;
+
+/**
+ * The real RocketMQ Java client, driven from our interop tests.
+ *
+ * <p>Each subcommand prints one JSON object per line on stdout, so a test reads what the client
+ * saw without parsing logs: a line per message sent or received, then a {@code "done"} line.
+ * Errors the client reports for one message are printed on that message's line (class, message
+ * and, for a broker refusal, the response code) rather than ending the program: the tests
+ * assert exact refusals.
+ *
+ * <pre>
+ * produce --namesrv A --topic T --count N [--mode sync|async|oneway|batch] [--batch 32]
+ *         [--tags TagA,TagB] [--size BYTES] [--prefix TEXT] [--group G] [--timeout MS]
+ *         [--retries N] [--delay LEVEL] [--property k=v]...
+ * push    --namesrv A --topic T --group G [--tags 'TagA || TagB'] [--expect N]
+ *         [--max-seconds S] [--idle-seconds S] [--later-first]
+ * pull    --namesrv A --topic T --group G [--tags EXPR] [--expect N] [--max-seconds S]
+ *         [--idle-seconds S]
+ * </pre>
+ *
+ * <p>{@code --later-first} makes the push listener answer RECONSUME_LATER the first time it sees
+ * each message, which sends it back to the broker (CONSUMER_SEND_MSG_BACK).
+ */
+public final class Client {
+    private Client() {
+    }
+
+    public static void main(String[] argv) throws Exception {
+        if (argv.length == 0) {
+            throw new IllegalArgumentException("usage: Client produce|push|pull --option value ...");
+        }
+        Options opts = Options.parse(argv);
+        switch (argv[0]) {
+            case "produce":
+                produce(opts);
+                break;
+            case "push":
+                push(opts);
+                break;
+            case "pull":
+                pull(opts);
+                break;
+            default:
+                throw new IllegalArgumentException("unknown subcommand " + argv[0]);
+        }
+        System.out.flush();
+        // The client's own threads (netty, schedulers) outlive shutdown() in 4.x.
+        System.exit(0);
+    }
+
+    // --- produce ---------------------------------------------------------------------------
+
+    static Message message(Options opts, int i) {
+        String[] tags = opts.get("tags", "TagA").split(",");
+        StringBuilder body = new StringBuilder(opts.get("prefix", "body")).append('-').append(i);
+        int size = opts.getInt("size", 0);
+        while (body.length() < size) {
+            body.append('x');
+        }
+        Message msg = new Message(opts.require("topic"), tags[i % tags.length], "key-" + i,
+            body.toString().getBytes(StandardCharsets.UTF_8));
+        msg.putUserProperty("seq", Integer.toString(i));
+        for (String kv : opts.all("property")) {
+            int eq = kv.indexOf('=');
+            msg.putUserProperty(kv.substring(0, eq), kv.substring(eq + 1));
+        }
+        int delay = opts.getInt("delay", 0);
+        if (delay > 0) {
+            msg.setDelayTimeLevel(delay);
+        }
+        return msg;
+    }
+
+    static void produce(Options opts) throws Exception {
+        DefaultMQProducer producer = new DefaultMQProducer(opts.get("group", "interop_producer"));
+        producer.setNamesrvAddr(opts.require("namesrv"));
+        producer.setSendMsgTimeout(opts.getInt("timeout", 5000));
+        producer.setRetryTimesWhenSendFailed(opts.getInt("retries", 0));
+        producer.setRetryTimesWhenSendAsyncFailed(opts.getInt("retries", 0));
+        producer.setInstanceName("producer-" + ProcessHandle.current().pid());
+        producer.start();
+        int count = opts.getInt("count", 1);
+        String mode = opts.get("mode", "sync");
+        AtomicInteger errors = new AtomicInteger();
+        try {
+            if (mode.equals("batch")) {
+                int batch = opts.getInt("batch", 32);
+                for (int start = 0; start < count; start += batch) {
+                    List<Message> msgs = new ArrayList<>();
+                    for (int i = start; i < Math.min(count, start + batch); i++) {
+                        msgs.add(message(opts, i));
+                    }
+                    try {
+                        SendResult result = producer.send(msgs);
+                        String[] ids = result.getMsgId().split(",");
+                        String[] offsetIds = result.getOffsetMsgId() == null
+                            ? new String[0] : result.getOffsetMsgId().split(",");
+                        for (int j = 0; j < msgs.size(); j++) {
+                            Map<String, Object> line = sent(start + j, result);
+                            line.put("msgId", j < ids.length ? ids[j] : null);
+                            line.put("offsetMsgId", j < offsetIds.length ? offsetIds[j] : null);
+                            line.put("queueOffset", result.getQueueOffset() + j);
+                            Json.print(line);
+                        }
+                    } catch (Exception e) {
+                        for (int j = 0; j < msgs.size(); j++) {
+                            errors.incrementAndGet();
+                            Json.print(failed(start + j, e));
+                        }
+                    }
+                }
+            } else if (mode.equals("async")) {
+                CountDownLatch latch = new CountDownLatch(count);
+                for (int i = 0; i < count; i++) {
+                    final int seq = i;
+                    producer.send(message(opts, i), new SendCallback() {
+                        @Override
+                        public void onSuccess(SendResult result) {
+                            Json.print(sent(seq, result));
+                            latch.countDown();
+                        }
+
+                        @Override
+                        public void onException(Throwable e) {
+                            errors.incrementAndGet();
+                            Json.print(failed(seq, e));
+                            latch.countDown();
+                        }
+                    });
+                }
+                if (!latch.await(opts.getInt("max-seconds", 60), TimeUnit.SECONDS)) {
+                    errors.addAndGet((int) latch.getCount());
+                    Json.print(Json.obj("error", "async sends not answered", "missing", latch.getCount()));
+                }
+            } else {
+                for (int i = 0; i < count; i++) {
+                    try {
+                        if (mode.equals("oneway")) {
+                            producer.sendOneway(message(opts, i));
+                            Json.print(Json.obj("i", i, "status", "ONEWAY"));
+                        } else {
+                            Json.print(sent(i, producer.send(message(opts, i))));
+                        }
+                    } catch (Exception e) {
+                        errors.incrementAndGet();
+                        Json.print(failed(i, e));
+                    }
+                }
+            }
+        } finally {
+            producer.shutdown();
+        }
+        Json.print(Json.obj("done", true, "count", count, "errors", errors.get()));
+    }
+
+    static Map<String, Object> sent(int i, SendResult result) {
+        return Json.obj("i", i, "status", result.getSendStatus().name(), "msgId", result.getMsgId(),
+            "offsetMsgId", result.getOffsetMsgId(), "brokerName",
+            result.getMessageQueue().getBrokerName(), "queueId", result.getMessageQueue().getQueueId(),
+            "queueOffset", result.getQueueOffset());
+    }
+
+    static Map<String, Object> failed(int i, Throwable e) {
+        Map<String, Object> line = Json.obj("i", i, "error", e.getClass().getSimpleName(),
+            "message", String.valueOf(e.getMessage()));
+        Throwable cause = e;
+        while (cause != null) {
+            if (cause instanceof MQBrokerException) {
+                line.put("code", ((MQBrokerException) cause).getResponseCode());
+                line.put("remark", ((MQBrokerException) cause).getErrorMessage());
+                break;
+            }
+            if (cause instanceof MQClientException && ((MQClientException) cause).getResponseCode() != -1) {
+                line.put("code", ((MQClientException) cause).getResponseCode());
+                line.put("remark", ((MQClientException) cause).getErrorMessage());
+                break;
+            }
+            cause = cause.getCause();
+        }
+        return line;
+    }
+
+    // --- consume ---------------------------------------------------------------------------
+
+    static Map<String, Object> received(String consumer, MessageExt msg) {
+        Map<String, Object> props = new LinkedHashMap<>(msg.getProperties());
+        return Json.obj("consumer", consumer, "msgId", msg.getMsgId(), "offsetMsgId",
+            msg instanceof org.apache.rocketmq.common.message.MessageClientExt
+                ? ((org.apache.rocketmq.common.message.MessageClientExt) msg).getOffsetMsgId() : null,
+            "topic", msg.getTopic(), "queueId", msg.getQueueId(), "queueOffset", msg.getQueueOffset(),
+            "commitLogOffset", msg.getCommitLogOffset(), "brokerName", msg.getBrokerName(),
+            "tags", msg.getTags(), "keys", msg.getKeys(), "reconsumeTimes", msg.getReconsumeTimes(),
+            "bornTimestamp", msg.getBornTimestamp(), "storeTimestamp", msg.getStoreTimestamp(),
+            "storeHost", String.valueOf(msg.getStoreHost()), "bodyCRC", msg.getBodyCRC(),
+            "properties", props, "body", Base64.getEncoder().encodeToString(msg.getBody()));
+    }
+
+    /** Ends a consumer: at the expected count, after idle seconds without a message, or at the cap. */
+    static final class Stop {
+        final int expect;
+        final long deadline;
+        final long idleMillis;
+        final AtomicInteger seen = new AtomicInteger();
+        final AtomicLong last = new AtomicLong(System.currentTimeMillis());
+
+        Stop(Options opts) {
+            expect = opts.getInt("expect", Integer.MAX_VALUE);
+            deadline = System.currentTimeMillis() + 1000L * opts.getInt("max-seconds", 60);
+            idleMillis = 1000L * opts.getInt("idle-seconds", 0);
+        }
+
+        void saw(int n) {
+            seen.addAndGet(n);
+            last.set(System.currentTimeMillis());
+        }
+
+        boolean done() {
+            long now = System.currentTimeMillis();
+            return seen.get() >= expect || now > deadline
+                || (idleMillis > 0 && seen.get() > 0 && now - last.get() > idleMillis);
+        }
+    }
+
+    static void push(Options opts) throws Exception {
+        String name = opts.get("name", "push-" + ProcessHandle.current().pid());
+        DefaultMQPushConsumer consumer = new DefaultMQPushConsumer(opts.require("group"));
+        consumer.setNamesrvAddr(opts.require("namesrv"));
+        consumer.setInstanceName(name);
+        consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        // Clustering (the default model): consumers of one group share the queues.
+        consumer.setPersistConsumerOffsetInterval(1000);
+        consumer.subscribe(opts.require("topic"), opts.get("tags", "*"));
+        boolean laterFirst = opts.has("later-first");
+        Map<String, Boolean> refused = new java.util.concurrent.ConcurrentHashMap<>();
+        Stop stop = new Stop(opts);
+        consumer.registerMessageListener((MessageListenerConcurrently) (msgs, context) -> {
+            for (MessageExt msg : msgs) {
+                if (laterFirst && refused.putIfAbsent(msg.getMsgId(), Boolean.TRUE) == null) {
+                    Json.print(Json.obj("consumer", name, "later", msg.getMsgId(),
+                        "reconsumeTimes", msg.getReconsumeTimes()));
+                    return ConsumeConcurrentlyStatus.RECONSUME_LATER;
+                }
+            }
+            for (MessageExt msg : msgs) {
+                Json.print(received(name, msg));
+            }
+            stop.saw(msgs.size());
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+        });
+        consumer.start();
+        Json.print(Json.obj("started", name));
+        while (!stop.done()) {
+            Thread.sleep(100);
+        }
+        // shutdown() persists the consumed offsets to the broker before it returns.
+        consumer.shutdown();
+        Json.print(Json.obj("done", true, "consumer", name, "received", stop.seen.get()));
+    }
+
+    static void pull(Options opts) throws Exception {
+        String name = opts.get("name", "pull-" + ProcessHandle.current().pid());
+        DefaultLitePullConsumer consumer = new DefaultLitePullConsumer(opts.require("group"));
+        consumer.setNamesrvAddr(opts.require("namesrv"));
+        consumer.setInstanceName(name);
+        consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        consumer.setAutoCommit(true);
+        consumer.setAutoCommitIntervalMillis(1000);
+        consumer.subscribe(opts.require("topic"), opts.get("tags", "*"));
+        consumer.start();
+        Json.print(Json.obj("started", name));
+        Stop stop = new Stop(opts);
+        while (!stop.done()) {
+            List<MessageExt> msgs = consumer.poll(500);
+            for (MessageExt msg : msgs) {
+                Json.print(received(name, msg));
+            }
+            if (!msgs.isEmpty()) {
+                stop.saw(msgs.size());
+            }
+        }
+        consumer.commitSync();
+        consumer.shutdown();
+        Json.print(Json.obj("done", true, "consumer", name, "received", stop.seen.get()));
+    }
+
+    // --- plumbing --------------------------------------------------------------------------
+
+    /** {@code --key value} pairs (repeatable); a key followed by another key is a flag. */
+    static final class Options {
+        final Map<String, List<String>> values = new HashMap<>();
+
+        static Options parse(String[] argv) {
+            Options opts = new Options();
+            for (int i = 1; i < argv.length; i++) {
+                if (!argv[i].startsWith("--")) {
+                    throw new IllegalArgumentException("expected --option, got " + argv[i]);
+                }
+                String key = argv[i].substring(2);
+                String value = "true";
+                if (i + 1 < argv.length && !argv[i + 1].startsWith("--")) {
+                    value = argv[++i];
+                }
+                opts.values.computeIfAbsent(key, k -> new ArrayList<>()).add(value);
+            }
+            return opts;
+        }
+
+        boolean has(String key) {
+            return values.containsKey(key);
+        }
+
+        String get(String key, String fallback) {
+            List<String> v = values.get(key);
+            return v == null ? fallback : v.get(v.size() - 1);
+        }
+
+        String require(String key) {
+            String v = get(key, null);
+            if (v == null) {
+                throw new IllegalArgumentException("--" + key + " is required");
+            }
+            return v;
+        }
+
+        int getInt(String key, int fallback) {
+            String v = get(key, null);
+            return v == null ? fallback : Integer.parseInt(v);
+        }
+
+        List<String> all(String key) {
+            return values.getOrDefault(key, List.of());
+        }
+    }
+}

@@ -1,0 +1,48 @@
+"""The harness that runs the real Apache RocketMQ (trio_ha.testing.rocketmq) does what the
+interop tests rely on: a real name server and broker start from the cached jars, mqadmin talks
+to them, our Java programs compile and run, and a stop is a clean JVM shutdown (the broker's
+abort file is gone, so its next start is a normal recovery)."""
+
+import pytest
+
+from trio_ha.testing import free_broker_port
+from trio_ha.testing.rocketmq import broker_properties_text, program_lines
+
+pytestmark = pytest.mark.interop
+
+
+def test_broker_conf_refuses_values_rocketmq_would_silently_ignore():
+    assert broker_properties_text({"brokerRole": "SYNC_MASTER", "x": True}) == (
+        "brokerRole=SYNC_MASTER\nx=true\n")
+    for bad in ("SYNC_MASTER ", "SLAVE # comment", "a\nb"):
+        with pytest.raises(ValueError, match="broker.conf cannot hold"):
+            broker_properties_text({"brokerRole": bad})
+
+
+def test_real_namesrv_broker_mqadmin_and_our_programs(rocketmq, tmp_path):
+    namesrv_port = free_broker_port()
+    broker_port = free_broker_port()
+    namesrv = rocketmq.start_namesrv(tmp_path / "ns", namesrv_port)
+    namesrv_addr = f"127.0.0.1:{namesrv_port}"
+    try:
+        broker = rocketmq.start_broker(tmp_path / "master", {
+            "brokerClusterName": "PeerCluster", "brokerName": "peer-a", "brokerId": 0,
+            "brokerRole": "SYNC_MASTER", "namesrvAddr": namesrv_addr,
+            "listenPort": broker_port, "mappedFileSizeCommitLog": 1 << 20,
+            "maxHashSlotNum": 1000, "maxIndexNum": 4000,
+        })
+        try:
+            listing = rocketmq.mqadmin(tmp_path / "adm", "clusterList", "-n", namesrv_addr)
+            assert "PeerCluster" in listing and f"127.0.0.1:{broker_port}" in listing
+            out = rocketmq.run_program(tmp_path / "producer", "trioha.interop.Client", "produce",
+                                       "--namesrv", namesrv_addr, "--topic", "HarnessT",
+                                       "--count", 3)
+            lines = program_lines(out)
+            # No slave: a real SYNC_MASTER stores the message and says SLAVE_NOT_AVAILABLE.
+            assert [line.get("status") for line in lines[:3]] == ["SLAVE_NOT_AVAILABLE"] * 3
+            assert lines[-1] == {"done": True, "count": 3, "errors": 0}
+        finally:
+            assert broker.stop() is not None
+        assert not (tmp_path / "master" / "store" / "abort").exists(), broker.tail()
+    finally:
+        namesrv.stop()

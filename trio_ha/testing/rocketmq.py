@@ -1,0 +1,460 @@
+"""The real Apache RocketMQ as a child process: the judge of our compatibility claims.
+
+Everything we say about speaking RocketMQ's formats rests on our reading of its reference until
+the real thing accepts us. This module runs it — name server, broker (master or slave), mqadmin
+and our own small Java programs linked against its client — from Maven Central jars, without
+its binary distribution:
+
+* :meth:`RocketMQ.fetch` collects one version's jars with Maven (``interop/rocketmq/pom.xml``)
+  into a cache outside the repository, ``~/.cache/trio_ha/rocketmq/<version>/`` (or
+  ``$TRIO_HA_ROCKETMQ_CACHE/<version>/``), and writes the logback files 4.x insists on. It
+  raises :class:`RocketMQUnavailable` with the reason when ``java``, ``javac`` or ``mvn`` is
+  missing or Maven cannot download; the test suite turns that into a skip, or into a failure
+  under ``TRIO_HA_REQUIRE_ROCKETMQ=1``.
+* :meth:`RocketMQ.compile_programs` compiles the Java sources under ``interop/java`` with
+  ``javac`` against those jars, cached by a hash of their text.
+* :meth:`RocketMQ.start_namesrv`, :meth:`~RocketMQ.start_broker` and
+  :meth:`~RocketMQ.start_program` start a :class:`JavaProcess`: its own process group and
+  scratch directory (its ``user.home``: RocketMQ writes its logs, name-server state and default
+  store there), a small heap, stdout and stderr into one log file; they return once its
+  readiness line is printed. :meth:`JavaProcess.stop` sends SIGTERM to the group (the JVM's
+  shutdown hooks run: a broker unregisters and removes its ``abort`` file), then SIGKILL.
+
+Like :class:`~trio_ha.testing.processes.ProcessCluster`, it is synchronous: a test that stops a
+broker wants it stopped before its next line, and nothing here runs on a hot path.
+
+The peer's version: RocketMQ 4.9.8 is the last 4.x release, but the Maven registry reachable
+from our machines serves ``rocketmq-broker`` and ``rocketmq-namesrv`` only up to 4.9.7 (4.9.8's
+client, tools and store are there). 4.9.7 and 4.9.8 share the store layout, the HA protocol and
+the remoting protocol, so :data:`DEFAULT_VERSION` is 4.9.7, and 5.3.3 is the 5.x peer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import attrs
+
+from .processes import log_tail
+
+__all__ = [
+    "DEFAULT_VERSION",
+    "VERSION_5",
+    "JavaProcess",
+    "RocketMQ",
+    "RocketMQUnavailable",
+    "broker_properties_text",
+    "program_lines",
+]
+
+#: the 4.x peer (see the module's docstring for why not 4.9.8)
+DEFAULT_VERSION = "4.9.7"
+#: the 5.x peer
+VERSION_5 = "5.3.3"
+
+#: the repository's interop directory: the pinned pom and our Java programs
+INTEROP_DIR = Path(__file__).resolve().parents[2] / "interop"
+POM = INTEROP_DIR / "rocketmq" / "pom.xml"
+JAVA_SOURCES = INTEROP_DIR / "java"
+
+#: pinned, so a new plugin release cannot change what lands in the cache
+DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
+
+#: JDK 17 closes the internals 4.x reflects into: MappedFile.clean reaches
+#: DirectByteBuffer.cleaner(), and without these a clean shutdown leaves the abort file behind
+#: (the next start runs abnormal recovery) and a restart after a crash can fail outright.
+ADD_OPENS = tuple(f"--add-opens=java.base/{package}=ALL-UNNAMED" for package in (
+    "java.nio", "jdk.internal.ref", "sun.nio.ch", "java.lang", "java.util"))
+
+#: Two cores: the serial collector keeps GC threads from competing with the work measured, and
+#: small heaps keep several JVMs and the rest of the suite inside the machine.
+NAMESRV_JVM = ("-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:-OmitStackTraceInFastThrow")
+BROKER_JVM = ("-Xms128m", "-Xmx512m", "-XX:MaxDirectMemorySize=512m", "-XX:+UseSerialGC",
+              "-XX:-OmitStackTraceInFastThrow",
+              # A test machine's disk may be fuller than RocketMQ's 90 % "disk full" line.
+              "-Drocketmq.broker.diskSpaceWarningLevelRatio=0.98",
+              "-Drocketmq.broker.diskSpaceCleanForciblyRatio=0.97")
+#: mqadmin and our programs live for seconds: the C1 compiler alone starts them faster
+TOOL_JVM = ("-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
+#: One logback configuration for every process: RocketMQ's loggers into one file under the
+#: process's user.home, its console loggers (the readiness lines) to stdout. 4.x loads it from
+#: $ROCKETMQ_HOME/conf/logback_{namesrv,broker,tools}.xml and exits if that file is missing;
+#: 5.x looks for rmq.logback.xml on the classpath.
+LOGBACK_XML = """\
+<configuration>
+  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
+    <file>${user.home}/logs/rocketmq.log</file>
+    <append>true</append>
+    <encoder><pattern>%d{HH:mm:ss.SSS} %p %t %logger - %m%n</pattern></encoder>
+  </appender>
+  <appender name="OUT" class="ch.qos.logback.core.ConsoleAppender">
+    <encoder><pattern>%m%n</pattern></encoder>
+  </appender>
+  <logger name="RocketmqConsole" level="INFO" additivity="false"><appender-ref ref="OUT"/></logger>
+  <logger name="RocketmqNamesrvConsole" level="INFO" additivity="false">
+    <appender-ref ref="OUT"/>
+  </logger>
+  <root level="INFO"><appender-ref ref="FILE"/></root>
+</configuration>
+"""
+
+#: printed by the name server and the broker once they serve (both major versions)
+NAMESRV_READY = "The Name Server boot success"
+BROKER_READY = re.compile(r"The broker\[.*\] boot success")
+
+
+class RocketMQUnavailable(RuntimeError):
+    """The real RocketMQ cannot run here (no java/javac/mvn, or Maven could not fetch it);
+    the message says which."""
+
+
+def broker_properties_text(properties: Mapping[str, object]) -> str:
+    """``properties`` as a broker.conf. RocketMQ ignores, without a word, a key it does not
+    know or a value that fails to parse — and ``java.util.Properties`` keeps trailing spaces,
+    so ``brokerRole=SYNC_MASTER `` silently makes an ASYNC_MASTER — so values with surrounding
+    blanks, line breaks or ``#`` are refused here instead."""
+    lines = []
+    for key, value in properties.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        if text != text.strip() or any(c in text for c in "\n\r#") or not key.isidentifier():
+            raise ValueError(f"broker.conf cannot hold {key}={text!r}")
+        lines.append(f"{key}={text}")
+    return "\n".join(lines) + "\n"
+
+
+def program_lines(output: str) -> list[dict]:
+    """The JSON lines our Java programs print (``interop/java``), in order. The client's own
+    log lines share stdout with them, so only lines that start with ``{`` are read."""
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise RocketMQUnavailable(f"no {name} on PATH")
+    return path
+
+
+def _digest(paths: Iterable[Path], *extra: str) -> str:
+    h = hashlib.sha256()
+    for part in extra:
+        h.update(part.encode() + b"\0")
+    for path in sorted(paths):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@attrs.define(eq=False)
+class JavaProcess:
+    """One real RocketMQ process (or one of our Java programs) in its own process group."""
+
+    name: str
+    process: subprocess.Popen
+    #: its scratch directory: its user.home (RocketMQ's logs go under logs/ there)
+    run_dir: Path
+    #: stdout and stderr (appended to across restarts)
+    log_path: Path
+    #: where this process's output starts in ``log_path``
+    log_offset: int = 0
+
+    @classmethod
+    def start(cls, name: str, command: list[str], *, run_dir: Path,
+              ready: str | re.Pattern[str] | None = None, timeout: float = 60.0,
+              env: Mapping[str, str] | None = None) -> JavaProcess:
+        """Spawn ``command`` in a new session (so :meth:`stop` reaches everything it starts)
+        and, if ``ready`` is given, wait at most ``timeout`` seconds for a line matching it."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log_path = run_dir / f"{name}.out"
+        child_env = {**os.environ, **(env or {})}
+        with open(log_path, "ab") as log:
+            offset = log.tell()
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                       stderr=subprocess.STDOUT, cwd=run_dir, env=child_env,
+                                       start_new_session=True)
+        node = cls(name, process, run_dir, log_path, offset)
+        if ready is not None:
+            try:
+                node.wait_for_line(ready, timeout=timeout)
+            except BaseException:
+                node.stop(timeout=5)
+                raise
+        return node
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def output(self) -> str:
+        """Everything this process printed so far."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def rocketmq_log(self) -> str:
+        """Its RocketMQ log file (empty if it wrote none)."""
+        path = self.run_dir / "logs" / "rocketmq.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait_for_line(self, pattern: str | re.Pattern[str], *, timeout: float = 60.0,
+                      after: int = 0) -> str:
+        """Wait until its output (from character ``after`` on) has a line matching
+        ``pattern`` (a regular expression, or a plain substring), and return that line.
+        Raises if the process exits first or ``timeout`` seconds pass."""
+        regex = pattern if isinstance(pattern, re.Pattern) else re.compile(re.escape(pattern))
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.output()[after:]
+            match = regex.search(text)
+            if match is not None:
+                start = text.rfind("\n", 0, match.start()) + 1
+                end = text.find("\n", match.end())
+                return text[start:end if end >= 0 else len(text)]
+            code = self.process.poll()
+            if code is not None:
+                raise RuntimeError(f"{self.name} exited with status {code} before printing "
+                                   f"{regex.pattern!r}: {self.tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} did not print {regex.pattern!r} within "
+                                   f"{timeout:g} s: {self.tail()}")
+            time.sleep(0.05)
+
+    def tail(self, limit: int = 3000) -> str:
+        """The end of its output and of its RocketMQ log, for error messages."""
+        parts = [log_tail(str(self.log_path), limit) or "(no output)"]
+        rocketmq_log = self.run_dir / "logs" / "rocketmq.log"
+        if rocketmq_log.exists():
+            parts.append(f"-- {rocketmq_log}:\n{log_tail(str(rocketmq_log), limit)}")
+        return "\n".join(parts)
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def wait(self, timeout: float) -> int:
+        """Wait for it to exit by itself; raises ``subprocess.TimeoutExpired``."""
+        return self.process.wait(timeout)
+
+    def _signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signum)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM to its process group (the JVM runs its shutdown hooks), then SIGKILL
+        after ``timeout`` seconds. Returns its exit status."""
+        if self.process.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+        return self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL to its process group: no shutdown hook runs (a crash)."""
+        self._signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)
+
+
+@attrs.frozen
+class RocketMQ:
+    """One version of the real RocketMQ, fetched into the cache (:meth:`fetch`)."""
+
+    version: str
+    #: ``<cache>/<version>``: lib/ (the jars), home/ (ROCKETMQ_HOME), classes/ (our programs)
+    root: Path
+
+    @classmethod
+    def fetch(cls, version: str = DEFAULT_VERSION, *, cache_dir: str | os.PathLike | None = None,
+              timeout: float = 600.0) -> RocketMQ:
+        """This version's jars, downloaded by Maven into the cache unless already there."""
+        _tool("java")
+        cache = Path(cache_dir or os.environ.get("TRIO_HA_ROCKETMQ_CACHE")
+                     or Path.home() / ".cache" / "trio_ha" / "rocketmq")
+        peer = cls(version, cache / version)
+        stamp = peer.lib / ".complete"
+        want = _digest([POM], version, DEPENDENCY_PLUGIN)
+        if not (stamp.exists() and stamp.read_text() == want):
+            peer._download(_tool("mvn"), want, timeout)
+        peer._write_home()
+        return peer
+
+    @property
+    def lib(self) -> Path:
+        return self.root / "lib"
+
+    @property
+    def home(self) -> Path:
+        """ROCKETMQ_HOME: only conf/ with the logback files."""
+        return self.root / "home"
+
+    @property
+    def major(self) -> int:
+        return int(self.version.split(".", 1)[0])
+
+    @property
+    def classpath(self) -> str:
+        """The jars (5.x finds its logback configuration first on the classpath)."""
+        return os.pathsep.join([str(self.home / "conf"), str(self.lib / "*")])
+
+    def _download(self, mvn: str, stamp_text: str, timeout: float) -> None:
+        staging = Path(tempfile.mkdtemp(prefix="lib.", dir=self.root.parent
+                                        if self.root.parent.exists() else None))
+        self.root.mkdir(parents=True, exist_ok=True)
+        command = [mvn, "-B", "-q", "-f", str(POM), f"-Drmq.version={self.version}",
+                   f"{DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime",
+                   f"-DoutputDirectory={staging}"]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise RocketMQUnavailable(f"Maven did not fetch RocketMQ {self.version} within "
+                                      f"{timeout:g} s") from exc
+        if result.returncode != 0 or not any(staging.glob("rocketmq-broker-*.jar")):
+            shutil.rmtree(staging, ignore_errors=True)
+            detail = (result.stdout + result.stderr).strip()[-1500:]
+            raise RocketMQUnavailable(f"Maven could not fetch RocketMQ {self.version}: {detail}")
+        (staging / ".complete").write_text(stamp_text)
+        # Another run may have finished first: theirs is as good as ours.
+        shutil.rmtree(self.lib, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            staging.rename(self.lib)
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def _write_home(self) -> None:
+        conf = self.home / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        names = ["logback_namesrv.xml", "logback_broker.xml", "logback_tools.xml",
+                 "rmq.logback.xml"]
+        for name in names:
+            path = conf / name
+            if not path.exists() or path.read_text() != LOGBACK_XML:
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(LOGBACK_XML)
+                tmp.replace(path)
+
+    # --- our Java programs -------------------------------------------------------------------
+
+    def compile_programs(self, sources: Path = JAVA_SOURCES) -> Path:
+        """Our Java programs, compiled against this version's jars; the classes directory is
+        keyed by a hash of the sources (and the version), so an edit recompiles."""
+        files = sorted(sources.rglob("*.java"))
+        if not files:
+            raise FileNotFoundError(f"no Java sources under {sources}")
+        classes = self.root / "classes" / _digest(files, self.version)
+        if (classes / ".complete").exists():
+            return classes
+        javac = _tool("javac")
+        classes.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="classes.", dir=classes.parent))
+        result = subprocess.run(
+            [javac, "-nowarn", "-encoding", "UTF-8", "--release", "17", "-cp",
+             str(self.lib / "*"), "-d", str(staging), *map(str, files)],
+            capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise RuntimeError(f"javac failed:\n{result.stdout}{result.stderr}")
+        (staging / ".complete").write_text("")
+        with contextlib.suppress(OSError):
+            staging.rename(classes)
+        shutil.rmtree(staging, ignore_errors=True)
+        return classes
+
+    # --- processes ---------------------------------------------------------------------------
+
+    def _java(self, jvm: Iterable[str], run_dir: Path, *, classpath: str | None = None,
+              properties: Mapping[str, object] | None = None) -> list[str]:
+        props = [f"-D{k}={v}" for k, v in (properties or {}).items()]
+        return [_tool("java"), *jvm, *ADD_OPENS, f"-Duser.home={run_dir}",
+                f"-Drocketmq.home.dir={self.home}", *props, "-cp",
+                classpath or self.classpath]
+
+    def start_namesrv(self, run_dir: str | os.PathLike, port: int, *,
+                      timeout: float = 60.0) -> JavaProcess:
+        """A name server listening on ``port`` (every address: RocketMQ binds the wildcard)."""
+        run = Path(run_dir)
+        run.mkdir(parents=True, exist_ok=True)
+        conf = run / "namesrv.conf"
+        conf.write_text(broker_properties_text({"listenPort": port}))
+        command = [*self._java(NAMESRV_JVM, run), "org.apache.rocketmq.namesrv.NamesrvStartup",
+                   "-c", str(conf)]
+        return JavaProcess.start("namesrv", command, run_dir=run, ready=NAMESRV_READY,
+                                 timeout=timeout)
+
+    def start_broker(self, run_dir: str | os.PathLike, properties: Mapping[str, object], *,
+                     name: str = "broker", timeout: float = 90.0,
+                     jvm: Iterable[str] = BROKER_JVM) -> JavaProcess:
+        """A broker from ``properties`` (broker.conf keys; see
+        :func:`broker_properties_text`). Its store defaults to ``<run_dir>/store``. 4.x uses
+        ``listenPort - 2``, ``listenPort`` and ``listenPort + 1`` (HA, whatever
+        haListenPort says)."""
+        run = Path(run_dir)
+        run.mkdir(parents=True, exist_ok=True)
+        values: dict[str, object] = {"storePathRootDir": str(run / "store"),
+                                     "brokerIP1": "127.0.0.1", "brokerIP2": "127.0.0.1"}
+        values.update(properties)
+        conf = run / f"{name}.conf"
+        conf.write_text(broker_properties_text(values))
+        command = [*self._java(jvm, run), "org.apache.rocketmq.broker.BrokerStartup",
+                   "-c", str(conf)]
+        return JavaProcess.start(name, command, run_dir=run, ready=BROKER_READY,
+                                 timeout=timeout)
+
+    def start_program(self, run_dir: str | os.PathLike, main: str, *args: object,
+                      name: str | None = None, ready: str | re.Pattern[str] | None = None,
+                      timeout: float = 60.0, properties: Mapping[str, object] | None = None,
+                      jvm: Iterable[str] = TOOL_JVM) -> JavaProcess:
+        """One of our Java programs (``interop/java``), running in the background."""
+        run = Path(run_dir)
+        classes = self.compile_programs()
+        classpath = os.pathsep.join([str(classes), self.classpath])
+        command = [*self._java(jvm, run, classpath=classpath, properties=properties), main,
+                   *map(str, args)]
+        return JavaProcess.start(name or main.rsplit(".", 1)[-1], command, run_dir=run,
+                                 ready=ready, timeout=timeout)
+
+    def run_program(self, run_dir: str | os.PathLike, main: str, *args: object,
+                    timeout: float = 120.0, properties: Mapping[str, object] | None = None,
+                    jvm: Iterable[str] = TOOL_JVM, check: bool = True) -> str:
+        """Run one of our Java programs to its end and return what it printed; raises if it
+        exits non-zero (unless ``check`` is false) or runs past ``timeout`` seconds."""
+        program = self.start_program(run_dir, main, *args, properties=properties, jvm=jvm)
+        return _finish(program, timeout, check)
+
+    def mqadmin(self, run_dir: str | os.PathLike, *args: object, timeout: float = 120.0,
+                check: bool = True) -> str:
+        """``mqadmin <args>``; returns what it printed. Raises if it exits non-zero (unless
+        ``check`` is false)."""
+        run = Path(run_dir)
+        command = [*self._java(TOOL_JVM, run), "org.apache.rocketmq.tools.command.MQAdminStartup",
+                   *map(str, args)]
+        program = JavaProcess.start("mqadmin", command, run_dir=run)
+        return _finish(program, timeout, check)
+
+
+def _finish(program: JavaProcess, timeout: float, check: bool) -> str:
+    """Wait for a program that runs to its end; its output from this run only."""
+    try:
+        code = program.wait(timeout)
+    except subprocess.TimeoutExpired:
+        program.stop(timeout=5)
+        raise TimeoutError(f"{program.name} ran past {timeout:g} s: {program.tail()}") from None
+    text = program.output()
+    if check and code != 0:
+        raise RuntimeError(f"{program.name} exited with status {code}: {program.tail()}")
+    return text
