@@ -31,6 +31,7 @@ the remoting protocol, so :data:`DEFAULT_VERSION` is 4.9.7, and 5.3.3 is the 5.x
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -41,6 +42,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -115,6 +117,19 @@ NAMESRV_READY = "The Name Server boot success"
 BROKER_READY = re.compile(r"The broker\[.*\] boot success")
 
 
+#: Every JavaProcess still running. A test that forgets one, or a run interrupted between
+#: start and stop, must not leave JVMs holding ports and memory on a 2-core machine: they are
+#: killed when the interpreter exits.
+_LIVE: weakref.WeakSet[JavaProcess] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for process in list(_LIVE):
+        if process.poll() is None:
+            process.kill()
+
+
 class RocketMQUnavailable(RuntimeError):
     """The real RocketMQ cannot run here (no java/javac/mvn, or Maven could not fetch it);
     the message says which."""
@@ -184,6 +199,7 @@ class JavaProcess:
                                        stderr=subprocess.STDOUT, cwd=run_dir, env=child_env,
                                        start_new_session=True)
         node = cls(name, process, run_dir, log_path, offset)
+        _LIVE.add(node)
         if ready is not None:
             try:
                 node.wait_for_line(ready, timeout=timeout)

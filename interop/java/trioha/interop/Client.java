@@ -56,18 +56,25 @@ public final class Client {
             throw new IllegalArgumentException("usage: Client produce|push|pull --option value ...");
         }
         Options opts = Options.parse(argv);
-        switch (argv[0]) {
-            case "produce":
-                produce(opts);
-                break;
-            case "push":
-                push(opts);
-                break;
-            case "pull":
-                pull(opts);
-                break;
-            default:
-                throw new IllegalArgumentException("unknown subcommand " + argv[0]);
+        try {
+            switch (argv[0]) {
+                case "produce":
+                    produce(opts);
+                    break;
+                case "push":
+                    push(opts);
+                    break;
+                case "pull":
+                    pull(opts);
+                    break;
+                default:
+                    throw new IllegalArgumentException("unknown subcommand " + argv[0]);
+            }
+        } catch (Throwable e) {
+            // The client's non-daemon threads would keep a failed JVM alive: say why and exit.
+            e.printStackTrace();
+            Json.print(Json.obj("fatal", e.getClass().getSimpleName(), "message", String.valueOf(e.getMessage())));
+            System.exit(1);
         }
         System.out.flush();
         // The client's own threads (netty, schedulers) outlive shutdown() in 4.x.
