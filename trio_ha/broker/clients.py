@@ -5,6 +5,13 @@ id and the groups it produces or consumes for (with their subscriptions). A clie
 from its groups when its connection closes or after 120 s without a heartbeat, so
 GET_CONSUMER_LIST_BY_GROUP lists live consumers only — what rebalancing relies on.
 
+When the set of a consumer group's clients changes — one joins, leaves, closes its connection
+or expires — or a member's subscriptions change, every remaining member is sent
+NOTIFY_CONSUMER_IDS_CHANGED (oneway), as RocketMQ's broker does: the Java client then rebalances
+at once instead of at its next 20 s rebalance. Without it, a consumer joining a group keeps the
+queues it was given while the old members keep theirs too, and both consume them for up to 20 s;
+a lite pull consumer waits 20 s for its first queues.
+
 The table is bounded: a group disappears with its last client; a consumer group's
 subscriptions are those of its latest heartbeat (as RocketMQ's ``updateSubscription``), not
 every topic ever named; the admin processor registers consumers only for subscription groups
@@ -15,12 +22,14 @@ its extra groups ignored.
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import attrs
 
 from ..remoting import RemotingConnection
 from ..wire.heartbeat import ConsumerData, HeartbeatData, SubscriptionData
+from ..wire.remoting import RemotingCommand, RequestCode
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +64,8 @@ class ClientManager:
     producers: dict[str, dict[int, ClientChannel]] = attrs.field(factory=dict)
     max_producer_groups: int = attrs.field(default=DEFAULT_MAX_PRODUCER_GROUPS, kw_only=True)
     _full_logged: bool = attrs.field(default=False, init=False)
+    #: opaques of the notifications this broker sends (clients ignore them for oneways)
+    _opaques: itertools.count = attrs.field(factory=itertools.count, init=False)
 
     def heartbeat(self, data: HeartbeatData, connection: RemotingConnection, now: float) -> None:
         """Register the heartbeat's producers and consumers. The caller decides which
@@ -84,13 +95,35 @@ class ClientManager:
         info = self.consumers.get(consumer.group_name)
         if info is None:
             info = self.consumers[consumer.group_name] = ConsumerGroupInfo(consumer.group_name)
+        joined = id(connection) not in info.channels
         info.channels[id(connection)] = ClientChannel(client_id, connection, now)
         info.consume_type = consumer.consume_type
         info.message_model = consumer.message_model
         info.consume_from_where = consumer.consume_from_where
         # The latest heartbeat's set replaces the group's (RocketMQ's updateSubscription drops
         # the topics a heartbeat no longer names).
-        info.subscriptions = {s.topic: s for s in consumer.subscription_data_set}
+        subscriptions = {s.topic: s for s in consumer.subscription_data_set}
+        resubscribed = subscriptions.keys() != info.subscriptions.keys()
+        info.subscriptions = subscriptions
+        if joined or resubscribed:
+            self._consumer_ids_changed(info)
+
+    def _consumer_ids_changed(self, info: ConsumerGroupInfo) -> None:
+        """Tell every member of the group to rebalance now (see the module's docstring)."""
+        for channel in info.channels.values():
+            channel.connection.send_nowait(RemotingCommand.request(
+                RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": info.group},
+                oneway=True, opaque=next(self._opaques)))
+
+    def _drop_consumer_channels(self, group: str, keys: list[int]) -> None:
+        """Remove these channels from the group; notify those left, or drop the group."""
+        info = self.consumers[group]
+        for key in keys:
+            del info.channels[key]
+        if not info.channels:
+            del self.consumers[group]
+        elif keys:
+            self._consumer_ids_changed(info)
 
     def unregister(self, client_id: str, *, producer_group: str | None,
                    consumer_group: str | None) -> None:
@@ -103,10 +136,9 @@ class ClientManager:
         if consumer_group:
             info = self.consumers.get(consumer_group)
             if info is not None:
-                for key in [k for k, c in info.channels.items() if c.client_id == client_id]:
-                    del info.channels[key]
-                if not info.channels:
-                    del self.consumers[consumer_group]
+                self._drop_consumer_channels(
+                    consumer_group,
+                    [k for k, c in info.channels.items() if c.client_id == client_id])
 
     def connection_closed(self, connection: RemotingConnection) -> None:
         key = id(connection)
@@ -116,10 +148,8 @@ class ClientManager:
             if not channels:
                 del self.producers[group]
         for group in list(self.consumers):
-            info = self.consumers[group]
-            info.channels.pop(key, None)
-            if not info.channels:
-                del self.consumers[group]
+            if key in self.consumers[group].channels:
+                self._drop_consumer_channels(group, [key])
 
     def expire(self, now: float, expiry: float = CLIENT_EXPIRY_SECONDS) -> None:
         for group in list(self.producers):
@@ -129,11 +159,9 @@ class ClientManager:
             if not channels:
                 del self.producers[group]
         for group in list(self.consumers):
-            info = self.consumers[group]
-            for key in [k for k, c in info.channels.items() if now - c.last_update > expiry]:
-                del info.channels[key]
-            if not info.channels:
-                del self.consumers[group]
+            channels = self.consumers[group].channels
+            self._drop_consumer_channels(
+                group, [k for k, c in channels.items() if now - c.last_update > expiry])
 
     def consumer_ids(self, group: str) -> list[str]:
         info = self.consumers.get(group)

@@ -146,6 +146,12 @@ class RemotingConnection:
             raise trio.ClosedResourceError(f"connection to {self.peer} closed: "
                                            f"{self.close_reason}")
 
+    def send_nowait(self, command: RemotingCommand) -> bool:
+        """Queue one frame for the writer from synchronous code (a notification the server
+        sends on its own, such as NOTIFY_CONSUMER_IDS_CHANGED); False once the connection is
+        closed. Counts against the reply limits like any reply."""
+        return self._enqueue(encode(command))
+
     async def wait_reply_room(self) -> None:
         """Wait while this connection's replies are over the high-water mark (until they drain
         below the low one) or all connections' are over the total. A handler that builds a
