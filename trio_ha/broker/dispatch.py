@@ -57,12 +57,17 @@ def one_line(text: str) -> str:
     return text if len(text) <= MAX_REMARK else text[: MAX_REMARK - 3] + "..."
 
 
+#: RocketMQ 5 clients send a lite pull consumer's pulls as LITE_PULL_MESSAGE; its broker
+#: serves both codes with one processor, and so do we.
+PULL_CODES = frozenset({RequestCode.PULL_MESSAGE, RequestCode.LITE_PULL_MESSAGE})
+
+
 async def _route(broker: Broker, request: RemotingCommand,
                  connection: RemotingConnection) -> RemotingCommand:
     code = request.code
     if code in SEND_CODES:
         return await process_send(broker, request, connection)
-    if code == RequestCode.PULL_MESSAGE:
+    if code in PULL_CODES:
         broker.stats.gets += 1
         return await process_pull(broker, request, connection)
     handler = admin.HANDLERS.get(code)
@@ -81,7 +86,7 @@ async def _route(broker: Broker, request: RemotingCommand,
 async def handle_vip(broker: Broker, request: RemotingCommand,
                      connection: RemotingConnection) -> RemotingCommand:
     """The VIP port serves the same requests except pulls (as RocketMQ's fast channel)."""
-    if request.code == RequestCode.PULL_MESSAGE:
+    if request.code in PULL_CODES:
         await trio.lowlevel.checkpoint()
         return RemotingCommand.response_to(
             request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,

@@ -76,6 +76,8 @@ class RequestCode(enum.IntEnum):
     SEND_REPLY_MESSAGE = 324
     SEND_REPLY_MESSAGE_V2 = 325
     ADD_WRITE_PERM_OF_BROKER = 327
+    #: RocketMQ 5's lite pull consumer: PULL_MESSAGE's header and answers under its own code
+    LITE_PULL_MESSAGE = 361
     BROKER_HEARTBEAT = 904
     CONTROLLER_ALTER_SYNC_STATE_SET = 1001
     CONTROLLER_ELECT_MASTER = 1002
