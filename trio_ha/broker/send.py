@@ -129,9 +129,18 @@ async def process_send(
         )
     wait = properties.get(rec.PROPERTY_WAIT_STORE_MSG_OK) != "false"
     properties[PROPERTY_CLUSTER] = config.broker_cluster_name
+    batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch
+    if batch:
+        # A batch's own properties are appended to each of its messages, where a later key
+        # wins over the message's own. RocketMQ 5 clients give the batch a UNIQ_KEY of its
+        # own, so RocketMQ 5 brokers store every message of a batch under the batch's id:
+        # consumers see one msgId for the whole batch (a consumer that deduplicates by it
+        # drops all but one) and it matches none of the ids the producer was given. Each
+        # message keeps its own id here.
+        properties.pop(rec.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, None)
     encoded = rec.encode_properties(properties).encode()
     store = broker.store
-    if request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch:
+    if batch:
         result = await store.put_batch(
             header.topic, queue_id, request.body, batch_properties=encoded,
             sys_flag=header.sys_flag, born_host=connection.peer,
