@@ -20,7 +20,11 @@ import org.apache.rocketmq.client.exception.MQBrokerException;
 import org.apache.rocketmq.client.exception.MQClientException;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.client.producer.SendCallback;
+import org.apache.rocketmq.client.producer.LocalTransactionState;
 import org.apache.rocketmq.client.producer.SendResult;
+import org.apache.rocketmq.client.producer.TransactionListener;
+import org.apache.rocketmq.client.producer.TransactionMQProducer;
+import org.apache.rocketmq.client.producer.TransactionSendResult;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageExt;
@@ -35,12 +39,12 @@ import org.apache.rocketmq.common.message.MessageExt;
  * assert exact refusals.
  *
  * <pre>
- * produce --namesrv A --topic T --count N [--mode sync|async|oneway|batch] [--batch 32]
+ * produce --namesrv A --topic T --count N [--mode sync|async|oneway|batch|transaction] [--batch 32]
  *         [--tags TagA,TagB] [--size BYTES] [--prefix TEXT] [--group G] [--timeout MS]
  *         [--retries N] [--delay LEVEL] [--property k=v]...
- * push    --namesrv A --topic T --group G [--tags 'TagA || TagB'] [--expect N]
+ * push    --namesrv A --topic T[,T2...] --group G [--tags 'TagA || TagB'] [--expect N]
  *         [--max-seconds S] [--idle-seconds S] [--later-first]
- * pull    --namesrv A --topic T --group G [--tags EXPR] [--expect N] [--max-seconds S]
+ * pull    --namesrv A --topic T[,T2...] --group G [--tags EXPR] [--expect N] [--max-seconds S]
  *         [--idle-seconds S]
  * </pre>
  *
@@ -142,6 +146,37 @@ public final class Client {
                         }
                     }
                 }
+            } else if (mode.equals("transaction")) {
+                producer.shutdown();
+                TransactionMQProducer tx = new TransactionMQProducer(opts.get("group", "interop_tx_producer"));
+                tx.setNamesrvAddr(opts.require("namesrv"));
+                tx.setSendMsgTimeout(opts.getInt("timeout", 5000));
+                tx.setRetryTimesWhenSendFailed(opts.getInt("retries", 0));
+                tx.setInstanceName("tx-" + ProcessHandle.current().pid());
+                tx.setTransactionListener(new TransactionListener() {
+                    @Override
+                    public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
+                        return LocalTransactionState.COMMIT_MESSAGE;
+                    }
+
+                    @Override
+                    public LocalTransactionState checkLocalTransaction(MessageExt msg) {
+                        return LocalTransactionState.COMMIT_MESSAGE;
+                    }
+                });
+                tx.start();
+                producer = tx;
+                for (int i = 0; i < count; i++) {
+                    try {
+                        TransactionSendResult result = tx.sendMessageInTransaction(message(opts, i), null);
+                        Map<String, Object> line = sent(i, result);
+                        line.put("localTransactionState", String.valueOf(result.getLocalTransactionState()));
+                        Json.print(line);
+                    } catch (Exception e) {
+                        errors.incrementAndGet();
+                        Json.print(failed(i, e));
+                    }
+                }
             } else if (mode.equals("async")) {
                 CountDownLatch latch = new CountDownLatch(count);
                 for (int i = 0; i < count; i++) {
@@ -196,19 +231,21 @@ public final class Client {
     static Map<String, Object> failed(int i, Throwable e) {
         Map<String, Object> line = Json.obj("i", i, "error", e.getClass().getSimpleName(),
             "message", String.valueOf(e.getMessage()));
-        Throwable cause = e;
-        while (cause != null) {
+        // The broker's own words are in an MQBrokerException somewhere down the chain; the
+        // client wraps them (and, after retries, summarises them) in MQClientExceptions.
+        for (Throwable cause = e; cause != null; cause = cause.getCause()) {
             if (cause instanceof MQBrokerException) {
                 line.put("code", ((MQBrokerException) cause).getResponseCode());
                 line.put("remark", ((MQBrokerException) cause).getErrorMessage());
-                break;
+                return line;
             }
+        }
+        for (Throwable cause = e; cause != null; cause = cause.getCause()) {
             if (cause instanceof MQClientException && ((MQClientException) cause).getResponseCode() != -1) {
                 line.put("code", ((MQClientException) cause).getResponseCode());
                 line.put("remark", ((MQClientException) cause).getErrorMessage());
-                break;
+                return line;
             }
-            cause = cause.getCause();
         }
         return line;
     }
@@ -262,7 +299,9 @@ public final class Client {
         consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         // Clustering (the default model): consumers of one group share the queues.
         consumer.setPersistConsumerOffsetInterval(1000);
-        consumer.subscribe(opts.require("topic"), opts.get("tags", "*"));
+        for (String topic : opts.require("topic").split(",")) {
+            consumer.subscribe(topic, opts.get("tags", "*"));
+        }
         boolean laterFirst = opts.has("later-first");
         Map<String, Boolean> refused = new java.util.concurrent.ConcurrentHashMap<>();
         Stop stop = new Stop(opts);
@@ -298,7 +337,12 @@ public final class Client {
         consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         consumer.setAutoCommit(true);
         consumer.setAutoCommitIntervalMillis(1000);
-        consumer.subscribe(opts.require("topic"), opts.get("tags", "*"));
+        // Each queue's long-polled pull holds one of its pullThreadNums (20) threads for up to
+        // 20 s, and the pool is sized in the constructor (a setter call here has no effect):
+        // subscribe one consumer to at most 20 queues, or the rest wait that long.
+        for (String topic : opts.require("topic").split(",")) {
+            consumer.subscribe(topic, opts.get("tags", "*"));
+        }
         consumer.start();
         Json.print(Json.obj("started", name));
         Stop stop = new Stop(opts);
