@@ -1,0 +1,283 @@
+"""Issue 10, points 3 and 4: replication between our brokers and the real RocketMQ 4.9.7, both
+ways, over RocketMQ's classic HA protocol.
+
+Point 4 — their slave from our master: a real SLAVE, learning our SYNC_MASTER through our name
+server, copies our commitlog byte for byte; our SYNC_MASTER answers SLAVE_NOT_AVAILABLE until it
+is attached and SEND_OK once it has the bytes; its SlaveSynchronize calls (topic configs from our
+VIP port, subscription groups, consumer offsets, delay offsets) get answers it can store and load;
+and a Java consumer reads from it after our master stops.
+
+Point 3 — our slave from their master: our SLAVE copies a real SYNC_MASTER's commitlog byte for
+byte, indexes it, takes its metadata, and serves a Java consumer once their master stops.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from trio_ha.testing import ClusterConfig, NodeProcess, ProcessCluster, free_broker_port
+from trio_ha.testing.cluster import DEFAULT_SEGMENT_SIZE
+from trio_ha.testing.rocketmq import RocketMQ, program_lines
+from trio_ha.wire.fastjson import read_json
+
+pytestmark = pytest.mark.interop
+
+CLIENT = "trioha.interop.Client"
+_names = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{next(_names)}"
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def commitlog_bytes(directory: Path) -> tuple[int, bytes]:
+    """A commitlog directory's segments joined: (offset of the first, their bytes)."""
+    names = sorted(name for name in os.listdir(directory) if name.isdigit())
+    if not names:
+        return 0, b""
+    first = int(names[0])
+    data = bytearray()
+    for index, name in enumerate(names):
+        assert int(name) == first + index * DEFAULT_SEGMENT_SIZE, names
+        data += (directory / name).read_bytes()
+    return first, bytes(data)
+
+
+def produce(peer: RocketMQ, run_dir: Path, namesrv: str, topic: str, count: int,
+            *args: object) -> list[dict]:
+    out = peer.run_program(run_dir, CLIENT, "produce", "--namesrv", namesrv, "--topic", topic,
+                           "--count", count, *args)
+    lines = program_lines(out)
+    assert lines[-1]["done"] is True, out[-3000:]
+    return lines[:-1]
+
+
+def consume(peer: RocketMQ, run_dir: Path, namesrv: str, topic: str, group: str,
+            expect: int) -> list[dict]:
+    out = peer.run_program(run_dir, CLIENT, "push", "--namesrv", namesrv, "--topic", topic,
+                           "--group", group, "--expect", expect, "--idle-seconds", 4,
+                           "--max-seconds", 60)
+    return [line for line in program_lines(out) if "msgId" in line]
+
+
+def broker_status(peer: RocketMQ, run_dir: Path, namesrv: str, addr: str) -> dict[str, str]:
+    """``mqadmin brokerStatus``: the broker's runtime info as a mapping."""
+    out = peer.mqadmin(run_dir, "brokerStatus", "-n", namesrv, "-b", addr)
+    assert "Exception" not in out, out
+    status = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            status[key.strip()] = value.strip()
+    return status
+
+
+def real_slave_properties(namesrv: str, port: int, broker_name: str) -> dict[str, object]:
+    return {
+        "brokerClusterName": "DefaultCluster", "brokerName": broker_name, "brokerId": 1,
+        "brokerRole": "SLAVE", "flushDiskType": "ASYNC_FLUSH", "namesrvAddr": namesrv,
+        "listenPort": port, "mappedFileSizeCommitLog": DEFAULT_SEGMENT_SIZE,
+        "maxMessageSize": 512 * 1024, "maxHashSlotNum": 1000, "maxIndexNum": 4000,
+        "registerNameServerPeriod": 10000,
+    }
+
+
+# ---- point 4: their slave, our master ------------------------------------------------------------
+
+
+def test_point_4_real_slave_replicates_from_our_sync_master(rocketmq, tmp_path):
+    master_port = free_broker_port()
+    config = ClusterConfig(data_dir=str(tmp_path / "ours"), slaves=0, master_port=master_port)
+    with ProcessCluster.start(config) as cluster:
+        namesrv = cluster.namesrv_addr
+        topic = unique("HaT")
+        # No slave yet: stored, but a SYNC_MASTER says so.
+        early = produce(rocketmq, tmp_path / "producer", namesrv, topic, 3)
+        assert {line["status"] for line in early} == {"SLAVE_NOT_AVAILABLE"}
+
+        slave_port = free_broker_port()
+        slave = rocketmq.start_broker(
+            tmp_path / "their_slave",
+            real_slave_properties(namesrv, slave_port, config.broker_name), name="slave")
+        slave_addr = f"127.0.0.1:{slave_port}"
+        try:
+            # The real slave's first report comes about 5 s after it connects.
+            probes = []
+
+            def attached() -> bool:
+                lines = program_lines(rocketmq.run_program(
+                    tmp_path / "probe", CLIENT, "produce", "--namesrv", namesrv, "--topic",
+                    topic, "--count", 1, "--prefix", "probe"))
+                probes.append(lines[0])
+                return lines[0].get("status") == "SEND_OK"
+            wait_for(attached, "our SYNC_MASTER to see the real slave", timeout=60,
+                     interval=1)
+            # Enough to cross a segment boundary (1 MiB segments).
+            sent = produce(rocketmq, tmp_path / "producer", namesrv, topic, 1400, "--size",
+                           1024, "--mode", "batch", "--batch", 16)
+            assert {line["status"] for line in sent} == {"SEND_OK"}
+
+            ours = Path(config.store_dir(0)) / "commitlog"
+            theirs = tmp_path / "their_slave" / "store" / "commitlog"
+            status = wait_for(
+                lambda: (s := broker_status(rocketmq, tmp_path / "adm", namesrv, slave_addr))
+                and int(s["commitLogMaxOffset"]) >= 1024 * 1400 and s,
+                "their slave to catch up (mqadmin brokerStatus)")
+            their_max = int(status["commitLogMaxOffset"])
+            our_first, our_bytes = commitlog_bytes(ours)
+            their_first, their_bytes = commitlog_bytes(theirs)
+            assert (our_first, their_first) == (0, 0)
+            ours_status = broker_status(rocketmq, tmp_path / "adm", namesrv, cluster.master.addr)
+            assert their_max == int(ours_status["commitLogMaxOffset"])
+            assert their_bytes[:their_max] == our_bytes[:their_max]
+            assert their_max > DEFAULT_SEGMENT_SIZE
+
+            # Their SlaveSynchronize took our topics (from the VIP port), groups and offsets,
+            # in files their broker loads again at its next start.
+            group = unique("gha")
+            total = len(early) + len(probes) + len(sent)
+            consumed = consume(rocketmq, tmp_path / "c1", namesrv, topic, group, total)
+            assert len({line["msgId"] for line in consumed}) == total
+            config_dir = tmp_path / "their_slave" / "store" / "config"
+            wait_for(lambda: topic in _read(config_dir / "topics.json")
+                     and group in _read(config_dir / "subscriptionGroup.json")
+                     and f"{topic}@{group}" in _read(config_dir / "consumerOffset.json"),
+                     "their slave to sync our metadata", timeout=40)
+            # fastjson text (integer keys unquoted), as their master would have sent.
+            offsets = read_json(_read(config_dir / "consumerOffset.json"))
+            assert sum(offsets["offsetTable"][f"{topic}@{group}"].values()) == total
+            assert "offsetTable" in read_json(_read(config_dir / "delayOffset.json"))
+
+            # Our master goes; a Java consumer reads everything from their slave.
+            cluster.stop(cluster.master)
+            fresh = consume(rocketmq, tmp_path / "c2", namesrv, topic, unique("gslave"), total)
+            assert {line["msgId"] for line in fresh} >= {line["msgId"] for line in sent}
+            # ... and their slave starts again from what it stored (a file it cannot load,
+            # such as a bad delayOffset.json, would stop it: exit -3).
+            slave.stop()
+            slave = rocketmq.start_broker(
+                tmp_path / "their_slave",
+                real_slave_properties(namesrv, slave_port, config.broker_name), name="slave")
+        finally:
+            slave.stop()
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+# ---- point 3: our slave, their master ------------------------------------------------------------
+
+
+def our_slave_properties(store: Path, broker_name: str, broker_id: int,
+                         **extra: object) -> dict[str, str]:
+    values = {
+        "brokerClusterName": "PeerCluster", "brokerName": broker_name,
+        "brokerId": broker_id, "brokerRole": "SLAVE", "listenPort": free_broker_port(),
+        "bindAddress": "127.0.0.1", "brokerIP1": "127.0.0.1", "haBindAddress": "127.0.0.1",
+        "storePathRootDir": str(store), "mappedFileSizeCommitLog": DEFAULT_SEGMENT_SIZE,
+        **extra,
+    }
+    return {key: str(value) for key, value in values.items()}
+
+
+def test_point_3_our_slave_replicates_from_a_real_sync_master(rocketmq, tmp_path):
+    namesrv_port = free_broker_port()
+    namesrv_addr = f"127.0.0.1:{namesrv_port}"
+    master_port = free_broker_port()
+    broker_name = "peer-a"
+    namesrv = rocketmq.start_namesrv(tmp_path / "their_ns", namesrv_port)
+    slaves: list[NodeProcess] = []
+    master = None
+    try:
+        master = rocketmq.start_broker(tmp_path / "their_master", {
+            "brokerClusterName": "PeerCluster", "brokerName": broker_name, "brokerId": 0,
+            "brokerRole": "SYNC_MASTER", "flushDiskType": "ASYNC_FLUSH",
+            "namesrvAddr": namesrv_addr, "listenPort": master_port,
+            "mappedFileSizeCommitLog": DEFAULT_SEGMENT_SIZE, "maxMessageSize": 512 * 1024,
+            "maxHashSlotNum": 1000, "maxIndexNum": 4000, "registerNameServerPeriod": 10000,
+        }, name="master")
+        topic = unique("Ha3T")
+        early = produce(rocketmq, tmp_path / "producer", namesrv_addr, topic, 3)
+        assert {line["status"] for line in early} == {"SLAVE_NOT_AVAILABLE"}
+        log_dir = str(tmp_path / "our_logs")
+        os.makedirs(log_dir)
+        # One slave learns the master through their name server, one is pointed at its HA
+        # port (haMasterAddress, no name server: it registers nowhere).
+        slaves.append(NodeProcess.start("slave1", {"kind": "broker", "properties":
+            our_slave_properties(tmp_path / "our_slave1", broker_name, 1,
+                                 namesrvAddr=namesrv_addr)}, log_dir=log_dir))
+        slaves.append(NodeProcess.start("slave2", {"kind": "broker", "properties":
+            our_slave_properties(tmp_path / "our_slave2", broker_name, 2,
+                                 haMasterAddress=f"127.0.0.1:{master_port + 1}")},
+            log_dir=log_dir))
+
+        probes = []
+
+        def attached() -> bool:
+            lines = program_lines(rocketmq.run_program(
+                tmp_path / "probe", CLIENT, "produce", "--namesrv", namesrv_addr, "--topic",
+                topic, "--count", 1, "--prefix", "probe"))
+            probes.append(lines[0])
+            return lines[0].get("status") == "SEND_OK"
+        wait_for(attached, "their SYNC_MASTER to see our slave", timeout=60, interval=1)
+        sent = produce(rocketmq, tmp_path / "producer", namesrv_addr, topic, 1400, "--size",
+                       1024, "--mode", "batch", "--batch", 16)
+        assert {line["status"] for line in sent} == {"SEND_OK"}
+        total = len(early) + len(probes) + len(sent)
+        group = unique("g3")
+        consumed = consume(rocketmq, tmp_path / "c1", namesrv_addr, topic, group, total)
+        assert len({line["msgId"] for line in consumed}) == total
+
+        status = broker_status(rocketmq, tmp_path / "adm", namesrv_addr,
+                               f"127.0.0.1:{master_port}")
+        their_max = int(status["commitLogMaxOffset"])
+        assert their_max > DEFAULT_SEGMENT_SIZE
+        _, their_bytes = commitlog_bytes(tmp_path / "their_master" / "store" / "commitlog")
+        for slave in slaves:
+            directory = tmp_path / slave.name.replace("slave", "our_slave") / "commitlog"
+            wait_for(lambda d=directory: len(commitlog_bytes(d)[1]) >= their_max
+                     and commitlog_bytes(d)[1][:their_max] == their_bytes[:their_max],
+                     f"{slave.name}'s commitlog to equal theirs")
+            slave.check()
+
+        # The slave that knows the master's remoting address (from the name server) took its
+        # metadata as a 4.9 slave does; its own status agrees with the master's.
+        config_dir = tmp_path / "our_slave1" / "config"
+        wait_for(lambda: topic in _read(config_dir / "topics.json")
+                 and group in _read(config_dir / "subscriptionGroup.json")
+                 and f"{topic}@{group}" in _read(config_dir / "consumerOffset.json"),
+                 "our slave to sync their metadata", timeout=40)
+        offsets = read_json(_read(config_dir / "consumerOffset.json"))
+        assert sum(offsets["offsetTable"][f"{topic}@{group}"].values()) == total
+        ours = broker_status(rocketmq, tmp_path / "adm", namesrv_addr, slaves[0].addr)
+        assert int(ours["commitLogMaxOffset"]) == their_max
+
+        # Their master goes; a Java consumer reads everything from our slave.
+        master.stop()
+        fresh = consume(rocketmq, tmp_path / "c2", namesrv_addr, topic, unique("gslave"), total)
+        assert {line["msgId"] for line in fresh} >= {line["msgId"] for line in sent}
+        for slave in slaves:
+            slave.check()
+    finally:
+        for slave in slaves:
+            slave.stop()
+        if master is not None:
+            master.stop()
+        namesrv.stop()
