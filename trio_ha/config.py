@@ -107,6 +107,18 @@ _RENAMED = {
 }
 
 
+def render_value(value: object) -> str | None:
+    """A config value as a Java properties file holds it (None: left out, as RocketMQ's
+    ``MixAll.object2Properties`` leaves out nulls)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    return str(value)
+
+
 @attrs.frozen(kw_only=True)
 class StoreConfig:
     """Everything a store needs to know. Times are milliseconds unless named otherwise."""
@@ -230,6 +242,16 @@ class StoreConfig:
             values[name] = parse_value(name, hints[name], str(raw).strip())
         values.update(overrides)
         return cls(**values)
+
+    def to_properties(self) -> dict[str, str]:
+        """Every setting under RocketMQ's key, as text (GET_BROKER_CONFIG's body)."""
+        renamed = {name: key for key, name in _RENAMED.items()}
+        out = {}
+        for name in attrs.fields_dict(type(self)):
+            text = render_value(getattr(self, name))
+            if text is not None:
+                out[renamed.get(name, camel_case(name))] = text
+        return out
 
 
 def parse_value(name: str, hint: Any, raw: str) -> object:

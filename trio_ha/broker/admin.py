@@ -26,7 +26,9 @@ import attrs
 import trio
 
 from ..remoting import RemotingConnection
+from ..wire import layout
 from ..wire.errors import MetadataDecodeError, RouteDecodeError
+from ..wire.fastjson import write_json
 from ..wire.heartbeat import HeartbeatData
 from ..wire.metadata import (
     SubscriptionGroupConfig,
@@ -44,6 +46,9 @@ from ..wire.route import KVTable
 from .broker import Broker
 from .metadata import MetadataRequestError, group_problem, topic_problem
 from .pull import TOTAL_MEMORY
+
+#: RocketMQ's ``MixAll.RETRY_GROUP_TOPIC_PREFIX``
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 
 
 def _our_version() -> str:
@@ -130,9 +135,32 @@ def heart_beat(
     subscriptions = broker.metadata.subscriptions
     consumers = tuple(c for c in data.consumer_data_set
                       if subscriptions.find_or_create(c.group_name) is not None)
+    if not broker.is_slave:
+        _create_retry_topics(broker, [c.group_name for c in consumers])
     broker.clients.heartbeat(attrs.evolve(data, consumer_data_set=consumers), connection,
-                             trio.current_time())
+                             trio.current_time(), language=request.language.name,
+                             version=request.version)
     return ok(request)
+
+
+def _create_retry_topics(broker: Broker, groups: list[str]) -> None:
+    """Each consumer group gets its retry topic ``%RETRY%<group>`` (retryQueueNums queues,
+    read-write) at its first heartbeat, as RocketMQ's ClientManageProcessor does: Java push
+    consumers subscribe to it, and mqadmin consumerProgress looks up its route first. (What
+    goes into it — consumer send-back — is not built yet.)"""
+    topics = broker.metadata.topics
+    created = False
+    for group in groups:
+        retry = RETRY_GROUP_TOPIC_PREFIX + group
+        if topics.get(retry) is not None:
+            continue
+        config = broker.metadata.subscriptions.find_or_create(group)
+        queues = config.retry_queue_nums if config is not None else 1
+        if queues > 0 and topic_problem(retry) is None:
+            topics.create_topic_in_send_back(retry, queues)
+            created = True
+    if created:
+        broker.topics_changed()
 
 
 def unregister_client(
@@ -368,6 +396,18 @@ def runtime_info(
         "msgPutTotalTodayNow": broker.stats.puts,
         "msgGetTotalTodayNow": broker.stats.gets,
         "putTps": f"{broker.stats.put_rate():.1f}",
+        # What mqadmin clusterList prints besides (it fails on a missing key). We have no
+        # send or pull thread-pool queue and no commitlog put lock to wait on: zeros, true.
+        "getTransferedTps": "0.0",
+        "sendThreadPoolQueueSize": 0,
+        "sendThreadPoolQueueHeadWaitTimeMills": 0,
+        "pullThreadPoolQueueSize": 0,
+        "pullThreadPoolQueueHeadWaitTimeMills": 0,
+        "pageCacheLockTimeMills": 0,
+        "msgPutTotalTodayMorning": 0,
+        "msgGetTotalTodayMorning": 0,
+        "msgPutTotalYesterdayMorning": 0,
+        "msgGetTotalYesterdayMorning": 0,
         "earliestMessageTimeStamp": broker.earliest_message_time(),
         "runtime": f"{int(time.time() - broker.started_at)} s",
         "recoveryAbnormal": stats.recovery.abnormal if stats.recovery else False,
@@ -393,6 +433,116 @@ def runtime_info(
     return ok(request, body=KVTable({k: str(v) for k, v in table.items()}).encode())
 
 
+def broker_config(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """GET_BROKER_CONFIG: every setting as ``key=value`` lines (RocketMQ's keys), and the
+    topic table's DataVersion in ``version``, as RocketMQ answers."""
+    text = "".join(f"{key}={value}\n" for key, value in broker.config.to_properties().items())
+    version = broker.metadata.topics.wrapper().data_version
+    return ok(request, body=text.encode(),
+              ext_fields={"version": write_json(version.to_json_obj())})
+
+
+def _queue_json(topic: str, broker_name: str, queue_id: int) -> str:
+    # A MessageQueue as fastjson writes a map key of that type: the object itself.
+    return write_json({"brokerName": broker_name, "queueId": queue_id, "topic": topic})
+
+
+def _store_time_at(broker: Broker, topic: str, queue_id: int, queue_offset: int) -> int:
+    """STORETIMESTAMP of the message at ``queue_offset`` of the queue, or 0."""
+    queue = broker.store.queues.get(topic, queue_id)
+    entry = queue.entry(queue_offset) if queue is not None and queue_offset >= 0 else None
+    record = broker.store.record_bytes(entry.commitlog_offset) if entry is not None else None
+    return layout.read_store_timestamp(record) if record is not None else 0
+
+
+def topic_stats(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """GET_TOPIC_STATS_INFO (mqadmin topicStatus): each queue's min and max offset and the
+    store time of its last message."""
+    topic = request.field_str("topic")
+    config = broker.metadata.topics.get(topic)
+    if config is None:
+        return error(request, f"topic[{topic}] not exist", ResponseCode.TOPIC_NOT_EXIST)
+    store = broker.store
+    name = broker.config.broker_name
+    entries = []
+    for queue_id in range(config.write_queue_nums):
+        max_offset = max(0, store.max_queue_offset(topic, queue_id))
+        stats = {"minOffset": max(0, store.min_queue_offset(topic, queue_id)),
+                 "maxOffset": max_offset,
+                 "lastUpdateTimestamp": _store_time_at(broker, topic, queue_id, max_offset - 1)}
+        entries.append(f"{_queue_json(topic, name, queue_id)}:{write_json(stats)}")
+    return ok(request, body=('{"offsetTable":{' + ",".join(entries) + "}}").encode())
+
+
+def consume_stats(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """GET_CONSUME_STATS (mqadmin consumerProgress): per queue of each topic the group has
+    offsets for (or the one named), the broker's max offset, the group's offset and the store
+    time of the last message it consumed."""
+    group = request.field_str("consumerGroup")
+    named = request.field_str("topic", "")
+    offsets = broker.metadata.offsets.offsets_of_group(group)
+    topics = [named] if named else sorted(offsets)
+    store = broker.store
+    name = broker.config.broker_name
+    entries = []
+    for topic in topics:
+        config = broker.metadata.topics.get(topic)
+        if config is None:
+            continue
+        committed = offsets.get(topic, {})
+        for queue_id in range(config.write_queue_nums):
+            consumer_offset = max(0, committed.get(queue_id, 0))
+            stats = {
+                "brokerOffset": max(0, store.max_queue_offset(topic, queue_id)),
+                "consumerOffset": consumer_offset,
+                "lastTimestamp": (_store_time_at(broker, topic, queue_id, consumer_offset - 1)
+                                  if consumer_offset > 0 else 0),
+            }
+            entries.append(f"{_queue_json(topic, name, queue_id)}:{write_json(stats)}")
+    body = '{"consumeTps":0.0,"offsetTable":{' + ",".join(entries) + "}}"
+    return ok(request, body=body.encode())
+
+
+def consumer_connections(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """GET_CONSUMER_CONNECTION_LIST (mqadmin consumerConnection, message track): the group's
+    live clients and what they subscribe to; CONSUMER_NOT_ONLINE when it has none."""
+    group = request.field_str("consumerGroup")
+    info = broker.clients.consumers.get(group)
+    if info is None or not info.channels:
+        return error(request, f"the consumer group[{group}] not online",
+                     ResponseCode.CONSUMER_NOT_ONLINE)
+    body = {
+        "connectionSet": [
+            {"clientId": c.client_id, "clientAddr": c.connection.peer, "language": c.language,
+             "version": c.version}
+            for c in info.channels.values()],
+        "subscriptionTable": {t: s.to_json_obj() for t, s in info.subscriptions.items()},
+        "consumeType": info.consume_type,
+        "messageModel": info.message_model,
+        "consumeFromWhere": info.consume_from_where,
+    }
+    return ok(request, body=write_json(body).encode())
+
+
+def topic_consumed_by(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """QUERY_TOPIC_CONSUME_BY_WHO (mqadmin's message track): the groups subscribed to the
+    topic now, and those that have offsets for it."""
+    topic = request.field_str("topic")
+    groups = set(broker.clients.groups_subscribed_to(topic))
+    groups.update(broker.metadata.offsets.groups_of_topic(topic))
+    return ok(request, body=write_json({"groupList": sorted(groups)}).encode())
+
+
 HANDLERS: dict[int, AdminHandler] = {
     RequestCode.HEART_BEAT: heart_beat,
     RequestCode.UNREGISTER_CLIENT: unregister_client,
@@ -412,4 +562,9 @@ HANDLERS: dict[int, AdminHandler] = {
     RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: all_subscription_groups,
     RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: update_subscription_group,
     RequestCode.GET_BROKER_RUNTIME_INFO: runtime_info,
+    RequestCode.GET_BROKER_CONFIG: broker_config,
+    RequestCode.GET_TOPIC_STATS_INFO: topic_stats,
+    RequestCode.GET_CONSUME_STATS: consume_stats,
+    RequestCode.QUERY_TOPIC_CONSUME_BY_WHO: topic_consumed_by,
+    RequestCode.GET_CONSUMER_CONNECTION_LIST: consumer_connections,
 }

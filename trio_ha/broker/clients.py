@@ -43,6 +43,9 @@ class ClientChannel:
     client_id: str
     connection: RemotingConnection
     last_update: float
+    #: the client's language and version, from its heartbeat's frame
+    language: str = "JAVA"
+    version: int = 0
 
 
 @attrs.define(eq=False)
@@ -67,19 +70,21 @@ class ClientManager:
     #: opaques of the notifications this broker sends (clients ignore them for oneways)
     _opaques: itertools.count = attrs.field(factory=itertools.count, init=False)
 
-    def heartbeat(self, data: HeartbeatData, connection: RemotingConnection, now: float) -> None:
+    def heartbeat(self, data: HeartbeatData, connection: RemotingConnection, now: float, *,
+                  language: str = "JAVA", version: int = 0) -> None:
         """Register the heartbeat's producers and consumers. The caller decides which
         consumer groups may register (those the broker has a subscription group for)."""
         key = id(connection)
+        channel = ClientChannel(data.client_id, connection, now, language, version)
         for producer in data.producer_data_set:
             channels = self.producers.get(producer.group_name)
             if channels is None:
                 if self._producers_full():
                     continue
                 channels = self.producers[producer.group_name] = {}
-            channels[key] = ClientChannel(data.client_id, connection, now)
+            channels[key] = channel
         for consumer in data.consumer_data_set:
-            self._register_consumer(consumer, data.client_id, connection, now)
+            self._register_consumer(consumer, channel)
 
     def _producers_full(self) -> bool:
         full = len(self.producers) >= self.max_producer_groups
@@ -89,14 +94,13 @@ class ClientManager:
         self._full_logged = full
         return full
 
-    def _register_consumer(
-        self, consumer: ConsumerData, client_id: str, connection: RemotingConnection, now: float
-    ) -> None:
+    def _register_consumer(self, consumer: ConsumerData, channel: ClientChannel) -> None:
         info = self.consumers.get(consumer.group_name)
         if info is None:
             info = self.consumers[consumer.group_name] = ConsumerGroupInfo(consumer.group_name)
-        joined = id(connection) not in info.channels
-        info.channels[id(connection)] = ClientChannel(client_id, connection, now)
+        key = id(channel.connection)
+        joined = key not in info.channels
+        info.channels[key] = channel
         info.consume_type = consumer.consume_type
         info.message_model = consumer.message_model
         info.consume_from_where = consumer.consume_from_where
@@ -168,6 +172,10 @@ class ClientManager:
         if info is None:
             return []
         return sorted({c.client_id for c in info.channels.values()})
+
+    def groups_subscribed_to(self, topic: str) -> list[str]:
+        """The consumer groups whose clients subscribe to ``topic`` now."""
+        return [group for group, info in self.consumers.items() if topic in info.subscriptions]
 
     def subscription(self, group: str, topic: str) -> SubscriptionData | None:
         info = self.consumers.get(group)

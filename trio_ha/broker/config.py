@@ -24,6 +24,7 @@ from ..config import (
     in_range,
     parse_properties_text,
     parse_value,
+    render_value,
 )
 from ..wire.metadata import DEFAULT_TOPIC_QUEUE_NUMS
 from ..wire.permission import Permission
@@ -118,6 +119,18 @@ class BrokerConfig:
             raise ConfigError(f"a master has brokerId 0, not {self.broker_id}")
         if self.write_buffer_low_water_mark > self.write_buffer_high_water_mark:
             raise ConfigError("writeBufferLowWaterMark must not exceed writeBufferHighWaterMark")
+
+    def to_properties(self) -> dict[str, str]:
+        """Every setting, the store's too, under RocketMQ's keys (GET_BROKER_CONFIG)."""
+        special = {"broker_ip1": "brokerIP1", "broker_ip2": "brokerIP2"}
+        out = self.store.to_properties()
+        for name in attrs.fields_dict(type(self)):
+            if name == "store":
+                continue
+            text = render_value(getattr(self, name))
+            if text is not None:
+                out[special.get(name, camel_case(name))] = text
+        return dict(sorted(out.items()))
 
     @property
     def role(self) -> BrokerRole:

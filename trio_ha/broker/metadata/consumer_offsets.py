@@ -147,6 +147,11 @@ class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
                 out[split_offset_key(key)[0]] = dict(queues)
         return out
 
+    def groups_of_topic(self, topic: str) -> list[str]:
+        """The groups with an offset for ``topic``."""
+        return [group for group_topic, group in map(split_offset_key, self._table)
+                if group_topic == topic]
+
     def remove_group(self, group: str) -> int:
         """Forget every offset of ``group`` (deleting a subscription group with offsets);
         returns how many topics were removed."""
