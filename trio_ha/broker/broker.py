@@ -87,6 +87,8 @@ class Broker:
     )
     stats: BrokerStats = attrs.field(factory=BrokerStats)
     started_at: float = attrs.field(factory=time.time)
+    #: set when a table should be written before the next periodic round
+    _persist_soon: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     @property
     def is_slave(self) -> bool:
@@ -132,8 +134,21 @@ class Broker:
         return 1 + max((q for t, q in self.store.queues.queues if t == topic), default=-1)
 
     def topics_changed(self) -> None:
-        """Topic configs changed: tell the name servers now (RocketMQ registers at once)."""
+        """Topic configs changed: tell the name servers now (RocketMQ registers at once), and
+        write topics.json without waiting for the periodic round."""
         self.registration.register_soon()
+        self._persist_soon.set()
+
+    async def persist_topics(self) -> None:
+        """Write topics.json now if it changed. A topic created by a send is written before
+        the send is answered, as RocketMQ's TopicConfigManager does: otherwise a crash in the
+        next few seconds keeps the messages but loses their topic, and with it their route
+        (found by the real broker opening our store after a SIGKILL). A write that fails
+        (full disk) is logged by the table and retried by the periodic round."""
+        try:
+            await self.metadata.topics.persist_if_dirty()
+        except OSError:
+            self._persist_soon.set()
 
     def earliest_message_time(self) -> int:
         """STORETIMESTAMP of the oldest record the store holds, or -1."""
@@ -143,10 +158,13 @@ class Broker:
     # ---- housekeeping ------------------------------------------------------------------------
 
     async def run_housekeeping(self) -> None:
-        """Persist changed metadata every flushConsumerOffsetInterval; expire silent clients."""
+        """Persist changed metadata every flushConsumerOffsetInterval (and soon after a topic
+        change); expire silent clients."""
         interval = self.config.flush_consumer_offset_interval / 1000
         while True:
-            await trio.sleep(interval)
+            with trio.move_on_after(interval):
+                await self._persist_soon.wait()
+            self._persist_soon = trio.Event()
             self.clients.expire(trio.current_time())
             try:
                 await self.metadata.persist_dirty()

@@ -105,6 +105,7 @@ async def process_send(
                 request, ResponseCode.TOPIC_NOT_EXIST,
                 remark=f"topic[{header.topic}] not exist, apply first please!",
             )
+        await broker.persist_topics()
     queue_id = header.queue_id
     if queue_id < 0:
         queue_id = random.randrange(topic_config.write_queue_nums)
