@@ -88,20 +88,44 @@ def broker_status(peer: RocketMQ, run_dir: Path, namesrv: str, addr: str) -> dic
     return status
 
 
-def real_slave_properties(namesrv: str, port: int, broker_name: str) -> dict[str, object]:
+def version_properties(peer: RocketMQ, port: int, role: str) -> dict[str, object]:
+    """What a broker of this major version needs besides: 4.x takes listenPort + 1 for HA
+    whatever it is told; 5.x honours haListenPort, runs a timer store unless told not to, a
+    5.x SYNC_MASTER waits for a slave only with inSyncReplicas=2, and a 5.x SLAVE refuses every
+    pull ("[REJECTREQUEST]system busy") unless slaveReadEnable=true."""
+    if peer.major < 5:
+        return {}
+    extra: dict[str, object] = {"haListenPort": port + 1, "timerWheelEnable": "false"}
+    if role == "SYNC_MASTER":
+        extra["inSyncReplicas"] = 2
+    if role == "SLAVE":
+        extra["slaveReadEnable"] = "true"
+    return extra
+
+
+def real_slave_properties(peer: RocketMQ, namesrv: str, port: int,
+                          broker_name: str) -> dict[str, object]:
     return {
         "brokerClusterName": "DefaultCluster", "brokerName": broker_name, "brokerId": 1,
         "brokerRole": "SLAVE", "flushDiskType": "ASYNC_FLUSH", "namesrvAddr": namesrv,
         "listenPort": port, "mappedFileSizeCommitLog": DEFAULT_SEGMENT_SIZE,
         "maxMessageSize": 512 * 1024, "maxHashSlotNum": 1000, "maxIndexNum": 4000,
-        "registerNameServerPeriod": 10000,
+        "registerNameServerPeriod": 10000, **version_properties(peer, port, "SLAVE"),
     }
+
+
+#: The real peer of each replication test: 4.9.7, and 5.3.3 in classic master/slave mode
+#: (issue 10 point 7). The Java client and mqadmin are 4.9.7's in both.
+PEERS = ["rocketmq", "rocketmq5"]
 
 
 # ---- point 4: their slave, our master ------------------------------------------------------------
 
 
-def test_point_4_real_slave_replicates_from_our_sync_master(rocketmq, tmp_path):
+@pytest.mark.parametrize("peer_name", PEERS)
+def test_point_4_real_slave_replicates_from_our_sync_master(peer_name, request, rocketmq,
+                                                            tmp_path):
+    peer: RocketMQ = request.getfixturevalue(peer_name)
     master_port = free_broker_port()
     config = ClusterConfig(data_dir=str(tmp_path / "ours"), slaves=0, master_port=master_port)
     with ProcessCluster.start(config) as cluster:
@@ -112,9 +136,9 @@ def test_point_4_real_slave_replicates_from_our_sync_master(rocketmq, tmp_path):
         assert {line["status"] for line in early} == {"SLAVE_NOT_AVAILABLE"}
 
         slave_port = free_broker_port()
-        slave = rocketmq.start_broker(
+        slave = peer.start_broker(
             tmp_path / "their_slave",
-            real_slave_properties(namesrv, slave_port, config.broker_name), name="slave")
+            real_slave_properties(peer, namesrv, slave_port, config.broker_name), name="slave")
         slave_addr = f"127.0.0.1:{slave_port}"
         try:
             # The real slave's first report comes about 5 s after it connects.
@@ -155,13 +179,16 @@ def test_point_4_real_slave_replicates_from_our_sync_master(rocketmq, tmp_path):
             consumed = consume(rocketmq, tmp_path / "c1", namesrv, topic, group, total)
             assert len({line["msgId"] for line in consumed}) == total
             config_dir = tmp_path / "their_slave" / "store" / "config"
+            def committed() -> int:
+                text = _read(config_dir / "consumerOffset.json")
+                table = read_json(text)["offsetTable"] if text else {}
+                return sum(table.get(f"{topic}@{group}", {}).values())
             wait_for(lambda: topic in _read(config_dir / "topics.json")
                      and group in _read(config_dir / "subscriptionGroup.json")
-                     and f"{topic}@{group}" in _read(config_dir / "consumerOffset.json"),
-                     "their slave to sync our metadata", timeout=40)
+                     and committed() == total,
+                     # 5.x slaves sync every 60 s, the first time a minute after start
+                     "their slave to sync our metadata", timeout=40 if peer.major < 5 else 90)
             # fastjson text (integer keys unquoted), as their master would have sent.
-            offsets = read_json(_read(config_dir / "consumerOffset.json"))
-            assert sum(offsets["offsetTable"][f"{topic}@{group}"].values()) == total
             assert "offsetTable" in read_json(_read(config_dir / "delayOffset.json"))
 
             # Our master goes; a Java consumer reads everything from their slave.
@@ -171,9 +198,10 @@ def test_point_4_real_slave_replicates_from_our_sync_master(rocketmq, tmp_path):
             # ... and their slave starts again from what it stored (a file it cannot load,
             # such as a bad delayOffset.json, would stop it: exit -3).
             slave.stop()
-            slave = rocketmq.start_broker(
+            slave = peer.start_broker(
                 tmp_path / "their_slave",
-                real_slave_properties(namesrv, slave_port, config.broker_name), name="slave")
+                real_slave_properties(peer, namesrv, slave_port, config.broker_name),
+                name="slave")
         finally:
             slave.stop()
 
@@ -197,25 +225,35 @@ def our_slave_properties(store: Path, broker_name: str, broker_id: int,
     return {key: str(value) for key, value in values.items()}
 
 
-def test_point_3_our_slave_replicates_from_a_real_sync_master(rocketmq, tmp_path):
+@pytest.mark.parametrize("peer_name", PEERS)
+def test_point_3_our_slave_replicates_from_a_real_sync_master(peer_name, request, rocketmq,
+                                                             tmp_path):
+    peer: RocketMQ = request.getfixturevalue(peer_name)
     namesrv_port = free_broker_port()
     namesrv_addr = f"127.0.0.1:{namesrv_port}"
     master_port = free_broker_port()
     broker_name = "peer-a"
-    namesrv = rocketmq.start_namesrv(tmp_path / "their_ns", namesrv_port)
+    namesrv = peer.start_namesrv(tmp_path / "their_ns", namesrv_port)
     slaves: list[NodeProcess] = []
     master = None
     try:
-        master = rocketmq.start_broker(tmp_path / "their_master", {
+        master = peer.start_broker(tmp_path / "their_master", {
             "brokerClusterName": "PeerCluster", "brokerName": broker_name, "brokerId": 0,
             "brokerRole": "SYNC_MASTER", "flushDiskType": "ASYNC_FLUSH",
             "namesrvAddr": namesrv_addr, "listenPort": master_port,
             "mappedFileSizeCommitLog": DEFAULT_SEGMENT_SIZE, "maxMessageSize": 512 * 1024,
             "maxHashSlotNum": 1000, "maxIndexNum": 4000, "registerNameServerPeriod": 10000,
+            **version_properties(peer, master_port, "SYNC_MASTER"),
         }, name="master")
         topic = unique("Ha3T")
-        early = produce(rocketmq, tmp_path / "producer", namesrv_addr, topic, 3)
-        assert {line["status"] for line in early} == {"SLAVE_NOT_AVAILABLE"}
+        # No slave yet. 4.x answers at once; a 5.x SYNC_MASTER (inSyncReplicas=2) waits
+        # syncFlushTimeout (5 s) for one and then says so.
+        if peer.major < 5:
+            early = produce(rocketmq, tmp_path / "producer", namesrv_addr, topic, 3)
+            assert {line["status"] for line in early} == {"SLAVE_NOT_AVAILABLE"}
+        else:
+            early = produce(rocketmq, tmp_path / "producer", namesrv_addr, topic, 1)
+            assert {line["status"] for line in early} == {"FLUSH_SLAVE_TIMEOUT"}
         log_dir = str(tmp_path / "our_logs")
         os.makedirs(log_dir)
         # One slave learns the master through their name server, one is pointed at its HA
@@ -260,12 +298,17 @@ def test_point_3_our_slave_replicates_from_a_real_sync_master(rocketmq, tmp_path
         # The slave that knows the master's remoting address (from the name server) took its
         # metadata as a 4.9 slave does; its own status agrees with the master's.
         config_dir = tmp_path / "our_slave1" / "config"
+
+        def committed() -> int:
+            text = _read(config_dir / "consumerOffset.json")
+            table = read_json(text)["offsetTable"] if text else {}
+            return sum(table.get(f"{topic}@{group}", {}).values())
+        # Offsets arrive with the slave's next sync (every 10 s) after the consumer's last
+        # commit reached the master.
         wait_for(lambda: topic in _read(config_dir / "topics.json")
                  and group in _read(config_dir / "subscriptionGroup.json")
-                 and f"{topic}@{group}" in _read(config_dir / "consumerOffset.json"),
+                 and committed() == total,
                  "our slave to sync their metadata", timeout=40)
-        offsets = read_json(_read(config_dir / "consumerOffset.json"))
-        assert sum(offsets["offsetTable"][f"{topic}@{group}"].values()) == total
         ours = broker_status(rocketmq, tmp_path / "adm", namesrv_addr, slaves[0].addr)
         assert int(ours["commitLogMaxOffset"]) == their_max
 

@@ -31,6 +31,7 @@ from ..wire.errors import MetadataDecodeError, RouteDecodeError
 from ..wire.fastjson import write_json
 from ..wire.heartbeat import HeartbeatData
 from ..wire.metadata import (
+    DataVersion,
     SubscriptionGroupConfig,
     TopicConfig,
     decode_subscription_groups,
@@ -338,7 +339,19 @@ def all_consumer_offsets(
     broker: Broker, request: RemotingCommand, connection: RemotingConnection
 ) -> RemotingCommand:
     table = broker.metadata.offsets.table()
+    if table.data_version is None:
+        # A RocketMQ 5 slave reads the body's dataVersion unconditionally (it stopped its
+        # offset sync with a NullPointerException on our 4.9-style body); 4.9 slaves ignore it.
+        table = attrs.evolve(table, data_version=DataVersion(0, int(time.time() * 1000)))
     return ok(request, body=_text(encode_consumer_offsets(table, pretty=False)))
+
+
+def all_message_request_modes(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """GET_ALL_MESSAGE_REQUEST_MODE (a RocketMQ 5 slave's metadata sync asks for it): the
+    groups switched to pop consumption — none, as this broker has no pop mode."""
+    return ok(request, body=b'{"messageRequestModeMap":{}}')
 
 
 def all_delay_offsets(
@@ -558,6 +571,7 @@ HANDLERS: dict[int, AdminHandler] = {
     RequestCode.UPDATE_AND_CREATE_TOPIC: update_and_create_topic,
     RequestCode.GET_ALL_TOPIC_CONFIG: all_topic_config,
     RequestCode.GET_ALL_CONSUMER_OFFSET: all_consumer_offsets,
+    RequestCode.GET_ALL_MESSAGE_REQUEST_MODE: all_message_request_modes,
     RequestCode.GET_ALL_DELAY_OFFSET: all_delay_offsets,
     RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: all_subscription_groups,
     RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: update_subscription_group,

@@ -82,6 +82,8 @@ class RequestCode(enum.IntEnum):
     ADD_WRITE_PERM_OF_BROKER = 327
     #: RocketMQ 5's lite pull consumer: PULL_MESSAGE's header and answers under its own code
     LITE_PULL_MESSAGE = 361
+    #: RocketMQ 5 slaves sync it from their master (pop consumption modes)
+    GET_ALL_MESSAGE_REQUEST_MODE = 402
     BROKER_HEARTBEAT = 904
     CONTROLLER_ALTER_SYNC_STATE_SET = 1001
     CONTROLLER_ELECT_MASTER = 1002
