@@ -109,7 +109,9 @@ def test_their_slave_killed_mid_frame_and_an_ack_beyond_our_log(rocketmq, tmp_pa
 
             # A peer on our HA port acknowledges bytes we never wrote: it loses its own
             # connection; the real slave's acks still count.
-            ha_host, ha_port = cluster.master.addresses.ha_addr.rsplit(":", 1)
+            ha_addr = cluster.master.addresses.ha_addr
+            assert ha_addr is not None
+            ha_host, ha_port = ha_addr.rsplit(":", 1)
             status = broker_status(rocketmq, tmp_path / "adm", namesrv, cluster.master.addr)
             end = int(status["commitLogMaxOffset"])
             with socket.create_connection((ha_host, int(ha_port)), timeout=15) as rogue:
