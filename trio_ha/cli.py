@@ -255,6 +255,26 @@ def bench_consume(
     _print_json_lines(run_consume_benchmarks(dir, quick=quick))
 
 
+@bench_app.command("versus-rocketmq")
+def bench_versus_rocketmq(
+    dir: str = typer.Option(None, help="scratch directory (a temporary one by default)"),
+    quick: bool = typer.Option(False, help="smaller runs, for a smoke test"),
+    flush: list[str] = typer.Option(
+        ["SYNC_FLUSH", "ASYNC_FLUSH"], help="flushDiskType(s) to run (repeat the option)"),
+) -> None:
+    """One Java load generator against a real RocketMQ 4.9.7 cluster and against ours
+    (name server, SYNC_MASTER, SLAVE each): single sends from 1 and 16 threads, batches of
+    32, pulls from master and slave; each rate next to RocketMQ's with the ratio, latency and
+    CPU per message. JSON lines, then the table (on stderr). Needs java, javac and mvn."""
+    from .bench.versus_rocketmq import format_table, run_versus_benchmarks
+
+    rows = []
+    for row in run_versus_benchmarks(dir, quick=quick, flush_types=tuple(flush)):
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print(format_table(rows), file=sys.stderr, flush=True)
+
+
 # ---- Spark (needs the spark extra: pip install trio-ha[spark]) ----------------------------
 
 spark_app = typer.Typer(
