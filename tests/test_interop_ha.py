@@ -46,6 +46,27 @@ def wait_for(predicate, what: str, timeout: float = 60.0, interval: float = 0.3)
         time.sleep(interval)
 
 
+def attach_probe(peer: RocketMQ, run: Path, namesrv: str, topic: str,
+                 sent: list[dict] | None = None) -> bool:
+    """One send (appended to ``sent``); True once a SYNC_MASTER answers SEND_OK (a slave is
+    attached)."""
+    lines = program_lines(peer.run_program(run / "probe", CLIENT, "produce", "--namesrv",
+                                           namesrv, "--topic", topic, "--count", 1,
+                                           "--prefix", "probe"))
+    if sent is not None:
+        sent.append(lines[0])
+    return lines[0].get("status") == "SEND_OK"
+
+
+def wait_attached(peer: RocketMQ, run: Path, namesrv: str, topic: str,
+                  what: str) -> list[dict]:
+    """Probe until a send answers SEND_OK; the probes sent (all stored)."""
+    probes: list[dict] = []
+    wait_for(lambda: attach_probe(peer, run, namesrv, topic, probes), what, timeout=60,
+             interval=1)
+    return probes
+
+
 def commitlog_bytes(directory: Path) -> tuple[int, bytes]:
     """A commitlog directory's segments joined: (offset of the first, their bytes)."""
     names = sorted(name for name in os.listdir(directory) if name.isdigit())
@@ -142,16 +163,8 @@ def test_point_4_real_slave_replicates_from_our_sync_master(peer_name, request, 
         slave_addr = f"127.0.0.1:{slave_port}"
         try:
             # The real slave's first report comes about 5 s after it connects.
-            probes = []
-
-            def attached() -> bool:
-                lines = program_lines(rocketmq.run_program(
-                    tmp_path / "probe", CLIENT, "produce", "--namesrv", namesrv, "--topic",
-                    topic, "--count", 1, "--prefix", "probe"))
-                probes.append(lines[0])
-                return lines[0].get("status") == "SEND_OK"
-            wait_for(attached, "our SYNC_MASTER to see the real slave", timeout=60,
-                     interval=1)
+            probes = wait_attached(rocketmq, tmp_path, namesrv, topic,
+                                   "our SYNC_MASTER to see the real slave")
             # Enough to cross a segment boundary (1 MiB segments).
             sent = produce(rocketmq, tmp_path / "producer", namesrv, topic, 1400, "--size",
                            1024, "--mode", "batch", "--batch", 16)
@@ -179,15 +192,9 @@ def test_point_4_real_slave_replicates_from_our_sync_master(peer_name, request, 
             consumed = consume(rocketmq, tmp_path / "c1", namesrv, topic, group, total)
             assert len({line["msgId"] for line in consumed}) == total
             config_dir = tmp_path / "their_slave" / "store" / "config"
-            def committed() -> int:
-                text = _read(config_dir / "consumerOffset.json")
-                table = read_json(text)["offsetTable"] if text else {}
-                return sum(table.get(f"{topic}@{group}", {}).values())
-            wait_for(lambda: topic in _read(config_dir / "topics.json")
-                     and group in _read(config_dir / "subscriptionGroup.json")
-                     and committed() == total,
-                     # 5.x slaves sync every 60 s, the first time a minute after start
-                     "their slave to sync our metadata", timeout=40 if peer.major < 5 else 90)
+            # 5.x slaves sync every 60 s, the first time a minute after start.
+            wait_metadata_synced(config_dir, topic, group, total, "their slave",
+                                 timeout=40 if peer.major < 5 else 90)
             # fastjson text (integer keys unquoted), as their master would have sent.
             assert "offsetTable" in read_json(_read(config_dir / "delayOffset.json"))
 
@@ -204,6 +211,21 @@ def test_point_4_real_slave_replicates_from_our_sync_master(peer_name, request, 
                 name="slave")
         finally:
             slave.stop()
+
+
+def wait_metadata_synced(config_dir: Path, topic: str, group: str, committed: int,
+                         whose: str, *, timeout: float) -> None:
+    """Until a slave's config files hold the topic, the group and the group's final offsets
+    (``committed`` in all): they arrive with the slave's next sync after the consumer's last
+    commit reached the master. Offsets are fastjson text (integer keys unquoted)."""
+    def offsets() -> int:
+        text = _read(config_dir / "consumerOffset.json")
+        table = read_json(text)["offsetTable"] if text else {}
+        return sum(table.get(f"{topic}@{group}", {}).values())
+    wait_for(lambda: topic in _read(config_dir / "topics.json")
+             and group in _read(config_dir / "subscriptionGroup.json")
+             and offsets() == committed,
+             f"{whose} to sync the master's metadata", timeout=timeout)
 
 
 def _read(path: Path) -> str:
@@ -266,15 +288,8 @@ def test_point_3_our_slave_replicates_from_a_real_sync_master(peer_name, request
                                  haMasterAddress=f"127.0.0.1:{master_port + 1}")},
             log_dir=log_dir))
 
-        probes = []
-
-        def attached() -> bool:
-            lines = program_lines(rocketmq.run_program(
-                tmp_path / "probe", CLIENT, "produce", "--namesrv", namesrv_addr, "--topic",
-                topic, "--count", 1, "--prefix", "probe"))
-            probes.append(lines[0])
-            return lines[0].get("status") == "SEND_OK"
-        wait_for(attached, "their SYNC_MASTER to see our slave", timeout=60, interval=1)
+        probes = wait_attached(rocketmq, tmp_path, namesrv_addr, topic,
+                               "their SYNC_MASTER to see our slave")
         sent = produce(rocketmq, tmp_path / "producer", namesrv_addr, topic, 1400, "--size",
                        1024, "--mode", "batch", "--batch", 16)
         assert {line["status"] for line in sent} == {"SEND_OK"}
@@ -298,17 +313,7 @@ def test_point_3_our_slave_replicates_from_a_real_sync_master(peer_name, request
         # The slave that knows the master's remoting address (from the name server) took its
         # metadata as a 4.9 slave does; its own status agrees with the master's.
         config_dir = tmp_path / "our_slave1" / "config"
-
-        def committed() -> int:
-            text = _read(config_dir / "consumerOffset.json")
-            table = read_json(text)["offsetTable"] if text else {}
-            return sum(table.get(f"{topic}@{group}", {}).values())
-        # Offsets arrive with the slave's next sync (every 10 s) after the consumer's last
-        # commit reached the master.
-        wait_for(lambda: topic in _read(config_dir / "topics.json")
-                 and group in _read(config_dir / "subscriptionGroup.json")
-                 and committed() == total,
-                 "our slave to sync their metadata", timeout=40)
+        wait_metadata_synced(config_dir, topic, group, total, "our slave", timeout=40)
         ours = broker_status(rocketmq, tmp_path / "adm", namesrv_addr, slaves[0].addr)
         assert int(ours["commitLogMaxOffset"]) == their_max
 

@@ -18,11 +18,13 @@ import trio
 
 from test_interop_ha import (
     CLIENT,
+    attach_probe,
     broker_status,
     commitlog_bytes,
     our_slave_properties,
     real_slave_properties,
     unique,
+    wait_attached,
     wait_for,
 )
 from trio_ha import StoreConfig, open_store
@@ -31,18 +33,6 @@ from trio_ha.testing.cluster import DEFAULT_SEGMENT_SIZE
 from trio_ha.testing.rocketmq import RocketMQ, program_lines
 
 pytestmark = pytest.mark.interop
-
-
-def attach_probe(peer: RocketMQ, run: Path, namesrv: str, topic: str,
-                 sent: list[dict] | None = None) -> bool:
-    """One send (appended to ``sent``); True once a SYNC_MASTER answers SEND_OK (a slave is
-    attached)."""
-    lines = program_lines(peer.run_program(run / "probe", CLIENT, "produce", "--namesrv",
-                                           namesrv, "--topic", topic, "--count", 1,
-                                           "--prefix", "probe"))
-    if sent is not None:
-        sent.append(lines[0])
-    return lines[0].get("status") == "SEND_OK"
 
 
 def queue_entries(store_dir: Path, topic: str) -> int:
@@ -103,9 +93,8 @@ def test_their_slave_killed_mid_frame_and_an_ack_beyond_our_log(rocketmq, tmp_pa
         props = real_slave_properties(rocketmq, namesrv, slave_port, config.broker_name)
         slave = rocketmq.start_broker(slave_dir, props, name="slave")
         try:
-            probes: list[dict] = []
-            wait_for(lambda: attach_probe(rocketmq, tmp_path, namesrv, topic, probes),
-                     "our SYNC_MASTER to see the real slave", timeout=60, interval=1)
+            probes = wait_attached(rocketmq, tmp_path, namesrv, topic,
+                                   "our SYNC_MASTER to see the real slave")
 
             # A peer on our HA port acknowledges bytes we never wrote: it loses its own
             # connection; the real slave's acks still count.
@@ -180,8 +169,8 @@ def test_their_master_restarting_while_our_slave_copies(rocketmq, tmp_path):
         our_slave = NodeProcess.start("slave", {"kind": "broker", "properties":
             our_slave_properties(slave_dir, "peer-a", 1, namesrvAddr=namesrv_addr)},
             log_dir=str(log_dir))
-        wait_for(lambda: attach_probe(rocketmq, tmp_path, namesrv_addr, topic),
-                 "their SYNC_MASTER to see our slave", timeout=60, interval=1)
+        wait_attached(rocketmq, tmp_path, namesrv_addr, topic,
+                      "their SYNC_MASTER to see our slave")
 
         producer = background_load(rocketmq, tmp_path, namesrv_addr, topic, 3000)
         time.sleep(0.5)

@@ -55,13 +55,9 @@ public final class Client {
     private Client() {
     }
 
-    public static void main(String[] argv) throws Exception {
-        if (argv.length == 0) {
-            throw new IllegalArgumentException("usage: Client produce|push|pull --option value ...");
-        }
-        Options opts = Options.parse(argv);
-        try {
-            switch (argv[0]) {
+    public static void main(String[] argv) {
+        Json.runToExit(argv, (command, opts) -> {
+            switch (command) {
                 case "produce":
                     produce(opts);
                     break;
@@ -72,17 +68,9 @@ public final class Client {
                     pull(opts);
                     break;
                 default:
-                    throw new IllegalArgumentException("unknown subcommand " + argv[0]);
+                    throw new IllegalArgumentException("unknown subcommand " + command);
             }
-        } catch (Throwable e) {
-            // The client's non-daemon threads would keep a failed JVM alive: say why and exit.
-            e.printStackTrace();
-            Json.print(Json.obj("fatal", e.getClass().getSimpleName(), "message", String.valueOf(e.getMessage())));
-            System.exit(1);
-        }
-        System.out.flush();
-        // The client's own threads (netty, schedulers) outlive shutdown() in 4.x.
-        System.exit(0);
+        });
     }
 
     // --- produce ---------------------------------------------------------------------------

@@ -13,6 +13,31 @@ final class Json {
     private Json() {
     }
 
+    /** What a program's main runs: its subcommand and options. */
+    interface Command {
+        void run(String command, Client.Options opts) throws Exception;
+    }
+
+    /**
+     * Run a program's subcommand (the first argument) and end the JVM: 0 when it returns, 1
+     * with a {@code fatal} line when it throws. The RocketMQ client's non-daemon threads
+     * (netty, schedulers) outlive its shutdown() and would keep the JVM alive otherwise.
+     */
+    static void runToExit(String[] argv, Command body) {
+        try {
+            if (argv.length == 0) {
+                throw new IllegalArgumentException("usage: <subcommand> --option value ...");
+            }
+            body.run(argv[0], Client.Options.parse(argv));
+        } catch (Throwable e) {
+            e.printStackTrace();
+            print(obj("fatal", e.getClass().getSimpleName(), "message", String.valueOf(e.getMessage())));
+            System.exit(1);
+        }
+        System.out.flush();
+        System.exit(0);
+    }
+
     static Map<String, Object> obj(Object... kv) {
         Map<String, Object> map = new LinkedHashMap<>();
         for (int i = 0; i < kv.length; i += 2) {

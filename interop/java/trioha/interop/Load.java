@@ -35,23 +35,16 @@ public final class Load {
     private Load() {
     }
 
-    public static void main(String[] argv) throws Exception {
-        Client.Options opts = Client.Options.parse(argv);
-        try {
-            if (argv[0].equals("send")) {
+    public static void main(String[] argv) {
+        Json.runToExit(argv, (command, opts) -> {
+            if (command.equals("send")) {
                 send(opts);
-            } else if (argv[0].equals("pull")) {
+            } else if (command.equals("pull")) {
                 pull(opts);
             } else {
-                throw new IllegalArgumentException("unknown subcommand " + argv[0]);
+                throw new IllegalArgumentException("unknown subcommand " + command);
             }
-        } catch (Throwable e) {
-            e.printStackTrace();
-            Json.print(Json.obj("fatal", e.getClass().getSimpleName(), "message", String.valueOf(e.getMessage())));
-            System.exit(1);
-        }
-        System.out.flush();
-        System.exit(0);
+        });
     }
 
     static void send(Client.Options opts) throws Exception {
