@@ -205,3 +205,31 @@ def test_their_master_restarting_while_our_slave_copies(rocketmq, tmp_path):
     # What their master kept is not known in advance (it was killed mid-load): our slave
     # indexed what it copied, and every entry reads back with its check passed.
     trio.run(assert_store_clean, slave_dir, topic, queue_entries(slave_dir, topic))
+
+
+def test_a_client_gone_mid_frame_leaves_our_broker_serving(rocketmq, tmp_path):
+    """A real Java producer SIGKILLed while it streams 256 KiB messages, and a peer that
+    sends half a frame and hangs up: our broker answers the next client, and its store opens
+    clean with every indexed message readable."""
+    config = ClusterConfig(data_dir=str(tmp_path / "ours"), slaves=0,
+                           master_role="ASYNC_MASTER")
+    topic = unique("MidFrame")
+    with ProcessCluster.start(config) as cluster:
+        namesrv = cluster.namesrv_addr
+        host, port = cluster.master.addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as half:
+            # A frame that says 1,000 bytes follow, and only 100 of them.
+            half.sendall(struct.pack(">i", 1000) + b"\0" * 100)
+        producer = rocketmq.start_program(
+            tmp_path / "big", CLIENT, "produce", "--namesrv", namesrv, "--topic", topic,
+            "--count", 2000, "--size", 256 * 1024, "--mode", "async", name="big",
+            ready='"i":')
+        producer.kill()
+        cluster.check()
+        after = program_lines(rocketmq.run_program(
+            tmp_path / "after", CLIENT, "produce", "--namesrv", namesrv, "--topic", topic,
+            "--count", 5))
+        assert [line["status"] for line in after[:-1]] == ["SEND_OK"] * 5
+        cluster.check()
+    store_dir = Path(config.store_dir(0))
+    trio.run(assert_store_clean, store_dir, topic, queue_entries(store_dir, topic))

@@ -69,7 +69,7 @@ class VersusPlan:
     @classmethod
     def make(cls, quick: bool) -> VersusPlan:
         if quick:
-            return cls(True, warmup=200, send_1=300, send_16=2_000, batch_32=6_400,
+            return cls(True, warmup=100, send_1=100, send_16=800, batch_32=3_200,
                        max_seconds=40)
         return cls(False, warmup=3_000, send_1=3_000, send_16=40_000, batch_32=128_000,
                    max_seconds=90)
