@@ -316,3 +316,19 @@ async def test_hostile_input_on_every_port(cluster, port, kind):
         if data:  # an error response, never a crash: the frame decodes as a response
             assert struct.unpack_from(">i", data)[0] > 0
     await bad.aclose()
+
+
+async def test_what_a_rocketmq5_slave_syncs_is_answered(cluster):
+    """A RocketMQ 5 slave's metadata sync stopped on our answers (issue 10, point 7, found by
+    the real 5.3.3 slave; tests/test_interop_ha.py re-checks it against that slave when run
+    with -m slow_interop): the consumer-offset body must carry a dataVersion, and
+    GET_ALL_MESSAGE_REQUEST_MODE must be answered."""
+    _, master, _ = cluster
+    async with open_remoting_client(master.broker_addr) as client:
+        offsets = await client.invoke(RemotingCommand.request(RequestCode.GET_ALL_CONSUMER_OFFSET), 5)
+        assert offsets.code == ResponseCode.SUCCESS
+        version = json.loads(offsets.body)["dataVersion"]
+        assert version["counter"] >= 0 and version["timestamp"] > 0
+        modes = await client.invoke(RemotingCommand.request(RequestCode.GET_ALL_MESSAGE_REQUEST_MODE), 5)
+        assert modes.code == ResponseCode.SUCCESS
+        assert json.loads(modes.body) == {"messageRequestModeMap": {}}
