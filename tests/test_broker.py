@@ -241,6 +241,17 @@ async def test_topics_routes_and_runtime_info(cluster):
         assert created.code == ResponseCode.SUCCESS
         topics = await client.invoke(RemotingCommand.request(RequestCode.GET_ALL_TOPIC_CONFIG), 5)
         assert b'"Made"' in topics.body
+        # One topic's config, as RocketMQ 5's mqadmin topicStatus asks for it (found by the
+        # real 5.3.3 mqadmin): a TopicConfigAndQueueMapping without mappingDetail.
+        one = await client.invoke(RemotingCommand.request(RequestCode.GET_TOPIC_CONFIG, {
+            "topic": "Made", "lo": "true"}), 5)
+        assert one.code == ResponseCode.SUCCESS
+        assert json.loads(one.body) == {
+            "order": False, "perm": 6, "readQueueNums": 2, "topicFilterType": "SINGLE_TAG",
+            "topicName": "Made", "topicSysFlag": 0, "writeQueueNums": 2}
+        missing = await client.invoke(RemotingCommand.request(RequestCode.GET_TOPIC_CONFIG, {
+            "topic": "Nowhere"}), 5)
+        assert missing.code == ResponseCode.TOPIC_NOT_EXIST
         info = KVTable.decode((await client.invoke(RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 5)).body).table
         assert info["brokerRole"] == "SYNC_MASTER" and int(info["commitLogMaxOffset"]) >= 0
     async with open_remoting_client(namesrv) as ns:

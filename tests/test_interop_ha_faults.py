@@ -141,7 +141,7 @@ def test_their_slave_killed_mid_frame_and_an_ack_beyond_our_log(rocketmq, tmp_pa
             wait_for(equal, "their restarted slave to catch up", timeout=90, interval=1)
             cluster.check()
         finally:
-            slave.stop()
+            slave.kill()
     # Every send was stored, whatever its status said about the slave.
     trio.run(assert_store_clean, Path(config.store_dir(0)), topic, len(probes) + len(sent))
 
@@ -200,8 +200,8 @@ def test_their_master_restarting_while_our_slave_copies(rocketmq, tmp_path):
         if our_slave is not None:
             our_slave.stop()
         if master is not None:
-            master.stop()
-        namesrv.stop()
+            master.kill()
+        namesrv.kill()
     # What their master kept is not known in advance (it was killed mid-load): our slave
     # indexed what it copied, and every entry reads back with its check passed.
     trio.run(assert_store_clean, slave_dir, topic, queue_entries(slave_dir, topic))

@@ -1,4 +1,4 @@
-"""Issue 10, point 1: the real RocketMQ Java client (4.9.7, and 5.3.3 where it says so) against
+"""Issue 10, point 1: the real RocketMQ Java client (4.9.7, and 5.3.3 where a test runs both) against
 our name server and our SYNC_MASTER + SLAVE, each a child process.
 
 Every message a Java producer sends — over SEND_MESSAGE_V2 and SEND_MESSAGE, with JSON and
@@ -95,7 +95,11 @@ SEND_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("peer_name", ["rocketmq", "rocketmq5"])
+#: the Java clients of every test that runs both: 4.9.7's and 5.3.3's (issue 10, point 7)
+PEERS = ["rocketmq", "rocketmq5"]
+
+
+@pytest.mark.parametrize("peer_name", PEERS)
 def test_every_send_variant_arrives_intact_through_push_and_lite_pull(
         peer_name, request, cluster, tmp_path):
     peer: RocketMQ = request.getfixturevalue(peer_name)
@@ -148,12 +152,14 @@ def test_batch_messages_keep_their_own_msgid_where_rocketmq5_gives_each_the_batc
     assert_intact(sent, received, topic)
 
 
-def test_consumers_of_one_group_share_the_queues_and_filter_by_tag(rocketmq, cluster,
+@pytest.mark.parametrize("peer_name", PEERS)
+def test_consumers_of_one_group_share_the_queues_and_filter_by_tag(peer_name, request, cluster,
                                                                      tmp_path):
     """Two push consumers in one group (clustering) split the topic's queues between them —
     the second one's arrival makes the broker tell the first to rebalance at once
     (NOTIFY_CONSUMER_IDS_CHANGED) — and with the tag filter ``TagA`` neither sees a
     ``TagB`` message."""
+    rocketmq: RocketMQ = request.getfixturevalue(peer_name)
     namesrv = cluster.namesrv_addr
     topic = unique("Shared_")
     group = unique("gshare")
@@ -226,7 +232,9 @@ def test_refusals_of_features_not_built_yet(rocketmq, cluster, tmp_path):
             in admin_log.read_text())
 
 
-def test_committed_offsets_survive_a_broker_restart(rocketmq, cluster, tmp_path):
+@pytest.mark.parametrize("peer_name", PEERS)
+def test_committed_offsets_survive_a_broker_restart(peer_name, request, cluster, tmp_path):
+    rocketmq: RocketMQ = request.getfixturevalue(peer_name)
     namesrv = cluster.namesrv_addr
     topic = unique("Offsets_")
     group = unique("goff")
@@ -240,9 +248,11 @@ def test_committed_offsets_survive_a_broker_restart(rocketmq, cluster, tmp_path)
     assert_intact(second, got, topic, prefix="after")
 
 
-def test_consumers_keep_reading_from_the_slave_after_the_master_stops(rocketmq, cluster,
-                                                                        tmp_path):
+@pytest.mark.parametrize("peer_name", PEERS)
+def test_consumers_keep_reading_from_the_slave_after_the_master_stops(peer_name, request,
+                                                                        cluster, tmp_path):
     """Last in the module: it stops the master (and starts it again at the end)."""
+    rocketmq: RocketMQ = request.getfixturevalue(peer_name)
     namesrv = cluster.namesrv_addr
     topic = unique("Failover_")
     group = unique("gfail")

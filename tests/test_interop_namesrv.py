@@ -53,7 +53,7 @@ def test_our_broker_registers_with_the_real_name_server(rocketmq, tmp_path):
     finally:
         if broker is not None:
             broker.stop()
-        namesrv.stop()
+        namesrv.kill()
 
 
 def test_real_broker_registers_with_our_name_server(rocketmq, tmp_path):
@@ -86,5 +86,5 @@ def test_real_broker_registers_with_our_name_server(rocketmq, tmp_path):
         round_trip(rocketmq, tmp_path, ours.addr, "MixedT2")
     finally:
         if broker is not None:
-            broker.stop()
+            broker.kill()
         ours.stop()

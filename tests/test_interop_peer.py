@@ -45,4 +45,4 @@ def test_real_namesrv_broker_mqadmin_and_our_programs(rocketmq, tmp_path):
             assert broker.stop() is not None
         assert not (tmp_path / "master" / "store" / "abort").exists(), broker.tail()
     finally:
-        namesrv.stop()
+        namesrv.kill()

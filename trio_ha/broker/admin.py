@@ -335,6 +335,20 @@ def all_topic_config(
     return ok(request, body=_text(encode_topics_json(wrapper, pretty=False)))
 
 
+def topic_config(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """GET_TOPIC_CONFIG (RocketMQ 5's admin, e.g. mqadmin topicStatus): one topic's config as
+    a TopicConfigAndQueueMapping. This broker has no static topics, so no ``mappingDetail``
+    (fastjson omits the null): the admin then treats the topic as an ordinary one."""
+    topic = request.field_str("topic")
+    config = broker.metadata.topics.get(topic)
+    if config is None:
+        return error(request, f"No topic in this broker. topic: {topic}",
+                     ResponseCode.TOPIC_NOT_EXIST)
+    return ok(request, body=write_json(config.to_json_obj()).encode())
+
+
 def all_consumer_offsets(
     broker: Broker, request: RemotingCommand, connection: RemotingConnection
 ) -> RemotingCommand:
@@ -570,6 +584,7 @@ HANDLERS: dict[int, AdminHandler] = {
     RequestCode.VIEW_MESSAGE_BY_ID: view_message_by_id,
     RequestCode.UPDATE_AND_CREATE_TOPIC: update_and_create_topic,
     RequestCode.GET_ALL_TOPIC_CONFIG: all_topic_config,
+    RequestCode.GET_TOPIC_CONFIG: topic_config,
     RequestCode.GET_ALL_CONSUMER_OFFSET: all_consumer_offsets,
     RequestCode.GET_ALL_MESSAGE_REQUEST_MODE: all_message_request_modes,
     RequestCode.GET_ALL_DELAY_OFFSET: all_delay_offsets,

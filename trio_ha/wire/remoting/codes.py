@@ -80,6 +80,8 @@ class RequestCode(enum.IntEnum):
     SEND_REPLY_MESSAGE = 324
     SEND_REPLY_MESSAGE_V2 = 325
     ADD_WRITE_PERM_OF_BROKER = 327
+    #: RocketMQ 5's admin tools read one topic's config (mqadmin topicStatus, topicRoute ...)
+    GET_TOPIC_CONFIG = 351
     #: RocketMQ 5's lite pull consumer: PULL_MESSAGE's header and answers under its own code
     LITE_PULL_MESSAGE = 361
     #: RocketMQ 5 slaves sync it from their master (pop consumption modes)
