@@ -14,7 +14,13 @@ import trio
 
 from trio_ha import FlushDiskType, MessageStore, StoreConfig
 from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics
-from trio_ha.testing.rocketmq import DEFAULT_VERSION, VERSION_5, RocketMQ, RocketMQUnavailable
+from trio_ha.testing.rocketmq import (
+    CLIENTS_VERSION,
+    DEFAULT_VERSION,
+    VERSION_5,
+    RocketMQ,
+    RocketMQUnavailable,
+)
 
 
 async def wait_until(predicate, what: str, *, timeout: float = 10.0, interval: float = 0.01):
@@ -72,11 +78,11 @@ def store_dir(tmp_path):
     return path
 
 
-def _rocketmq_peer(version: str) -> RocketMQ:
+def _rocketmq_peer(version: str, *, clients_only: bool = False) -> RocketMQ:
     """The real RocketMQ, fetched once per session; where it cannot run here the interop
     tests skip with the reason — or fail, under TRIO_HA_REQUIRE_ROCKETMQ=1 (CI)."""
     try:
-        peer = RocketMQ.fetch(version)
+        peer = RocketMQ.fetch(version, clients_only=clients_only)
         peer.compile_programs()
     except RocketMQUnavailable as exc:
         if os.environ.get("TRIO_HA_REQUIRE_ROCKETMQ") == "1":
@@ -87,8 +93,16 @@ def _rocketmq_peer(version: str) -> RocketMQ:
 
 @pytest.fixture(scope="session")
 def rocketmq() -> RocketMQ:
-    """The real Apache RocketMQ 4.x (see trio_ha.testing.rocketmq for the version)."""
+    """The real Apache RocketMQ 4.x with its servers (4.9.7: see trio_ha.testing.rocketmq
+    for why)."""
     return _rocketmq_peer(DEFAULT_VERSION)
+
+
+@pytest.fixture(scope="session")
+def rocketmq_clients() -> RocketMQ:
+    """The real Java client and mqadmin of RocketMQ 4.9.8, without servers (the registry
+    serves no 4.9.8 broker or name server)."""
+    return _rocketmq_peer(CLIENTS_VERSION, clients_only=True)
 
 
 @pytest.fixture(scope="session")

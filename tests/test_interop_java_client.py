@@ -1,4 +1,4 @@
-"""Issue 10, point 1: the real RocketMQ Java client (4.9.7, and 5.3.3 where a test runs both) against
+"""Issue 10, point 1: the real RocketMQ Java client (4.9.8, and 5.3.3 where a test runs both) against
 our name server and our SYNC_MASTER + SLAVE, each a child process.
 
 Every message a Java producer sends — over SEND_MESSAGE_V2 and SEND_MESSAGE, with JSON and
@@ -95,8 +95,8 @@ SEND_VARIANTS = {
 }
 
 
-#: the Java clients of every test that runs both: 4.9.7's and 5.3.3's (issue 10, point 7)
-PEERS = ["rocketmq", "rocketmq5"]
+#: the Java clients of every test that runs both: 4.9.8's and 5.3.3's (issue 10, point 7)
+PEERS = ["rocketmq_clients", "rocketmq5"]
 
 
 @pytest.mark.parametrize("peer_name", PEERS)
@@ -193,10 +193,11 @@ def test_consumers_of_one_group_share_the_queues_and_filter_by_tag(peer_name, re
     assert not queues[0] & queues[1], queues
 
 
-def test_refusals_of_features_not_built_yet(rocketmq, cluster, tmp_path):
+def test_refusals_of_features_not_built_yet(rocketmq_clients, cluster, tmp_path):
     """Delay levels, transactions, consumer send-back (retry) and queries by key are not built
     yet (the broker-completeness issue): the Java client gets an answer that names the
     feature, and nothing else breaks."""
+    rocketmq = rocketmq_clients
     namesrv = cluster.namesrv_addr
     topic = unique("Refused_")
     out = rocketmq.run_program(tmp_path / "delay", CLIENT, "produce", "--namesrv", namesrv,

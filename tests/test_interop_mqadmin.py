@@ -1,4 +1,4 @@
-"""Issue 10, point 2: the real mqadmin (4.9.7, and 5.3.3's for point 7) against our name
+"""Issue 10, point 2: the real mqadmin (4.9.8, and 5.3.3's for point 7) against our name
 server, SYNC_MASTER and SLAVE.
 
 Each command exits 0, prints no exception, names our brokers and agrees with our state:
@@ -23,10 +23,11 @@ TOPIC = "AdminT"
 GROUP = "admin_group"
 
 
-@pytest.fixture(scope="module", params=["rocketmq", "rocketmq5"])
-def state(request, rocketmq, tmp_path_factory):
+@pytest.fixture(scope="module", params=["rocketmq_clients", "rocketmq5"])
+def state(request, rocketmq_clients, tmp_path_factory):
     """Our cluster with 8 messages in TOPIC, all consumed by GROUP (offsets committed) through
-    the 4.9.7 client, and the mqadmin of the parameter's version."""
+    the 4.9.8 client, and the mqadmin of the parameter's version."""
+    rocketmq = rocketmq_clients
     admin_peer: RocketMQ = request.getfixturevalue(request.param)
     run = tmp_path_factory.mktemp("mqadmin")
     config = ClusterConfig(data_dir=str(run / "ours"), master_port=free_broker_port())

@@ -19,6 +19,18 @@ def test_broker_conf_refuses_values_rocketmq_would_silently_ignore():
             broker_properties_text({"brokerRole": bad})
 
 
+def test_the_clients_only_peer_has_the_client_and_mqadmin_and_no_servers(rocketmq_clients,
+                                                                          tmp_path):
+    """4.9.8 runs as clients only: its jars are the client's and mqadmin's, and asking it for
+    a server says why there is none (rather than a Java ClassNotFoundException)."""
+    jars = {path.name for path in rocketmq_clients.lib.glob("*.jar")}
+    assert {"rocketmq-client-4.9.8.jar", "rocketmq-tools-4.9.8.jar"} <= jars
+    assert not [name for name in jars if name.startswith(("rocketmq-broker", "rocketmq-namesrv"))]
+    with pytest.raises(RuntimeError, match="without its servers"):
+        rocketmq_clients.start_namesrv(tmp_path / "ns", free_broker_port())
+    assert "mqadmin" in rocketmq_clients.mqadmin(tmp_path / "adm", check=True)  # its help text
+
+
 def test_real_namesrv_broker_mqadmin_and_our_programs(rocketmq, tmp_path):
     namesrv_port = free_broker_port()
     broker_port = free_broker_port()

@@ -26,7 +26,9 @@ broker wants it stopped before its next line, and nothing here runs on a hot pat
 The peer's version: RocketMQ 4.9.8 is the last 4.x release, but the Maven registry reachable
 from our machines serves ``rocketmq-broker`` and ``rocketmq-namesrv`` only up to 4.9.7 (4.9.8's
 client, tools and store are there). 4.9.7 and 4.9.8 share the store layout, the HA protocol and
-the remoting protocol, so :data:`DEFAULT_VERSION` is 4.9.7, and 5.3.3 is the 5.x peer.
+the remoting protocol, so the servers are :data:`DEFAULT_VERSION`, 4.9.7; the Java client and
+mqadmin run against us as :data:`CLIENTS_VERSION`, 4.9.8 (``fetch(..., clients_only=True)``);
+and 5.3.3 is the 5.x peer.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import attrs
 from .processes import log_tail
 
 __all__ = [
+    "CLIENTS_VERSION",
     "DEFAULT_VERSION",
     "VERSION_5",
     "JavaProcess",
@@ -60,8 +63,10 @@ __all__ = [
     "program_lines",
 ]
 
-#: the 4.x peer (see the module's docstring for why not 4.9.8)
+#: the 4.x peer's servers (see the module's docstring for why not 4.9.8)
 DEFAULT_VERSION = "4.9.7"
+#: the 4.x Java client and mqadmin, without servers
+CLIENTS_VERSION = "4.9.8"
 #: the 5.x peer
 VERSION_5 = "5.3.3"
 
@@ -294,17 +299,22 @@ class RocketMQ:
     version: str
     #: ``<cache>/<version>``: lib/ (the jars), home/ (ROCKETMQ_HOME), classes/ (our programs)
     root: Path
+    #: only the Java client and mqadmin (``<cache>/<version>-clients``): no name server or
+    #: broker to start
+    clients_only: bool = False
 
     @classmethod
-    def fetch(cls, version: str = DEFAULT_VERSION, *, cache_dir: str | os.PathLike | None = None,
-              timeout: float = 600.0) -> RocketMQ:
-        """This version's jars, downloaded by Maven into the cache unless already there."""
+    def fetch(cls, version: str = DEFAULT_VERSION, *, clients_only: bool = False,
+              cache_dir: str | os.PathLike | None = None, timeout: float = 600.0) -> RocketMQ:
+        """This version's jars, downloaded by Maven into the cache unless already there;
+        with ``clients_only``, only the Java client's and mqadmin's."""
         _tool("java")
         cache = Path(cache_dir or os.environ.get("TRIO_HA_ROCKETMQ_CACHE")
                      or Path.home() / ".cache" / "trio_ha" / "rocketmq")
-        peer = cls(version, cache / version)
+        peer = cls(version, cache / (f"{version}-clients" if clients_only else version),
+                   clients_only)
         stamp = peer.lib / ".complete"
-        want = _digest([POM], version, DEPENDENCY_PLUGIN)
+        want = _digest([POM], version, DEPENDENCY_PLUGIN, str(clients_only))
         if not (stamp.exists() and stamp.read_text() == want):
             peer._download(_tool("mvn"), want, timeout)
         peer._write_home()
@@ -333,15 +343,17 @@ class RocketMQ:
                                         if self.root.parent.exists() else None))
         self.root.mkdir(parents=True, exist_ok=True)
         command = [mvn, "-B", "-q", "-f", str(POM), f"-Drmq.version={self.version}",
+                   *(["-Drmq.clients.only=true"] if self.clients_only else []),
                    f"{DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime",
                    f"-DoutputDirectory={staging}"]
+        landmark = "rocketmq-tools-*.jar" if self.clients_only else "rocketmq-broker-*.jar"
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             shutil.rmtree(staging, ignore_errors=True)
             raise RocketMQUnavailable(f"Maven did not fetch RocketMQ {self.version} within "
                                       f"{timeout:g} s") from exc
-        if result.returncode != 0 or not any(staging.glob("rocketmq-broker-*.jar")):
+        if result.returncode != 0 or not any(staging.glob(landmark)):
             shutil.rmtree(staging, ignore_errors=True)
             detail = (result.stdout + result.stderr).strip()[-1500:]
             raise RocketMQUnavailable(f"Maven could not fetch RocketMQ {self.version}: {detail}")
@@ -400,9 +412,15 @@ class RocketMQ:
                 f"-Drocketmq.home.dir={self.home}", *props, "-cp",
                 classpath or self.classpath]
 
+    def _check_servers(self) -> None:
+        if self.clients_only:
+            raise RuntimeError(f"RocketMQ {self.version} was fetched without its servers "
+                               "(clients_only): it runs the Java client and mqadmin only")
+
     def start_namesrv(self, run_dir: str | os.PathLike, port: int, *,
                       timeout: float = 60.0) -> JavaProcess:
         """A name server listening on ``port`` (every address: RocketMQ binds the wildcard)."""
+        self._check_servers()
         run = Path(run_dir)
         run.mkdir(parents=True, exist_ok=True)
         conf = run / "namesrv.conf"
@@ -419,6 +437,7 @@ class RocketMQ:
         :func:`broker_properties_text`). Its store defaults to ``<run_dir>/store``. 4.x uses
         ``listenPort - 2``, ``listenPort`` and ``listenPort + 1`` (HA, whatever
         haListenPort says)."""
+        self._check_servers()
         run = Path(run_dir)
         run.mkdir(parents=True, exist_ok=True)
         values: dict[str, object] = {"storePathRootDir": str(run / "store"),
