@@ -1,6 +1,7 @@
 """HA protocol timers on memory streams with trio's autojump clock: heartbeat, housekeeping on
 both sides, report interval, reconnect back-off. Virtual seconds, so each takes milliseconds;
-the intervals checked are the protocol's (RocketMQ defaults: 5 s, 20 s, 5 s)."""
+the intervals checked are the protocol's (RocketMQ defaults: 5 s, 20 s, 5 s), and our bounded
+reconnect back-off (20 ms doubling to 320 ms) next to RocketMQ's fixed 5 s."""
 
 import itertools
 from typing import Any
@@ -9,7 +10,7 @@ import trio
 import trio.testing
 
 from conftest import wait_until
-from trio_ha import BrokerRole, StoreConfig, open_store
+from trio_ha import BrokerRole, Message, StoreConfig, open_store
 from trio_ha.store import MessageStore
 from trio_ha.store.ha.master import HAService
 from trio_ha.store.ha.slave import HAClient
@@ -18,7 +19,11 @@ from trio_ha.wire.ha import NEED_DATA, FrameHeader, MasterProtocol, SlaveProtoco
 
 HEARTBEAT = 5.0
 HOUSEKEEPING = 20.0
+#: RocketMQ's reconnect wait, and the configuration that gives it
 BACKOFF = 5.0
+ROCKETMQ_BACKOFF = dict(ha_reconnect_min_interval=5000, ha_reconnect_interval=5000)
+#: our default back-off: 20 ms, doubling, at most 320 ms
+BACKOFF_MIN, BACKOFF_MAX = 0.02, 0.32
 
 
 def config(root, **overrides) -> StoreConfig:
@@ -114,7 +119,8 @@ class FakeMaster:
 async def test_slave_reports_every_interval_times_out_a_silent_master_and_backs_off(
     tmp_path, autojump_clock
 ):
-    async with open_store(config(tmp_path, broker_role=BrokerRole.SLAVE, ha_listen_port=None)) as slave:
+    async with open_store(config(tmp_path, broker_role=BrokerRole.SLAVE, ha_listen_port=None,
+                                 **ROCKETMQ_BACKOFF)) as slave:
         async with trio.open_nursery() as nursery:
             master = FakeMaster(nursery)
             client = HAClient(slave.config, slave.commitlog, "fake:1", connect=master.connect)
@@ -135,21 +141,98 @@ async def test_slave_reports_every_interval_times_out_a_silent_master_and_backs_
             nursery.cancel_scope.cancel()
 
 
-async def test_slave_backs_off_between_failed_connects(tmp_path, autojump_clock):
+async def refused_attempts(store_config: StoreConfig, count: int) -> list[float]:
+    """The virtual times of ``count`` connection attempts to a master that refuses them."""
     attempts = []
 
     async def refuse(address):
         attempts.append(trio.current_time())
         raise ConnectionRefusedError(111, "Connection refused")
 
-    async with open_store(config(tmp_path, broker_role=BrokerRole.SLAVE, ha_listen_port=None)) as slave:
+    async with open_store(store_config) as slave:
         client = HAClient(slave.config, slave.commitlog, "fake:1", connect=refuse)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client.run)
-            await wait_until(lambda: len(attempts) >= 4, "four connection attempts",
-                             timeout=60, interval=0.5)
+            await wait_until(lambda: len(attempts) >= count, f"{count} connection attempts",
+                             timeout=60, interval=0.01)
             assert client.statistics().state == "backoff"
             assert "refused" in (client.statistics().last_error or "")
             nursery.cancel_scope.cancel()
+    return attempts[:count]
+
+
+async def test_slave_backs_off_between_failed_connects_from_20_ms_doubling_to_320_ms(
+        tmp_path, autojump_clock):
+    attempts = await refused_attempts(
+        config(tmp_path, broker_role=BrokerRole.SLAVE, ha_listen_port=None), 8)
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    expected = [0.02, 0.04, 0.08, 0.16, 0.32, 0.32, 0.32]
+    assert all(abs(g - e) < 0.002 for g, e in zip(gaps, expected, strict=True)), gaps
+
+
+async def test_slave_backs_off_5_s_every_time_when_configured_as_rocketmq(
+        tmp_path, autojump_clock):
+    attempts = await refused_attempts(
+        config(tmp_path, broker_role=BrokerRole.SLAVE, ha_listen_port=None, **ROCKETMQ_BACKOFF),
+        4)
     gaps = [b - a for a, b in itertools.pairwise(attempts)]
     assert all(near(g, BACKOFF) for g in gaps), gaps
+
+
+async def test_slave_attaches_again_within_320_ms_of_a_restarted_master_where_rocketmq_waits_5_s(
+        tmp_path, autojump_clock):
+    """A real master (its HA service on memory streams) dies and comes back after downtimes
+    from 50 ms to 11 s; its port refuses connections meanwhile. Each time the slave is copying
+    again at most one back-off ceiling (320 ms) after the port reopened — RocketMQ's slave
+    waits 5 s — and a long downtime costs one refused connect per 320 ms, not a busy loop."""
+    master_config = config(tmp_path / "master")
+    slave_config = config(tmp_path / "slave", broker_role=BrokerRole.SLAVE, ha_listen_port=None)
+    async with open_store(master_config) as master, open_store(slave_config) as slave:
+        service = ha_service_of(master)
+        down_until = -1.0
+        attempts: list[float] = []
+        accepted: list[float] = []
+        sessions: list[trio.CancelScope] = []
+
+        async with trio.open_nursery() as nursery:
+            async def serve(stream, scope):
+                with scope:
+                    await service.handle_stream(stream)
+
+            async def connect(address):
+                now = trio.current_time()
+                attempts.append(now)
+                if now < down_until:
+                    raise ConnectionRefusedError(111, "Connection refused")
+                slave_side, master_side = trio.testing.memory_stream_pair()
+                scope = trio.CancelScope()
+                sessions.append(scope)
+                accepted.append(now)
+                nursery.start_soon(serve, master_side, scope)
+                return StreamTransport(slave_side, "master")
+
+            client = HAClient(slave.config, slave.commitlog, "master:1", connect=connect)
+            nursery.start_soon(client.run)
+            for downtime in (0.05, 0.7, 2.9, 11.3):
+                await put_some(master, 3)
+                await wait_until(lambda: slave.commitlog.max_offset == master.commitlog.max_offset,
+                                 "the slave to catch up", timeout=30)
+                before, sessions_before = len(attempts), len(accepted)
+                down_until = trio.current_time() + downtime
+                sessions[-1].cancel()  # the master dies
+                await wait_until(lambda: len(accepted) > sessions_before,  # noqa: B023
+                                 "the slave to reconnect", timeout=60, interval=0.005)
+                assert accepted[-1] >= down_until
+                assert accepted[-1] - down_until <= BACKOFF_MAX + 0.005, (downtime, accepted)
+                refused = len(attempts) - before - 1
+                assert refused <= downtime / BACKOFF_MAX + 5, (downtime, refused)
+            await put_some(master, 3)
+            await wait_until(lambda: slave.commitlog.max_offset == master.commitlog.max_offset,
+                             "the slave to catch up after the last restart", timeout=30)
+            nursery.cancel_scope.cancel()
+
+
+async def put_some(store: MessageStore, count: int) -> None:
+    for i in range(count):
+        result = await store.put_message(Message("Restarts", f"m{i}".encode()))
+        assert result.status.stored

@@ -18,7 +18,6 @@ DEV_PROPERTIES = {
     "mappedFileSizeCommitLog": 64 * 1024 * 1024,
     "autoCreateTopicEnable": "true",
     "haSlaveFallbehindMax": 256 * 1024 * 1024,
-    "haReconnectInterval": 1000,
 }
 
 

@@ -180,7 +180,7 @@ class BenchCluster:
             data_dir=root, master_role=role, flush_disk_type="ASYNC_FLUSH",
             cluster_name=f"Bench{label.capitalize()}", broker_name=f"bench-{label}",
             properties={"mappedFileSizeCommitLog": plan.segment_size,
-                        "autoCreateTopicEnable": "true", "haReconnectInterval": 1000},
+                        "autoCreateTopicEnable": "true"},
         )
         processes = ProcessCluster.start(config, log_dir=logs, timeout=plan.start_timeout,
                                          profile_dir=os.environ.get(PROFILE_ENV))

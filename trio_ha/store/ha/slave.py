@@ -4,8 +4,13 @@ A session is one connection: report the local log end at once (RocketMQ waits 5 
 its first report, and the master sends nothing until it has one), then a reader task that
 receives frame bodies straight into the active segment's mapping (``recv_into`` on a view of
 the mmap: the bytes never become a Python object) and a reporter task that sends the new log
-end whenever it grows, or every haSendHeartbeatInterval. Either failing ends the session;
-the client reconnects after ha_reconnect_interval (5 s).
+end whenever it grows, or every haSendHeartbeatInterval. Either failing ends the session,
+and the client connects again after a back-off: ha_reconnect_min_interval (20 ms) after a
+session that had frames from its master, doubling after each attempt that had none, up to
+ha_reconnect_interval (320 ms). RocketMQ waits a fixed 5 s, so a SYNC_MASTER that restarts in a
+second answers SLAVE_NOT_AVAILABLE for seconds more; here the slave is back within about
+ha_reconnect_interval of the master's port opening, and a master that stays down costs one
+refused connect per interval.
 
 A master that goes silent for haHousekeepingInterval ends the session too (RocketMQ 4.9.8
 times out only on its own writes, so a silent master is never noticed).
@@ -69,7 +74,7 @@ class HAClientState(enum.StrEnum):
     CONNECTING = "connecting"
     #: connected, copying the master's log
     TRANSFER = "transfer"
-    #: the last session failed; the next attempt comes after ha_reconnect_interval
+    #: the last session failed; the next attempt comes after the back-off (see the module)
     BACKOFF = "backoff"
     #: the logs differ; replication waits for an operator (``clear_divergence``)
     DIVERGED = "diverged"
@@ -113,6 +118,8 @@ class HAClient:
     connect: Callable[[str], Awaitable[HATransport]] = _connect_tcp
     _wakeup: trio.Event = attrs.field(factory=trio.Event)
     _session_scope: trio.CancelScope | None = None
+    #: the current session has had a frame from its master
+    _served: bool = False
 
     def update_master_address(self, address: str | None) -> None:
         """Follow a (new) master. A session with the old one ends; a divergence recorded
@@ -142,6 +149,9 @@ class HAClient:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+        shortest = self.config.ha_reconnect_min_interval / 1000
+        longest = self.config.ha_reconnect_interval / 1000
+        backoff = min(shortest, longest)
         while True:
             if self.master_address is None or self._stopped is not None:
                 self.state = self._stopped or HAClientState.IDLE
@@ -167,11 +177,14 @@ class HAClient:
                                 self.last_error)
             self._session_scope = None
             self.connected_since = None
+            if self._served:  # that master was serving: worth trying again soon
+                backoff = min(shortest, longest)
             if failed and self.master_address == address and self._stopped is None:
                 self.state = HAClientState.BACKOFF
                 self._wakeup = trio.Event()
-                with trio.move_on_after(self.config.ha_reconnect_interval / 1000):
+                with trio.move_on_after(backoff):
                     await self._wakeup.wait()
+                backoff = min(backoff * 2, longest)
 
     def _diverged(self, address: str, exc: OffsetMismatch) -> None:
         if exc.received > exc.expected:
@@ -206,6 +219,7 @@ class HAClient:
 
     async def _session(self, address: str) -> None:
         self.state = HAClientState.CONNECTING
+        self._served = False
         with trio.fail_after(CONNECT_TIMEOUT):
             transport = await self.connect(address)
         try:
@@ -273,6 +287,7 @@ class HAClient:
                 while (event := protocol.next_event()) is not NEED_DATA:
                     if isinstance(event, FrameHeader):
                         self.last_frame_time = time.time()
+                        self._served = True
                         body_offset = event.offset
                     elif isinstance(event, FrameData):
                         body_offset = await commitlog.append_replica(body_offset, event.data)
