@@ -6,6 +6,7 @@ import struct
 
 import pytest
 import trio
+import trio.testing
 
 from trio_ha.remoting import RemotingLimits, not_supported, open_remoting_client, serve_remoting
 from trio_ha.remoting.client import RemotingTimeout
@@ -171,3 +172,115 @@ async def test_half_a_frame_then_silence_is_closed_at_idle_timeout(server):
                     assert await bad.receive_some(65536) == b""
                     break
         await bad.aclose()
+
+
+# ---- what the speed relies on (issue 11): writes gathered per scheduling round ---------------
+
+
+class CountingStream(trio.abc.Stream):
+    """A stream that records every ``send_all``: what a peer would see as separate writes."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.writes: list[bytes] = []
+
+    async def send_all(self, data) -> None:
+        self.writes.append(bytes(data))
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes=None):
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def frames_of(data: bytes) -> list[RemotingCommand]:
+    """Every frame of ``data``, which must be whole frames and nothing else."""
+    decoder = FrameDecoder()
+    decoder.receive_data(data)
+    commands = []
+    while (command := decoder.next_command()) is not NEED_DATA:
+        commands.append(command)
+    assert decoder.buffered == 0
+    return commands
+
+
+async def test_client_gathers_the_requests_of_a_round_into_one_write_and_matches_replies(nursery):
+    from trio_ha.remoting.client import RemotingClient
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    counting = CountingStream(ours)
+    client = RemotingClient("memory", counting)
+    await nursery.start(client.run)
+    answers = {}
+
+    async def call(i):
+        response = await client.invoke(RemotingCommand.request(ECHO, {"i": i}), timeout=5)
+        answers[i] = response.ext_fields["i"]
+
+    async with trio.open_nursery() as calls:
+        for i in range(32):
+            calls.start_soon(call, i)
+        # The 32 calls queue in one round: one write of 32 whole frames, distinct opaques.
+        requests = await read_commands(theirs, 32)
+        assert len(counting.writes) == 1
+        assert [r.ext_fields["i"] for r in frames_of(counting.writes[0])] == [
+            r.ext_fields["i"] for r in requests]
+        assert len({r.opaque for r in requests}) == 32
+        # Answered in reverse, in one write: each call gets the reply to its own request.
+        await theirs.send_all(b"".join(
+            encode(RemotingCommand.response_to(r, ResponseCode.SUCCESS, ext_fields=r.ext_fields))
+            for r in reversed(requests)))
+    assert answers == {i: str(i) for i in range(32)}
+    await client.aclose()
+
+
+async def test_server_gathers_the_replies_of_a_round_into_one_write_in_whole_frames(nursery):
+    from trio_ha.remoting import serve_connection
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    counting = CountingStream(ours)
+    nursery.start_soon(serve_connection, counting, handler)
+    # The first reply tells the server how large its replies are (until then it starts one
+    # request per round, so replies it cannot size cannot pass its reply bound).
+    await theirs.send_all(encode(RemotingCommand.request(ECHO, opaque=1)))
+    assert [r.opaque for r in await read_commands(theirs, 1)] == [1]
+    counting.writes.clear()
+    await theirs.send_all(b"".join(
+        encode(RemotingCommand.request(ECHO, {"i": i}, body=b"b" * i, opaque=100 + i))
+        for i in range(32)))
+    replies = await read_commands(theirs, 32)
+    assert sorted(r.opaque for r in replies) == [100 + i for i in range(32)]
+    assert all(r.body == b"b" * (r.opaque - 100) for r in replies)
+    # Requests read together finish together: their replies leave in one write.
+    assert len(counting.writes) == 1
+    assert len(frames_of(counting.writes[0])) == 32
+    await theirs.aclose()
+
+
+async def test_a_reply_to_a_closed_connection_is_dropped_and_the_connection_ends(nursery):
+    from trio_ha.remoting import CloseReason, RemotingConnection
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    counting = CountingStream(ours)
+    connection = RemotingConnection(counting, "memory")
+    done = trio.Event()
+
+    async def serve():
+        await connection.serve(handler)
+        done.set()
+
+    nursery.start_soon(serve)
+    await theirs.send_all(encode(RemotingCommand.request(SLOW, {"sleep": "0.2"}, opaque=7)))
+    await trio.sleep(0.05)
+    assert connection.in_flight == 1
+    await theirs.aclose()  # the peer leaves while its request runs
+    with trio.fail_after(3):
+        await done.wait()
+    assert connection.close_reason is CloseReason.PEER_CLOSED
+    assert counting.writes == []  # the reply was never written
+    assert connection.pending_reply_bytes == 0 and connection.in_flight == 0

@@ -193,6 +193,28 @@ async def test_point_5_unread_replies_are_bounded_per_connection(nursery):
     await attacker.aclose()
 
 
+async def test_held_requests_do_not_hold_back_the_requests_behind_them(nursery):
+    """Issue 11: requests read together start without a checkpoint while the replies they
+    promise (each as large as the connection's largest so far) fit under the high-water mark.
+    A held request (a long-polled pull) drops its promise when it starts holding: twenty held
+    requests that would promise 320 KiB on a 64 KiB mark leave the connection reading, and a
+    request behind them is answered at once."""
+    handlers = Handlers()
+    served = await serve(nursery, handlers, write_buffer_high_water_mark=64 * 1024,
+                         write_buffer_low_water_mark=16 * 1024)
+    async with open_remoting_client(served.address) as client:
+        big = await client.invoke(RemotingCommand.request(BIG), timeout=5)  # largest: 16 KiB
+        assert len(big.body) == REPLY
+        async with trio.open_nursery() as holds:
+            for _ in range(20):
+                holds.start_soon(client.invoke, RemotingCommand.request(HOLD), 30)
+            await wait_until(lambda: handlers.holding == 20, "twenty held requests")
+            with trio.fail_after(2):
+                echo = await client.invoke(RemotingCommand.request(ECHO, body=b"hi"), 5)
+            assert echo.body == b"hi"
+            holds.cancel_scope.cancel()
+
+
 async def test_point_5_unread_replies_are_bounded_in_total(nursery):
     """Three such peers: all connections' replies together stay at the total bound (each
     connection alone is under its own mark); the server reads nothing meanwhile, and serves

@@ -1,11 +1,19 @@
 """RocketMQ remoting over trio: the client side.
 
-``RemotingClient`` is one connection: a reader task matches responses to waiting calls by
-``opaque``, so any number of calls (long-polled pulls among them) share the connection and
-complete in any order. Every call has its own timeout; a call that times out simply stops
-waiting (its late reply is dropped), unlike RocketMQ's Java client, which gives up on the
-whole connection. ``RemotingClientPool`` keeps one client per address and reconnects when a
-connection breaks.
+``RemotingClient`` is one connection, served by a reader and a writer task in one nursery
+(``run``): either failing ends the connection, fails every waiting call and cancels the other.
+The reader matches responses to waiting calls by ``opaque``, so any number of calls (long-polled
+pulls among them) share the connection and complete in any order. Every call has its own
+timeout; a call that times out simply stops waiting (its late reply is dropped), unlike
+RocketMQ's Java client, which gives up on the whole connection. ``RemotingClientPool`` keeps one
+client per address and reconnects when a connection breaks.
+
+Why a writer task. A call does not write its request itself: it queues the encoded frame and
+waits for its response. The writer wakes once per scheduling round and writes every frame
+queued by then in one ``send`` (whole frames, in order, so they never interleave). Sixteen
+producer tasks sharing a connection make one system call a round instead of sixteen, and no
+call holds a lock or a shielded scope around a socket write (a profile of 16 producers put
+about a tenth of the client's time there).
 """
 
 from __future__ import annotations
@@ -27,6 +35,12 @@ from ..wire.remoting import NEED_DATA, FrameDecoder, RemotingCommand, RemotingFl
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
+#: the writer joins queued frames into one write up to this size (a larger frame goes alone,
+#: without a copy)
+WRITE_BATCH = 256 * 1024
+#: oneway requests (which wait for no response) wait while this many bytes are unwritten:
+#: a server that stops reading cannot make the client buffer without bound
+ONEWAY_HIGH_WATER = 4 * 1024 * 1024
 
 
 class RemotingError(Exception):
@@ -61,30 +75,30 @@ class RemotingClient:
     address: str
     stream: trio.abc.Stream
     _pending: dict[int, _Call] = attrs.field(factory=dict)
-    _send_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    #: encoded frames for the writer, and their size
+    _outbox: list[bytes] = attrs.field(factory=list)
+    _outbox_bytes: int = 0
+    _writer_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _room_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     closed: bool = False
     error: BaseException | None = None
 
-    async def _send(self, data: bytes) -> None:
+    def _queue(self, data: bytes) -> None:
+        """Hand one frame to the writer."""
         if self.closed:
             raise RemotingError(f"connection to {self.address} is closed: {self.error}")
-        async with self._send_lock:
-            with trio.CancelScope(shield=True):
-                try:
-                    await self.stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self._fail(exc)
-                    raise RemotingError(f"sending to {self.address} failed: {exc}") from exc
+        self._outbox.append(data)
+        self._outbox_bytes += len(data)
+        self._writer_lot.unpark()
 
     async def invoke(self, request: RemotingCommand, timeout: float) -> RemotingCommand:
         """Send ``request`` and wait at most ``timeout`` seconds for its response."""
         opaque = _next_opaque()
-        request = attrs.evolve(request, opaque=opaque)
         call = _Call()
         self._pending[opaque] = call
         try:
             with trio.move_on_after(timeout):
-                await self._send(encode(request))
+                self._queue(encode(request, opaque=opaque))
                 await call.event.wait()
             if call.error is not None:
                 raise RemotingError(f"connection to {self.address} broke: {call.error}")
@@ -98,16 +112,50 @@ class RemotingClient:
             self._pending.pop(opaque, None)
 
     async def invoke_oneway(self, request: RemotingCommand) -> None:
-        request = attrs.evolve(
-            request, opaque=_next_opaque(), flag=request.flag | RemotingFlag.ONEWAY
-        )
-        await self._send(encode(request))
+        """Queue ``request`` with the ONEWAY flag; returns once it is queued (waiting first
+        while ONEWAY_HIGH_WATER bytes are unwritten). Nothing says whether it arrived."""
+        await trio.lowlevel.checkpoint()
+        while self._outbox_bytes >= ONEWAY_HIGH_WATER and not self.closed:
+            await self._room_lot.park()
+        request = attrs.evolve(request, flag=request.flag | RemotingFlag.ONEWAY)
+        self._queue(encode(request, opaque=_next_opaque()))
 
-    async def run_reader(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Serve the connection: its reader and writer, until either ends it."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._run_writer, nursery.cancel_scope)
+            task_status.started()
+            await self._run_reader()
+            nursery.cancel_scope.cancel()
+
+    async def _run_writer(self, scope: trio.CancelScope) -> None:
+        try:
+            while True:
+                if not self._outbox:
+                    await self._writer_lot.park()
+                    continue
+                frames = self._outbox
+                if len(frames) == 1 or sum(map(len, frames)) <= WRITE_BATCH:
+                    self._outbox = []
+                    data = frames[0] if len(frames) == 1 else b"".join(frames)
+                else:  # a large backlog: write it in pieces of at most WRITE_BATCH
+                    count, size = 1, len(frames[0])
+                    while count < len(frames) and size + len(frames[count]) <= WRITE_BATCH:
+                        size += len(frames[count])
+                        count += 1
+                    data = frames[0] if count == 1 else b"".join(frames[:count])
+                    del frames[:count]
+                await self.stream.send_all(data)
+                self._outbox_bytes -= len(data)
+                if self._outbox_bytes < ONEWAY_HIGH_WATER:
+                    self._room_lot.unpark_all()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._fail(RemotingError(f"sending to {self.address} failed: {exc}"))
+            scope.cancel()
+
+    async def _run_reader(self) -> None:
         decoder = FrameDecoder()
-        task_status.started()
         try:
             while True:
                 data = await self.stream.receive_some(RECEIVE_SIZE)
@@ -131,6 +179,9 @@ class RemotingClient:
             log.info("remoting: connection to %s ended: %s", self.address, exc)
         self.closed = True
         self.error = exc
+        self._outbox.clear()
+        self._outbox_bytes = 0
+        self._room_lot.unpark_all()
         for call in self._pending.values():
             call.error = exc
             call.event.set()
@@ -157,7 +208,7 @@ async def open_remoting_client(
     client = RemotingClient(address, stream)
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
-            await nursery.start(client.run_reader)
+            await nursery.start(client.run)
             try:
                 yield client
             finally:
@@ -190,7 +241,7 @@ class RemotingClientPool:
             except (OSError, trio.TooSlowError) as exc:
                 raise RemotingConnectError(f"cannot connect to {address}: {exc}") from exc
             client = RemotingClient(address, stream)
-            await self.nursery.start(client.run_reader)
+            await self.nursery.start(client.run)
             self._clients[address] = client
             return client
 

@@ -15,6 +15,11 @@ Every resource the peer can make us hold is bounded (``RemotingLimits``):
   where it matters (see ``wait_reply_room``), so the bound is passed by at most the replies of
   the requests already running. A write that makes no progress for ``write_timeout`` closes
   the connection: a peer that never reads is dropped, and its replies with it.
+- **one round per read** — the requests of one read start in one scheduling round, without a
+  checkpoint between them, so their replies leave in one write: each promises a reply as large
+  as the largest the connection has made, and the reader takes that path only while replies
+  waiting and promised fit under both marks (``_wait_to_dispatch``). A request that starts a
+  long wait (``holding``) drops its promise.
 - **request bytes** — a connection buffers up to ``READ_ALLOWANCE`` bytes of unfinished frames
   on its own; a larger frame draws on the server's shared read budget, and waits (unread) when
   that is spent. A frame begun must be complete within ``request_timeout``, so a peer trickling
@@ -114,6 +119,12 @@ class RemotingConnection:
     _read_charge: int = 0
     _draining: bool = False
     _last_activity: float = 0.0
+    #: the largest reply made on this connection (None: none yet)
+    _largest_reply: int | None = None
+    #: the replies promised by the requests running (see ``_wait_to_dispatch``), in all and
+    #: by task; a request that starts a long wait (``holding``) drops its promise
+    _promised: int = 0
+    _promises: dict[trio.lowlevel.Task, int] = attrs.field(factory=dict)
     _holds: set[trio.CancelScope] = attrs.field(factory=set)
     _scope: trio.CancelScope | None = None
     _read_scope: trio.CancelScope | None = None
@@ -166,6 +177,9 @@ class RemotingConnection:
         """A scope for a request's long wait (a long-polled pull): cancelled after ``timeout``
         seconds, when the connection closes, or when the server drains it at shutdown; the
         block then exits normally, as after a timeout, and the request answers."""
+        # A held request is not about to answer: its promised reply must not keep the reader
+        # from reading meanwhile (it waits for room with ``wait_reply_room`` when it wakes).
+        self._settle(self._promises.pop(trio.lowlevel.current_task(), 0))
         with trio.move_on_after(timeout) as scope:
             if self.closed or self._draining:
                 scope.cancel()
@@ -276,9 +290,12 @@ class RemotingConnection:
                     completed = True
                     if command.is_response:
                         continue  # we send no requests to clients; ignore stray replies
-                    await self._wait_to_dispatch()
+                    promise = await self._wait_to_dispatch()
                     self._in_flight += 1
-                    nursery.start_soon(self._process, handler, command)
+                    if promise:
+                        self._promised += promise
+                        self.budgets.replies.promise(promise)
+                    nursery.start_soon(self._process, handler, command, promise)
                 self._settle_read(decoder.buffered)
                 if not decoder.buffered:
                     partial_since = None
@@ -320,18 +337,39 @@ class RemotingConnection:
             self.budgets.requests.release(self._read_charge - charge)
             self._read_charge = charge
 
-    async def _wait_to_dispatch(self) -> None:
-        """Before starting a request: room for its reply, and a slot to run in."""
+    async def _wait_to_dispatch(self) -> int:
+        """Before starting a request: room for its reply, and a slot to run in.
+
+        The fast path starts it without a checkpoint, so the requests of one read start in one
+        scheduling round and their replies leave in one write (the reader checkpoints at its
+        next receive). Each request started so promises a reply as large as the largest this
+        connection has made, until it answers; the fast path is taken only while the replies
+        waiting and promised, with this one's, fit under this connection's high-water mark
+        and every connection's total, so the bounds stay what they were. Otherwise (or before
+        the first reply's size is known) the reader checkpoints before each request, and the
+        running ones count their replies before it looks again. Returns the bytes this request
+        promises."""
+        largest = self._largest_reply
+        if largest is not None and self._in_flight < self.limits.max_in_flight:
+            replies = self.budgets.replies
+            if (self._outbox_bytes + self._promised + largest
+                    <= self.limits.write_buffer_high_water_mark
+                    and replies.used + replies.promised + largest <= replies.limit):
+                return largest
         await self._wait_for_room()
         while self._in_flight >= self.limits.max_in_flight:
             with trio.move_on_after(self.limits.hangup_check_interval):
                 await self._slot_lot.park()
             self._check_hangup()
+        # Started after a checkpoint: it promises a reply too (once sizes are known), so the
+        # fast path's next look counts it.
+        return self._largest_reply or 0
 
     async def _wait_for_room(self) -> None:
         await trio.lowlevel.checkpoint()
         while True:
-            if not self._writable:
+            if not self._writable or (self._outbox_bytes + self._promised
+                                      >= self.limits.write_buffer_high_water_mark):
                 wait = self._room_lot.park
             elif self.budgets.replies.exhausted:
                 wait = self.budgets.replies.wait_released
@@ -358,22 +396,35 @@ class RemotingConnection:
 
     # ---- requests --------------------------------------------------------------------------
 
-    async def _process(self, handler: Handler, request: RemotingCommand) -> None:
+    async def _process(self, handler: Handler, request: RemotingCommand, promise: int) -> None:
+        task = trio.lowlevel.current_task()
+        if promise:
+            self._promises[task] = promise
         try:
             data = await answer(functools.partial(handler, request, self), request, self.peer)
             if data is not None:
                 self._enqueue(data)  # no checkpoint since the handler returned: counted now
         finally:
+            self._settle(self._promises.pop(task, 0))
             self._in_flight -= 1
             self._slot_lot.unpark()
             if not self._in_flight:
                 self._idle_lot.unpark_all()
+
+    def _settle(self, promise: int) -> None:
+        """A request's promised reply is made, or will not be soon."""
+        if promise:
+            self._promised -= promise
+            self.budgets.replies.settle(promise)
+            self._room_lot.unpark_all()
 
     # ---- the writer ------------------------------------------------------------------------
 
     def _enqueue(self, data: bytes) -> bool:
         if self.closed:
             return False
+        if self._largest_reply is None or len(data) > self._largest_reply:
+            self._largest_reply = len(data)
         self._outbox.append(data)
         self._outbox_bytes += len(data)
         self.budgets.replies.take(len(data))

@@ -98,11 +98,23 @@ class ByteBudget:
 
     limit: int
     used: int = 0
+    #: bytes expected but not made yet (the replies of requests running): they count against
+    #: the limit as if used
+    promised: int = 0
     _lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
 
     @property
     def exhausted(self) -> bool:
-        return self.used >= self.limit
+        return self.used + self.promised >= self.limit
+
+    def promise(self, size: int) -> None:
+        self.promised += size
+
+    def settle(self, size: int) -> None:
+        """A promise of ``size`` bytes is kept (the bytes were taken) or dropped."""
+        self.promised -= size
+        if size > 0 and not self.exhausted and self._lot.statistics().tasks_waiting:
+            self._lot.unpark_all()
 
     def try_take(self, size: int) -> bool:
         """Take ``size`` bytes if they fit under the limit."""
@@ -119,7 +131,7 @@ class ByteBudget:
         if size <= 0:
             return
         self.used -= size
-        if self.used < self.limit and self._lot.statistics().tasks_waiting:
+        if not self.exhausted and self._lot.statistics().tasks_waiting:
             self._lot.unpark_all()
 
     async def wait_released(self) -> None:

@@ -57,14 +57,17 @@ _LENGTH = struct.Struct(">i")
 _SERIALIZE_TYPES = {member.value: member for member in SerializeType}
 
 
-def encode_head(command: RemotingCommand, body_length: int | None = None) -> bytes:
+def encode_head(command: RemotingCommand, body_length: int | None = None, *,
+                opaque: int | None = None) -> bytes:
     """The frame up to the body: length words and header. The caller sends ``body_length``
-    bytes of body next (default: ``len(command.body)``), e.g. straight from mapped segments."""
+    bytes of body next (default: ``len(command.body)``), e.g. straight from mapped segments.
+    ``opaque``, if given, replaces the command's (a client numbers requests as it sends them,
+    without making a new command for each)."""
     if command.serialize_type == SerializeType.ROCKETMQ:
-        header = encode_binary_header(command)
+        header = encode_binary_header(command, opaque)
         stype = SerializeType.ROCKETMQ.value
     else:
-        header = encode_json_header(command)
+        header = encode_json_header(command, opaque)
         stype = SerializeType.JSON.value
     if body_length is None:
         body_length = len(command.body)
@@ -76,12 +79,13 @@ def encode_head(command: RemotingCommand, body_length: int | None = None) -> byt
     return _FRAME_HEAD.pack(total, (stype << 24) | len(header)) + header
 
 
-def encode(command: RemotingCommand) -> bytes:
-    """The whole frame, as one bytes object (one copy of the body)."""
+def encode(command: RemotingCommand, *, opaque: int | None = None) -> bytes:
+    """The whole frame, as one bytes object (one copy of the body); ``opaque`` as in
+    ``encode_head``."""
     body = command.body
     if not body:
-        return encode_head(command, 0)
-    return b"".join((encode_head(command, len(body)), body))
+        return encode_head(command, 0, opaque=opaque)
+    return encode_head(command, len(body), opaque=opaque) + body
 
 
 @attrs.define

@@ -78,8 +78,9 @@ def _utf8(text: str) -> bytes:
         return text.encode("utf-8", "replace")
 
 
-def encode_json_header(command: RemotingCommand) -> bytes:
-    """The JSON header, as fastjson writes it."""
+def encode_json_header(command: RemotingCommand, opaque: int | None = None) -> bytes:
+    """The JSON header, as fastjson writes it (with ``opaque`` in place of the command's, if
+    given: a client numbers its requests as it sends them)."""
     ext = command.ext_fields
     remark = command.remark
     return _utf8(
@@ -91,15 +92,16 @@ def encode_json_header(command: RemotingCommand) -> bytes:
             else "",
             command.flag,
             _LANGUAGE_NAMES[command.language],
-            command.opaque,
+            command.opaque if opaque is None else opaque,
             ',"remark":' + _quote(remark) if remark is not None else "",
             command.version,
         )
     )
 
 
-def encode_binary_header(command: RemotingCommand) -> bytes:
-    """The ROCKETMQ binary header. Raises ValueError for a field that does not fit."""
+def encode_binary_header(command: RemotingCommand, opaque: int | None = None) -> bytes:
+    """The ROCKETMQ binary header (``opaque`` as in ``encode_json_header``). Raises ValueError
+    for a field that does not fit."""
     remark = _utf8(command.remark) if command.remark else b""
     parts = [b"", remark, b""]
     ext_len = 0
@@ -117,7 +119,7 @@ def encode_binary_header(command: RemotingCommand) -> bytes:
             command.code,
             int(command.language),
             command.version,
-            command.opaque,
+            command.opaque if opaque is None else opaque,
             command.flag,
             len(remark),
         )
