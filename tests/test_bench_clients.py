@@ -66,9 +66,18 @@ def test_bench_produce_quick_reports_every_configuration(tmp_path):
         targeted = (r["master_role"], r["producers"], r["client_instances"]) == (
             "SYNC_MASTER", 16, 1)
         assert isinstance(r.get("meets_target"), bool) == targeted, r
+        # the median pass, and the spread of every pass's rate around it
+        spread = r["spread_msgs_per_s"]
+        assert spread["min"] <= spread["median"] == r["msgs_per_s"] <= spread["max"], r
+        assert set(r["cpu_us_per_msg"]) == {"client", "master", "slave"}, r
+        assert all(v >= 0 for v in r["cpu_us_per_msg"].values()), r
 
     summary = results[-1]
-    assert len(summary["targets"]) == 2
+    # issue 11: two rates, CPU per send of master, slave and client, one producer's p50
+    assert [t["target"].split()[0] for t in summary["targets"]] == [
+        "msgs_per_s", "msgs_per_s", "cpu_us_per_msg", "cpu_us_per_msg", "cpu_us_per_msg",
+        "p50_us"]
+    assert all(isinstance(t["meets"], bool) for t in summary["targets"])
     assert isinstance(summary["all_met"], bool)
     assert summary["failures"] == 0
     for cluster in clusters:

@@ -12,9 +12,11 @@ What runs (one JSON object per result, in this order):
    ``produce.send`` for 1 KiB bodies, single ``send`` and ``send_batch`` of 32, with 1
    producer task, 16 tasks on one client instance and 16 tasks on 4 instances: a warm-up,
    then a run bounded by time and by messages; every send timed; each in ``passes`` passes
-   (2; quick: 1), the fastest reported with every pass's rate;
-3. ``produce.summary``: the issue's targets (16 producers on one instance, SYNC_MASTER with a
-   slave: single sends and batches of 32), met or not, and the reference figures.
+   (3; quick: 1), the median pass reported with every pass's rate and their spread, and the
+   CPU each process spent per message (``cpu_us_per_msg``);
+3. ``produce.summary``: issue 11's targets (SYNC_MASTER with a slave: 16 producers on one
+   instance, single sends and batches of 32; CPU per single send of master, slave and client;
+   one producer's p50 next to the trio round trip), met or not, and the reference figures.
 
 N concurrent producers are N trio tasks sharing one client instance (one connection to the
 master), as a Java application's threads share one ``MQClientInstance``; the 16-task runs are
@@ -51,9 +53,9 @@ from .clients import (
     TAGS,
     BenchCluster,
     ClientsPlan,
-    best_pass,
     error_key,
     measure_rtt,
+    median_pass,
 )
 from .harness import (
     MB,
@@ -72,8 +74,13 @@ from .loopback import Children
 ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
 PRODUCER_GROUP = "BenchProducerGroup"
 
+#: issue 11's targets: SYNC_MASTER + slave, 16 producers on one client instance
 TARGET_SYNC_SINGLE_16 = 15_000
-TARGET_SYNC_BATCH_16 = 100_000
+TARGET_SYNC_BATCH_16 = 150_000
+#: ... CPU per single send at 16 producers, microseconds, by process
+TARGET_CPU_US_PER_SEND = {"master": 60, "slave": 25, "client": 60}
+#: ... one producer's single send, p50 microseconds
+TARGET_SYNC_SINGLE_1_P50_US = 350
 
 #: the issue's figures for scale (same machine class; not measured here)
 REFERENCE = {
@@ -112,6 +119,7 @@ def _produce(directory: str | None, quick: bool) -> Iterator[dict]:
                     "cores (loadavg says how busy it was)",
         }
         runs: dict[tuple[str, str, int, int], dict] = {}
+        limits: dict[str, dict] = {}
         for role in ROLES:
             label = "sync" if role == "SYNC_MASTER" else "async"
             root = os.path.join(scratch.base, label)
@@ -121,18 +129,24 @@ def _produce(directory: str | None, quick: bool) -> Iterator[dict]:
                 yield {"bench": "produce.cluster", **common, **cluster.describe(), **ready,
                        "flush": "ASYNC_FLUSH", "queues": QUEUES}
                 limit, limit_results = measure_rtt(children, plan, common)
+                limits[role] = limit
                 yield from limit_results
                 for mode in MODES:
                     for producers, instances in SHAPES:
                         name = f"{label}-{mode}-{producers}x{instances}"
                         cluster.check()
-                        run = best_pass([
+                        run = median_pass([
                             trio_run(_produce_run, cluster, plan, mode, producers, instances,
                                      f"{name}-pass{index}")
                             for index in range(plan.passes)
                         ])
                         runs[role, mode, producers, instances] = run
                         p50 = run["latency_us"]["p50"]
+                        run["cpu_us_per_msg"] = {
+                            name: cores * run["seconds"] / run["messages"] * 1e6
+                            for name, cores in run["cpu_cores"].items()
+                            if cores is not None and run["messages"]
+                            and name in ("client", "master", "slave")}
                         result = {
                             "bench": "produce.send", "master_role": role, "slave": True,
                             "flush": "ASYNC_FLUSH", "mode": mode,
@@ -168,10 +182,27 @@ def _produce(directory: str | None, quick: bool) -> Iterator[dict]:
                 "result": f"SYNC_MASTER + slave, 16 producers (one client instance), "
                           f"1 KiB {'single sends' if mode == 'single' else 'batches of 32'}",
                 "target": f"msgs_per_s >= {target}", "msgs_per_s": run["msgs_per_s"],
+                "spread_msgs_per_s": run["spread_msgs_per_s"],
                 "failures": run["failures"],
                 "meets": run["msgs_per_s"] >= target and run["failures"] == 0,
                 "with_4_instances_msgs_per_s": runs["SYNC_MASTER", mode, 16, 4]["msgs_per_s"],
             })
+        single_16 = runs["SYNC_MASTER", "single", 16, 1]
+        for name, target in TARGET_CPU_US_PER_SEND.items():
+            used = single_16["cpu_us_per_msg"].get(name)
+            targets.append({
+                "result": f"CPU of the {name} per single send, SYNC_MASTER + slave, "
+                          "16 producers", "target": f"cpu_us_per_msg <= {target}",
+                "cpu_us_per_msg": used, "meets": used is not None and used <= target,
+            })
+        single_1 = runs["SYNC_MASTER", "single", 1, 1]
+        p50 = single_1["latency_us"]["p50"]
+        targets.append({
+            "result": "SYNC_MASTER + slave, 1 producer, 1 KiB single send latency",
+            "target": f"p50_us <= {TARGET_SYNC_SINGLE_1_P50_US}", "p50_us": p50,
+            "limit_trio_rtt_p50_us": limits["SYNC_MASTER"]["trio_p50_us"],
+            "meets": p50 is not None and p50 <= TARGET_SYNC_SINGLE_1_P50_US,
+        })
         yield {
             "bench": "produce.summary", **common, "targets": targets,
             "all_met": all(t["meets"] for t in targets),
