@@ -274,6 +274,9 @@ class ClientInstance:
     _refreshed_at: dict[str, float] = attrs.field(factory=dict)
     _heartbeat_now: trio.Event = attrs.field(factory=trio.Event)
     _heartbeat_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    #: topic -> (the route they were made from, its writable queues): a send asks every time
+    _publish_cache: dict[str, tuple[TopicRouteData, tuple[MessageQueue, ...]]] = attrs.field(
+        factory=dict)
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -287,6 +290,13 @@ class ClientInstance:
             timeout = self.config.request_timeout
         client = await self._connection(address)
         return await client.invoke(request, max(timeout, 0.0))
+
+    async def invoke_by_deadline(self, address: str, request: RemotingCommand
+                                 ) -> RemotingCommand:
+        """One call to ``address`` bounded only by the caller's own deadline (a cancel scope
+        it holds): no scope of its own, so a send runs under one deadline, not two."""
+        client = await self._connection(address)
+        return await client.invoke(request, None)
 
     async def _connection(self, address: str) -> RemotingClient:
         return await self.pool.client(address)
@@ -396,6 +406,9 @@ class ClientInstance:
         route = self.routes.get(topic) or self.default_routes.get(topic)
         if route is None:
             return []
+        cached = self._publish_cache.get(topic)
+        if cached is not None and cached[0] is route:  # routes are values: same route, same queues
+            return list(cached[1])
         masters = {d.broker_name for d in route.broker_datas if MASTER_ID in d.broker_addrs}
         queues = []
         for data in sorted(route.queue_datas, key=lambda d: d.broker_name):
@@ -403,6 +416,7 @@ class ClientInstance:
                 queues.extend(
                     MessageQueue(topic, data.broker_name, i) for i in range(data.write_queue_nums)
                 )
+        self._publish_cache[topic] = (route, tuple(queues))
         return queues
 
     def subscribe_queues(self, topic: str) -> list[MessageQueue]:

@@ -52,6 +52,7 @@ from ..wire.record import (
     encode_batch,
 )
 from ..wire.remoting import (
+    DEFAULT_VERSION,
     RemotingCommand,
     RequestCode,
     ResponseCode,
@@ -391,14 +392,16 @@ class Producer:
             batch=batch,
             broker_name=mq.broker_name,
         )
-        request = RemotingCommand.request(
+        # The header's fields are strings already: the command is made as is, not through
+        # RemotingCommand.request's rendering of Java values.
+        request = RemotingCommand(
             RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2,
-            encode_send_message_v2_fields(header), body, language=LANGUAGE,
+            LANGUAGE, DEFAULT_VERSION, 0, 0, None, encode_send_message_v2_fields(header), body,
         )
-        remaining = deadline - trio.current_time()
-        if remaining <= 0:
+        if trio.current_time() >= deadline:
             raise MQClientError(f"no time left to send to {address}")
-        response = await self.instance.invoke(address, request, remaining)
+        # _send's scope holds the deadline: the call opens none of its own
+        response = await self.instance.invoke_by_deadline(address, request)
         status = _STATUS_BY_CODE.get(response.code)
         if status is None:
             raise MQBrokerError(response.code, response.remark, address)

@@ -91,15 +91,21 @@ class RemotingClient:
         self._outbox_bytes += len(data)
         self._writer_lot.unpark()
 
-    async def invoke(self, request: RemotingCommand, timeout: float) -> RemotingCommand:
-        """Send ``request`` and wait at most ``timeout`` seconds for its response."""
+    async def invoke(self, request: RemotingCommand, timeout: float | None) -> RemotingCommand:
+        """Send ``request`` and wait at most ``timeout`` seconds for its response (None: as
+        long as the caller's own cancel scope lets it; a timeout is then the caller's to
+        report)."""
         opaque = _next_opaque()
         call = _Call()
         self._pending[opaque] = call
         try:
-            with trio.move_on_after(timeout):
+            if timeout is None:
                 self._queue(encode(request, opaque=opaque))
                 await call.event.wait()
+            else:
+                with trio.move_on_after(timeout):
+                    self._queue(encode(request, opaque=opaque))
+                    await call.event.wait()
             if call.error is not None:
                 raise RemotingError(f"connection to {self.address} broke: {call.error}")
             if call.response is None:
