@@ -61,8 +61,6 @@ from .transfer import HATransport, transport_for
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 64 * 1024
-#: the most scheduling rounds a frame waits for a burst of puts to end (see ``_write_log``)
-FRAME_COALESCE_ROUNDS = 4
 DIFF_LOG_INTERVAL = 60.0
 #: at most one line per this many seconds about connections refused at the cap
 REFUSAL_LOG_INTERVAL = 10.0
@@ -258,21 +256,12 @@ class HAConnection:
         batch = config.ha_transfer_batch_size
         heartbeat = config.ha_send_heartbeat_interval / 1000
         last_send = trio.current_time()
-        written = commitlog.written
         while True:
             if offset < commitlog.max_offset:
-                # Puts land in bursts: the requests read together append in one scheduling
-                # round, those their answers release in the next. Wait while the log still
-                # grows from round to round (a few rounds at most, and never beyond a full
-                # frame) so one frame carries the burst: a frame costs a send here and a
-                # receive and a report on the slave, whatever its size.
-                for _ in range(FRAME_COALESCE_ROUNDS):
-                    before = written.value
-                    if before - offset >= batch:
-                        break
-                    await trio.lowlevel.checkpoint()
-                    if written.value == before:
-                        break
+                # No waiting for more puts here: the remoting server starts the requests of one
+                # read in one scheduling round, so their puts are all in the log when this
+                # task runs, and one frame carries them (waiting rounds for more measured no
+                # better, issue 11).
                 segment = commitlog.segments.find(offset)
                 if segment is None:
                     await self._refuse(offset)
