@@ -1,7 +1,7 @@
 """HA protocol timers on memory streams with trio's autojump clock: heartbeat, housekeeping on
 both sides, report interval, reconnect back-off. Virtual seconds, so each takes milliseconds;
 the intervals checked are the protocol's (RocketMQ defaults: 5 s, 20 s, 5 s), and our bounded
-reconnect back-off (20 ms doubling to 320 ms) next to RocketMQ's fixed 5 s."""
+reconnect back-off (20 ms doubling to 160 ms) next to RocketMQ's fixed 5 s."""
 
 import itertools
 from typing import Any
@@ -22,8 +22,8 @@ HOUSEKEEPING = 20.0
 #: RocketMQ's reconnect wait, and the configuration that gives it
 BACKOFF = 5.0
 ROCKETMQ_BACKOFF = dict(ha_reconnect_min_interval=5000, ha_reconnect_interval=5000)
-#: our default back-off: 20 ms, doubling, at most 320 ms
-BACKOFF_MIN, BACKOFF_MAX = 0.02, 0.32
+#: our default back-off: 20 ms, doubling, at most 160 ms
+BACKOFF_MIN, BACKOFF_MAX = 0.02, 0.16
 
 
 def config(root, **overrides) -> StoreConfig:
@@ -161,12 +161,12 @@ async def refused_attempts(store_config: StoreConfig, count: int) -> list[float]
     return attempts[:count]
 
 
-async def test_slave_backs_off_between_failed_connects_from_20_ms_doubling_to_320_ms(
+async def test_slave_backs_off_between_failed_connects_from_20_ms_doubling_to_160_ms(
         tmp_path, autojump_clock):
     attempts = await refused_attempts(
         config(tmp_path, broker_role=BrokerRole.SLAVE, ha_listen_port=None), 8)
     gaps = [b - a for a, b in itertools.pairwise(attempts)]
-    expected = [0.02, 0.04, 0.08, 0.16, 0.32, 0.32, 0.32]
+    expected = [0.02, 0.04, 0.08, 0.16, 0.16, 0.16, 0.16]
     assert all(abs(g - e) < 0.002 for g, e in zip(gaps, expected, strict=True)), gaps
 
 
@@ -179,12 +179,12 @@ async def test_slave_backs_off_5_s_every_time_when_configured_as_rocketmq(
     assert all(near(g, BACKOFF) for g in gaps), gaps
 
 
-async def test_slave_attaches_again_within_320_ms_of_a_restarted_master_where_rocketmq_waits_5_s(
+async def test_slave_attaches_again_within_160_ms_of_a_restarted_master_where_rocketmq_waits_5_s(
         tmp_path, autojump_clock):
     """A real master (its HA service on memory streams) dies and comes back after downtimes
     from 50 ms to 11 s; its port refuses connections meanwhile. Each time the slave is copying
-    again at most one back-off ceiling (320 ms) after the port reopened — RocketMQ's slave
-    waits 5 s — and a long downtime costs one refused connect per 320 ms, not a busy loop."""
+    again at most one back-off ceiling (160 ms) after the port reopened — RocketMQ's slave
+    waits 5 s — and a long downtime costs one refused connect per 160 ms, not a busy loop."""
     master_config = config(tmp_path / "master")
     slave_config = config(tmp_path / "slave", broker_role=BrokerRole.SLAVE, ha_listen_port=None)
     async with open_store(master_config) as master, open_store(slave_config) as slave:

@@ -216,7 +216,7 @@ class StoreConfig:
     #: that is down sees one connect per interval. RocketMQ 4.9 waits 5 s every time: set both
     #: to 5000 for its behaviour.
     ha_reconnect_min_interval: int = attrs.field(default=20, validator=_positive)
-    ha_reconnect_interval: int = attrs.field(default=320, validator=_positive)
+    ha_reconnect_interval: int = attrs.field(default=160, validator=_positive)
     #: HA connections a master serves at once; it closes any beyond at once (RocketMQ has no
     #: limit: every connection costs two tasks and a frame per put, docs/ha-protocol.md); at
     #: least ha_sync_acks

@@ -7,7 +7,7 @@ the mmap: the bytes never become a Python object) and a reporter task that sends
 end whenever it grows, or every haSendHeartbeatInterval. Either failing ends the session,
 and the client connects again after a back-off: ha_reconnect_min_interval (20 ms) after a
 session that had frames from its master, doubling after each attempt that had none, up to
-ha_reconnect_interval (320 ms). RocketMQ waits a fixed 5 s, so a SYNC_MASTER that restarts in a
+ha_reconnect_interval (160 ms). RocketMQ waits a fixed 5 s, so a SYNC_MASTER that restarts in a
 second answers SLAVE_NOT_AVAILABLE for seconds more; here the slave is back within about
 ha_reconnect_interval of the master's port opening, and a master that stays down costs one
 refused connect per interval.
