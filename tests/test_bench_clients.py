@@ -1,6 +1,6 @@
-"""`trio-ha bench produce --quick` and `trio-ha bench consume --quick` run end to end against a
-name server, a master and a slave in child processes: every configuration is reported, with
-no failures, next to the loopback round trip. (Benchmarks print figures; nothing here asserts
+"""`trio-ha bench produce --quick`, `bench consume --quick` and `bench restarts --quick` run end
+to end against a name server, a master and a slave in child processes: every configuration is
+reported, with no failures, next to the loopback round trip. (Benchmarks print figures; nothing here asserts
 a duration or a rate.)"""
 
 import json
@@ -121,3 +121,19 @@ def test_bench_consume_quick_reports_master_and_slave(tmp_path):
     assert len(summary["targets"]) == 1 and isinstance(summary["all_met"], bool)
     assert summary["failures"] == 0
     assert _pid_gone(cluster["master"]["pid"]) and _pid_gone(cluster["slave"]["pid"])
+
+
+def test_bench_restarts_quick_counts_every_answer_around_each_restart(tmp_path):
+    """`trio-ha bench restarts --quick`: the master is killed and started again twice under
+    four producers; every answer is counted by status, the SLAVE_NOT_AVAILABLE share is
+    reported against issue 11's bound, and each restart has its timings."""
+    config, result = _run("restarts", tmp_path)
+    assert config["bench"] == "restarts.config" and config["kills"] == 2
+    assert result["bench"] == "restarts.result"
+    assert result["answered"] == sum(result["statuses"].values()) > 0
+    assert set(result["statuses"]) <= {"SEND_OK", "SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT",
+                                       "FLUSH_DISK_TIMEOUT"}
+    assert 0 <= result["slave_not_available_share"] <= 1
+    assert isinstance(result["meets_target"], bool)
+    assert len(result["restart_seconds"]) == len(result["first_send_ok_after_ready_ms"]) == 2
+    assert all(s > 0 for s in result["restart_seconds"])

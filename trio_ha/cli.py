@@ -242,6 +242,20 @@ def bench_produce(
     _print_json_lines(run_produce_benchmarks(dir, quick=quick))
 
 
+@bench_app.command("restarts")
+def bench_restarts(
+    dir: str = typer.Option(None, help="scratch directory (a temporary one by default)"),
+    quick: bool = typer.Option(False, help="smaller runs, for a smoke test"),
+) -> None:
+    """4 producers on a SYNC_MASTER (SYNC_FLUSH) + slave while the master is SIGKILLed and
+    restarted 10 times: every answer by status, the share that said SLAVE_NOT_AVAILABLE (the
+    slave not attached again yet), and how soon after each restart sends are SEND_OK again.
+    One JSON object per line."""
+    from .bench.restarts import run_restart_benchmark
+
+    _print_json_lines(run_restart_benchmark(dir, quick=quick))
+
+
 @bench_app.command("consume")
 def bench_consume(
     dir: str = typer.Option(None, help="scratch directory (a temporary one by default)"),
