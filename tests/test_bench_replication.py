@@ -46,6 +46,8 @@ def test_bench_replication_quick_reports_results_with_limits(tmp_path):
         assert r["compared_bytes"] == r["master_bytes"], r
         assert r["limit"]["value"] > 0 and r["ratio_to_limit"] > 0
         assert isinstance(r["meets_target"], bool) == (r["frame_bytes"] == 1 << 20)
+        spread = r["spread_mb_per_s"]  # the median pass, and the spread of all
+        assert spread["min"] <= spread["median"] == r["mb_per_s"] <= spread["max"], r
 
     syncs = [r for r in results if r["bench"] == "replication.sync_master"]
     assert {(r["placement"], r["producers"]) for r in syncs} == {
