@@ -8,6 +8,7 @@ import pytest
 import trio
 import trio.testing
 
+from conftest import wait_until
 from trio_ha.remoting import RemotingLimits, not_supported, open_remoting_client, serve_remoting
 from trio_ha.remoting.client import RemotingTimeout
 from trio_ha.wire.remoting import (
@@ -275,9 +276,8 @@ async def test_a_reply_to_a_closed_connection_is_dropped_and_the_connection_ends
         done.set()
 
     nursery.start_soon(serve)
-    await theirs.send_all(encode(RemotingCommand.request(SLOW, {"sleep": "0.2"}, opaque=7)))
-    await trio.sleep(0.05)
-    assert connection.in_flight == 1
+    await theirs.send_all(encode(RemotingCommand.request(SLOW, {"sleep": "5"}, opaque=7)))
+    await wait_until(lambda: connection.in_flight == 1, "the request to start")
     await theirs.aclose()  # the peer leaves while its request runs
     with trio.fail_after(3):
         await done.wait()

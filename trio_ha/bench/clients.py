@@ -31,7 +31,7 @@ from ..client import MQBrokerError, MQError, open_admin
 from ..testing import ClusterConfig, ProcessCluster
 from ..testing.processes import NodeProcess
 from ..wire.remoting import ResponseCode
-from .harness import MiB, Plan, trio_run
+from .harness import MiB, Plan, median_run, trio_run
 from .loopback import Children, raw_rtt, round_trip_limit, trio_rtt
 
 BODY_SIZE = 1024
@@ -91,15 +91,11 @@ class ClientsPlan(Plan):
 def median_pass(runs: list[dict]) -> dict:
     """The pass with the median rate (the lower middle of an even count) as the figure, with
     every pass's rate, their spread (min, median, max) and the other processes' CPU during
-    each; failures are summed over all passes. These machines swing by 2x from one minute to
-    the next: the median of several passes says what a run is like, the spread how much the
-    machine moved meanwhile."""
-    ordered = sorted(runs, key=lambda r: r["msgs_per_s"])
-    figure = dict(ordered[(len(ordered) - 1) // 2])
-    rates = [r["msgs_per_s"] for r in runs]
-    figure["passes_msgs_per_s"] = rates
-    figure["spread_msgs_per_s"] = {"min": min(rates), "median": figure["msgs_per_s"],
-                                   "max": max(rates)}
+    each; failures are summed over all passes."""
+    middle, spread = median_run(runs, "msgs_per_s")
+    figure = dict(middle)
+    figure["passes_msgs_per_s"] = [r["msgs_per_s"] for r in runs]
+    figure["spread_msgs_per_s"] = spread
     figure["passes_others_cores"] = [r["cpu_cores"].get("others") for r in runs]
     figure["failures"] = sum(r["failures"] for r in runs)
     statuses: dict[str, int] = {}

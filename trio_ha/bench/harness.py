@@ -115,6 +115,17 @@ def limit(name: str, value: float, unit: str, **extra) -> dict:
     return {"name": name, "value": value, "unit": unit, **extra}
 
 
+def median_run(runs: list[dict], key: str) -> tuple[dict, dict]:
+    """The run with the median ``key`` (the lower middle of an even count) and the spread of
+    ``key`` over ``runs`` ({"min", "median", "max"}). These machines swing by 2x from one
+    minute to the next: the median of several passes says what a run is like, the spread how
+    much the machine moved meanwhile."""
+    ordered = sorted(runs, key=lambda r: r[key])
+    middle = ordered[(len(ordered) - 1) // 2]
+    values = [r[key] for r in runs]
+    return middle, {"min": min(values), "median": middle[key], "max": max(values)}
+
+
 def latency_us(latencies_ns: list[int]) -> dict:
     """Percentiles (microseconds) of call latencies measured in nanoseconds."""
     lat = sorted(latencies_ns)

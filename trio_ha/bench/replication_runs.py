@@ -36,6 +36,7 @@ from .harness import (
     drive_puts,
     latency_us,
     make_put,
+    median_run,
     poll_until,
     wait_spare_segment,
 )
@@ -326,16 +327,15 @@ def with_rate(run: dict) -> dict:
 
 def median_catchup_pass(runs: list[dict]) -> dict:
     """The pass with the median rate among those without failures (the lower middle of an
-    even count; the first pass if all failed), with every pass's rate, their spread (min,
-    median, max) and the failures of all passes. The limits it is compared with stay the
+    even count; the first pass if all failed) with the spread of their rates, every pass's
+    rate and the failures of all passes. The limits it is compared with stay the
     best of their passes: a limit is what the machine can do, a run what we usually get."""
     runs = [with_rate(r) for r in runs]
-    clean = sorted((r for r in runs if r["failures"] == 0), key=lambda r: r["mb_per_s"])
-    figure = dict(clean[(len(clean) - 1) // 2] if clean else runs[0])
-    rates = [r["mb_per_s"] for r in runs]
-    figure["passes_mb_per_s"] = rates
-    figure["spread_mb_per_s"] = {"min": min(rates), "median": figure["mb_per_s"],
-                                 "max": max(rates)}
+    clean = [r for r in runs if r["failures"] == 0]
+    middle, spread = median_run(clean or runs[:1], "mb_per_s")
+    figure = dict(middle)
+    figure["passes_mb_per_s"] = [r["mb_per_s"] for r in runs]
+    figure["spread_mb_per_s"] = spread
     figure["failures"] = sum(r["failures"] for r in runs)
     figure["identical"] = all(r["identical"] for r in runs)
     figure["errors"] = [r["error"] for r in runs if r["error"]] or None

@@ -396,7 +396,8 @@ class Producer:
         # RemotingCommand.request's rendering of Java values.
         request = RemotingCommand(
             RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2,
-            LANGUAGE, DEFAULT_VERSION, 0, 0, None, encode_send_message_v2_fields(header), body,
+            language=LANGUAGE, version=DEFAULT_VERSION,
+            ext_fields=encode_send_message_v2_fields(header), body=body,
         )
         if trio.current_time() >= deadline:
             raise MQClientError(f"no time left to send to {address}")

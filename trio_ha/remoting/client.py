@@ -99,12 +99,11 @@ class RemotingClient:
         call = _Call()
         self._pending[opaque] = call
         try:
+            self._queue(encode(request, opaque=opaque))
             if timeout is None:
-                self._queue(encode(request, opaque=opaque))
                 await call.event.wait()
             else:
                 with trio.move_on_after(timeout):
-                    self._queue(encode(request, opaque=opaque))
                     await call.event.wait()
             if call.error is not None:
                 raise RemotingError(f"connection to {self.address} broke: {call.error}")
@@ -141,17 +140,14 @@ class RemotingClient:
                 if not self._outbox:
                     await self._writer_lot.park()
                     continue
+                # Whole frames from the front, up to WRITE_BATCH (at least one).
                 frames = self._outbox
-                if len(frames) == 1 or sum(map(len, frames)) <= WRITE_BATCH:
-                    self._outbox = []
-                    data = frames[0] if len(frames) == 1 else b"".join(frames)
-                else:  # a large backlog: write it in pieces of at most WRITE_BATCH
-                    count, size = 1, len(frames[0])
-                    while count < len(frames) and size + len(frames[count]) <= WRITE_BATCH:
-                        size += len(frames[count])
-                        count += 1
-                    data = frames[0] if count == 1 else b"".join(frames[:count])
-                    del frames[:count]
+                count, size = 1, len(frames[0])
+                while count < len(frames) and size + len(frames[count]) <= WRITE_BATCH:
+                    size += len(frames[count])
+                    count += 1
+                data = frames[0] if count == 1 else b"".join(frames[:count])
+                del frames[:count]
                 await self.stream.send_all(data)
                 self._outbox_bytes -= len(data)
                 if self._outbox_bytes < ONEWAY_HIGH_WATER:

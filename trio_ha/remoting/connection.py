@@ -292,9 +292,7 @@ class RemotingConnection:
                         continue  # we send no requests to clients; ignore stray replies
                     promise = await self._wait_to_dispatch()
                     self._in_flight += 1
-                    if promise:
-                        self._promised += promise
-                        self.budgets.replies.promise(promise)
+                    self._promise(promise)
                     nursery.start_soon(self._process, handler, command, promise)
                 self._settle_read(decoder.buffered)
                 if not decoder.buffered:
@@ -410,6 +408,12 @@ class RemotingConnection:
             self._slot_lot.unpark()
             if not self._in_flight:
                 self._idle_lot.unpark_all()
+
+    def _promise(self, promise: int) -> None:
+        """A request starts that will make a reply of about ``promise`` bytes."""
+        if promise:
+            self._promised += promise
+            self.budgets.replies.promise(promise)
 
     def _settle(self, promise: int) -> None:
         """A request's promised reply is made, or will not be soon."""
