@@ -965,6 +965,114 @@ size_t th_cq_runs(const uint8_t *buf, const th_record_info *infos, size_t n,
     return count;
 }
 
+/* ---- reading a consume queue's records (a pull) ---------------------------------------- */
+
+#define CQ_BLANK_SIZE INT32_MAX
+
+static int tag_wanted(int64_t code, const int64_t *tag_codes, size_t n_tags)
+{
+    for (size_t k = 0; k < n_tags; k++)
+        if (tag_codes[k] == code)
+            return 1;
+    return 0;
+}
+
+/* Is the record at seg[at, at + size) (inside the segment) the one to serve? */
+static int gather_verify(const uint8_t *seg, uint64_t at, uint32_t size, int64_t base_offset,
+                         uint32_t max_record, const uint8_t *topic, size_t topic_len,
+                         int32_t queue_id, int64_t queue_offset)
+{
+    if (size < MIN_RECORD_SIZE || size > max_record)
+        return 0;
+    const uint8_t *r = seg + at;
+    if ((uint32_t)rd_i32(r) != size)
+        return 0;
+    uint32_t magic = rd_u32(r + 4);
+    if (magic != MAGIC_V1 && magic != MAGIC_V2)
+        return 0;
+    th_record_info info;
+    if (!parse_record(seg, at, size, magic, base_offset, TH_SCAN_CHECK_CRC, &info))
+        return 0;
+    return info.crc_ok == 1 && rd_i64(r + 28) == add_wrap(base_offset, at) &&
+           info.queue_id == queue_id && info.queue_offset == queue_offset &&
+           info.topic_len == topic_len && memcmp(seg + info.topic_pos, topic, topic_len) == 0;
+}
+
+static void gather_problem(th_gather_result *res, uint8_t *outcomes, size_t i, uint8_t outcome)
+{
+    outcomes[i] = outcome;
+    res->problems++;
+    res->last_problem = outcome;
+}
+
+void th_gather(const uint8_t *seg, uint64_t seg_size, int64_t base_offset,
+               int64_t min_offset, int64_t readable_end,
+               const uint8_t *entries, size_t n,
+               const int64_t *tag_codes, size_t n_tags,
+               const uint8_t *topic, size_t topic_len, int32_t queue_id,
+               int64_t first_queue_offset, int32_t flags, uint32_t max_record,
+               size_t max_count, uint64_t max_bytes, uint64_t bytes_before,
+               uint8_t *outcomes, th_span *records, th_span *spans, th_gather_result *res)
+{
+    memset(res, 0, sizeof *res);
+    res->last_phys = -1;
+    res->stop = TH_GATHER_END;
+    size_t i = 0;
+    for (; i < n; i++) {
+        if (res->found >= max_count) {
+            res->stop = TH_GATHER_COUNT;
+            break;
+        }
+        const uint8_t *e = entries + (size_t)CQ_ENTRY_SIZE * i;
+        int64_t phys = rd_i64(e);
+        int32_t size = rd_i32(e + 8);
+        int64_t tags = rd_i64(e + 12);
+        if (size == CQ_BLANK_SIZE || phys < min_offset) {
+            gather_problem(res, outcomes, i, TH_GATHER_REMOVED);
+            continue;
+        }
+        if (tag_codes != NULL && !tag_wanted(tags, tag_codes, n_tags)) {
+            outcomes[i] = TH_GATHER_FILTERED;
+            continue;
+        }
+        if ((res->found > 0 || bytes_before > 0) && size > 0 &&
+            bytes_before + res->bytes + (uint64_t)size > max_bytes) {
+            res->stop = TH_GATHER_BYTES;
+            break;
+        }
+        if (phys < base_offset || (uint64_t)(phys - base_offset) >= seg_size) {
+            res->stop = TH_GATHER_SEGMENT;
+            break;
+        }
+        uint64_t at = (uint64_t)(phys - base_offset);
+        if (size <= 0 || phys > readable_end - 8 || (int64_t)size > readable_end - phys ||
+            (uint64_t)size > seg_size - at) {
+            gather_problem(res, outcomes, i, TH_GATHER_ABSENT);
+            continue;
+        }
+        if ((flags & TH_GATHER_VERIFY) &&
+            !gather_verify(seg, at, (uint32_t)size, base_offset, max_record, topic, topic_len,
+                           queue_id, first_queue_offset + (int64_t)i)) {
+            gather_problem(res, outcomes, i, TH_GATHER_INVALID);
+            continue;
+        }
+        outcomes[i] = TH_GATHER_FOUND;
+        records[res->found].pos = at;
+        records[res->found].len = (uint64_t)size;
+        res->found++;
+        if (res->spans > 0 && spans[res->spans - 1].pos + spans[res->spans - 1].len == at) {
+            spans[res->spans - 1].len += (uint64_t)size;
+        } else {
+            spans[res->spans].pos = at;
+            spans[res->spans].len = (uint64_t)size;
+            res->spans++;
+        }
+        res->bytes += (uint64_t)size;
+        res->last_phys = phys;
+    }
+    res->entries = (uint32_t)i;
+}
+
 /* ---- memory and files ---------------------------------------------------------------------- */
 
 static uintptr_t page_size(void)

@@ -14,7 +14,7 @@
 #include <sys/types.h>
 
 /* Bumped whenever a signature or struct below changes; checked by trio_ha._backend. */
-#define TH_NATIVE_VERSION 2
+#define TH_NATIVE_VERSION 3
 
 /* ---- error codes of the encoders ------------------------------------------------------ */
 #define TH_ERR_NO_SPACE        -1  /* record(s) + the 8-byte blank do not fit before seg_size */
@@ -157,6 +157,65 @@ size_t th_scan(const uint8_t *buf, uint64_t limit, uint64_t pos, int64_t base_of
  */
 size_t th_cq_runs(const uint8_t *buf, const th_record_info *infos, size_t n,
                   uint8_t *entries, th_cq_run *runs, size_t runs_cap);
+
+/* ---- reading a consume queue's records (a pull) ---------------------------------------- */
+
+/* What th_gather decided for one consume-queue entry (outcomes[i]). */
+#define TH_GATHER_FOUND     0  /* its record is served                                        */
+#define TH_GATHER_REMOVED   1  /* a blank entry, or its record is below the log's min offset   */
+#define TH_GATHER_FILTERED  2  /* its tags_code is not in the filter                          */
+#define TH_GATHER_ABSENT    3  /* its record is not wholly below readable_end (or size <= 0)   */
+#define TH_GATHER_INVALID   4  /* its record failed the check of TH_GATHER_VERIFY             */
+
+/* Why th_gather stopped: entries[0 .. res->entries) were decided, the next one was not. */
+#define TH_GATHER_END       0  /* every entry given was decided                               */
+#define TH_GATHER_COUNT     1  /* max_count records were found                                */
+#define TH_GATHER_BYTES     2  /* the next record would take the records found past max_bytes */
+#define TH_GATHER_SEGMENT   3  /* the next entry's record is not in this segment              */
+
+/* Check every record before serving it: what th_scan with TH_SCAN_CHECK_CRC checks (magic,
+   TOTALSIZE equal to the entry's size and to what the fields add up to, BODYCRC), plus
+   PHYSICALOFFSET equal to its position, and topic, queue id and queue offset equal to the
+   entry's (the queue's topic, queue_id, first_queue_offset + i). */
+#define TH_GATHER_VERIFY    1
+
+/* [pos, pos + len) within the segment. */
+typedef struct {
+    uint64_t pos;
+    uint64_t len;
+} th_span;
+
+typedef struct {
+    uint32_t entries;     /* entries decided: outcomes[0 .. entries)                        */
+    uint32_t found;       /* records found: records[0 .. found)                             */
+    uint32_t spans;       /* spans[0 .. spans): the records found, adjacent ones merged     */
+    int32_t stop;         /* TH_GATHER_END .. TH_GATHER_SEGMENT                             */
+    uint64_t bytes;       /* bytes of the records found                                     */
+    int64_t last_phys;    /* commitlog offset of the last record found, -1 if none          */
+    uint32_t problems;    /* entries REMOVED, ABSENT or INVALID                             */
+    uint8_t last_problem; /* the outcome of the last of those (0 if none)                   */
+} th_gather_result;
+
+/*
+ * Decide the consume-queue entries entries[0 .. n) (20 bytes each: commitlog offset 8, size
+ * 4, tags code 8, big-endian) of one queue, in order, against one commitlog segment (seg,
+ * seg_size bytes, first byte at log offset base_offset): the records to serve, as a pull does.
+ * Entries whose records are below min_offset are REMOVED (whatever segment); with tag_codes
+ * non-NULL, an entry whose tags code is none of tag_codes[0 .. n_tags) is FILTERED; a record
+ * that is not wholly below readable_end is ABSENT. Found records are listed in records
+ * (capacity max_count) and, adjacent ones merged, in spans (capacity max_count). Stops before
+ * the entry that would make more than max_count records, or more than max_bytes of records
+ * counting bytes_before (what earlier calls found for the same read; a read's first record is
+ * always taken), or whose record lies in another segment.
+ */
+void th_gather(const uint8_t *seg, uint64_t seg_size, int64_t base_offset,
+               int64_t min_offset, int64_t readable_end,
+               const uint8_t *entries, size_t n,
+               const int64_t *tag_codes, size_t n_tags,
+               const uint8_t *topic, size_t topic_len, int32_t queue_id,
+               int64_t first_queue_offset, int32_t flags, uint32_t max_record,
+               size_t max_count, uint64_t max_bytes, uint64_t bytes_before,
+               uint8_t *outcomes, th_span *records, th_span *spans, th_gather_result *res);
 
 /* ---- memory and files -------------------------------------------------------------------- */
 

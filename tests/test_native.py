@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from trio_ha import _backend as backend
+from trio_ha.wire import layout
 from trio_ha.wire import record as rec
 
 if backend.native_backend != "native":
@@ -1310,3 +1311,181 @@ def test_sendfile(tmp_path, engine_name):
     finally:
         a.close()
         b.close()
+
+
+# ---- th_gather: the records a pull serves, from consume-queue entries ------------------------
+
+GATHER_TOPIC, GATHER_QUEUE = b"T", 3
+#: where the body of a v1 record with IPv4 hosts starts
+BODY_AT_V1_IPV4 = 88
+GATHER_KINDS = ["ok"] * 10 + ["blank", "removed", "elsewhere", "beyond", "bad_size", "neg_size",
+                              "misplaced", "flipped", "wrong_offset", "other_queue"]
+
+
+@st.composite
+def gather_cases(draw) -> dict:
+    """A segment holding one queue's records (with another queue's between some), and
+    consume-queue entries for them: mostly right, some blank, below the log's min offset, in
+    another segment, past the readable end, with a wrong size, pointing at the wrong bytes,
+    at a record whose body was flipped, at the queue's next record or another queue's; and
+    the filters and limits of a pull."""
+    base = draw(st.integers(0, 2**40))
+    buf = bytearray(draw(st.binary(max_size=5)))
+    first = draw(st.integers(0, 1000))
+    records = []  # (position, size, tags code) of the queue's records, in queue order
+    others = []
+    for i in range(draw(st.integers(0, 30))):
+        if draw(st.integers(0, 3)) == 0:
+            others.append((len(buf), 0))
+            cq_record(buf, base, b"U", 1, i)
+            others[-1] = (others[-1][0], len(buf) - others[-1][0])
+        tag = draw(st.sampled_from([None, "a", "b"]))
+        at = len(buf)
+        cq_record(buf, base, GATHER_TOPIC, GATHER_QUEUE, first + i, tags=tag,
+                  body=b"x" * draw(st.integers(0, 30)))
+        records.append((at, len(buf) - at, rec.java_string_hash(tag) if tag else 0))
+    readable = len(buf)
+    buf += bytes(draw(st.integers(0, 40)))
+    entries = bytearray()
+    for i, (at, size, code) in enumerate(records):
+        kind = draw(st.sampled_from(GATHER_KINDS))
+        phys = base + at
+        if kind == "blank":
+            entries += layout.CQ_BLANK_ENTRY
+            continue
+        if kind == "removed":
+            phys = base - draw(st.integers(1, 100))
+        elif kind == "elsewhere":
+            phys = base + len(buf) + draw(st.integers(0, 100))
+        elif kind == "beyond":
+            readable = min(readable, at + draw(st.integers(0, size - 1)))
+        elif kind == "bad_size":
+            size += draw(st.sampled_from([-1, 1, 8]))
+        elif kind == "neg_size":
+            size = draw(st.sampled_from([0, -1, -(2**31)]))
+        elif kind == "misplaced":
+            phys += draw(st.sampled_from([-1, 1, 4]))
+        elif kind == "flipped":
+            buf[at + size - 10] ^= 0x20  # a byte of the body or topic or properties
+        elif kind == "wrong_offset" and i + 1 < len(records):
+            phys, size, code = base + records[i + 1][0], records[i + 1][1], records[i + 1][2]
+        elif kind == "other_queue" and others:
+            o_at, o_size = draw(st.sampled_from(others))
+            phys, size = base + o_at, o_size
+        entries += layout.CQ_ENTRY.pack(phys, size, code)
+    return dict(
+        buf=bytes(buf), base=base, entries=bytes(entries), first=first,
+        min_offset=base + draw(st.sampled_from([0, 0, 0, 1, 200])),
+        readable_end=base + draw(st.sampled_from([readable, readable, len(buf), 0, 100])),
+        tags=draw(st.sampled_from([None, None, (rec.java_string_hash("a"),),
+                                   (0, rec.java_string_hash("b"))])),
+        flags=draw(st.sampled_from([0, backend.GATHER_VERIFY, backend.GATHER_VERIFY])),
+        max_count=draw(st.sampled_from([1, 3, 32, 100])),
+        max_bytes=draw(st.sampled_from([2**63 - 1, 300, 1000])),
+        bytes_before=draw(st.sampled_from([0, 0, 0, 200])),
+    )
+
+
+def gather_with(engine, case):
+    return engine.gatherer().gather(
+        engine.handle_for(case["buf"]), len(case["buf"]), case["base"], case["min_offset"],
+        case["readable_end"], case["entries"], case["tags"], GATHER_TOPIC, GATHER_QUEUE,
+        case["first"], case["flags"], MAX_RECORD, case["max_count"], case["max_bytes"],
+        case["bytes_before"],
+    )
+
+
+GATHER_FIELDS = ("entries", "found", "stop", "bytes", "last_phys", "problems", "last_problem",
+                 "spans", "records", "outcomes")
+
+
+@settings(SETTINGS, max_examples=300)
+@given(gather_cases())
+def test_gather_matches_python(case):
+    got = gather_with(native, case)
+    want = gather_with(py, case)
+    assert {f: getattr(got, f) for f in GATHER_FIELDS} == \
+        {f: getattr(want, f) for f in GATHER_FIELDS}
+    # What it found is what it says: whole records of the queue, in order, spans merged.
+    assert got.found <= case["max_count"]
+    joined = b"".join(case["buf"][at : at + n] for at, n in got.records)
+    assert joined == b"".join(case["buf"][at : at + n] for at, n in got.spans)
+    assert len(joined) == got.bytes
+    if case["flags"] & backend.GATHER_VERIFY:
+        offsets = [case["first"] + i for i, o in enumerate(got.outcomes)
+                   if o == backend.GATHER_FOUND]
+        decoded = [rec.decode_record(case["buf"][at : at + n], check_crc=True)
+                   for at, n in got.records]
+        assert [m.queue_offset for m in decoded] == offsets
+        assert all(m.queue_id == GATHER_QUEUE and m.topic == "T" for m in decoded)
+
+
+def test_gather_known_sequence():
+    """One queue's five records, the third's entry blank and the fourth's body flipped, with
+    another queue's record between the first two: what each entry gets, and the spans (the
+    second and third found records are adjacent in the log: one span)."""
+    base, buf, records = 5000, bytearray(), []
+    for i in range(5):
+        if i == 1:
+            cq_record(buf, base, b"U", 1, 0)
+        at = len(buf)
+        cq_record(buf, base, GATHER_TOPIC, GATHER_QUEUE, 10 + i, tags="a")
+        records.append((at, len(buf) - at))
+    buf[records[3][0] + BODY_AT_V1_IPV4] ^= 1  # the fourth record's body: its CRC fails
+    code = rec.java_string_hash("a")
+    entries = b"".join(
+        layout.CQ_BLANK_ENTRY if i == 2 else layout.CQ_ENTRY.pack(base + at, n, code)
+        for i, (at, n) in enumerate(records))
+    case = dict(buf=bytes(buf), base=base, entries=entries, first=10, min_offset=base,
+                readable_end=base + len(buf), tags=None, flags=backend.GATHER_VERIFY,
+                max_count=32, max_bytes=2**63 - 1, bytes_before=0)
+    for engine in (native, py):
+        got = gather_with(engine, case)
+        assert list(got.outcomes) == [backend.GATHER_FOUND, backend.GATHER_FOUND,
+                                      backend.GATHER_REMOVED, backend.GATHER_INVALID,
+                                      backend.GATHER_FOUND]
+        assert got.records == [records[0], records[1], records[4]]
+        assert got.spans == [records[0], records[1], records[4]]  # the blank one sits between
+        assert (got.entries, got.found, got.stop) == (5, 3, backend.GATHER_END)
+        assert (got.problems, got.last_problem) == (2, backend.GATHER_INVALID)
+        assert got.last_phys == base + records[4][0]
+        # Without the check the flipped record is served, and the two adjacent ones merge.
+        got = gather_with(engine, {**case, "flags": 0})
+        assert got.records == [records[0], records[1], records[3], records[4]]
+        assert got.spans == [records[0], records[1], (records[3][0], records[3][1] * 2)]
+        # Limits: by count, then by bytes (the first record is always taken).
+        got = gather_with(engine, {**case, "max_count": 2})
+        assert (got.entries, got.found, got.stop) == (2, 2, backend.GATHER_COUNT)
+        got = gather_with(engine, {**case, "max_bytes": records[0][1] + 1})
+        assert (got.entries, got.found, got.stop) == (1, 1, backend.GATHER_BYTES)
+        got = gather_with(engine, {**case, "max_bytes": 1, "bytes_before": 1})
+        assert (got.entries, got.found, got.stop) == (0, 0, backend.GATHER_BYTES)
+        # A tag filter that matches nothing: every entry is looked at, none found.
+        got = gather_with(engine, {**case, "tags": (code + 1,)})
+        assert (got.entries, got.found) == (5, 0)
+        assert list(got.outcomes) == [backend.GATHER_FILTERED] * 2 + [
+            backend.GATHER_REMOVED] + [backend.GATHER_FILTERED] * 2
+
+
+@pytest.mark.parametrize("engine_name", ["native", "python"])
+def test_decode_records_matches_decode_record(engine_name):
+    """decode_records (a pull body at once; the native engine from one th_scan) gives what
+    decode_record gives record by record, and refuses a body that is not whole records."""
+    engine = native if engine_name == "native" else py
+    buf = bytearray()
+    for i in range(20):
+        cq_record(buf, 77, b"Topic-\xc3\xa9" if i % 3 else b"T", i % 4, i,
+                  tags=f"t{i}" if i % 2 else None, body=rand_bytes(i * 37, i))
+    body = bytes(buf)
+    extra = {"MIN_OFFSET": "0", "MAX_OFFSET": "99"}
+    want, position = [], 0
+    while position < len(body):
+        want.append(rec.decode_record(body, position, extra_properties=extra))
+        position += want[-1].size
+    assert engine.decode_records(body, extra_properties=extra) == want
+    assert engine.decode_records(b"") == []
+    for bad in (body[:-1], body + b"\0" * 8, body[:40], b"\xff" * 100):
+        with pytest.raises(rec.RecordDecodeError):
+            engine.decode_records(bad)
+    with pytest.raises(rec.RecordDecodeError):
+        engine.decode_records(body, max_size=want[0].size - 1)

@@ -284,3 +284,60 @@ async def test_a_reply_to_a_closed_connection_is_dropped_and_the_connection_ends
     assert connection.close_reason is CloseReason.PEER_CLOSED
     assert counting.writes == []  # the reply was never written
     assert connection.pending_reply_bytes == 0 and connection.in_flight == 0
+
+
+MAPPED = 9004
+
+
+async def test_mapped_replies_reach_a_slow_reader_whole_and_in_order_of_their_opaques(nursery):
+    """Replies whose bodies are views of a mapping (a pull's records) go to the socket as
+    they are, gathered with other replies into sendmsg calls; a peer that reads slowly (a 4
+    KiB receive buffer) makes those writes partial, which must resume mid-buffer: every frame
+    arrives whole, each body is the bytes its views showed, and opaques match."""
+    import mmap
+
+    from trio_ha.wire.remoting import MappedReply
+
+    mapping = mmap.mmap(-1, 1 << 20)
+    mapping[:] = bytes(range(256)) * 4096
+    whole = memoryview(mapping)
+
+    def views_for(i: int) -> tuple[memoryview, ...]:
+        # 1 to 12 views of 1 byte to 8 KiB each, at offsets that vary with i
+        return tuple(whole[(i * 7919 + k * 65537) % (1 << 19):][: 1 + (i * 131 + k) % 8192]
+                     for k in range(1 + i % 12))
+
+    async def mapped_handler(request, connection):
+        if request.code == MAPPED:
+            i = int(request.ext_fields["i"])
+            reply = RemotingCommand.response_to(request, ResponseCode.SUCCESS,
+                                                ext_fields={"i": i})
+            return MappedReply(reply, views_for(i))
+        return await handler(request, connection)
+
+    host, port = await nursery.start(lambda task_status: serve_remoting(
+        mapped_handler, 0, host="127.0.0.1", task_status=task_status))
+    from test_remoting_limits import raw_connect
+
+    peer = await raw_connect(f"127.0.0.1:{port}", rcvbuf=4096)
+    requests = [RemotingCommand.request(MAPPED if i % 3 else ECHO, {"i": i},
+                                        body=b"e" * (i % 3 == 0) * i, opaque=1000 + i)
+                for i in range(200)]
+    await peer.send_all(b"".join(encode(r) for r in requests))
+    replies = []
+    decoder = FrameDecoder()
+    with trio.fail_after(20):
+        while len(replies) < len(requests):
+            await trio.sleep(0.001)  # a slow reader: the server's writes fill the socket
+            data = await peer.receive_some(4096)
+            assert data, "server closed the connection"
+            decoder.receive_data(data)
+            while (command := decoder.next_command()) is not NEED_DATA:
+                replies.append(command)
+    assert sorted(r.opaque for r in replies) == [r.opaque for r in requests]
+    for reply in replies:
+        i = reply.opaque - 1000
+        assert reply.ext_fields["i"] == str(i)
+        expected = b"".join(views_for(i)) if i % 3 else b"e" * i
+        assert reply.body == expected, i
+    await peer.aclose()

@@ -540,3 +540,40 @@ async def test_lookup_by_time_reads_store_timestamps_behind_ipv6_born_hosts(make
         for i, result in enumerate(results):
             assert store.get_message_store_timestamp("Six", 0, i) == result.store_timestamp
         assert store.get_offset_in_queue_by_time("Six", 0, results[0].store_timestamp) == 0
+
+
+async def test_raw_reads_are_views_of_the_mapping_and_outlive_retention(make_config):
+    """A pull's records (read_queue raw) are views of the mapped segments, not copies, with
+    adjacent records merged into one span; a read crossing segments gets a span per segment;
+    and a view still reads its bytes after retention deleted the segment's file."""
+    config = make_config(delete_commit_log_files_interval=0)
+    async with open_store(config) as store:
+        results = [await store.put_message(Message("Views", body_for(i, 900)))
+                   for i in range(200)]
+        await store.flush()
+        await store.wait_dispatched()
+        segments = list(store.commitlog.segments.segments)
+        assert len(segments) >= 3
+        result = store.read_queue("Views", 0, 0, 200, raw=True)
+        assert result.status is GetMessageStatus.FOUND and len(result.records) == 200
+        mappings = {id(s._mmap): s for s in segments}
+        assert all(id(view.obj) in mappings for view in result.records + result.spans)
+        # One span per segment the records sit in: all of them are adjacent within one.
+        holding = {id(view.obj) for view in result.records}
+        assert len(result.spans) == len(holding)
+        assert b"".join(result.spans) == b"".join(result.records)
+        for view, put in zip(result.records, results, strict=True):
+            message = rec.decode_record(view, check_crc=True)
+            assert message.commitlog_offset == put.commitlog_offset
+        first = result.records[0]
+        expected = bytes(first)
+        old = time.time() - 73 * 3600
+        os.utime(segments[0].path, (old, old))
+        assert await retention.delete_expired_files(store, force=True) == 1
+        assert not await trio.Path(segments[0].path).exists()
+        assert bytes(first) == expected  # the view keeps the mapping
+        low = store.min_queue_offset("Views", 0)
+        again = store.read_queue("Views", 0, low, 200, raw=True)
+        assert again.status is GetMessageStatus.FOUND
+        assert all(view.obj is not first.obj for view in again.records)
+        assert b"".join(again.records) == b"".join(result.records[low:])

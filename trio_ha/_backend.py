@@ -22,8 +22,9 @@ import errno
 import importlib
 import mmap
 import os
+import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import Any, Protocol, TypeAlias
 
@@ -35,11 +36,13 @@ __all__ = [
     "ERR_BATCH_FORMAT", "ERR_BODY_TOO_LARGE", "ERR_PROPS_TOO_LARGE", "ERR_TOO_MANY",
     "STOP_END", "STOP_PARTIAL", "STOP_BLANK", "STOP_FULL", "STOP_BAD_MAGIC", "STOP_BAD_SIZE",
     "STOP_BAD_CRC", "SCAN_CHECK_CRC", "SCAN_TAGS", "RecordEngine", "Scanner", "ScanResult",
-    "RecordInfo", "Handle", "engine", "python_engine",
+    "RecordInfo", "Handle", "engine", "python_engine", "GATHER_FOUND", "GATHER_REMOVED",
+    "GATHER_FILTERED", "GATHER_ABSENT", "GATHER_INVALID", "GATHER_END", "GATHER_COUNT",
+    "GATHER_BYTES", "GATHER_SEGMENT", "GATHER_VERIFY", "GatherResult", "Gatherer",
 ]
 
 # Must equal TH_NATIVE_VERSION in native/trio_ha_native.h.
-NATIVE_VERSION = 2
+NATIVE_VERSION = 3
 
 ERR_NO_SPACE = -1
 ERR_BAD_ARGUMENT = -2
@@ -66,6 +69,22 @@ MIN_BATCH_ITEM = 22
 
 SCAN_CHECK_CRC = 1
 SCAN_TAGS = 2
+
+# th_gather: what it decided for each consume-queue entry ...
+GATHER_FOUND = 0
+GATHER_REMOVED = 1
+GATHER_FILTERED = 2
+GATHER_ABSENT = 3
+GATHER_INVALID = 4
+# ... why it stopped ...
+GATHER_END = 0
+GATHER_COUNT = 1
+GATHER_BYTES = 2
+GATHER_SEGMENT = 3
+# ... and its flag
+GATHER_VERIFY = 1
+
+_SPAN = struct.Struct("=QQ")
 
 
 class NativeModuleError(ImportError):
@@ -170,6 +189,44 @@ class ScanResult:
         return STOP_NAMES.get(self.stop, f"stop {self.stop}")
 
 
+class GatherResult:
+    """What one gather decided: ``entries`` consume-queue entries looked at, ``found``
+    records to serve at ``records`` and, adjacent ones merged, ``spans`` — (position, length)
+    pairs within the segment — and why it stopped (``stop``, a GATHER_* code). ``problems``
+    entries were REMOVED, ABSENT or INVALID, the last of them ``last_problem``; ``outcomes``
+    holds the outcome of each entry looked at (GATHER_FOUND ... GATHER_INVALID)."""
+
+    __slots__ = ("entries", "found", "stop", "bytes", "last_phys", "problems", "last_problem",
+                 "spans", "records", "outcomes")
+
+    def __init__(self, entries: int, found: int, stop: int, size: int, last_phys: int,
+                 problems: int, last_problem: int, spans: list[tuple[int, int]],
+                 records: list[tuple[int, int]], outcomes: bytes) -> None:
+        self.entries = entries
+        self.found = found
+        self.stop = stop
+        #: bytes of the records found
+        self.bytes = size
+        #: commitlog offset of the last record found (-1: none)
+        self.last_phys = last_phys
+        self.problems = problems
+        self.last_problem = last_problem
+        self.spans = spans
+        self.records = records
+        self.outcomes = outcomes
+
+
+class Gatherer(Protocol):
+    """Decides a run of one queue's consume-queue entries against one commitlog segment: the
+    records a pull serves (th_gather in the C header says exactly how)."""
+
+    def gather(self, handle: Handle, seg_size: int, base_offset: int, min_offset: int,
+               readable_end: int, entries: Buffer, tag_codes: Sequence[int] | None,
+               topic: bytes, queue_id: int, first_queue_offset: int, flags: int,
+               max_record: int, max_count: int, max_bytes: int, bytes_before: int = 0
+               ) -> GatherResult: ...
+
+
 class Scanner(Protocol):
     """Validates records in a buffer and describes up to its capacity of them per call."""
 
@@ -217,6 +274,17 @@ class RecordEngine(Protocol):
         ...
 
     def scanner(self, capacity: int) -> Scanner: ...
+
+    def gatherer(self) -> Gatherer: ...
+
+    def decode_records(
+        self, buf: bytes, *, max_size: int = rec.MAX_DECODED_RECORD,
+        extra_properties: dict[str, str] | None = None,
+    ) -> list[rec.StoredMessage]:
+        """Every record of ``buf`` (a pull response's body: whole records, back to back)
+        decoded, as ``rec.decode_record`` decodes one; RecordDecodeError if one is not whole
+        and valid (the body CRC is not checked, as RocketMQ clients do not)."""
+        ...
 
     def cq_runs(
         self, handle: Handle, result: ScanResult
@@ -309,6 +377,28 @@ class NativeEngine:
     def scanner(self, capacity: int) -> NativeScanner:
         return NativeScanner(self, capacity)
 
+    def gatherer(self) -> NativeGatherer:
+        return NativeGatherer(self)
+
+    def decode_records(
+        self, buf: bytes, *, max_size: int = rec.MAX_DECODED_RECORD,
+        extra_properties: dict[str, str] | None = None,
+    ) -> list[rec.StoredMessage]:
+        # One th_scan describes every record; the fields come out of its array as tuples by
+        # struct, so the Python work per record is slicing and building the message.
+        ffi = self.ffi
+        capacity = len(buf) // MIN_RECORD_SIZE + 1
+        infos = ffi.new("th_record_info[]", capacity)
+        res = ffi.new("th_scan_result *")
+        count = self.lib.th_scan(ffi.from_buffer(buf), len(buf), 0, 0, 0, max_size, infos,
+                                 capacity, res)
+        if res.stop != STOP_END:
+            raise rec.RecordDecodeError(
+                f"record at {res.end}: {STOP_NAMES.get(res.stop, res.stop)}"
+                + (f" (TOTALSIZE {res.size})" if res.size else ""))
+        fields = _RECORD_INFO.iter_unpack(ffi.buffer(infos, count * _RECORD_INFO.size))
+        return _messages(buf, fields, extra_properties)
+
     def cq_runs(
         self, handle: Handle, result: ScanResult
     ) -> tuple[list[tuple[int, int]], bytes | memoryview]:
@@ -362,6 +452,96 @@ class NativeScanner:
                               self._capacity, self._res)
         res = self._res
         return ScanResult(n, res.end, res.stop, res.size, self._out)
+
+
+class NativeGatherer:
+    """th_gather with its output arrays grown on demand and reused."""
+
+    def __init__(self, engine: NativeEngine) -> None:
+        self._ffi = engine.ffi
+        self._lib = engine.lib
+        self._capacity = 0
+        self._records: Any = None
+        self._spans: Any = None
+        self._outcomes: Any = None
+        self._outcomes_capacity = 0
+        self._res: Any = engine.ffi.new("th_gather_result *")
+
+    def gather(self, handle: Handle, seg_size: int, base_offset: int, min_offset: int,
+               readable_end: int, entries: Buffer, tag_codes: Sequence[int] | None,
+               topic: bytes, queue_id: int, first_queue_offset: int, flags: int,
+               max_record: int, max_count: int, max_bytes: int, bytes_before: int = 0
+               ) -> GatherResult:
+        ffi = self._ffi
+        n = len(entries) // layout.CQ_ENTRY_SIZE
+        if max_count > self._capacity or self._records is None:
+            self._capacity = max(1, max_count)
+            self._records = ffi.new("th_span[]", self._capacity)
+            self._spans = ffi.new("th_span[]", self._capacity)
+        if n > self._outcomes_capacity or self._outcomes is None:
+            self._outcomes_capacity = max(1, n)
+            self._outcomes = ffi.new("uint8_t[]", self._outcomes_capacity)
+        if tag_codes is None:
+            codes, n_tags = ffi.NULL, 0
+        else:
+            codes, n_tags = ffi.new("int64_t[]", list(tag_codes)), len(tag_codes)
+        res = self._res
+        self._lib.th_gather(handle, seg_size, base_offset, min_offset, readable_end,
+                            ffi.from_buffer(entries), n, codes, n_tags, topic, len(topic),
+                            queue_id, first_queue_offset, flags, max_record, max_count,
+                            max_bytes, bytes_before, self._outcomes, self._records,
+                            self._spans, res)
+        found = res.found
+        spans = list(_SPAN.iter_unpack(ffi.buffer(self._spans, res.spans * _SPAN.size))) \
+            if res.spans else []
+        records = spans if found == res.spans else \
+            list(_SPAN.iter_unpack(ffi.buffer(self._records, found * _SPAN.size)))
+        outcomes = ffi.buffer(self._outcomes, res.entries)[:]
+        return GatherResult(res.entries, found, res.stop, res.bytes, res.last_phys,
+                            res.problems, res.last_problem, spans, records, outcomes)
+
+
+#: th_record_info as struct sees it (native layout: the C struct has no padding)
+_RECORD_INFO = struct.Struct("@6q6i6I2H4B")
+#: record_size(0, 0, 0): no record is smaller
+MIN_RECORD_SIZE = 91
+
+
+def _messages(buf: bytes, infos: Iterable[tuple[int, ...]],
+              extra: dict[str, str] | None) -> list[rec.StoredMessage]:
+    """StoredMessages from th_record_info tuples of records scanned in ``buf`` from 0."""
+    messages = []
+    topics: dict[bytes, str] = {}  # topics and hosts repeat: each is decoded once per buffer
+    hosts: dict[bytes, str] = {}
+    decode_host = rec.decode_host
+    decode_properties = rec.decode_properties
+    physical_offset = layout.INT64.unpack_from
+    for (
+        pos, queue_offset, born_ts, store_ts, prepared, _tags, size, queue_id, flag, sys_flag,
+        crc, reconsume_times, born_pos, store_pos, body_pos, body_len, topic_pos, props_pos,
+        topic_len, props_len, born_len, store_len, version, _crc_ok,
+    ) in infos:
+        raw = buf[topic_pos : topic_pos + topic_len]
+        topic = topics.get(raw)
+        if topic is None:
+            try:
+                topic = topics[raw] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise rec.RecordDecodeError(f"record at {pos}: topic is not UTF-8") from None
+        raw = buf[born_pos : born_pos + born_len]
+        born_host = hosts.get(raw) or hosts.setdefault(raw, decode_host(raw))
+        raw = buf[store_pos : store_pos + store_len]
+        store_host = hosts.get(raw) or hosts.setdefault(raw, decode_host(raw))
+        properties = decode_properties(buf[props_pos : props_pos + props_len])
+        if extra:
+            properties.update(extra)
+        messages.append(rec.StoredMessage(
+            topic, queue_id, queue_offset,
+            physical_offset(buf, pos + layout.PHYSICALOFFSET_AT)[0], size,
+            buf[body_pos : body_pos + body_len], crc, flag, sys_flag, born_ts, born_host,
+            store_ts, store_host, reconsume_times, prepared, properties, version,
+        ))
+    return messages
 
 
 # ---- the Python engine ----------------------------------------------------------------------
@@ -515,6 +695,22 @@ class PythonEngine:
     def scanner(self, capacity: int) -> PythonScanner:
         return PythonScanner(capacity)
 
+    def gatherer(self) -> PythonGatherer:
+        return PythonGatherer()
+
+    def decode_records(
+        self, buf: bytes, *, max_size: int = rec.MAX_DECODED_RECORD,
+        extra_properties: dict[str, str] | None = None,
+    ) -> list[rec.StoredMessage]:
+        messages = []
+        position = 0
+        while position < len(buf):
+            message = rec.decode_record(buf, position, max_size=max_size,
+                                        extra_properties=extra_properties)
+            messages.append(message)
+            position += message.size
+        return messages
+
     def cq_runs(
         self, handle: Handle, result: ScanResult
     ) -> tuple[list[tuple[int, int]], bytes | memoryview]:
@@ -552,6 +748,76 @@ class PythonEngine:
             return -errno.EAGAIN
         except OSError as exc:
             return -(exc.errno or errno.EIO)
+
+
+_PROBLEMS = (GATHER_REMOVED, GATHER_ABSENT, GATHER_INVALID)
+
+
+class PythonGatherer:
+    """th_gather in Python: the same outcomes, records and spans as NativeGatherer."""
+
+    def gather(self, handle: Handle, seg_size: int, base_offset: int, min_offset: int,
+               readable_end: int, entries: Buffer, tag_codes: Sequence[int] | None,
+               topic: bytes, queue_id: int, first_queue_offset: int, flags: int,
+               max_record: int, max_count: int, max_bytes: int, bytes_before: int = 0
+               ) -> GatherResult:
+        wanted = None if tag_codes is None else set(tag_codes)
+        outcomes = bytearray()
+        records: list[tuple[int, int]] = []
+        spans: list[tuple[int, int]] = []
+        total, last_phys, problems, last_problem, stop = 0, -1, 0, 0, GATHER_END
+        for i, (phys, size, tags) in enumerate(layout.CQ_ENTRY.iter_unpack(entries)):
+            if len(records) >= max_count:
+                stop = GATHER_COUNT
+                break
+            if size == layout.CQ_BLANK_SIZE or phys < min_offset:
+                outcome = GATHER_REMOVED
+            elif wanted is not None and tags not in wanted:
+                outcome = GATHER_FILTERED
+            else:
+                if (records or bytes_before) and size > 0 \
+                        and bytes_before + total + size > max_bytes:
+                    stop = GATHER_BYTES
+                    break
+                if not base_offset <= phys < base_offset + seg_size:
+                    stop = GATHER_SEGMENT
+                    break
+                at = phys - base_offset
+                if size <= 0 or phys + 8 > readable_end or phys + size > readable_end \
+                        or size > seg_size - at:
+                    outcome = GATHER_ABSENT
+                elif flags & GATHER_VERIFY and not _serves(
+                        handle[at : at + size], phys, max_record,
+                        (topic, queue_id, first_queue_offset + i)):
+                    outcome = GATHER_INVALID
+                else:
+                    outcome = GATHER_FOUND
+                    records.append((at, size))
+                    if spans and sum(spans[-1]) == at:
+                        spans[-1] = (spans[-1][0], spans[-1][1] + size)
+                    else:
+                        spans.append((at, size))
+                    total += size
+                    last_phys = phys
+            outcomes.append(outcome)
+            if outcome in _PROBLEMS:
+                problems += 1
+                last_problem = outcome
+        return GatherResult(len(outcomes), len(records), stop, total, last_phys, problems,
+                            last_problem, spans, records, bytes(outcomes))
+
+
+def _serves(record: memoryview, phys: int, max_record: int,
+            expect: tuple[bytes, int, int]) -> bool:
+    """The check of GATHER_VERIFY for one record (the whole of ``record``)."""
+    if not rec.record_size(0, 0, 0) <= len(record) <= max_record:
+        return False
+    try:
+        message = rec.decode_record(record, check_crc=True, max_size=max_record)
+    except rec.RecordDecodeError:
+        return False
+    return (message.size == len(record) and message.commitlog_offset == phys
+            and (message.topic.encode(), message.queue_id, message.queue_offset) == expect)
 
 
 class PythonScanner:

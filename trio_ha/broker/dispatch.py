@@ -20,7 +20,7 @@ import logging
 import trio
 
 from ..remoting import RemotingConnection
-from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
+from ..wire.remoting import MappedReply, RemotingCommand, RequestCode, ResponseCode
 from . import admin
 from .broker import Broker
 from .metadata import MetadataRequestError
@@ -40,7 +40,7 @@ SEND_CODES = frozenset({
 
 
 async def handle(broker: Broker, request: RemotingCommand,
-                 connection: RemotingConnection) -> RemotingCommand:
+                 connection: RemotingConnection) -> RemotingCommand | MappedReply:
     try:
         return await _route(broker, request, connection)
     except MetadataRequestError as exc:
@@ -63,7 +63,7 @@ PULL_CODES = frozenset({RequestCode.PULL_MESSAGE, RequestCode.LITE_PULL_MESSAGE}
 
 
 async def _route(broker: Broker, request: RemotingCommand,
-                 connection: RemotingConnection) -> RemotingCommand:
+                 connection: RemotingConnection) -> RemotingCommand | MappedReply:
     code = request.code
     if code in SEND_CODES:
         return await process_send(broker, request, connection)
@@ -84,7 +84,7 @@ async def _route(broker: Broker, request: RemotingCommand,
 
 
 async def handle_vip(broker: Broker, request: RemotingCommand,
-                     connection: RemotingConnection) -> RemotingCommand:
+                     connection: RemotingConnection) -> RemotingCommand | MappedReply:
     """The VIP port serves the same requests except pulls (as RocketMQ's fast channel)."""
     if request.code in PULL_CODES:
         await trio.lowlevel.checkpoint()

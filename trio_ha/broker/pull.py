@@ -9,7 +9,9 @@ its own), so many held pulls share one connection without blocking anything else
 
 Statuses map to response codes as docs/remoting.md, 'Pull' lists, with the slave's rules: a slave
 does not correct offsets (offsetCheckInSlave is off) and suggests the master (broker id 0).
-The response body is the raw records, unchanged, as RocketMQ clients decode them.
+The response body is the raw records, unchanged, as RocketMQ clients decode them: views of
+the mapped commitlog (a ``MappedReply``), which the connection's writer hands to ``sendmsg``
+as they are — no copy of a record's bytes is made on the way out.
 
 A pull names its consumer group: a name outside RocketMQ's charset is SYSTEM_ERROR, and a group
 the broker does not have and may not create (autoCreateSubscriptionGroup off, or
@@ -28,6 +30,7 @@ from ..wire import layout
 from ..wire import record as rec
 from ..wire.permission import Permission
 from ..wire.remoting import (
+    MappedReply,
     PullMessageRequestHeader,
     RemotingCommand,
     ResponseCode,
@@ -66,14 +69,14 @@ def parse_subscription(
     return frozenset(rec.java_string_hash(t) for t in tags), tags
 
 
-def _record_tags(record: bytes) -> str | None:
+def _record_tags(record: bytes | memoryview) -> str | None:
     """TAGS of a raw record, without decoding the body."""
     return rec.decode_properties(layout.properties_slice(record)).get(rec.PROPERTY_TAGS)
 
 
 async def process_pull(
     broker: Broker, request: RemotingCommand, connection: RemotingConnection
-) -> RemotingCommand:
+) -> RemotingCommand | MappedReply:
     header = pull_message_header(request)
     config = broker.config
     if not config.broker_permission & Permission.READ:
@@ -117,7 +120,8 @@ async def process_pull(
 
     response = _pull_once(broker, request, header, codes, tags)
     if (
-        response.code == ResponseCode.PULL_NOT_FOUND
+        isinstance(response, RemotingCommand)
+        and response.code == ResponseCode.PULL_NOT_FOUND
         and header.has_suspend
         and header.suspend_timeout_millis > 0
     ):
@@ -155,7 +159,7 @@ def _pull_once(
     header: PullMessageRequestHeader,
     codes: frozenset[int] | None,
     tags: frozenset[str] | None,
-) -> RemotingCommand:
+) -> RemotingCommand | MappedReply:
     config = broker.config
     store = broker.store
     result = store.read_queue(
@@ -163,9 +167,9 @@ def _pull_once(
         min(header.max_msg_nums, config.max_transfer_count_on_message_in_memory),
         max_bytes=config.max_transfer_bytes_on_message_in_memory, tag_codes=codes, raw=True,
     )
-    records = result.records
+    records = result.spans
     if tags is not None and records:
-        records = tuple(r for r in records if _record_tags(r) in tags)
+        records = tuple(r for r in result.records if _record_tags(r) in tags)
     status = result.status
     next_offset = result.next_begin_offset
     if status is GetMessageStatus.FOUND and not records:
@@ -198,11 +202,11 @@ def _pull_once(
         code = ResponseCode.PULL_RETRY_IMMEDIATELY
         next_offset = header.queue_offset
         suggest = MASTER_ID
-    return RemotingCommand.response_to(
+    response = RemotingCommand.response_to(
         request, code, remark=status.name,
         ext_fields={
             "suggestWhichBrokerId": suggest, "nextBeginOffset": next_offset,
             "minOffset": result.min_offset, "maxOffset": result.max_offset,
         },
-        body=b"".join(records) if code == ResponseCode.SUCCESS else b"",
     )
+    return MappedReply(response, records) if code == ResponseCode.SUCCESS else response

@@ -41,11 +41,12 @@ from typing import Any
 import attrs
 import trio
 
+from .. import _backend
 from .._errors import unwrap_single_exception
 from ..remoting import RemotingError, RemotingTimeout
 from ..wire.errors import RecordDecodeError
 from ..wire.heartbeat import SubscriptionData
-from ..wire.record import SYSFLAG_COMPRESSED, StoredMessage, decode_record
+from ..wire.record import SYSFLAG_COMPRESSED, StoredMessage
 from ..wire.remoting import (
     PullMessageRequestHeader,
     PullSysFlag,
@@ -109,20 +110,19 @@ def decode_messages(body: bytes, queue: MessageQueue, result_fields: dict[str, s
     """A pull body (concatenated store records) as messages, filtered by tag string and with
     MIN_OFFSET / MAX_OFFSET set and compressed bodies inflated, as Java's
     ``processPullResult`` does."""
-    messages = []
-    view = memoryview(body)
-    position = 0
     tags = subscription.tags_set
     extra = {
         PROPERTY_MIN_OFFSET: result_fields.get("minOffset", "0"),
         PROPERTY_MAX_OFFSET: result_fields.get("maxOffset", "0"),
     }
-    while position < len(view):
-        try:
-            message = decode_record(view, position, extra_properties=extra)
-        except RecordDecodeError as exc:
-            raise MQClientError(f"bad record in the pull response of {queue}: {exc}") from None
-        position += message.size
+    try:
+        decoded = _backend.engine.decode_records(body, extra_properties=extra)
+    except RecordDecodeError as exc:
+        raise MQClientError(f"bad record in the pull response of {queue}: {exc}") from None
+    if not tags and not any(m.sys_flag & SYSFLAG_COMPRESSED for m in decoded):
+        return decoded
+    messages = []
+    for message in decoded:
         if tags and message.tags not in tags:
             continue
         if message.sys_flag & SYSFLAG_COMPRESSED and (

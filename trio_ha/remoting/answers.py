@@ -19,9 +19,12 @@ from collections.abc import Awaitable, Callable
 
 from ..ratelog import RateLimitedLog
 from ..wire.errors import HeaderFieldError
-from ..wire.remoting import RemotingCommand, ResponseCode, encode
+from ..wire.remoting import MappedReply, RemotingCommand, ResponseCode, encode, encode_parts
 
-__all__ = ["MAX_REMARK", "RequestError", "answer", "not_supported", "one_line"]
+__all__ = ["MAX_REMARK", "Frame", "RequestError", "answer", "not_supported", "one_line"]
+
+#: an encoded frame: one bytes object, or buffers written in order (a ``MappedReply``)
+Frame = bytes | list[bytes | memoryview]
 
 log = logging.getLogger("trio_ha.remoting.server")
 
@@ -57,8 +60,8 @@ def not_supported(request: RemotingCommand) -> RemotingCommand:
     )
 
 
-async def answer(handle: Callable[[], Awaitable[RemotingCommand | None]],
-                 request: RemotingCommand, peer: str) -> bytes | None:
+async def answer(handle: Callable[[], Awaitable[RemotingCommand | MappedReply | None]],
+                 request: RemotingCommand, peer: str) -> Frame | None:
     """Run ``handle`` (a handler applied to ``request`` from ``peer``) and return the encoded
     reply (None: no reply — a oneway request, or a handler with nothing to say). Never raises
     for the handler's exceptions; cancellation passes through."""
@@ -82,6 +85,8 @@ async def answer(handle: Callable[[], Awaitable[RemotingCommand | None]],
     if response is None or request.is_oneway:
         return None
     try:
+        if isinstance(response, MappedReply):
+            return encode_parts(response)
         return encode(response)
     except Exception as exc:  # a reply the wire cannot carry (a header field out of range)
         _failures.log(

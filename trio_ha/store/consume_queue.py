@@ -222,16 +222,20 @@ class ConsumeQueue:
 
     def entries(self, queue_offset: int, max_count: int) -> list[QueueEntry]:
         """Up to ``max_count`` entries from ``queue_offset``, not crossing a file."""
+        return [QueueEntry(*fields)
+                for fields in CQ_ENTRY.iter_unpack(self.entry_bytes(queue_offset, max_count))]
+
+    def entry_bytes(self, queue_offset: int, max_count: int) -> bytes:
+        """The same entries as they are stored (20 bytes each)."""
         position = queue_offset * CQ_ENTRY_SIZE
         segment = self.files.find(position)
         if segment is None:
-            return []
+            return b""
         start = position - segment.base_offset
         end = min(segment.wrote_position, start + max_count * CQ_ENTRY_SIZE)
         if end <= start:
-            return []
-        raw = segment.read(start, end - start)
-        return [QueueEntry(*fields) for fields in CQ_ENTRY.iter_unpack(raw)]
+            return b""
+        return segment.read(start, end - start)
 
     def entry(self, queue_offset: int) -> QueueEntry | None:
         found = self.entries(queue_offset, 1)

@@ -90,7 +90,12 @@ class GetMessageResult:
     next_begin_offset: int = 0
     min_offset: int = 0
     max_offset: int = 0
-    #: with ``raw=True``: each record's bytes, unchanged
-    records: tuple[bytes, ...] = ()
+    #: with ``raw=True``: each record's bytes, unchanged, as a view of its mapped segment (a
+    #: view keeps the mapping alive after retention deletes the file; it shows the bytes as
+    #: they are in the log, so it is sent soon, not kept)
+    records: tuple[memoryview, ...] = ()
     #: commitlog offset of the last message returned (-1: none)
     last_commitlog_offset: int = -1
+    #: with ``raw=True``: the same bytes as ``records``, adjacent records in one view (what a
+    #: pull response sends, from the mapping to the socket)
+    spans: tuple[memoryview, ...] = ()

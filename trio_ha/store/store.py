@@ -54,7 +54,7 @@ from .health import DiskMonitor, StoreHealth, StoreResourceError, describe
 from .lock import StoreLockedError, lock_root, unlock_root
 from .recovery import RecoveryReport, rebuild_disagreeing_queues, recover
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
-from .segment import sync_ranges
+from .segment import Segment, sync_ranges
 from .sync_requests import SyncServiceStatistics
 from .verify import RecordVerifier
 
@@ -64,6 +64,14 @@ log = logging.getLogger(__name__)
 RECORD_OVERHEAD_LIMIT = 64 * 1024
 
 #: enough of a record's head to reach STORETIMESTAMP, whichever host kinds SYSFLAG chooses
+#: read_queue without max_bytes
+_NO_BYTE_LIMIT = 2**63 - 1
+#: a read's status from the last entry a gather could not serve
+_GATHER_STATUS = {
+    _backend.GATHER_REMOVED: GetMessageStatus.MESSAGE_WAS_REMOVING,
+    _backend.GATHER_ABSENT: GetMessageStatus.OFFSET_FOUND_NULL,
+    _backend.GATHER_INVALID: GetMessageStatus.OFFSET_FOUND_NULL,
+}
 _STORE_TIMESTAMP_HEAD = layout.store_timestamp_at(layout.SYSFLAG_BORNHOST_V6) + 8
 
 @attrs.frozen
@@ -125,6 +133,9 @@ class MessageStore:
     _waits: bool = attrs.field(default=False, alias="waits")
     #: checks records before they are served (None: checkCRCOnRead is off)
     _verifier: RecordVerifier | None = attrs.field(default=None, alias="verifier")
+    #: decides consume-queue entries against the commitlog for reads (read_queue)
+    _gatherer: _backend.Gatherer = attrs.field(init=False,
+                                               factory=lambda: _backend.engine.gatherer())
     #: why puts are refused for disk use (None: they are not), and the use at the last look
     #: refuses puts above diskSpaceWarningLevelRatio (set up by the constructor)
     disk: DiskMonitor = attrs.field(init=False)
@@ -680,7 +691,11 @@ class MessageStore:
         ``tag_codes`` keeps only entries whose tag hash is in the set (RocketMQ filters by
         hash here; the exact tag is checked by whoever reads the record). With ``raw`` the
         result holds each record's bytes unchanged (what a pull response carries) in
-        ``records`` instead of decoded ``messages``."""
+        ``records`` instead of decoded ``messages``, and in ``spans`` with adjacent records
+        merged: views of the mapped segments, not copies (see GetMessageResult).
+
+        Each record is checked before it is served (``verify``), in C, together with the
+        consume-queue entry that points at it: one native call decides a run of entries."""
         queue = self.queues.get(topic, queue_id)
         if queue is None:
             return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE)
@@ -695,58 +710,96 @@ class MessageStore:
             return GetMessageResult(
                 GetMessageStatus.OFFSET_OVERFLOW_BADLY, (), low if low == 0 else high, low, high
             )
+        verifier = self._verifier
+        gatherer = self._gatherer
+        flags = _backend.GATHER_VERIFY if verifier is not None else 0
+        max_record = verifier.max_record if verifier is not None else layout.INT32_MAX
+        codes = None if tag_codes is None else tuple(tag_codes)
+        byte_limit = max_bytes if max_bytes is not None else _NO_BYTE_LIMIT
+        limit = self.confirmed.value
+        commitlog_min = self.commitlog.min_offset
+        segments = self.commitlog.segments
+        topic_bytes = topic.encode()
         found: list = []
+        spans: list[tuple[Segment, int, int]] = []  # (segment, position, length)
         next_offset = queue_offset
         total = 0
         last_commitlog_offset = -1
         status = GetMessageStatus.NO_MATCHED_MESSAGE
-        commitlog_min = self.commitlog.min_offset
-        topic_bytes = topic.encode()
         # RocketMQ scans at most max(16000 bytes, maxMsgNums * 20) of consume queue per pull.
         budget = max(800, max_count)
         while len(found) < max_count and next_offset < high and budget > 0:
-            entries = queue.entries(next_offset, min(budget, max_count - len(found) + 64))
+            entries = queue.entry_bytes(next_offset, min(budget, max_count - len(found) + 64))
             if not entries:
                 break
-            for entry in entries:
-                if len(found) >= max_count:
-                    break
-                budget -= 1
-                if entry.size == layout.CQ_BLANK_SIZE or entry.commitlog_offset < commitlog_min:
-                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                    next_offset += 1
-                    continue
-                if tag_codes is not None and entry.tags_code not in tag_codes:
-                    next_offset += 1
-                    continue
-                if max_bytes is not None and found and total + entry.size > max_bytes:
-                    budget = 0
-                    break
-                record = self._record_at(
-                    entry.commitlog_offset, entry.size, (topic_bytes, queue_id, next_offset)
-                )
-                if record is None:
-                    status = GetMessageStatus.OFFSET_FOUND_NULL
-                    next_offset += 1
-                    continue
-                if not raw:
-                    try:
-                        record = rec.decode_record(record)
-                    except RecordDecodeError:
-                        status = GetMessageStatus.OFFSET_FOUND_NULL
-                        next_offset += 1
-                        continue
-                found.append(record)
-                total += entry.size
-                last_commitlog_offset = entry.commitlog_offset
-                next_offset += 1
+            # The segment of the first entry's record; the gather stops where the next one is.
+            segment = segments.find(layout.INT64.unpack_from(entries)[0])
+            if segment is None:
+                segment = segments.segments[-1] if segments.segments else None
+            if segment is None:
+                break  # no commitlog at all: nothing a consume queue points at is readable
+            result = gatherer.gather(
+                segment.handle, segment.size, segment.base_offset, commitlog_min,
+                min(limit, segment.wrote_offset), entries, codes, topic_bytes, queue_id,
+                next_offset, flags, max_record, max_count - len(found), byte_limit, total,
+            )
+            looked = result.entries
+            if looked == 0 and result.stop == _backend.GATHER_SEGMENT:
+                # Its record is in no segment (past the log's end): missing.
+                status = GetMessageStatus.OFFSET_FOUND_NULL
+                looked = 1
+            elif result.problems:
+                status = _GATHER_STATUS[result.last_problem]
+                if verifier is not None and _backend.GATHER_INVALID in result.outcomes:
+                    self._report_unverified(verifier, segment, entries, result.outcomes,
+                                            topic_bytes, queue_id, next_offset)
+            if result.found:
+                whole = segment.view()
+                if raw:
+                    found.extend(whole[at : at + size] for at, size in result.records)
+                    gathered = result.spans
+                    if spans and spans[-1][0] is segment and sum(spans[-1][1:]) == gathered[0][0]:
+                        # the run goes on across a consume-queue file: one span still
+                        spans[-1] = (segment, spans[-1][1], spans[-1][2] + gathered[0][1])
+                        gathered = gathered[1:]
+                    spans.extend((segment, at, size) for at, size in gathered)
+                else:
+                    for at, size in result.records:
+                        try:
+                            found.append(rec.decode_record(whole[at : at + size]))
+                        except RecordDecodeError:
+                            status = GetMessageStatus.OFFSET_FOUND_NULL
+                total += result.bytes
+                last_commitlog_offset = result.last_phys
+            next_offset += looked
+            budget -= looked
+            if result.stop in (_backend.GATHER_COUNT, _backend.GATHER_BYTES):
+                break
         if found:
             status = GetMessageStatus.FOUND
         if raw:
+            views = tuple(segment.view(at, at + size) for segment, at, size in spans)
             return GetMessageResult(status, (), next_offset, low, high, tuple(found),
-                                    last_commitlog_offset)
+                                    last_commitlog_offset, views)
         return GetMessageResult(status, tuple(found), next_offset, low, high, (),
                                 last_commitlog_offset)
+
+    def _report_unverified(self, verifier: RecordVerifier, segment, entries: bytes,
+                           outcomes: bytes, topic: bytes, queue_id: int,
+                           first_queue_offset: int) -> None:
+        """Count and log the records a gather refused, with why (the slow check says)."""
+        for i, outcome in enumerate(outcomes):
+            if outcome != _backend.GATHER_INVALID:
+                continue
+            offset, size, _ = layout.CQ_ENTRY.unpack_from(entries, i * layout.CQ_ENTRY_SIZE)
+            at = offset - segment.base_offset
+            problem = verifier.problem(segment, at, segment.read(at, size),
+                                       (topic, queue_id, first_queue_offset + i))
+            verifier.refused(
+                offset, problem or "it changed while being read",
+                f"{topic.decode(errors='replace')}/{queue_id} queue offset "
+                f"{first_queue_offset + i}",
+            )
 
     async def get_messages(
         self,

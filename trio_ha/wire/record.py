@@ -442,6 +442,11 @@ class RecordHeader:
         return self.magic == BLANK_MAGIC
 
 
+#: the largest record ``decode_record`` accepts by default: the largest body a broker takes
+#: plus room for properties and the fixed part
+MAX_DECODED_RECORD = DEFAULT_MAX_MESSAGE_SIZE + 64 * 1024 + 65536
+
+
 def peek_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> RecordHeader:
     """TOTALSIZE and MAGIC at ``pos`` (8 bytes must be present)."""
     if len(buf) - pos < RECORD_START.size:
@@ -455,7 +460,7 @@ def decode_record(
     pos: int = 0,
     *,
     check_crc: bool = False,
-    max_size: int = DEFAULT_MAX_MESSAGE_SIZE + 64 * 1024 + 65536,
+    max_size: int = MAX_DECODED_RECORD,
     extra_properties: Mapping[str, str] | None = None,
 ) -> StoredMessage:
     """Decode the record at ``buf[pos:]``. Every declared length is checked against the buffer

@@ -5,7 +5,8 @@ custom headers of the requests we serve. Import from here; the modules are the p
 - ``java``: header values rendered and parsed as Java does.
 - ``command``: ``RemotingCommand``, one request or response as a value.
 - ``serialize``: the JSON and ROCKETMQ binary header encodings.
-- ``frames``: frames in and out of a byte stream (``FrameDecoder``, ``encode``).
+- ``frames``: frames in and out of a byte stream (``FrameDecoder``, ``encode``, and
+  ``MappedReply`` for a body sent from the mapping).
 - ``headers``: custom headers in general (``HeaderField``, ``HeaderSpec``).
 - ``message_headers``: the send and pull headers.
 
@@ -29,10 +30,12 @@ from .frames import (
     MAX_HEADER_LENGTH,
     NEED_DATA,
     FrameDecoder,
+    MappedReply,
     NeedData,
     decode_frame,
     encode,
     encode_head,
+    encode_parts,
 )
 from .headers import (
     FieldKind,
@@ -75,6 +78,7 @@ __all__ = [
     "HeaderSpec",
     "JavaValue",
     "LanguageCode",
+    "MappedReply",
     "NeedData",
     "PullMessageRequestHeader",
     "PullSysFlag",
@@ -90,6 +94,7 @@ __all__ = [
     "encode",
     "encode_custom_header",
     "encode_head",
+    "encode_parts",
     "encode_pull_message_fields",
     "encode_send_message_fields",
     "encode_send_message_v2_fields",

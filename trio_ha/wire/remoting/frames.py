@@ -42,8 +42,10 @@ __all__ = [
     "FrameDecoder",
     "NeedData",
     "decode_frame",
+    "MappedReply",
     "encode",
     "encode_head",
+    "encode_parts",
 ]
 
 #: ``com.rocketmq.remoting.frameMaxLength``: Netty's frame limit, which counts the 4-byte
@@ -86,6 +88,25 @@ def encode(command: RemotingCommand, *, opaque: int | None = None) -> bytes:
     if not body:
         return encode_head(command, 0, opaque=opaque)
     return encode_head(command, len(body), opaque=opaque) + body
+
+
+@attrs.frozen
+class MappedReply:
+    """A response whose body is buffers sent as they are — views of mapped segments (a pull's
+    records) — instead of ``command.body``: the body goes from the mapping to the socket
+    without a copy (``encode_parts``)."""
+
+    command: RemotingCommand
+    body: tuple[memoryview, ...]
+
+    @property
+    def body_length(self) -> int:
+        return sum(len(part) for part in self.body)
+
+
+def encode_parts(reply: MappedReply) -> list[bytes | memoryview]:
+    """The frame of ``reply`` as buffers to write in order: the head, then the body's views."""
+    return [encode_head(reply.command, reply.body_length), *reply.body]
 
 
 @attrs.define
