@@ -341,3 +341,56 @@ async def test_mapped_replies_reach_a_slow_reader_whole_and_in_order_of_their_op
         expected = b"".join(views_for(i)) if i % 3 else b"e" * i
         assert reply.body == expected, i
     await peer.aclose()
+
+
+async def test_a_flushed_call_is_written_by_its_caller_and_never_inside_another_frame(nursery):
+    """``invoke(flush=True)`` (pulls use it) writes its frame from the calling task when
+    nothing is queued or being written — here no writer task even runs, and the peer still
+    gets it, while an unflushed call's frame waits for the writer. While the writer is in
+    the middle of a large frame (the peer not reading), a flushed call must queue behind it:
+    the peer reads whole frames, in order."""
+    import functools
+    import socket as stdlib_socket
+
+    from trio_ha.remoting.client import RemotingClient
+
+    ours, theirs = trio.socket.socketpair()
+    client = RemotingClient("pair", trio.SocketStream(ours))  # no run(): no writer, no reader
+    async with trio.open_nursery() as calls:
+        calls.start_soon(functools.partial(
+            client.invoke, RemotingCommand.request(ECHO, {"n": "flushed"}), 5, flush=True))
+        await trio.testing.wait_all_tasks_blocked()
+        calls.start_soon(functools.partial(
+            client.invoke, RemotingCommand.request(ECHO, {"n": "queued"}), 5))
+        await trio.testing.wait_all_tasks_blocked()
+        data = await theirs.recv(65536)
+        assert [c.ext_fields["n"] for c in frames_of(data)] == ["flushed"]
+        with pytest.raises(BlockingIOError):
+            theirs._sock.recv(65536, stdlib_socket.MSG_DONTWAIT)  # the other one waits
+        calls.cancel_scope.cancel()
+    await client.aclose()
+    theirs.close()
+
+    ours, theirs = trio.socket.socketpair()
+    theirs.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVBUF, 4096)
+    client = RemotingClient("pair", trio.SocketStream(ours))
+    await nursery.start(client.run)
+    big = RemotingCommand.request(ECHO, {"n": "big"}, body=b"B" * (4 << 20))
+    async with trio.open_nursery() as calls:
+        calls.start_soon(functools.partial(client.invoke, big, 10))
+        await wait_until(lambda: client._writing, "the writer to be inside the big frame")
+        decoder, names = FrameDecoder(), []
+        for i in range(8):
+            # Room in the socket, and a flushed call in the same round as the writer's wake.
+            decoder.receive_data(await theirs.recv(65536))
+            calls.start_soon(functools.partial(
+                client.invoke, RemotingCommand.request(ECHO, {"n": str(i)}), 10, flush=True))
+        with trio.fail_after(10):
+            while len(names) < 9:
+                decoder.receive_data(await theirs.recv(65536))
+                while (command := decoder.next_command()) is not NEED_DATA:
+                    names.append(command.ext_fields["n"])
+        assert names[0] == "big" and sorted(names[1:]) == [str(i) for i in range(8)]
+        calls.cancel_scope.cancel()
+    await client.aclose()
+    theirs.close()

@@ -239,8 +239,10 @@ class PullConsumer:
                 raise MQClientError(f"pulling {queue} failed at {', '.join(sorted(tried))}")
             tried.add(address)
             try:
+                # Written at once: the caller of a pull is busy with the last answer while
+                # the broker makes this one (see RemotingClient).
                 response = await self.instance.invoke(
-                    address, request, deadline - trio.current_time()
+                    address, request, deadline - trio.current_time(), flush=True
                 )
             except RemotingTimeout as exc:
                 raise MQClientError(f"pulling {queue} from {address} timed out: {exc}") from exc

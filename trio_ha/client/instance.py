@@ -283,13 +283,14 @@ class ClientInstance:
     def request(self, code: int, fields: dict | None = None, body: bytes = b"") -> RemotingCommand:
         return RemotingCommand.request(code, fields, body, language=LANGUAGE)
 
-    async def invoke(self, address: str, request: RemotingCommand, timeout: float | None = None
-                     ) -> RemotingCommand:
-        """One call to ``address``; raises ``RemotingError`` (connect, broken, timeout)."""
+    async def invoke(self, address: str, request: RemotingCommand, timeout: float | None = None,
+                     *, flush: bool = False) -> RemotingCommand:
+        """One call to ``address``; raises ``RemotingError`` (connect, broken, timeout).
+        ``flush``: the request is written at once (``RemotingClient.invoke``)."""
         if timeout is None:
             timeout = self.config.request_timeout
         client = await self._connection(address)
-        return await client.invoke(request, max(timeout, 0.0))
+        return await client.invoke(request, max(timeout, 0.0), flush=flush)
 
     async def invoke_by_deadline(self, address: str, request: RemotingCommand
                                  ) -> RemotingCommand:

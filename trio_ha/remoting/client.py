@@ -14,13 +14,25 @@ queued by then in one ``send`` (whole frames, in order, so they never interleave
 producer tasks sharing a connection make one system call a round instead of sixteen, and no
 call holds a lock or a shielded scope around a socket write (a profile of 16 producers put
 about a tenth of the client's time there).
+
+A call may ask for its frame to go out at once instead (``flush=True``, Netty's
+``writeAndFlush`` to the default's ``write``): when nothing is queued or being written, the
+caller writes it itself (non-blocking; what the socket does not take goes to the writer,
+ahead of anything queued after it). Pulls do: their answers are large and their callers busy
+with them, so four pulls answered together would otherwise go back together only after all
+four bodies are decoded — the broker idle meanwhile; flushed, each is on its way while the
+next body decodes (bench consume: 109k -> 154k messages/s). Sends do not: sixteen producers'
+frames gathered into one write cost the broker fewer reads and rounds than sixteen writes
+(flushing them measured 15 % more broker CPU per send).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator
 
 import attrs
@@ -82,24 +94,44 @@ class RemotingClient:
     _room_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     closed: bool = False
     error: BaseException | None = None
+    #: the socket's descriptor for a caller's own write (-1: the stream is not a socket)
+    _fd: int = attrs.field(init=False, default=-1)
+    #: the writer is in a send: nobody else may write
+    _writing: bool = False
 
-    def _queue(self, data: bytes) -> None:
-        """Hand one frame to the writer."""
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.stream, trio.SocketStream):
+            self._fd = self.stream.socket.fileno()
+
+    def _queue(self, data: bytes, flush: bool = False) -> None:
+        """Hand one frame to the writer; with ``flush``, write it now if nothing is queued or
+        being written (what the socket does not take goes to the writer)."""
         if self.closed:
             raise RemotingError(f"connection to {self.address} is closed: {self.error}")
+        if flush and self._fd >= 0 and not (self._outbox or self._writing):
+            try:
+                sent = os.write(self._fd, data)
+            except OSError as exc:  # the writer meets the error (if it lasts) and reports it
+                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    log.debug("remoting: write to %s: %s", self.address, exc)
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
         self._outbox.append(data)
         self._outbox_bytes += len(data)
         self._writer_lot.unpark()
 
-    async def invoke(self, request: RemotingCommand, timeout: float | None) -> RemotingCommand:
+    async def invoke(self, request: RemotingCommand, timeout: float | None, *,
+                     flush: bool = False) -> RemotingCommand:
         """Send ``request`` and wait at most ``timeout`` seconds for its response (None: as
         long as the caller's own cancel scope lets it; a timeout is then the caller's to
-        report)."""
+        report). ``flush``: write it at once rather than with the round's other frames."""
         opaque = _next_opaque()
         call = _Call()
         self._pending[opaque] = call
         try:
-            self._queue(encode(request, opaque=opaque))
+            self._queue(encode(request, opaque=opaque), flush)
             if timeout is None:
                 await call.event.wait()
             else:
@@ -148,7 +180,11 @@ class RemotingClient:
                     count += 1
                 data = frames[0] if count == 1 else b"".join(frames[:count])
                 del frames[:count]
-                await self.stream.send_all(data)
+                self._writing = True
+                try:
+                    await self.stream.send_all(data)
+                finally:
+                    self._writing = False
                 self._outbox_bytes -= len(data)
                 if self._outbox_bytes < ONEWAY_HIGH_WATER:
                     self._room_lot.unpark_all()
