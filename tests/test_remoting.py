@@ -291,9 +291,10 @@ MAPPED = 9004
 
 async def test_mapped_replies_reach_a_slow_reader_whole_and_in_order_of_their_opaques(nursery):
     """Replies whose bodies are views of a mapping (a pull's records) go to the socket as
-    they are, gathered with other replies into sendmsg calls; a peer that reads slowly (a 4
-    KiB receive buffer) makes those writes partial, which must resume mid-buffer: every frame
-    arrives whole, each body is the bytes its views showed, and opaques match."""
+    they are: a lone one written by its request, others gathered into sendmsg calls; a peer
+    that reads slowly (a 4 KiB receive buffer) makes those writes partial, which must resume
+    mid-buffer: every frame arrives whole, each body is the bytes its views showed, and
+    opaques match."""
     import mmap
 
     from trio_ha.wire.remoting import MappedReply
@@ -308,6 +309,9 @@ async def test_mapped_replies_reach_a_slow_reader_whole_and_in_order_of_their_op
                      for k in range(1 + i % 12))
 
     async def mapped_handler(request, connection):
+        if request.code == MAPPED and "whole" in request.ext_fields:
+            reply = RemotingCommand.response_to(request, ResponseCode.SUCCESS)
+            return MappedReply(reply, (whole,) * 4)
         if request.code == MAPPED:
             i = int(request.ext_fields["i"])
             reply = RemotingCommand.response_to(request, ResponseCode.SUCCESS,
@@ -320,6 +324,11 @@ async def test_mapped_replies_reach_a_slow_reader_whole_and_in_order_of_their_op
     from test_remoting_limits import raw_connect
 
     peer = await raw_connect(f"127.0.0.1:{port}", rcvbuf=4096)
+    # A lone reply is written by its request; 4 MiB is more than the socket takes at once,
+    # and the rest goes to the writer, in order.
+    await peer.send_all(encode(RemotingCommand.request(MAPPED, {"whole": "1"}, opaque=7)))
+    (lone,) = await read_commands(peer, 1, timeout=20)
+    assert lone.opaque == 7 and lone.body == bytes(mapping) * 4
     requests = [RemotingCommand.request(MAPPED if i % 3 else ECHO, {"i": i},
                                         body=b"e" * (i % 3 == 0) * i, opaque=1000 + i)
                 for i in range(200)]

@@ -129,6 +129,9 @@ class RemotingClient:
         report). ``flush``: write it at once rather than with the round's other frames."""
         opaque = _next_opaque()
         call = _Call()
+        # A lone call (none other waiting on this connection) goes out at once: no other
+        # frame is coming to share the writer's next write.
+        flush = flush or not self._pending
         self._pending[opaque] = call
         try:
             self._queue(encode(request, opaque=opaque), flush)

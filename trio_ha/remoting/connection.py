@@ -42,6 +42,7 @@ import contextlib
 import enum
 import functools
 import logging
+import os
 import select
 import time
 from collections import deque
@@ -135,9 +136,17 @@ class RemotingConnection:
     _scope: trio.CancelScope | None = None
     _read_scope: trio.CancelScope | None = None
     _writer_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    #: the socket's descriptor, for a lone reply written by its request (-1: not a socket)
+    _fd: int = attrs.field(init=False, default=-1)
+    #: the writer is in a write: nobody else may write
+    _writing: bool = False
     _room_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _slot_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _idle_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.stream, trio.SocketStream):
+            self._fd = self.stream.socket.fileno()
 
     @property
     def closed(self) -> bool:
@@ -407,7 +416,10 @@ class RemotingConnection:
         try:
             data = await answer(functools.partial(handler, request, self), request, self.peer)
             if data is not None:
-                self._enqueue(data)  # no checkpoint since the handler returned: counted now
+                # No checkpoint since the handler returned: counted now. The only request
+                # running (held ones aside) writes its reply itself: no other reply is coming
+                # to share the writer's next write, so waiting for it would only cost a round.
+                self._enqueue(data, flush=self._in_flight - len(self._holds) <= 1)
         finally:
             self._settle(self._promises.pop(task, 0))
             self._in_flight -= 1
@@ -430,12 +442,26 @@ class RemotingConnection:
 
     # ---- the writer ------------------------------------------------------------------------
 
-    def _enqueue(self, data: Frame) -> bool:
+    def _enqueue(self, data: Frame, flush: bool = False) -> bool:
+        """Queue a frame for the writer; with ``flush``, write it now if nothing is queued or
+        being written (non-blocking: what the socket does not take is queued)."""
         if self.closed:
             return False
         size = len(data) if isinstance(data, bytes) else sum(map(len, data))
         if self._largest_reply is None or size > self._largest_reply:
             self._largest_reply = size
+        if flush and self._fd >= 0 and not (self._outbox or self._writing):
+            parts: list[bytes | memoryview] = [data] if isinstance(data, bytes) else data
+            if len(parts) <= MAX_IOV:
+                try:
+                    sent = os.writev(self._fd, parts)
+                except OSError:  # full, or broken: the writer meets a lasting error
+                    sent = 0
+                if sent:
+                    self._last_activity = trio.current_time()
+                if sent == size:
+                    return True
+                data, size = _after(parts, sent), size - sent
         self._outbox.append((data, size))
         self._outbox_bytes += size
         self.budgets.replies.take(size)
@@ -472,10 +498,14 @@ class RemotingConnection:
                     parts.extend(part for part in frame if len(part))
                 size += n
             try:
-                if sock is not None:
-                    await self._send_parts(sock, parts)
-                else:
-                    await self._write(parts[0] if len(parts) == 1 else b"".join(parts))
+                self._writing = True
+                try:
+                    if sock is not None:
+                        await self._send_parts(sock, parts)
+                    else:
+                        await self._write(parts[0] if len(parts) == 1 else b"".join(parts))
+                finally:
+                    self._writing = False
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self._written(size)
                 self.close(CloseReason.LOST, exc)
@@ -525,6 +555,15 @@ class RemotingConnection:
         self._outbox.clear()
         self.budgets.requests.release(self._read_charge)
         self._read_charge = 0
+
+
+def _after(parts: list[bytes | memoryview], sent: int) -> list[bytes | memoryview]:
+    """What is left of ``parts`` once their first ``sent`` bytes are written."""
+    for index, part in enumerate(parts):
+        if sent < len(part):
+            return [memoryview(part)[sent:], *parts[index + 1:]]
+        sent -= len(part)
+    return []
 
 
 async def serve_connection(
