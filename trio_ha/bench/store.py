@@ -15,7 +15,10 @@ What runs (one JSON object per result, in this order):
    is the figure; a reopen with the abort file present (crash recovery as it really runs) and
    one with the checkpoint and consume queues removed too (full rescan and re-dispatch) are
    reported beside it;
-5. a summary of the issue's targets.
+5. reads: what a pull costs the store — ``read_queue`` of 32 records (raw, as the broker
+   serves them: views of the mapping) over one queue of 128 B, 1 KiB and 16 KiB records, with
+   ``checkCRCOnRead`` on and off; best of several passes, next to the sequential read limit;
+6. a summary of the issue's targets.
 
 Message rates count messages (a batch of 64 counts 64); ``mb_per_s`` is body bytes,
 ``record_mb_per_s`` is commitlog bytes (what was copied into the mapping). Every append run
@@ -84,6 +87,8 @@ class StorePlan(Plan):
     memcpy_map: int
     sync_seconds: float
     recovery_bytes: int
+    #: records each read run writes first, then reads back
+    read_bytes: int
     passes: int
 
     @classmethod
@@ -92,11 +97,11 @@ class StorePlan(Plan):
             return cls(quick=True, segment_size=32 * MiB, run_seconds=0.2,
                        run_max_bytes=96 * MiB, warmup_seconds=0.02, memcpy_bytes=512 * MiB,
                        memcpy_map=64 * MiB, sync_seconds=0.3, recovery_bytes=200 * MiB,
-                       passes=2)
+                       read_bytes=8 * MiB, passes=2)
         return cls(quick=False, segment_size=256 * MiB, run_seconds=2.5,
                    run_max_bytes=2 * GiB, warmup_seconds=0.2, memcpy_bytes=4 * GiB,
                    memcpy_map=256 * MiB, sync_seconds=2.0, recovery_bytes=3 * GiB // 2,
-                   passes=5)
+                   read_bytes=64 * MiB, passes=5)
 
     def fit_disk(self, free: int) -> None:
         """Keep the largest store below a third of the free space."""
@@ -169,6 +174,39 @@ async def _append_run(root: str, plan: StorePlan, flush: FlushDiskType, api: str
 def _record_estimate(body_size: int) -> int:
     # 91 fixed bytes (IPv4 v1) + topic + the TAGS property; used only to bound the run
     return 91 + body_size + len(TOPIC) + len("TAGS\x01TagA")
+
+
+# ---- reads --------------------------------------------------------------------------------
+
+#: records per read, as a pull asks for (pullBatchSize's default)
+READ_BATCH = 32
+
+
+async def _read_run(root: str, plan: StorePlan, body_size: int, check: bool) -> dict:
+    """read_queue of READ_BATCH over one queue of a store with checkCRCOnRead ``check``."""
+    config = attrs.evolve(_store_config(root, plan, FlushDiskType.ASYNC_FLUSH),
+                          check_crc_on_read=check)
+    async with open_store(config) as store:
+        put, per_put = make_put(store, "put_batch", body_size)
+        state = RunState(plan.read_bytes // _record_estimate(body_size),
+                         time.perf_counter() + 60)
+        await drive_puts(put, per_put, 1, state, False)
+        await store.wait_dispatched()
+        end = store.max_queue_offset(TOPIC, 0)
+        best = float("inf")
+        records = size = 0
+        for _ in range(plan.passes):
+            records = size = 0
+            started = time.perf_counter()
+            for offset in range(0, end, READ_BATCH):
+                read = store.read_queue(TOPIC, 0, offset, READ_BATCH, raw=True)
+                records += len(read.records)
+                size += sum(len(view) for view in read.spans)
+            best = min(best, time.perf_counter() - started)
+    reads = -(-end // READ_BATCH)
+    return {"messages": records, "queue_messages": end, "reads": reads, "seconds": best,
+            "us_per_read": best / reads * 1e6, "msgs_per_s": records / best,
+            "mb_per_s": size / best / MB}
 
 
 # ---- recovery -------------------------------------------------------------------------------
@@ -408,6 +446,28 @@ def _run(directory: str | None, quick: bool) -> Iterator[dict]:
                 }
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+        # -- reads ----------------------------------------------------------------------------
+        for size in BODY_SIZES:
+            for check in (True, False):
+                root = os.path.join(base, "reads")
+                try:
+                    run = trio.run(_read_run, root, plan, size, check)
+                finally:
+                    shutil.rmtree(root, ignore_errors=True)
+                # With the check every record byte is read (its CRC): the sequential read
+                # is its limit. Without it no record byte is touched (views): no limit.
+                yield {
+                    "bench": "store.read", "body_size": size, "mode": "read_queue_raw",
+                    "check_crc_on_read": check, **run,
+                    "limit": read_limit if check else None,
+                    "ratio_to_limit": run["mb_per_s"] / read_limit["value"] if check else None,
+                    "target": None, "meets_target": None, "backend": backend,
+                    "note": f"MessageStore.read_queue(raw=True) of {READ_BATCH} from one "
+                            "queue of a warm store, in order over the whole queue; best "
+                            "pass; mb_per_s counts record bytes (views of the mapping: "
+                            "without the check they are not read at all)",
+                }
 
         yield {
             "bench": "store.summary", **common, "targets": targets,

@@ -63,7 +63,6 @@ log = logging.getLogger(__name__)
 # The record encoder reserves 64 KiB beyond the body limit for the rest of the record.
 RECORD_OVERHEAD_LIMIT = 64 * 1024
 
-#: enough of a record's head to reach STORETIMESTAMP, whichever host kinds SYSFLAG chooses
 #: read_queue without max_bytes
 _NO_BYTE_LIMIT = 2**63 - 1
 #: a read's status from the last entry a gather could not serve
@@ -72,6 +71,7 @@ _GATHER_STATUS = {
     _backend.GATHER_ABSENT: GetMessageStatus.OFFSET_FOUND_NULL,
     _backend.GATHER_INVALID: GetMessageStatus.OFFSET_FOUND_NULL,
 }
+#: enough of a record's head to reach STORETIMESTAMP, whichever host kinds SYSFLAG chooses
 _STORE_TIMESTAMP_HEAD = layout.store_timestamp_at(layout.SYSFLAG_BORNHOST_V6) + 8
 
 @attrs.frozen
