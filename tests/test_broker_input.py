@@ -202,6 +202,7 @@ async def test_point_11_a_refusal_no_processor_caught_is_still_one_line(monkeypa
     request = RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "T", "queueId": 0})
     caplog.set_level(logging.INFO, logger="trio_ha")
     reply = await dispatch.handle(None, request, connection(1))  # type: ignore[arg-type]
+    assert isinstance(reply, RemotingCommand)  # only a pull's answer is a MappedReply
     assert reply.code == ResponseCode.SYSTEM_ERROR
     assert one_line(reply).startswith("first line second line x")
     assert not caplog.records
