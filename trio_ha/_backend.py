@@ -505,14 +505,18 @@ class NativeGatherer:
 _RECORD_INFO = struct.Struct("@6q6i6I2H4B")
 #: record_size(0, 0, 0): no record is smaller
 MIN_RECORD_SIZE = 91
+#: longer than any topic (a 16-bit length) or host field: matches no record's field
+_NO_FIELD = bytes(1 << 16)
 
 
 def _messages(buf: bytes, infos: Iterable[tuple[int, ...]],
               extra: dict[str, str] | None) -> list[rec.StoredMessage]:
     """StoredMessages from th_record_info tuples of records scanned in ``buf`` from 0."""
     messages = []
-    topics: dict[bytes, str] = {}  # topics and hosts repeat: each is decoded once per buffer
-    hosts: dict[bytes, str] = {}
+    # The records of one buffer nearly always share their topic and hosts: each field is
+    # compared in place with the last record's (no slice) and decoded only when it differs.
+    topic_raw = born_raw = store_raw = _NO_FIELD
+    topic = born_host = store_host = ""
     decode_host = rec.decode_host
     decode_properties = rec.decode_properties
     physical_offset = layout.INT64.unpack_from
@@ -521,17 +525,18 @@ def _messages(buf: bytes, infos: Iterable[tuple[int, ...]],
         crc, reconsume_times, born_pos, store_pos, body_pos, body_len, topic_pos, props_pos,
         topic_len, props_len, born_len, store_len, version, _crc_ok,
     ) in infos:
-        raw = buf[topic_pos : topic_pos + topic_len]
-        topic = topics.get(raw)
-        if topic is None:
+        if topic_len != len(topic_raw) or not buf.startswith(topic_raw, topic_pos):
+            topic_raw = buf[topic_pos : topic_pos + topic_len]
             try:
-                topic = topics[raw] = raw.decode("utf-8")
+                topic = topic_raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise rec.RecordDecodeError(f"record at {pos}: topic is not UTF-8") from None
-        raw = buf[born_pos : born_pos + born_len]
-        born_host = hosts.get(raw) or hosts.setdefault(raw, decode_host(raw))
-        raw = buf[store_pos : store_pos + store_len]
-        store_host = hosts.get(raw) or hosts.setdefault(raw, decode_host(raw))
+        if born_len != len(born_raw) or not buf.startswith(born_raw, born_pos):
+            born_raw = buf[born_pos : born_pos + born_len]
+            born_host = decode_host(born_raw)
+        if store_len != len(store_raw) or not buf.startswith(store_raw, store_pos):
+            store_raw = buf[store_pos : store_pos + store_len]
+            store_host = decode_host(store_raw)
         properties = decode_properties(buf[props_pos : props_pos + props_len])
         if extra:
             properties.update(extra)
