@@ -269,3 +269,44 @@ async def test_slave_checkpoint_records_replicated_store_times(tmp_path):
             last = results[-1].store_timestamp
             assert slave.checkpoint.physic_msg_timestamp == last
             assert slave.checkpoint.logics_msg_timestamp == last
+
+
+async def test_frames_carry_what_is_ready_up_to_1_mib_by_default_or_the_configured_batch(tmp_path):
+    """A catching-up slave gets frames sized by what is ready: up to 1 MiB by default (not
+    RocketMQ's fixed 32 KiB, which holds catch-up to a fifth of the speed), never past a
+    segment's written end; an explicit haTransferBatchSize is the cap instead. Read here by
+    a bare slave that reports offset 0 and decodes the frame headers."""
+    from trio_ha.wire.ha import NEED_DATA, FrameHeader, SlaveProtocol
+
+    segment = 4 << 20
+
+    async def frame_sizes(config: StoreConfig) -> list[int]:
+        async with open_store(config) as master:
+            for i in range(3000):
+                result = await master.put_message(Message("Frames", b"f" * 1000, keys=str(i)))
+                assert result.status is PutMessageStatus.PUT_OK
+            end = master.max_commitlog_offset
+            assert master.ha_address is not None
+            stream = await trio.open_tcp_stream(*master.ha_address)
+            protocol = SlaveProtocol(expected=0)
+            await stream.send_all(protocol.send_report(0))
+            sizes, received = [], 0
+            with trio.fail_after(10):
+                while received < end:
+                    data = await stream.receive_some(1 << 20)
+                    assert data
+                    protocol.receive_data(data)
+                    while (event := protocol.next_event()) is not NEED_DATA:
+                        if isinstance(event, FrameHeader):
+                            sizes.append(event.size)
+                            received += event.size
+            await stream.aclose()
+            return sizes
+
+    common: dict[str, Any] = dict(broker_role=BrokerRole.ASYNC_MASTER,
+                                  mapped_file_size_commit_log=segment)
+    sizes = await frame_sizes(master_config(tmp_path / "default", **common))
+    assert max(sizes) == 1 << 20 and len(sizes) <= 4  # ~3 MB ready: whole MiBs at once
+    sizes = await frame_sizes(master_config(tmp_path / "small", **common,
+                                            ha_transfer_batch_size=32 * 1024))
+    assert max(sizes) == 32 * 1024 and len(sizes) > 3000 * 1000 // (32 * 1024)
