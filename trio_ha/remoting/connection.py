@@ -5,8 +5,10 @@ pull holds its reply for up to 15 s) never stalls the requests behind it; replie
 whatever order they finish, matched by ``opaque`` as RocketMQ clients expect. A finished
 request queues its encoded reply and ends; the writer task writes the queue in order, so frames
 never interleave and no request waits on a peer that does not read. The writer takes every
-reply waiting at once (up to ``WRITE_BATCH``) and gives their buffers to one ``sendmsg``: a pull's
-records go from the mapped commitlog to the socket without a copy (``MappedReply``).
+reply waiting at once (up to ``WRITE_BATCH``) and gives their buffers to one ``sendmsg``: a
+pull's records go from the mapped commitlog to the socket without a copy (``MappedReply``).
+The one exception: the only request running (held ones aside) writes its own reply when
+nothing is queued or being written, since no other reply is coming to share the write.
 
 Every resource the peer can make us hold is bounded (``RemotingLimits``):
 
@@ -516,22 +518,15 @@ class RemotingConnection:
                           parts: list[bytes | memoryview]) -> None:
         """Write ``parts`` in order with gathered sends; each must make progress within
         ``write_timeout``."""
-        index = 0
-        while index < len(parts):
+        while parts:
             sent = 0
             with trio.move_on_after(self.limits.write_timeout) as scope:
-                sent = await sock.sendmsg(parts[index : index + MAX_IOV])
+                sent = await sock.sendmsg(parts[:MAX_IOV])
             if scope.cancelled_caught:
                 await self._write_timed_out()
                 return  # not reached: the connection's scope is cancelled
             self._last_activity = trio.current_time()
-            while sent:
-                n = len(parts[index])
-                if sent < n:
-                    parts[index] = memoryview(parts[index])[sent:]
-                    break
-                sent -= n
-                index += 1
+            parts = _after(parts, sent)
 
     async def _write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
