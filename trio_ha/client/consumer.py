@@ -43,7 +43,7 @@ import trio
 
 from .. import _backend
 from .._errors import unwrap_single_exception
-from ..remoting import RemotingError, RemotingTimeout
+from ..remoting import RemotingError
 from ..wire.errors import RecordDecodeError
 from ..wire.heartbeat import SubscriptionData
 from ..wire.record import SYSFLAG_COMPRESSED, StoredMessage
@@ -240,12 +240,9 @@ class PullConsumer:
             tried.add(address)
             try:
                 # Written at once: the caller of a pull is busy with the last answer while
-                # the broker makes this one (see RemotingClient).
-                response = await self.instance.invoke(
-                    address, request, deadline - trio.current_time(), flush=True
-                )
-            except RemotingTimeout as exc:
-                raise MQClientError(f"pulling {queue} from {address} timed out: {exc}") from exc
+                # the broker makes this one (see RemotingClient). Bounded by the pull's own
+                # deadline (the caller's scope), not a second one.
+                response = await self.instance.invoke_by_deadline(address, request, flush=True)
             except RemotingError as exc:
                 # the broker is gone (or going): look the route up again and try the node it
                 # names now, once per address

@@ -292,12 +292,13 @@ class ClientInstance:
         client = await self._connection(address)
         return await client.invoke(request, max(timeout, 0.0), flush=flush)
 
-    async def invoke_by_deadline(self, address: str, request: RemotingCommand
-                                 ) -> RemotingCommand:
+    async def invoke_by_deadline(self, address: str, request: RemotingCommand, *,
+                                 flush: bool = False) -> RemotingCommand:
         """One call to ``address`` bounded only by the caller's own deadline (a cancel scope
-        it holds): no scope of its own, so a send runs under one deadline, not two."""
+        it holds): no scope of its own, so a send or a pull runs under one deadline, not
+        two. ``flush``: the request is written at once (``RemotingClient.invoke``)."""
         client = await self._connection(address)
-        return await client.invoke(request, None)
+        return await client.invoke(request, None, flush=flush)
 
     async def _connection(self, address: str) -> RemotingClient:
         return await self.pool.client(address)
