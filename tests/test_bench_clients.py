@@ -1,7 +1,7 @@
 """`trio-ha bench produce --quick`, `bench consume --quick` and `bench restarts --quick` run end
 to end against a name server, a master and a slave in child processes: every configuration is
-reported, with no failures, next to the loopback round trip. (Benchmarks print figures; nothing here asserts
-a duration or a rate.)"""
+reported, with no failures, next to the loopback round trip. (Benchmarks print figures;
+nothing here asserts a duration or a rate.)"""
 
 import json
 import os

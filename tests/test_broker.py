@@ -331,8 +331,8 @@ async def test_hostile_input_on_every_port(cluster, port, kind):
 
 async def test_what_a_rocketmq5_slave_syncs_is_answered(cluster):
     """A RocketMQ 5 slave's metadata sync stopped on our answers (issue 10, point 7, found by
-    the real 5.3.3 slave, which tests/test_interop_ha.py runs against us): the consumer-offset body must carry a dataVersion, and
-    GET_ALL_MESSAGE_REQUEST_MODE must be answered."""
+    the real 5.3.3 slave, which tests/test_interop_ha.py runs against us): the consumer-offset
+    body must carry a dataVersion, and GET_ALL_MESSAGE_REQUEST_MODE must be answered."""
     _, master, _ = cluster
     async with open_remoting_client(master.broker_addr) as client:
         offsets = await client.invoke(RemotingCommand.request(RequestCode.GET_ALL_CONSUMER_OFFSET), 5)

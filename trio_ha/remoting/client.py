@@ -30,16 +30,15 @@ the connection — is flushed too: no other frame is coming to share the writer'
 from __future__ import annotations
 
 import contextlib
-import errno
 import itertools
 import logging
-import os
 from collections.abc import AsyncIterator
 
 import attrs
 import trio
 
 from .._errors import unwrap_single_exception
+from .._sockets import socket_fd, write_now
 from ..wire.errors import RemotingDecodeError
 from ..wire.layout import INT32_MAX
 from ..wire.record import parse_host_port
@@ -101,8 +100,7 @@ class RemotingClient:
     _writing: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if isinstance(self.stream, trio.SocketStream):
-            self._fd = self.stream.socket.fileno()
+        self._fd = socket_fd(self.stream)
 
     def _queue(self, data: bytes, flush: bool = False) -> None:
         """Hand one frame to the writer; with ``flush``, write it now if nothing is queued or
@@ -110,12 +108,7 @@ class RemotingClient:
         if self.closed:
             raise RemotingError(f"connection to {self.address} is closed: {self.error}")
         if flush and self._fd >= 0 and not (self._outbox or self._writing):
-            try:
-                sent = os.write(self._fd, data)
-            except OSError as exc:  # the writer meets the error (if it lasts) and reports it
-                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
-                    log.debug("remoting: write to %s: %s", self.address, exc)
-                sent = 0
+            sent = write_now(self._fd, (data,))
             if sent == len(data):
                 return
             data = data[sent:]

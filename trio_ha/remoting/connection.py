@@ -44,7 +44,6 @@ import contextlib
 import enum
 import functools
 import logging
-import os
 import select
 import time
 from collections import deque
@@ -53,6 +52,7 @@ from collections.abc import Awaitable, Callable, Iterator
 import attrs
 import trio
 
+from .._sockets import socket_fd, unsent, write_now
 from ..ratelog import RateLimitedLog
 from ..wire.errors import RemotingDecodeError
 from ..wire.remoting import NEED_DATA, FrameDecoder, MappedReply, RemotingCommand, encode
@@ -147,8 +147,7 @@ class RemotingConnection:
     _idle_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
 
     def __attrs_post_init__(self) -> None:
-        if isinstance(self.stream, trio.SocketStream):
-            self._fd = self.stream.socket.fileno()
+        self._fd = socket_fd(self.stream)
 
     @property
     def closed(self) -> bool:
@@ -455,15 +454,12 @@ class RemotingConnection:
         if flush and self._fd >= 0 and not (self._outbox or self._writing):
             parts: list[bytes | memoryview] = [data] if isinstance(data, bytes) else data
             if len(parts) <= MAX_IOV:
-                try:
-                    sent = os.writev(self._fd, parts)
-                except OSError:  # full, or broken: the writer meets a lasting error
-                    sent = 0
+                sent = write_now(self._fd, parts)
                 if sent:
                     self._last_activity = trio.current_time()
                 if sent == size:
                     return True
-                data, size = _after(parts, sent), size - sent
+                data, size = unsent(parts, sent), size - sent
         self._outbox.append((data, size))
         self._outbox_bytes += size
         self.budgets.replies.take(size)
@@ -526,7 +522,7 @@ class RemotingConnection:
                 await self._write_timed_out()
                 return  # not reached: the connection's scope is cancelled
             self._last_activity = trio.current_time()
-            parts = _after(parts, sent)
+            parts = unsent(parts, sent)
 
     async def _write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
@@ -550,15 +546,6 @@ class RemotingConnection:
         self._outbox.clear()
         self.budgets.requests.release(self._read_charge)
         self._read_charge = 0
-
-
-def _after(parts: list[bytes | memoryview], sent: int) -> list[bytes | memoryview]:
-    """What is left of ``parts`` once their first ``sent`` bytes are written."""
-    for index, part in enumerate(parts):
-        if sent < len(part):
-            return [memoryview(part)[sent:], *parts[index + 1:]]
-        sent -= len(part)
-    return []
 
 
 async def serve_connection(

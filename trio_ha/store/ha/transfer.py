@@ -22,7 +22,7 @@ from typing import Protocol
 import trio
 
 from ... import _backend
-from ..._sockets import peer_name
+from ..._sockets import peer_name, unsent
 from ..segment import Segment
 
 #: frames smaller than this are sent with one sendmsg even when the method is sendfile
@@ -99,18 +99,13 @@ class SocketTransport:
                     position += sent
             await trio.lowlevel.checkpoint()
             return
-        body = segment.view(start, end)
+        parts = [header, segment.view(start, end)]
         try:
-            sent = await self.sock.sendmsg([header, body])
-            total = len(header) + len(body)
-            while sent < total:
-                if sent < len(header):
-                    sent += await self.sock.sendmsg([header[sent:], body])
-                else:
-                    sent += await self.sock.send(body[sent - len(header) :])
+            while parts:
+                parts = unsent(parts, await self.sock.sendmsg(parts))
         finally:
             # Drop every view of the mapping now: the segment cannot unmap while one lives.
-            del body
+            del parts
 
     async def aclose(self) -> None:
         await self.stream.aclose()
