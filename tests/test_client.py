@@ -314,11 +314,11 @@ async def test_send_errors_are_typed(cluster):
                 await producer.send(Message("Errors", b""))
             with pytest.raises(MQClientError, match="illegal characters"):
                 await producer.send(Message("bad topic!", b"x"))
-            # the broker refuses delayed messages with MESSAGE_ILLEGAL: never retried
+            # the broker refuses timer messages with MESSAGE_ILLEGAL: never retried
             with pytest.raises(MQBrokerError) as info:
-                await producer.send(Message("Errors", b"x", properties={"DELAY": "3"}))
+                await producer.send(Message("Errors", b"x", properties={"TIMER_DELAY_SEC": "3"}))
             assert info.value.code == ResponseCode.MESSAGE_ILLEGAL
-            assert "delay" in (info.value.remark or "").lower()
+            assert "timer" in (info.value.remark or "").lower()
 
 
 async def test_heartbeat_registers_and_close_unregisters(cluster):

@@ -5,8 +5,9 @@ Every message a Java producer sends — over SEND_MESSAGE_V2 and SEND_MESSAGE, w
 with ROCKETMQ binary headers, singly, in batches, async and oneway — is read back by Java
 consumers with its body, keys, tags, user properties and both message ids intact, at the queue
 and offset the producer was told. Consumers of one group share the queues; committed offsets
-survive a broker restart; with the master stopped, consumers read from the slave. Features we
-have not built yet are refused in words the client shows.
+survive a broker restart; with the master stopped, consumers read from the slave. Delayed
+messages arrive when due, and a message a listener fails comes back through the group's retry
+topic. Features we have not built yet are refused in words the client shows.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from trio_ha.testing.rocketmq import RocketMQ, program_lines
 pytestmark = pytest.mark.interop
 
 CLIENT = "trioha.interop.Client"
+DELAY_LEVELS = "1s 1s 2s 2s 3s"
 _names = itertools.count()
 
 
@@ -31,7 +33,10 @@ def cluster(tmp_path_factory):
     """Our name server, SYNC_MASTER and SLAVE, shared by the module's tests (each test uses
     its own topics and groups)."""
     data_dir = tmp_path_factory.mktemp("ours")
-    with ProcessCluster.start(ClusterConfig(data_dir=str(data_dir))) as running:
+    # Short delay levels: a retry (level 3 + reconsume times) comes back in seconds.
+    config = ClusterConfig(data_dir=str(data_dir),
+                           properties={"messageDelayLevel": DELAY_LEVELS})
+    with ProcessCluster.start(config) as running:
         yield running
 
 
@@ -62,8 +67,11 @@ def consume(peer: RocketMQ, run_dir, kind: str, namesrv: str, topic: str, group:
 
 
 def assert_intact(sent: list[dict], received: list[dict], topic: str, *,
-                  tags: tuple[str, ...] = ("TagA",), prefix: str = "body") -> None:
-    """Every sent message arrived exactly once, as it was sent."""
+                  tags: tuple[str, ...] = ("TagA",), prefix: str = "body",
+                  stored_again: bool = False) -> None:
+    """Every sent message arrived exactly once, as it was sent. ``stored_again``: what
+    arrived is a copy the broker stored later (a delayed or retried message), at another
+    commitlog offset and queue offset, so under another offsetMsgId."""
     by_id = {line["msgId"]: line for line in received}
     assert len(by_id) == len(received), "a message was delivered twice"
     assert sorted(by_id) == sorted(line["msgId"] for line in sent)
@@ -77,9 +85,10 @@ def assert_intact(sent: list[dict], received: list[dict], topic: str, *,
         assert got["properties"]["seq"] == str(i)
         assert got["properties"]["UNIQ_KEY"] == line["msgId"]
         if line.get("offsetMsgId"):
-            assert got["offsetMsgId"] == line["offsetMsgId"]
-            assert (got["queueId"], got["queueOffset"]) == (line["queueId"],
-                                                            line["queueOffset"])
+            assert (got["offsetMsgId"] == line["offsetMsgId"]) != stored_again
+            if not stored_again:  # the send's answer names where it was first stored
+                assert (got["queueId"], got["queueOffset"]) == (line["queueId"],
+                                                                line["queueOffset"])
 
 
 # Each variant: (producer arguments, JVM properties). The property names are the client's own.
@@ -193,36 +202,59 @@ def test_consumers_of_one_group_share_the_queues_and_filter_by_tag(peer_name, re
     assert not queues[0] & queues[1], queues
 
 
+def test_delayed_messages_arrive_when_due_with_the_java_client(rocketmq_clients, cluster,
+                                                              tmp_path):
+    """Message.setDelayTimeLevel(1): stored aside (SCHEDULE_TOPIC_XXXX), delivered to its
+    topic once its level's delay (1 s) has passed, with the id the producer was given."""
+    rocketmq = rocketmq_clients
+    namesrv = cluster.namesrv_addr
+    topic = unique("Delayed_")
+    sent = produce(rocketmq, tmp_path / "delay", namesrv, topic, 3, "--delay", 1)
+    assert {line["status"] for line in sent} == {"SEND_OK"}
+    received = consume(rocketmq, tmp_path / "c", "push", namesrv, topic, unique("gdelay"), 3)
+    assert_intact(sent, received, topic, stored_again=True)
+    for line in received:
+        assert line["storeTimestamp"] - line["bornTimestamp"] >= 1000
+        assert line["properties"]["REAL_TOPIC"] == topic
+        assert "DELAY" not in line["properties"]
+
+
+def test_a_failed_message_comes_back_through_the_retry_topic(rocketmq_clients, cluster,
+                                                              tmp_path):
+    """A push listener answers RECONSUME_LATER: the client sends the message back
+    (CONSUMER_SEND_MSG_BACK), and it is delivered again from %RETRY%<group> after delay
+    level 3 (2 s in this cluster's messageDelayLevel), with reconsumeTimes 1 and its msgId."""
+    rocketmq = rocketmq_clients
+    namesrv = cluster.namesrv_addr
+    topic = unique("Retried_")
+    sent = produce(rocketmq, tmp_path / "producer", namesrv, topic, 2)
+    group = unique("gretry")
+    out = rocketmq.run_program(tmp_path / "retry", CLIENT, "push", "--namesrv", namesrv,
+                               "--topic", topic, "--group", group, "--expect", 2,
+                               "--max-seconds", 60, "--later-first")
+    lines = program_lines(out)
+    later = [line for line in lines if "later" in line]
+    received = [line for line in lines if "msgId" in line]
+    assert sorted(line["later"] for line in later) == sorted(line["msgId"] for line in sent)
+    assert {line["reconsumeTimes"] for line in later} == {0}
+    # The client gives the retried message its first topic back (RETRY_TOPIC).
+    assert_intact(sent, received, topic, stored_again=True)
+    assert {line["reconsumeTimes"] for line in received} == {1}
+    client_log = tmp_path / "retry" / "logs" / "rocketmqlogs" / "rocketmq_client.log"
+    assert "sendMessageBack Exception" not in client_log.read_text()
+
+
 def test_refusals_of_features_not_built_yet(rocketmq_clients, cluster, tmp_path):
-    """Delay levels, transactions, consumer send-back (retry) and queries by key are not built
-    yet (the broker-completeness issue): the Java client gets an answer that names the
-    feature, and nothing else breaks."""
+    """Transactions and queries by key are not built yet (the broker-completeness issue): the
+    Java client gets an answer that names the feature, and nothing else breaks."""
     rocketmq = rocketmq_clients
     namesrv = cluster.namesrv_addr
     topic = unique("Refused_")
-    out = rocketmq.run_program(tmp_path / "delay", CLIENT, "produce", "--namesrv", namesrv,
-                               "--topic", topic, "--count", 1, "--delay", 3)
-    [line, done] = program_lines(out)
-    assert line["code"] == 13  # MESSAGE_ILLEGAL
-    assert "delayed messages (DELAY property) are not supported" in line["remark"]
-    assert done["errors"] == 1
-
     out = rocketmq.run_program(tmp_path / "tx", CLIENT, "produce", "--namesrv", namesrv,
                                "--topic", topic, "--count", 1, "--mode", "transaction")
     [line, done] = program_lines(out)
     assert line["code"] == 16  # NO_PERMISSION
     assert "transactional messages are not supported" in line["remark"]
-
-    # A listener that answers RECONSUME_LATER makes the client send the message back; the
-    # broker refuses, and the client falls back to consuming it again itself.
-    sent = produce(rocketmq, tmp_path / "producer", namesrv, topic, 2)
-    group = unique("gretry")
-    received = consume(rocketmq, tmp_path / "retry", "push", namesrv, topic, group, 2,
-                       "--later-first")
-    assert sorted(line["msgId"] for line in received) == sorted(line["msgId"] for line in sent)
-    client_log = (tmp_path / "retry" / "logs" / "rocketmqlogs" / "rocketmq_client.log")
-    assert ("consumer retry (send message back) (request code 36) is not supported"
-            in client_log.read_text())
 
     # The client reads a failed query as "no message"; our answer is in its log.
     out = rocketmq.mqadmin(tmp_path / "adm", "queryMsgByKey", "-n", namesrv, "-t", topic,

@@ -28,7 +28,8 @@ from .wire.layout import (
 
 __all__ = [
     "GiB", "MiB", "INT64_MAX", "FlushDiskType", "BrokerRole", "ConfigError", "StoreConfig",
-    "parse_properties_text", "in_range", "camel_case", "parse_value",
+    "parse_properties_text", "in_range", "camel_case", "parse_value", "parse_delay_levels",
+    "DEFAULT_MESSAGE_DELAY_LEVEL",
 ]
 
 GiB = 1024**3
@@ -89,6 +90,38 @@ def _not_below_sync_acks(instance: Any, attribute: attrs.Attribute[Any], value: 
 def _transfer_method(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in ("send", "sendfile"):
         raise ConfigError(f"{attribute.name} must be 'send' or 'sendfile', got {value!r}")
+
+
+#: RocketMQ's ``messageDelayLevel`` default: the delay of levels 1, 2, ... of a DELAY message
+DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+#: the most delay levels a ``messageDelayLevel`` may name
+MAX_DELAY_LEVELS = 64
+_DELAY_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_levels(text: str) -> tuple[int, ...]:
+    """``messageDelayLevel`` ("1s 5s ... 2h") as milliseconds per level (level n at index
+    n - 1), as RocketMQ's ``parseDelayLevel`` reads it: space-separated numbers with a unit of
+    s, m, h or d. RocketMQ logs a bad entry and starts without delays; here it is an error."""
+    levels = []
+    for item in text.split():
+        unit = _DELAY_UNITS.get(item[-1:])
+        number = item[:-1]
+        if unit is None or not number.isdigit() or int(number) <= 0:
+            raise ConfigError(
+                f"messageDelayLevel: {item!r} is not a positive number followed by s, m, h or d"
+            )
+        levels.append(int(number) * unit)
+    if not 1 <= len(levels) <= MAX_DELAY_LEVELS:
+        raise ConfigError(f"messageDelayLevel must name 1 to {MAX_DELAY_LEVELS} levels, "
+                          f"got {len(levels)}")
+    return tuple(levels)
+
+
+def _delay_levels(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(f"{attribute.name} must be a string, got {value!r}")
+    parse_delay_levels(value)
 
 
 def camel_case(name: str) -> str:
@@ -181,6 +214,11 @@ class StoreConfig:
     store_host: str = "127.0.0.1:10911"
     broker_role: BrokerRole = attrs.field(default=BrokerRole.ASYNC_MASTER, converter=BrokerRole)
     os_page_cache_busy_timeout_mills: int = attrs.field(default=1000, validator=_positive)
+    #: the delay of each level a DELAY message may name (level n is the n-th entry); the
+    #: dispatcher writes a delayed message's delivery time into its consume-queue entry
+    message_delay_level: str = attrs.field(
+        default=DEFAULT_MESSAGE_DELAY_LEVEL, validator=_delay_levels
+    )
 
     # ---- HA (docs/ha-protocol.md, 'Timers and settings') ---------------------------------
     #: where the HA service listens; 0 lets the OS choose (``store.ha_address`` tells); None:
@@ -227,6 +265,11 @@ class StoreConfig:
     ha_max_connections: int = attrs.field(
         default=16, validator=[in_range(1, 65535), _not_below_sync_acks]
     )
+
+    @property
+    def delay_levels(self) -> tuple[int, ...]:
+        """``message_delay_level`` in milliseconds per level (level n at index n - 1)."""
+        return parse_delay_levels(self.message_delay_level)
 
     @property
     def commitlog_dir(self) -> str:

@@ -73,7 +73,6 @@ AdminHandler = Callable[[Broker, RemotingCommand, RemotingConnection], RemotingC
 UNSUPPORTED: dict[int, str] = {
     RequestCode.END_TRANSACTION: "transactions",
     RequestCode.CHECK_TRANSACTION_STATE: "transactions",
-    RequestCode.CONSUMER_SEND_MSG_BACK: "consumer retry (send message back)",
     RequestCode.QUERY_MESSAGE: "queries by message key (index files)",
     RequestCode.LOCK_BATCH_MQ: "queue locks for orderly consumption",
     RequestCode.UNLOCK_BATCH_MQ: "queue locks for orderly consumption",
@@ -147,8 +146,8 @@ def heart_beat(
 def _create_retry_topics(broker: Broker, groups: list[str]) -> None:
     """Each consumer group gets its retry topic ``%RETRY%<group>`` (retryQueueNums queues,
     read-write) at its first heartbeat, as RocketMQ's ClientManageProcessor does: Java push
-    consumers subscribe to it, and mqadmin consumerProgress looks up its route first. (What
-    goes into it — consumer send-back — is not built yet.)"""
+    consumers subscribe to it, and mqadmin consumerProgress looks up its route first.
+    Consumer send-back (``send.process_send_back``) fills it."""
     topics = broker.metadata.topics
     created = False
     for group in groups:
@@ -439,6 +438,10 @@ def runtime_info(
         "runtime": f"{int(time.time() - broker.started_at)} s",
         "recoveryAbnormal": stats.recovery.abnormal if stats.recovery else False,
     }
+    if not broker.is_slave:
+        # RocketMQ's scheduleMessageOffset_<level>: "delivered up to,queue's max offset"
+        for level, (offset, end) in broker.schedule.statistics().levels.items():
+            table[f"scheduleMessageOffset_{level}"] = f"{offset},{end}"
     health = stats.health
     if health is not None:
         # RocketMQ's RunningStats names, as fractions; and what keeps the store from taking

@@ -27,6 +27,7 @@ from .clients import ClientManager
 from .config import BrokerConfig
 from .metadata import BrokerMetadata
 from .registration import Registration
+from .schedule import ScheduleService
 
 __all__ = ["Broker", "BrokerAddresses", "BrokerStats"]
 
@@ -86,6 +87,14 @@ class Broker:
         )
     )
     stats: BrokerStats = attrs.field(factory=BrokerStats)
+    #: delivers delayed messages when due (a master's; a slave delivers none)
+    schedule: ScheduleService = attrs.field(
+        default=attrs.Factory(
+            lambda self: ScheduleService(self.store, self.metadata.delay_offsets,
+                                         self.config.store.delay_levels),
+            takes_self=True,
+        )
+    )
     started_at: float = attrs.field(factory=time.time)
     #: set when a table should be written before the next periodic round
     _persist_soon: trio.Event = attrs.field(factory=trio.Event, init=False)

@@ -6,8 +6,13 @@ store's status becomes the response code in docs/remoting.md, 'Send': the four "
 statuses carry msgId, queueId and queueOffset (and MSG_REGION, TRACE_ON), the others an error
 remark.
 
-What this broker does not do yet — transactional half messages, delayed delivery — is refused
-with a response that says so, never stored as if it were a plain message.
+A message with a delay level (DELAY) is stored in SCHEDULE_TOPIC_XXXX until it is due
+(``schedule``). A message sent to a retry topic (``%RETRY%<group>``: the Java consumer's
+fallback when CONSUMER_SEND_MSG_BACK fails) that has been consumed maxReconsumeTimes times
+already goes to the group's dead-letter topic instead (RocketMQ's ``handleRetryAndDLQ``).
+CONSUMER_SEND_MSG_BACK itself is ``process_send_back``. What this broker does not do yet —
+transactional half messages, 5.x timer messages — is refused with a response that says so,
+never stored as if it were a plain message.
 
 The topic is checked first, as RocketMQ's ``msgCheck`` does: a name outside RocketMQ's charset
 or length is SYSTEM_ERROR with ``validateTopic``'s remark, and the topics only the broker
@@ -20,13 +25,22 @@ from __future__ import annotations
 
 import random
 
+import trio
+
 from ..remoting import RemotingConnection
 from ..store.results import PutMessageResult, PutMessageStatus
 from ..wire import record as rec
 from ..wire.permission import Permission
-from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode, send_message_header
+from ..wire.remoting import (
+    RemotingCommand,
+    RequestCode,
+    ResponseCode,
+    SendMessageRequestHeader,
+    send_message_header,
+)
 from .broker import Broker
 from .metadata import NOT_ALLOWED_SEND_TOPICS, topic_problem
+from .schedule import delay_level, delayed
 
 STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
@@ -46,7 +60,14 @@ REMARKS = {
 }
 
 PROPERTY_CLUSTER = "CLUSTER"
-PROPERTY_DELAY = "DELAY"
+#: RocketMQ 5's timer messages (any delivery time, the timer wheel): not supported here
+TIMER_PROPERTIES = frozenset({"TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS"})
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+#: RocketMQ's DLQ_NUMS_PER_GROUP: a dead-letter topic has one queue
+DLQ_NUMS_PER_GROUP = 1
+#: ``TopicSysFlag.buildSysFlag(false, true)``: a retry topic made for a unit-mode consumer
+UNIT_MODE_SYS_FLAG = 0x2
 #: what a stored message's response carries in MSG_REGION and TRACE_ON: RocketMQ's defaults of
 #: ``regionId`` and ``traceOn``
 PROPERTY_MSG_REGION = "MSG_REGION"
@@ -122,15 +143,40 @@ async def process_send(
             remark="transactional messages are not supported by this broker (trio_ha) yet",
         )
     properties = rec.decode_properties(header.properties or "")
-    if properties.get(PROPERTY_DELAY, "0") not in ("", "0"):
+    if timer := sorted(TIMER_PROPERTIES & properties.keys()):
         return RemotingCommand.response_to(
             request, ResponseCode.MESSAGE_ILLEGAL,
-            remark="delayed messages (DELAY property) are not supported by this broker "
-                   "(trio_ha) yet",
+            remark=f"timer messages ({', '.join(timer)}) are not supported by this broker "
+                   "(trio_ha); use a delay level (DELAY)",
         )
+    try:
+        level = delay_level(properties)
+    except ValueError:
+        return RemotingCommand.response_to(
+            request, ResponseCode.MESSAGE_ILLEGAL,
+            remark=f"the DELAY property must be a delay level, got "
+                   f"{properties[rec.PROPERTY_DELAY_TIME_LEVEL]!r}",
+        )
+    batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch
+    if batch and level is not None:
+        return RemotingCommand.response_to(
+            request, ResponseCode.MESSAGE_ILLEGAL,
+            remark="a batch cannot have a delay level (DELAY)",
+        )
+    # Where the message is stored; the response names the queue the producer chose.
+    topic, store_queue = header.topic, queue_id
+    if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+        dead = _dead_letter_if_exhausted(broker, request, header)
+        if isinstance(dead, RemotingCommand):
+            return dead
+        if dead is not None:
+            topic, store_queue, level = dead, 0, None
+            properties.pop(rec.PROPERTY_DELAY_TIME_LEVEL, None)
+    if level is not None:
+        moved = delayed(topic, store_queue, properties, level, len(config.store.delay_levels))
+        topic, store_queue, properties = moved.topic, moved.queue_id, moved.properties
     wait = properties.get(rec.PROPERTY_WAIT_STORE_MSG_OK) != "false"
     properties[PROPERTY_CLUSTER] = config.broker_cluster_name
-    batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch
     if batch:
         # A batch's own properties are appended to each of its messages, where a later key
         # wins over the message's own. RocketMQ 5 clients give the batch a UNIQ_KEY of its
@@ -143,16 +189,136 @@ async def process_send(
     store = broker.store
     if batch:
         result = await store.put_batch(
-            header.topic, queue_id, request.body, batch_properties=encoded,
+            topic, store_queue, request.body, batch_properties=encoded,
             sys_flag=header.sys_flag, born_host=connection.peer,
             born_timestamp=header.born_timestamp, wait_store_msg_ok=wait,
         )
     else:
         result = await store.put_encoded(
-            header.topic, queue_id, request.body, encoded, flag=header.flag,
+            topic, store_queue, request.body, encoded, flag=header.flag,
             sys_flag=header.sys_flag, born_timestamp=header.born_timestamp,
             born_host=connection.peer, reconsume_times=header.reconsume_times or 0,
             wait_store_msg_ok=wait,
         )
     broker.stats.record_put(result)
     return send_response(request, result, queue_id)
+
+
+def _dead_letter_if_exhausted(
+    broker: Broker, request: RemotingCommand, header: SendMessageRequestHeader
+) -> str | RemotingCommand | None:
+    """A send to ``%RETRY%<group>``: the group's dead-letter topic when the message has been
+    consumed maxReconsumeTimes times (the request's, else the group's retryMaxTimes), None to
+    send it on as asked, or the refusal when the group does not exist."""
+    group = header.topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+    group_config = broker.metadata.subscriptions.find_or_create(group)
+    if group_config is None:
+        return RemotingCommand.response_to(
+            request, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+            remark=f"subscription group not exist, {group}",
+        )
+    most = header.max_reconsume_times
+    if most is None:
+        most = group_config.retry_max_times
+    if (header.reconsume_times or 0) < most:
+        return None
+    return _dead_letter_topic(broker, group)
+
+
+def _dead_letter_topic(broker: Broker, group: str) -> str:
+    """``%DLQ%<group>``, created on demand with one read-write queue, as RocketMQ 4.9.8
+    creates it (older releases made it write-only)."""
+    topic = DLQ_GROUP_TOPIC_PREFIX + group
+    if broker.metadata.topics.get(topic) is None:
+        broker.metadata.topics.create_topic_in_send_back(topic, DLQ_NUMS_PER_GROUP)
+        broker.topics_changed()
+    return topic
+
+
+#: ``MQVersion.Version.V3_4_9.ordinal()``: clients from this version on may set
+#: maxReconsumeTimes in a send-back (and in a send to a retry topic)
+VERSION_3_4_9 = 165
+
+
+async def process_send_back(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """CONSUMER_SEND_MSG_BACK: a consumer failed a message; it comes back later through the
+    group's retry topic, or goes to its dead-letter topic once it has been consumed
+    maxReconsumeTimes times (RocketMQ 4.9.8's ``asyncConsumerSendMsgBack``).
+
+    A copy of the record at ``offset`` is stored with RECONSUMETIMES one higher, RETRY_TOPIC
+    naming its first topic and ORIGIN_MESSAGE_ID its first msgId, to ``%RETRY%<group>`` with
+    delay level ``delayLevel`` (0: 3 + the times it was consumed, so each retry waits longer;
+    it goes through SCHEDULE_TOPIC_XXXX like any delayed message), or to ``%DLQ%<group>``
+    without delay when the times are used up or ``delayLevel`` is negative."""
+    await trio.lowlevel.checkpoint()
+    group = request.field_str("group")
+    offset = request.field_long("offset")
+    delay = request.field_int("delayLevel", 0)
+    config = broker.config
+    group_config = broker.metadata.subscriptions.find_or_create(group)
+    if group_config is None:
+        return RemotingCommand.response_to(
+            request, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+            remark=f"subscription group not exist, {group}",
+        )
+    if not config.broker_permission & Permission.WRITE:
+        return RemotingCommand.response_to(
+            request, ResponseCode.NO_PERMISSION,
+            remark=f"the broker[{config.broker_ip1}] sending message is forbidden",
+        )
+    if broker.is_slave:
+        return RemotingCommand.response_to(
+            request, ResponseCode.SERVICE_NOT_AVAILABLE,
+            remark=f"broker {config.broker_name} is a SLAVE and stores no retries; send the "
+                   "message back to its master",
+        )
+    if group_config.retry_queue_nums <= 0:
+        return RemotingCommand.response_to(request, ResponseCode.SUCCESS)
+    topics = broker.metadata.topics
+    topic = RETRY_GROUP_TOPIC_PREFIX + group
+    queue_id = random.randrange(group_config.retry_queue_nums)
+    if topics.get(topic) is None:
+        topics.create_topic_in_send_back(
+            topic, group_config.retry_queue_nums,
+            topic_sys_flag=UNIT_MODE_SYS_FLAG if request.field_bool("unitMode", False) else 0,
+        )
+        broker.topics_changed()
+    topic_config = topics.get(topic)
+    if topic_config is None or not topic_config.perm & Permission.WRITE:
+        return RemotingCommand.response_to(
+            request, ResponseCode.NO_PERMISSION,
+            remark=f"the topic[{topic}] sending message is forbidden",
+        )
+    message = await broker.store.look_message_by_offset(offset)
+    if message is None:
+        return RemotingCommand.response_to(
+            request, ResponseCode.SYSTEM_ERROR, remark=f"look message by offset failed, {offset}"
+        )
+    properties = dict(message.properties)
+    properties.setdefault(rec.PROPERTY_RETRY_TOPIC, message.topic)
+    properties[rec.PROPERTY_WAIT_STORE_MSG_OK] = "false"
+    most = group_config.retry_max_times
+    if request.version >= VERSION_3_4_9:
+        most = request.field_int("maxReconsumeTimes", most)
+    if message.reconsume_times >= most or delay < 0:
+        topic, queue_id = _dead_letter_topic(broker, group), 0
+        properties.pop(rec.PROPERTY_DELAY_TIME_LEVEL, None)
+    else:
+        level = delay or 3 + message.reconsume_times
+        moved = delayed(topic, queue_id, properties, level, len(config.store.delay_levels))
+        topic, queue_id, properties = moved.topic, moved.queue_id, moved.properties
+    properties.setdefault(rec.PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
+    result = await broker.store.put_encoded(
+        topic, queue_id, message.body, rec.encode_properties(properties).encode(),
+        flag=message.flag, sys_flag=message.sys_flag, born_timestamp=message.born_timestamp,
+        born_host=message.born_host, reconsume_times=message.reconsume_times + 1,
+        wait_store_msg_ok=False,
+    )
+    broker.stats.record_put(result)
+    if result.status is PutMessageStatus.PUT_OK:
+        return RemotingCommand.response_to(request, ResponseCode.SUCCESS)
+    return RemotingCommand.response_to(
+        request, ResponseCode.SYSTEM_ERROR, remark=result.remark or result.status.name
+    )

@@ -13,11 +13,12 @@ reports a ``BrokerAddresses`` once it serves. The order matters:
    registerBrokerTimeoutMills) and reports that it serves; it registers again every
    registerNameServerPeriod and whenever its topics change.
 
-A slave refuses sends, serves pulls and queries (so consumers keep going while the master is
-down), learns its master's HA address from its registration when haMasterAddress is not set
-— and follows it when the master changes — and copies topics, consumer offsets, delay offsets
-and subscription groups from the master every slaveSyncInterval, never moving an offset back
-(RocketMQ issue #1094).
+A master delivers delayed messages when they are due (``schedule``). A slave refuses sends,
+serves pulls and queries (so consumers keep going while the master is down), learns its
+master's HA address from its registration when haMasterAddress is not set — and follows it
+when the master changes — and copies topics, consumer offsets, delay offsets and subscription
+groups from the master every slaveSyncInterval, never moving an offset back (RocketMQ issue
+#1094).
 
 Cancelling the nursery shuts down gracefully: listeners close, connections stop reading, held
 pulls answer, running requests get at most shutdownWaitTimeSeconds to finish and write their
@@ -174,6 +175,8 @@ async def _serve(
         # Registered before "started": whoever started the broker finds it in the routes.
         await broker.registration.register_all()
         nursery.start_soon(broker.registration.run)
-    if broker.is_slave:
+    if not broker.is_slave:
+        await nursery.start(broker.schedule.run)
+    else:
         nursery.start_soon(run_slave_sync, broker.registration, broker.metadata,
                            config.slave_sync_interval / 1000)

@@ -1,9 +1,10 @@
 """The storage layer: commitlog segments, consume queues, dispatch, recovery, flush."""
 
+from .consume_queue import QueueEntry
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
 from .store import MessageStore, StoreLockedError, StoreStatistics, open_store
 
 __all__ = [
     "GetMessageResult", "GetMessageStatus", "MessageStore", "PutMessageResult",
-    "PutMessageStatus", "StoreLockedError", "StoreStatistics", "open_store",
+    "PutMessageStatus", "QueueEntry", "StoreLockedError", "StoreStatistics", "open_store",
 ]

@@ -6,6 +6,11 @@ come from puts, on a slave from replication, during abnormal recovery from the d
 record cut short at the limit is "wait for more" (a slave receives byte ranges, not records:
 RocketMQ issue #9002), and only a record that is wrong in itself stops it with an error.
 
+Entries of SCHEDULE_TOPIC_XXXX (delayed messages, one queue per delay level) hold the time the
+message is due in their tags-code slot, not a tag hash, as RocketMQ's dispatcher writes them:
+the record's store time plus its level's delay. The schedule service reads the due time from
+the entry alone, so a level's queue is walked without reading a record that is not due.
+
 The limit is a watermark: the written offset under ASYNC_FLUSH, the flushed offset under
 SYNC_FLUSH (5.x's confirm offset), so a consumer never sees a message that a crash could
 still take back. Records are found by the native scanner in batches, without reading bodies.
@@ -14,6 +19,7 @@ still take back. Records are found by the native scanner in batches, without rea
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Set
 
 import attrs
@@ -23,6 +29,8 @@ from .. import _backend
 from .._backend import RecordInfo, Scanner, ScanResult
 from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
+from ..wire import record as rec
+from ..wire.metadata import SCHEDULE_TOPIC
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable, is_valid_topic
 from .health import RETRY_INTERVAL, describe
@@ -31,6 +39,8 @@ from .segment import Segment
 log = logging.getLogger(__name__)
 
 SCAN_BATCH = 4096
+#: the tags-code slot of a 20-byte consume-queue entry (at byte 12)
+_TAGS_CODE = struct.Struct(">q")
 # After a round, pause this long before the next (RocketMQ's reput sleeps 1 ms too): a lone
 # message is indexed at once, a stream of appends is indexed in batches instead of waking the
 # dispatcher for every record.
@@ -44,6 +54,8 @@ class Dispatcher:
     commitlog: CommitLog
     queues: ConsumeQueueTable
     max_record_size: int
+    #: milliseconds of each delay level (level n at index n - 1): ``messageDelayLevel``
+    delay_levels: tuple[int, ...] = ()
     cursor: int = 0
     #: everything below is indexed
     dispatched: Watermark = attrs.field(factory=Watermark)
@@ -104,15 +116,36 @@ class Dispatcher:
             if only is not None and (topic, info.queue_id) not in only:
                 continue
             last = infos[first + count - 1]
+            run = entries[first * 20 : (first + count) * 20]
+            if topic == SCHEDULE_TOPIC:
+                run = self._with_due_times(segment, infos, first, count, run)
             queue = queues.find_or_create(topic, info.queue_id)
             if not queue.unflushed_since:
                 queue.unflushed_since = info.store_timestamp
             queue.put_run(
-                entries[first * 20 : (first + count) * 20], info.queue_offset,
+                run, info.queue_offset,
                 info.phys_offset + info.size, last.phys_offset + last.size,
             )
             if only is None:
                 self.last_store_timestamp = last.store_timestamp
+
+    def _with_due_times(self, segment: Segment, infos, first: int, count: int, run) -> bytes:
+        """``run``'s entries with each delayed message's due time in the tags-code slot
+        (RocketMQ's ``computeDeliverTimestamp``: a level above the highest counts as the
+        highest; a level without a delay, one second). An entry whose DELAY property is
+        missing or not a number keeps its tag hash."""
+        patched = bytearray(run)
+        levels = self.delay_levels
+        for i in range(count):
+            info = infos[first + i]
+            properties = rec.decode_properties(segment.read(info.props_pos, info.props_len))
+            text = properties.get(rec.PROPERTY_DELAY_TIME_LEVEL, "")
+            if not text.isdigit() or int(text) <= 0:
+                continue
+            level = min(int(text), len(levels))
+            delay = levels[level - 1] if level else 1000
+            _TAGS_CODE.pack_into(patched, i * 20 + 12, info.store_timestamp + delay)
+        return bytes(patched)
 
     def reindex(self, only: Set[tuple[str, int]], start: int, end: int) -> int:
         """Index the records of the queues in ``only`` found in ``[start, end)`` of the

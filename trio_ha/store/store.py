@@ -44,7 +44,7 @@ from ..wire.errors import RecordDecodeError
 from . import retention
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog, SegmentUnavailable, encode_batch, encode_message
-from .consume_queue import ConsumeQueueTable, is_valid_topic
+from .consume_queue import ConsumeQueueTable, QueueEntry, is_valid_topic
 from .dispatch import Dispatcher
 from .group_commit import GroupCommitService
 from .ha.group_transfer import GroupTransferService
@@ -166,7 +166,8 @@ class MessageStore:
             ha_service = HAService(config, commitlog) if config.ha_listen_port is not None else None
             store = cls(
                 config, commitlog, queues,
-                Dispatcher(commitlog, queues, max_record_size=_max_record_size(config)),
+                Dispatcher(commitlog, queues, max_record_size=_max_record_size(config),
+                           delay_levels=config.delay_levels),
                 Checkpoint.load(os.path.join(root, "checkpoint")),
                 lock_fd=lock_fd, root=root,
                 ha_service=ha_service,
@@ -668,6 +669,17 @@ class MessageStore:
         except RecordDecodeError:
             return None
         return record
+
+    def queue_entries(
+        self, topic: str, queue_id: int, queue_offset: int, max_count: int
+    ) -> list[QueueEntry]:
+        """Up to ``max_count`` consume-queue entries of (topic, queue) from ``queue_offset``
+        (fewer at the end of a consume-queue file; none past the queue's end): where each
+        message is in the commitlog, and its tags code (a delayed message's due time)."""
+        queue = self.queues.get(topic, queue_id)
+        if queue is None or queue_offset < queue.min_offset or queue_offset >= queue.max_offset:
+            return []
+        return queue.entries(queue_offset, min(max_count, queue.max_offset - queue_offset))
 
     def queue_arrivals(self, topic: str, queue_id: int) -> Watermark:
         """Rises with the queue's max offset: ``await queue_arrivals(t, q).wait_for(n + 1)``

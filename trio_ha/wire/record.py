@@ -66,7 +66,9 @@ __all__ = [
     "TRANSACTION_TYPE_MASK",
     # The codec itself.
     "NAME_VALUE_SEPARATOR", "PROPERTY_SEPARATOR", "PROPERTY_KEYS", "PROPERTY_TAGS",
-    "PROPERTY_WAIT_STORE_MSG_OK", "PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX", "RecordDecodeError",
+    "PROPERTY_WAIT_STORE_MSG_OK", "PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX",
+    "PROPERTY_DELAY_TIME_LEVEL", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_QUEUE_ID",
+    "PROPERTY_RETRY_TOPIC", "PROPERTY_ORIGIN_MESSAGE_ID", "RecordDecodeError",
     "body_crc", "java_string_hash", "tags_code", "encode_host", "parse_host_port",
     "decode_host", "message_id", "decode_message_id", "encode_properties", "decode_properties",
     "Message", "StoredMessage", "record_size", "encode_record", "encode_blank", "encode_batch",
@@ -81,6 +83,14 @@ PROPERTY_KEYS = "KEYS"
 PROPERTY_TAGS = "TAGS"
 PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
 PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
+#: a delayed message's level (1..), and where a delayed message was bound before the broker
+#: moved it to SCHEDULE_TOPIC_XXXX
+PROPERTY_DELAY_TIME_LEVEL = "DELAY"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+#: a retried message's first topic, and the msgId it had there
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 
 # A SEND_BATCH_MESSAGE item (a network format, not a stored one): TOTALSIZE, MAGIC, BODYCRC,
 # FLAG, then BODYLEN + body and PROPSLEN + properties.

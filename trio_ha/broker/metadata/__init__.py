@@ -11,7 +11,7 @@ manager (module)                  file                       who changes it
 (``consumer_offsets``)                                       slave sync (monotonic merge)
 ``SubscriptionGroupManager``      ``subscriptionGroup.json`` auto-create on pull, admin, slave sync
 (``subscription_groups``)
-``DelayOffsetManager``            ``delayOffset.json``       the schedule service (not yet), sync
+``DelayOffsetManager``            ``delayOffset.json``       the schedule service, slave sync
 (``delay_offsets``)
 ================================  =========================  ===================================
 

@@ -1,8 +1,9 @@
 """``delayOffset.json``: the schedule service's progress through each delay level.
 
 RocketMQ's ScheduleMessageService keeps, per delay level, how far it has delivered
-SCHEDULE_TOPIC_XXXX's queue (level - 1). Nothing schedules delayed messages here yet; the
-table is kept so that a RocketMQ file round-trips and a slave can mirror its master's.
+SCHEDULE_TOPIC_XXXX's queue (level - 1): the next queue offset the master's schedule service
+(``trio_ha.broker.schedule``) delivers. A RocketMQ file round-trips, and a slave mirrors its
+master's.
 """
 
 from __future__ import annotations
