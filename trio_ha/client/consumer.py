@@ -9,12 +9,17 @@ queue, as Java's ``DefaultMQPullConsumer``::
         ...                                   # result.messages, result.next_begin_offset
         await consumer.commit(mq, result.next_begin_offset)
 
-or let a stream do the loop (every queue of the topic, messages of each queue in order,
-offsets committed every ``commit_interval`` and when the block ends)::
+or let a stream do the loop (this client's share of the topic's queues, messages of each
+queue in order, offsets committed every ``commit_interval`` and when the block ends)::
 
     async with consumer.messages(topic) as stream:
         async for message in stream:
             ...
+
+Consumers of one group share a stream's topic: each reads the slice of its queues that
+RocketMQ's average allocation gives it among the group's live consumers, cut again when one
+joins or leaves (``rebalance``), so two replicas of a service each see half the messages, not
+all of them. A stream given an explicit list of queues reads them whole.
 
 A pull carries the subscription (SUBSCRIPTION flag, ``TAG`` expression) and, with a
 ``suspend_timeout``, the SUSPEND flag: the broker holds a pull that finds nothing for up to
@@ -65,6 +70,7 @@ from .instance import (
     parse_subscription,
     use_instance,
 )
+from .rebalance import REBALANCE_INTERVAL, allocate_averagely
 
 log = logging.getLogger(__name__)
 
@@ -351,9 +357,12 @@ class PullConsumer:
         suspend_timeout: float = 15.0,
         commit_interval: float = 5.0,
     ) -> MessageStream:
-        """An async iterator over the messages of ``queues`` (default: every readable queue
-        of ``topic``, re-read from the route as it changes), each queue's messages in offset
-        order. Each queue starts at the group's committed offset, or, when there is none, at
+        """An async iterator over the messages of ``queues``, each queue's messages in offset
+        order. By default the queues are this client's share of ``topic``'s readable queues
+        among the group's live consumers (``rebalance``: every consumer of the group, ours
+        or Java's, reads its own slice, and the slices are cut again when a consumer joins or
+        leaves or the route changes); an explicit ``queues`` list is read whole, shared with
+        nobody. Each queue starts at the group's committed offset, or, when there is none, at
         its max offset (``from_where="last"``, Java's CONSUME_FROM_LAST_OFFSET) or min offset
         (``"first"``). A message counts as consumed when the next one is asked for; consumed
         offsets are committed every ``commit_interval`` seconds, on ``commit()``, and when
@@ -385,6 +394,8 @@ class MessageStream:
     #: a pull that made no progress and found nothing (a slave that does not correct
     #: offsets answers so) is retried after this long rather than at once
     NO_PROGRESS_DELAY = 0.2
+    #: how soon to look again at a group whose consumer list lacks this client
+    REBALANCE_RETRY = 0.5
 
     def __init__(self, consumer: PullConsumer, topic: str, queues: list[MessageQueue] | None,
                  subscription: str, from_where: str, batch_size: int, suspend_timeout: float,
@@ -403,6 +414,11 @@ class MessageStream:
         self._handed_out: tuple[MessageQueue, int] | None = None
         self._last_commit = trio.current_time()
         self._closed = False
+        #: this client's share of the topic's queues (None: not computed yet)
+        self._assigned: list[MessageQueue] | None = None
+        self._rebalanced_at = float("-inf")
+        #: set when the group's members change: time to cut the shares again
+        self._signal: trio.Event | None = None
 
     # -- iteration
 
@@ -478,11 +494,72 @@ class MessageStream:
         instance = self.consumer.instance
         queues = instance.subscribe_queues(self.topic)
         if not queues:
-            if not self._states:  # never had a route: say so
-                return await self.consumer.queues(self.topic, refresh=True)
-            await self.consumer._refresh_quietly(self.topic)
-            queues = instance.subscribe_queues(self.topic)
-        return queues
+            if self._assigned is None:  # never had a route: say so
+                queues = await self.consumer.queues(self.topic, refresh=True)
+            else:
+                await self.consumer._refresh_quietly(self.topic)
+                queues = instance.subscribe_queues(self.topic)
+        signal = self._signal
+        if (self._assigned is None or signal is None or signal.is_set()
+                or trio.current_time() - self._rebalanced_at >= REBALANCE_INTERVAL):
+            await self._rebalance(queues)
+        assert self._assigned is not None
+        # A queue gone from the route is given up at once; a new one waits for the next cut.
+        return [q for q in self._assigned if q in queues]
+
+    async def _rebalance(self, queues: list[MessageQueue]) -> None:
+        """Cut the group's shares again (``rebalance``) and give up the queues no longer
+        ours: their consumed offsets are committed and what was buffered of them dropped."""
+        instance, group = self.consumer.instance, self.consumer.group
+        # Taken before listing: a change while the list is on its way signals this one.
+        self._signal = instance.rebalance_signal(group)
+        if self._assigned is None:
+            await instance.send_heartbeats()  # be on the broker's list before reading it
+        ids = await instance.consumer_ids(group, self.topic)
+        now = trio.current_time()
+        if ids is None or instance.client_id not in ids:
+            # No broker answered, or none has our heartbeat yet: look again soon.
+            log.info("client: %s is not in the consumer list of %s yet (%s)",
+                     instance.client_id, group, ids)
+            self._rebalanced_at = now - REBALANCE_INTERVAL + self.REBALANCE_RETRY
+            if self._assigned is None:
+                self._assigned = []
+            return
+        self._rebalanced_at = now
+        assigned = allocate_averagely(queues, ids, instance.client_id)
+        released = set(self._assigned or ()) - set(assigned)
+        if released:
+            await self._release(released)
+        if assigned != self._assigned:
+            log.info("client: %s of group %s now reads %d of %d queues of %s", instance.client_id,
+                     group, len(assigned), len(queues), self.topic)
+        self._assigned = assigned
+
+    async def _release(self, queues: set[MessageQueue]) -> None:
+        self._ack_handed_out()
+        self._buffer = collections.deque(item for item in self._buffer if item[0] not in queues)
+        states = {queue: self._states.pop(queue) for queue in queues if queue in self._states}
+        due = [(q, s.consumed) for q, s in states.items()
+               if s.consumed is not None and s.consumed != s.committed]
+
+        async def one(queue: MessageQueue, offset: int) -> None:
+            try:
+                await self.consumer.commit(queue, offset)
+            except MQError as exc:
+                log.info("client: committing %s at %s on giving it up failed: %s", queue,
+                         offset, exc)
+
+        with unwrap_single_exception():
+            async with trio.open_nursery() as nursery:
+                for queue, offset in due:
+                    nursery.start_soon(one, queue, offset)
+
+    async def _group_changed(self) -> None:
+        """Return when the group's members change (never, for a fixed list of queues)."""
+        if self._signal is None:
+            await trio.sleep_forever()
+        else:
+            await self._signal.wait()
 
     def _failed(self, queue: MessageQueue, exc: BaseException) -> None:
         state = self._states[queue]
@@ -513,7 +590,8 @@ class MessageStream:
             if queues:
                 await trio.sleep_until(min(self._states[q].retry_at for q in queues))
             else:
-                await trio.sleep(self.BACKOFF_MAX)
+                with trio.move_on_after(self.BACKOFF_MAX):
+                    await self._group_changed()
             return
         progressed, answered = await self._pull_round(ready, 0.0)
         if not progressed and answered and self.suspend_timeout > 0:
@@ -549,10 +627,18 @@ class MessageStream:
                 if suspend > 0:
                     cancel.cancel()
 
+        async def regroup(pulls: trio.CancelScope) -> None:
+            await self._group_changed()
+            pulls.cancel()  # held pulls are abandoned: the shares are cut again first
+
         with unwrap_single_exception():
-            async with trio.open_nursery() as nursery:
-                for queue in queues:
-                    nursery.start_soon(one, queue, nursery.cancel_scope)
+            async with trio.open_nursery() as watch:
+                async with trio.open_nursery() as nursery:
+                    for queue in queues:
+                        nursery.start_soon(one, queue, nursery.cancel_scope)
+                    if suspend > 0 and self._fixed_queues is None:
+                        watch.start_soon(regroup, nursery.cancel_scope)
+                watch.cancel_scope.cancel()
 
         for queue in sorted(results):
             self._accept(queue, results[queue])

@@ -60,6 +60,7 @@ from ..wire.heartbeat import (
     CONSUME_ACTIVELY,
     CONSUME_FROM_LAST_OFFSET,
     ConsumerData,
+    ConsumerIdList,
     HeartbeatData,
     ProducerData,
     SubscriptionData,
@@ -274,6 +275,8 @@ class ClientInstance:
     _refreshed_at: dict[str, float] = attrs.field(factory=dict)
     _heartbeat_now: trio.Event = attrs.field(factory=trio.Event)
     _heartbeat_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    #: consumer group -> set (and replaced) when a broker says the group's members changed
+    _rebalance_signals: dict[str, trio.Event] = attrs.field(factory=dict)
     #: topic -> (the route they were made from, its writable queues): a send asks every time
     _publish_cache: dict[str, tuple[TopicRouteData, tuple[MessageQueue, ...]]] = attrs.field(
         factory=dict)
@@ -498,6 +501,52 @@ class ClientInstance:
             table[subscription.topic] = subscription
             self._heartbeat_now.set()
 
+    def rebalance_signal(self, group: str) -> trio.Event:
+        """Set when a broker next says ``group``'s members changed
+        (NOTIFY_CONSUMER_IDS_CHANGED); ask again for the next change after it is set."""
+        signal = self._rebalance_signals.get(group)
+        if signal is None or signal.is_set():
+            signal = self._rebalance_signals[group] = trio.Event()
+        return signal
+
+    def server_request(self, request: RemotingCommand) -> None:
+        """A request a broker sent on one of our connections (``RemotingClientPool.on_request``)."""
+        if request.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
+            group = request.ext_fields.get("consumerGroup")
+            signal = self._rebalance_signals.get(group or "")
+            if signal is not None:
+                signal.set()
+        else:
+            log.debug("client: ignoring request code %d from a broker", request.code)
+
+    async def consumer_ids(self, group: str, topic: str) -> list[str] | None:
+        """The live client ids of ``group`` as a broker of ``topic`` knows them
+        (GET_CONSUMER_LIST_BY_GROUP to the first broker group's master, else any of its
+        brokers); None when no broker answers with a list."""
+        route = self.routes.get(topic)
+        names = sorted({d.broker_name for d in route.broker_datas}) if route else []
+        for name in names:
+            found = self.find_broker_addr(name)
+            if found is None:
+                continue
+            request = self.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                   {"consumerGroup": group})
+            try:
+                response = await self.invoke(found[0], request)
+            except RemotingError as exc:
+                log.info("client: listing the consumers of %s at %s failed: %s", group,
+                         found[0], exc)
+                continue
+            if response.code != ResponseCode.SUCCESS:
+                log.info("client: %s has no consumer list for %s: %s", found[0], group,
+                         response.remark)
+                continue
+            try:
+                return list(ConsumerIdList.decode(response.body).consumer_id_list)
+            except RouteDecodeError as exc:
+                log.info("client: bad consumer list from %s: %s", found[0], exc)
+        return None
+
     def heartbeat_data(self) -> HeartbeatData:
         return HeartbeatData(
             client_id=self.client_id,
@@ -611,6 +660,7 @@ async def open_client_instance(
                 namesrv_addrs=addrs, config=config, client_id=f"{client_ip}@{instance_name}",
                 client_ip=client_ip, pool=pool, nursery=nursery,
             )
+            pool.on_request = instance.server_request
             nursery.start_soon(instance._run_route_refresh)
             nursery.start_soon(instance._run_heartbeat)
             try:

@@ -25,6 +25,10 @@ next body decodes (bench consume: 109k -> 168k messages/s). Sends do not: sixtee
 frames gathered into one write cost the broker fewer reads and rounds than sixteen writes
 (flushing them measured 15 % more broker CPU per send). A lone call — none other waiting on
 the connection — is flushed too: no other frame is coming to share the writer's next write.
+
+A server may send requests of its own on the connection (a broker's oneway
+NOTIFY_CONSUMER_IDS_CHANGED). The reader hands each to ``on_request``, a plain function that
+must not block; without one they are dropped.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import attrs
 import trio
@@ -86,6 +90,8 @@ class _Call:
 class RemotingClient:
     address: str
     stream: trio.abc.Stream
+    #: what the reader does with a request the server sends (see the module's docstring)
+    on_request: Callable[[RemotingCommand], None] | None = None
     _pending: dict[int, _Call] = attrs.field(factory=dict)
     #: encoded frames for the writer, and their size
     _outbox: list[bytes] = attrs.field(factory=list)
@@ -199,7 +205,9 @@ class RemotingClient:
                 decoder.receive_data(data)
                 while (command := decoder.next_command()) is not NEED_DATA:
                     if not command.is_response:
-                        continue  # server-initiated requests are not supported yet
+                        if self.on_request is not None:
+                            self.on_request(command)
+                        continue
                     call = self._pending.get(command.opaque)
                     if call is not None:
                         call.response = command
@@ -257,6 +265,8 @@ class RemotingClientPool:
 
     nursery: trio.Nursery
     connect_timeout: float = 3.0
+    #: given to every connection (``RemotingClient.on_request``)
+    on_request: Callable[[RemotingCommand], None] | None = None
     _clients: dict[str, RemotingClient] = attrs.field(factory=dict)
     _connecting: dict[str, trio.Lock] = attrs.field(factory=dict)
 
@@ -275,7 +285,7 @@ class RemotingClientPool:
                     stream = await trio.open_tcp_stream(host, port)
             except (OSError, trio.TooSlowError) as exc:
                 raise RemotingConnectError(f"cannot connect to {address}: {exc}") from exc
-            client = RemotingClient(address, stream)
+            client = RemotingClient(address, stream, self.on_request)
             await self.nursery.start(client.run)
             self._clients[address] = client
             return client
