@@ -269,7 +269,7 @@ async def test_topics_routes_and_runtime_info(cluster):
 @pytest.mark.parametrize("code,feature", [
     (RequestCode.END_TRANSACTION, "transactions"),
     (RequestCode.QUERY_MESSAGE, "key"),
-    (RequestCode.LOCK_BATCH_MQ, "locks"),
+    (RequestCode.SEND_REPLY_MESSAGE, "request/reply"),
 ])
 async def test_unsupported_requests_say_what_is_missing(cluster, code, feature):
     _, master, _ = cluster

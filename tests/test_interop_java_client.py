@@ -6,8 +6,8 @@ with ROCKETMQ binary headers, singly, in batches, async and oneway — is read b
 consumers with its body, keys, tags, user properties and both message ids intact, at the queue
 and offset the producer was told. Consumers of one group share the queues; committed offsets
 survive a broker restart; with the master stopped, consumers read from the slave. Delayed
-messages arrive when due, and a message a listener fails comes back through the group's retry
-topic. Features we have not built yet are refused in words the client shows.
+messages arrive when due, a message a listener fails comes back through the group's retry
+topic, and an orderly listener locks its queues. Features we have not built yet are refused in words the client shows.
 """
 
 from __future__ import annotations
@@ -242,6 +242,26 @@ def test_a_failed_message_comes_back_through_the_retry_topic(rocketmq_clients, c
     assert {line["reconsumeTimes"] for line in received} == {1}
     client_log = tmp_path / "retry" / "logs" / "rocketmqlogs" / "rocketmq_client.log"
     assert "sendMessageBack Exception" not in client_log.read_text()
+
+
+def test_an_orderly_java_consumer_locks_its_queues_and_reads_them_in_order(rocketmq_clients,
+                                                                          cluster, tmp_path):
+    """MessageListenerOrderly consumes a queue only once the broker has locked it for the
+    client (LOCK_BATCH_MQ): every message arrives, each queue's in offset order."""
+    rocketmq = rocketmq_clients
+    namesrv = cluster.namesrv_addr
+    topic = unique("Orderly_")
+    sent = produce(rocketmq, tmp_path / "producer", namesrv, topic, 24)
+    received = consume(rocketmq, tmp_path / "c", "push", namesrv, topic, unique("gorder"), 24,
+                       "--orderly")
+    assert_intact(sent, received, topic)
+    by_queue: dict[int, list[int]] = {}
+    for line in received:
+        by_queue.setdefault(line["queueId"], []).append(line["queueOffset"])
+    assert all(offsets == sorted(offsets) for offsets in by_queue.values()), by_queue
+    client_log = (tmp_path / "c" / "logs" / "rocketmqlogs" / "rocketmq_client.log").read_text()
+    assert "lockBatchMQ exception" not in client_log
+    assert "the message queue lock OK" in client_log
 
 
 def test_refusals_of_features_not_built_yet(rocketmq_clients, cluster, tmp_path):

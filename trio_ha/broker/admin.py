@@ -41,6 +41,7 @@ from ..wire.metadata import (
     encode_topics_json,
 )
 from ..wire.permission import Permission
+from ..wire.queue_locks import LockBatchRequest, LockBatchResponse
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from ..wire.remoting.java import abbreviate
 from ..wire.route import KVTable
@@ -74,8 +75,6 @@ UNSUPPORTED: dict[int, str] = {
     RequestCode.END_TRANSACTION: "transactions",
     RequestCode.CHECK_TRANSACTION_STATE: "transactions",
     RequestCode.QUERY_MESSAGE: "queries by message key (index files)",
-    RequestCode.LOCK_BATCH_MQ: "queue locks for orderly consumption",
-    RequestCode.UNLOCK_BATCH_MQ: "queue locks for orderly consumption",
     RequestCode.SEND_REPLY_MESSAGE: "request/reply messages",
     RequestCode.SEND_REPLY_MESSAGE_V2: "request/reply messages",
 }
@@ -573,7 +572,36 @@ def topic_consumed_by(
     return ok(request, body=write_json({"groupList": sorted(groups)}).encode())
 
 
+# ---- queue locks (orderly consumption) ---------------------------------------------------------
+
+
+def lock_batch_mq(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """LOCK_BATCH_MQ: take or renew the client's locks; the answer names those it holds."""
+    try:
+        body = LockBatchRequest.decode(request.body)
+    except RouteDecodeError as exc:
+        return error(request, f"bad lock request body: {exc}")
+    held = broker.queue_locks.lock(body.consumer_group, body.client_id, body.mq_set)
+    return ok(request, body=LockBatchResponse(tuple(held)).encode())
+
+
+def unlock_batch_mq(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """UNLOCK_BATCH_MQ: give up the client's locks of these queues."""
+    try:
+        body = LockBatchRequest.decode(request.body)
+    except RouteDecodeError as exc:
+        return error(request, f"bad unlock request body: {exc}")
+    broker.queue_locks.unlock(body.consumer_group, body.client_id, body.mq_set)
+    return ok(request)
+
+
 HANDLERS: dict[int, AdminHandler] = {
+    RequestCode.LOCK_BATCH_MQ: lock_batch_mq,
+    RequestCode.UNLOCK_BATCH_MQ: unlock_batch_mq,
     RequestCode.HEART_BEAT: heart_beat,
     RequestCode.UNREGISTER_CLIENT: unregister_client,
     RequestCode.CHECK_CLIENT_CONFIG: check_client_config,

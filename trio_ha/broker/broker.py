@@ -26,6 +26,7 @@ from ..wire.remoting import SendMessageRequestHeader
 from .clients import ClientManager
 from .config import BrokerConfig
 from .metadata import BrokerMetadata
+from .queue_locks import QueueLockManager
 from .registration import Registration
 from .schedule import ScheduleService
 
@@ -95,6 +96,8 @@ class Broker:
             takes_self=True,
         )
     )
+    #: which client of a group holds which queue (orderly consumption)
+    queue_locks: QueueLockManager = attrs.field(factory=QueueLockManager)
     started_at: float = attrs.field(factory=time.time)
     #: set when a table should be written before the next periodic round
     _persist_soon: trio.Event = attrs.field(factory=trio.Event, init=False)

@@ -15,6 +15,8 @@ import java.util.concurrent.atomic.AtomicLong;
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
+import org.apache.rocketmq.client.consumer.listener.ConsumeOrderlyStatus;
+import org.apache.rocketmq.client.consumer.listener.MessageListenerOrderly;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
 import org.apache.rocketmq.client.exception.MQBrokerException;
 import org.apache.rocketmq.client.exception.MQClientException;
@@ -43,13 +45,15 @@ import org.apache.rocketmq.common.message.MessageExt;
  *         [--tags TagA,TagB] [--size BYTES] [--prefix TEXT] [--group G] [--timeout MS]
  *         [--retries N] [--delay LEVEL] [--property k=v]...
  * push    --namesrv A --topic T[,T2...] --group G [--tags 'TagA || TagB'] [--expect N]
- *         [--max-seconds S] [--idle-seconds S] [--later-first]
+ *         [--max-seconds S] [--idle-seconds S] [--later-first | --orderly]
  * pull    --namesrv A --topic T[,T2...] --group G [--tags EXPR] [--expect N] [--max-seconds S]
  *         [--idle-seconds S]
  * </pre>
  *
  * <p>{@code --later-first} makes the push listener answer RECONSUME_LATER the first time it sees
- * each message, which sends it back to the broker (CONSUMER_SEND_MSG_BACK).
+ * each message, which sends it back to the broker (CONSUMER_SEND_MSG_BACK). {@code --orderly}
+ * consumes with a MessageListenerOrderly, which locks each queue at the broker (LOCK_BATCH_MQ)
+ * before it reads it.
  */
 public final class Client {
     private Client() {
@@ -289,6 +293,24 @@ public final class Client {
         consumer.setPersistConsumerOffsetInterval(1000);
         for (String topic : opts.require("topic").split(",")) {
             consumer.subscribe(topic, opts.get("tags", "*"));
+        }
+        if (opts.has("orderly")) {
+            Stop stop = new Stop(opts);
+            consumer.registerMessageListener((MessageListenerOrderly) (msgs, context) -> {
+                for (MessageExt msg : msgs) {
+                    Json.print(received(name, msg));
+                }
+                stop.saw(msgs.size());
+                return ConsumeOrderlyStatus.SUCCESS;
+            });
+            consumer.start();
+            Json.print(Json.obj("started", name));
+            while (!stop.done()) {
+                Thread.sleep(100);
+            }
+            consumer.shutdown();
+            Json.print(Json.obj("done", true, "consumer", name, "received", stop.seen.get()));
+            return;
         }
         boolean laterFirst = opts.has("later-first");
         Map<String, Boolean> refused = new java.util.concurrent.ConcurrentHashMap<>();
