@@ -14,7 +14,7 @@
 #include <sys/types.h>
 
 /* Bumped whenever a signature or struct below changes; checked by trio_ha._backend. */
-#define TH_NATIVE_VERSION 3
+#define TH_NATIVE_VERSION 4
 
 /* ---- error codes of the encoders ------------------------------------------------------ */
 #define TH_ERR_NO_SPACE        -1  /* record(s) + the 8-byte blank do not fit before seg_size */
@@ -220,6 +220,20 @@ void th_gather(const uint8_t *seg, uint64_t seg_size, int64_t base_offset,
 /* ---- memory and files -------------------------------------------------------------------- */
 
 /* msync(MS_SYNC) of [addr, addr + len), widened to whole pages. 0 or -errno. */
+/*
+ * Put the keys of the records infos[0, n) of `seg` into the index file `idx` (RocketMQ's
+ * IndexFile, big-endian: a 40-byte header - beginTimestamp, endTimestamp, beginPhyOffset,
+ * endPhyOffset, hashSlotCount, indexCount - then slot_num 4-byte slots, then index_num
+ * 20-byte entries of keyHash, phyOffset, timeDiff seconds and the previous entry of the slot).
+ * A record's keys are "<topic>#<UNIQ_KEY>" and "<topic>#<k>" for each space-separated KEYS
+ * value k; a rolled-back transaction has none. The caller sized `idx` to
+ * 40 + 4 * slot_num + 20 * index_num bytes. A record whose keys do not all fit is left for the
+ * next file (unless the file is empty: then as many as fit go in). Returns the number of
+ * records done, n when all fit.
+ */
+size_t th_index_put(uint8_t *idx, uint32_t slot_num, uint32_t index_num, const uint8_t *seg,
+                    const th_record_info *infos, size_t n);
+
 int th_msync(uint8_t *addr, size_t len);
 
 /* Fault in every page of [addr, addr+len) writable so later appends do not fault, without

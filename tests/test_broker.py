@@ -268,7 +268,6 @@ async def test_topics_routes_and_runtime_info(cluster):
 
 @pytest.mark.parametrize("code,feature", [
     (RequestCode.END_TRANSACTION, "transactions"),
-    (RequestCode.QUERY_MESSAGE, "key"),
     (RequestCode.SEND_REPLY_MESSAGE, "request/reply"),
 ])
 async def test_unsupported_requests_say_what_is_missing(cluster, code, feature):

@@ -23,6 +23,7 @@ from trio_ha.store.recovery import RecoveryReport
 from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port
 from trio_ha.testing.cluster import DEFAULT_SEGMENT_SIZE
 from trio_ha.testing.rocketmq import RocketMQ, program_lines
+from trio_ha.wire.record import decode_record
 
 pytestmark = pytest.mark.interop
 
@@ -63,11 +64,16 @@ def served_view(line: dict) -> tuple:
             tuple(sorted(props.items())))
 
 
+#: index files small enough for a test; both brokers must read them with the same sizes
+INDEX_SLOTS, INDEX_ENTRIES = 1000, 4000
+INDEX_PROPERTIES = {"maxHashSlotNum": str(INDEX_SLOTS), "maxIndexNum": str(INDEX_ENTRIES)}
+
+
 def real_broker_properties(namesrv: str, port: int, store: Path, **extra) -> dict:
     return {"brokerClusterName": "DefaultCluster", "brokerName": "broker-a", "brokerId": 0,
             "brokerRole": "ASYNC_MASTER", "namesrvAddr": namesrv, "listenPort": port,
             "storePathRootDir": str(store), "mappedFileSizeCommitLog": DEFAULT_SEGMENT_SIZE,
-            "maxHashSlotNum": 1000, "maxIndexNum": 4000, **extra}
+            **INDEX_PROPERTIES, **extra}
 
 
 async def read_back(config: StoreConfig) -> tuple[list[tuple], RecoveryReport | None]:
@@ -115,8 +121,17 @@ async def test_a_store_the_real_broker_wrote_opens_in_trio_ha(rocketmq, tmp_path
     assert sorted(line["msgId"] for line in served) == sorted(line["msgId"] for line in sent)
 
     config = StoreConfig(store_path_root_dir=str(store_dir),
-                         mapped_file_size_commit_log=DEFAULT_SEGMENT_SIZE)
+                         mapped_file_size_commit_log=DEFAULT_SEGMENT_SIZE,
+                         max_hash_slot_num=INDEX_SLOTS, max_index_num=INDEX_ENTRIES)
     found, report = await read_back(config)
+    # Their index files answer our queries by key and by the client's id.
+    async with open_store(config) as store:
+        for line in sent[::97]:
+            by_key = store.query_message(line["topic"], f"key-{line['i']}", 64, 0, 2**62)
+            by_id = store.query_message(line["topic"], line["msgId"], 64, 0, 2**62)
+            for found_records in (by_key.records, by_id.records):
+                assert line["msgId"] in {m.properties["UNIQ_KEY"] for m in
+                                         map(decode_record, found_records)}, line
     assert report is not None and report.abnormal == (stop == "sigkill")
     assert sorted(found) == sorted(served_view(line) for line in served)
     assert max(m[3] for m in found) > DEFAULT_SEGMENT_SIZE  # more than one segment
@@ -128,7 +143,7 @@ async def test_a_store_the_real_broker_wrote_opens_in_trio_ha(rocketmq, tmp_path
 @pytest.mark.parametrize("stop", ["clean", "sigkill"])
 def test_a_store_trio_ha_wrote_starts_a_real_broker(rocketmq, tmp_path, stop):
     config = ClusterConfig(data_dir=str(tmp_path / "ours"), slaves=0,
-                           master_role="ASYNC_MASTER")
+                           master_role="ASYNC_MASTER", properties=INDEX_PROPERTIES)
     with ProcessCluster.start(config) as cluster:
         sent = produce_load(rocketmq, tmp_path, cluster.namesrv_addr)
         if stop == "sigkill":
@@ -144,6 +159,11 @@ def test_a_store_trio_ha_wrote_starts_a_real_broker(rocketmq, tmp_path, stop):
             namesrv_addr, free_broker_port(), store_dir))
         try:
             served = consume_all(rocketmq, tmp_path, namesrv_addr, "gours", len(sent))
+            # Our index files answer their broker's queries by key.
+            line = sent[len(sent) // 2]
+            out = rocketmq.mqadmin(tmp_path / "adm", "queryMsgByKey", "-n", namesrv_addr,
+                                   "-t", line["topic"], "-k", f"key-{line['i']}")
+            assert line["msgId"] in out, out
         finally:
             # The clean variant checks that their broker stops cleanly on our store too.
             if stop == "clean":

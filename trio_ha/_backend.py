@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 # Must equal TH_NATIVE_VERSION in native/trio_ha_native.h.
-NATIVE_VERSION = 3
+NATIVE_VERSION = 4
 
 ERR_NO_SPACE = -1
 ERR_BAD_ARGUMENT = -2
@@ -293,6 +293,12 @@ class RecordEngine(Protocol):
         ``entries[20*i:20*i+20]`` is record i's consume-queue entry."""
         ...
 
+    def index_put(self, index: Handle, slot_num: int, index_num: int, handle: Handle,
+                  result: ScanResult, first: int) -> int:
+        """Put the keys of the scanned records ``first``.. into the index file ``index``
+        (see th_index_put in the C header); how many records were done."""
+        ...
+
     def msync(self, handle: Handle, start: int, length: int) -> None: ...
 
     def warm(self, handle: Handle, start: int, length: int) -> None: ...
@@ -413,6 +419,14 @@ class NativeEngine:
         runs = self._runs
         entries = memoryview(self.ffi.buffer(self._entries, count * layout.CQ_ENTRY_SIZE))
         return [(runs[i].first, runs[i].count) for i in range(n)], entries
+
+    def index_put(self, index: Handle, slot_num: int, index_num: int, handle: Handle,
+                  result: ScanResult, first: int) -> int:
+        if first >= result.count:
+            return 0
+        infos: Any = result.infos  # a cffi th_record_info array: pointer arithmetic
+        return self.lib.th_index_put(index, slot_num, index_num, handle, infos + first,
+                                     result.count - first)
 
     def msync(self, handle: Handle, start: int, length: int) -> None:
         rc = self.lib.th_msync(handle + start, length)
@@ -579,6 +593,64 @@ def _cq_runs_python(
     return runs, bytes(entries)
 
 
+_INDEX_HEADER = struct.Struct(">qqqqii")
+_INDEX_ENTRY = struct.Struct(">iqii")
+_INDEX_SLOT = struct.Struct(">i")
+
+
+def _index_put_python(index: Handle, slot_num: int, index_num: int, buf: Buffer,
+                      infos: Sequence[RecordInfo], first: int, count: int) -> int:
+    """th_index_put's twin (RocketMQ's IndexFile.putKey for every key of every record)."""
+    if slot_num <= 0 or index_num < 2:
+        return 0
+    begin_ts, end_ts, begin_phy, end_phy, slot_count, index_count = _INDEX_HEADER.unpack_from(
+        index, 0)
+    index_count = max(index_count, 1)
+    entries_at = _INDEX_HEADER.size + 4 * slot_num
+    done = first
+    for done in range(first, count):
+        info = infos[done]
+        if info.sys_flag & layout.TRANSACTION_TYPE_MASK == layout.TRANSACTION_ROLLBACK:
+            continue
+        properties = rec.decode_properties(
+            bytes(buf[info.props_pos : info.props_pos + info.props_len]))
+        keys = [k for k in properties.get(rec.PROPERTY_KEYS, "").split(" ") if k]
+        uniq = properties.get(rec.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+        if uniq:
+            keys.insert(0, uniq)
+        if not keys:
+            continue
+        room = index_num - index_count
+        if len(keys) > room and index_count > 1:
+            break
+        topic = bytes(buf[info.topic_pos : info.topic_pos + info.topic_len]).decode(
+            "utf-8", "replace")
+        for key in keys[:room]:
+            key_hash = rec.java_string_hash(f"{topic}#{key}")
+            key_hash = 0 if key_hash == -(2**31) else abs(key_hash)
+            slot_at = _INDEX_HEADER.size + 4 * (key_hash % slot_num)
+            (previous,) = _INDEX_SLOT.unpack_from(index, slot_at)
+            if previous <= 0 or previous > index_count:
+                previous = 0
+            diff = 0
+            if begin_ts > 0:
+                diff = min(max(int((info.store_timestamp - begin_ts) / 1000), 0), 2**31 - 1)
+            _INDEX_ENTRY.pack_into(index, entries_at + 20 * index_count, key_hash,
+                                   info.phys_offset, diff, previous)
+            _INDEX_SLOT.pack_into(index, slot_at, index_count)
+            if index_count <= 1:
+                begin_phy, begin_ts = info.phys_offset, info.store_timestamp
+            if previous == 0:
+                slot_count += 1
+            index_count += 1
+            end_phy, end_ts = info.phys_offset, info.store_timestamp
+    else:
+        done = count
+    _INDEX_HEADER.pack_into(index, 0, begin_ts, end_ts, begin_phy, end_phy, slot_count,
+                            index_count)
+    return done - first
+
+
 def _java_hash_utf8(data: bytes) -> int:
     return rec.java_string_hash(data.decode("utf-8", "replace"))
 
@@ -720,6 +792,11 @@ class PythonEngine:
         self, handle: Handle, result: ScanResult
     ) -> tuple[list[tuple[int, int]], bytes | memoryview]:
         return _cq_runs_python(handle, result.infos, result.count)
+
+    def index_put(self, index: Handle, slot_num: int, index_num: int, handle: Handle,
+                  result: ScanResult, first: int) -> int:
+        return _index_put_python(index, slot_num, index_num, handle, result.infos, first,
+                                 result.count)
 
     def msync(self, handle: Handle, start: int, length: int) -> None:
         # The Python engine owns no fd; the caller's segment falls back to os.fdatasync.

@@ -214,6 +214,13 @@ class StoreConfig:
     store_host: str = "127.0.0.1:10911"
     broker_role: BrokerRole = attrs.field(default=BrokerRole.ASYNC_MASTER, converter=BrokerRole)
     os_page_cache_busy_timeout_mills: int = attrs.field(default=1000, validator=_positive)
+    #: index every message by key (KEYS, UNIQ_KEY) in ``<root>/index`` for QUERY_MESSAGE
+    message_index_enable: bool = True
+    #: slots and entries of one index file (RocketMQ's defaults: a 420 MB sparse file)
+    max_hash_slot_num: int = attrs.field(default=5_000_000, validator=in_range(1, 100_000_000))
+    max_index_num: int = attrs.field(default=20_000_000, validator=in_range(2, 100_000_000))
+    #: the most messages one query by key returns
+    max_msgs_num_batch: int = attrs.field(default=64, validator=in_range(1, 65536))
     #: the delay of each level a DELAY message may name (level n is the n-th entry); the
     #: dispatcher writes a delayed message's delivery time into its consume-queue entry
     message_delay_level: str = attrs.field(

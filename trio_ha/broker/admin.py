@@ -74,7 +74,6 @@ AdminHandler = Callable[[Broker, RemotingCommand, RemotingConnection], RemotingC
 UNSUPPORTED: dict[int, str] = {
     RequestCode.END_TRANSACTION: "transactions",
     RequestCode.CHECK_TRANSACTION_STATE: "transactions",
-    RequestCode.QUERY_MESSAGE: "queries by message key (index files)",
     RequestCode.SEND_REPLY_MESSAGE: "request/reply messages",
     RequestCode.SEND_REPLY_MESSAGE_V2: "request/reply messages",
 }
@@ -572,6 +571,37 @@ def topic_consumed_by(
     return ok(request, body=write_json({"groupList": sorted(groups)}).encode())
 
 
+# ---- queries by key ---------------------------------------------------------------------------
+
+#: the extField a client sets when it queries by its own message id (UNIQ_KEY)
+UNIQUE_MSG_QUERY_FLAG = "_UNIQUE_KEY_QUERY"
+#: how many messages such a query returns (RocketMQ's defaultQueryMaxNum)
+DEFAULT_QUERY_MAX_NUM = 32
+
+
+def query_message(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """QUERY_MESSAGE: the records of a topic with a key (a KEYS value or the client's
+    UNIQ_KEY) stored in a time range, from the index files; QUERY_NOT_FOUND when none."""
+    topic = request.field_str("topic")
+    key = request.field_str("key")
+    max_num = request.field_int("maxNum")
+    begin = request.field_long("beginTimestamp")
+    end = request.field_long("endTimestamp")
+    if request.ext_fields.get(UNIQUE_MSG_QUERY_FLAG) == "true":
+        max_num = DEFAULT_QUERY_MAX_NUM
+    found = broker.store.query_message(topic, key, max(max_num, 0), begin, end)
+    fields = {"indexLastUpdateTimestamp": found.index_last_update_timestamp,
+              "indexLastUpdatePhyoffset": found.index_last_update_phy_offset}
+    if not found.records:
+        return RemotingCommand.response_to(
+            request, ResponseCode.QUERY_NOT_FOUND,
+            remark="can not find message, maybe time range not correct", ext_fields=fields,
+        )
+    return ok(request, ext_fields=fields, body=b"".join(found.records))
+
+
 # ---- queue locks (orderly consumption) ---------------------------------------------------------
 
 
@@ -600,6 +630,7 @@ def unlock_batch_mq(
 
 
 HANDLERS: dict[int, AdminHandler] = {
+    RequestCode.QUERY_MESSAGE: query_message,
     RequestCode.LOCK_BATCH_MQ: lock_batch_mq,
     RequestCode.UNLOCK_BATCH_MQ: unlock_batch_mq,
     RequestCode.HEART_BEAT: heart_beat,

@@ -34,6 +34,7 @@ from ..wire.metadata import SCHEDULE_TOPIC
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable, is_valid_topic
 from .health import RETRY_INTERVAL, describe
+from .index import IndexService
 from .segment import Segment
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class Dispatcher:
     max_record_size: int
     #: milliseconds of each delay level (level n at index n - 1): ``messageDelayLevel``
     delay_levels: tuple[int, ...] = ()
+    #: the index files, fed with every batch dispatched (messageIndexEnable)
+    indexer: IndexService | None = None
     cursor: int = 0
     #: everything below is indexed
     dispatched: Watermark = attrs.field(factory=Watermark)
@@ -128,6 +131,8 @@ class Dispatcher:
             )
             if only is None:
                 self.last_store_timestamp = last.store_timestamp
+        if only is None and self.indexer is not None:
+            self.indexer.add(segment, result)
 
     def _with_due_times(self, segment: Segment, infos, first: int, count: int, run) -> bytes:
         """``run``'s entries with each delayed message's due time in the tags-code slot

@@ -99,3 +99,14 @@ class GetMessageResult:
     #: with ``raw=True``: the same bytes as ``records``, adjacent records in one view (what a
     #: pull response sends, from the mapping to the socket)
     spans: tuple[memoryview, ...] = ()
+
+
+@attrs.frozen
+class QueryMessageResult:
+    """What a query by key found (QUERY_MESSAGE): whole records, newest first, and the
+    newest index file's end time and end offset (the response's indexLastUpdateTimestamp and
+    indexLastUpdatePhyoffset)."""
+
+    records: list[bytes]
+    index_last_update_timestamp: int
+    index_last_update_phy_offset: int

@@ -23,6 +23,7 @@ from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable
 from .dispatch import Dispatcher
 from .health import disk_used_ratio
+from .index import IndexService
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ class RetainedStore(Protocol):
 
     @property
     def commitlog(self) -> CommitLog: ...
+
+    @property
+    def index(self) -> IndexService | None: ...
 
     @property
     def queues(self) -> ConsumeQueueTable: ...
@@ -84,6 +88,8 @@ async def delete_expired_files(
     if deleted:
         for queue in list(store.queues):
             queue.delete_expired(commitlog.min_offset)
+        if store.index is not None:
+            store.index.delete_expired(commitlog.min_offset)
     await trio.lowlevel.checkpoint()
     return deleted
 

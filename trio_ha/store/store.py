@@ -51,9 +51,16 @@ from .ha.group_transfer import GroupTransferService
 from .ha.master import HAMasterStatistics, HAService
 from .ha.slave import HAClient, HASlaveStatistics
 from .health import DiskMonitor, StoreHealth, StoreResourceError, describe
+from .index import IndexService
 from .lock import StoreLockedError, lock_root, unlock_root
 from .recovery import RecoveryReport, rebuild_disagreeing_queues, recover
-from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
+from .results import (
+    GetMessageResult,
+    GetMessageStatus,
+    PutMessageResult,
+    PutMessageStatus,
+    QueryMessageResult,
+)
 from .segment import Segment, sync_ranges
 from .sync_requests import SyncServiceStatistics
 from .verify import RecordVerifier
@@ -129,6 +136,8 @@ class MessageStore:
     #: the services SYNC_FLUSH and SYNC_MASTER puts wait on
     group_commit: GroupCommitService | None = None
     group_transfer: GroupTransferService | None = None
+    #: the index files (messageIndexEnable), opened by recovery
+    index: IndexService | None = None
     #: whether a put has anything to wait for after its append (read on every put)
     _waits: bool = attrs.field(default=False, alias="waits")
     #: checks records before they are served (None: checkCRCOnRead is off)
@@ -216,6 +225,15 @@ class MessageStore:
             quarantine_dir=os.path.join(self._root, "corrupt"),
         )
         log.info("store %s recovered: %s", self._root, self.recovery)
+        if self.config.message_index_enable:
+            self.index = IndexService.load(
+                self._root, self.config, abnormal=abnormal,
+                checkpoint_timestamp=self.checkpoint.index_msg_timestamp,
+            )
+            # The index picks up where its files end, before dispatch goes on from its cursor.
+            self.index.catch_up(self.commitlog, self.dispatcher.cursor,
+                                _max_record_size(self.config))
+            self.dispatcher.indexer = self.index
         if not self.commitlog.segments.segments and self.config.broker_role is not BrokerRole.SLAVE:
             # A slave's log starts wherever its master starts it (HA creates that segment).
             first = self.commitlog.create_first_segment(0)
@@ -323,6 +341,18 @@ class MessageStore:
                     queue.unflushed_since = 0
         checkpoint = self.checkpoint
         changed = False
+        if least_pages == 0 and self.index is not None:
+            # A thorough round: the index files' writes reach the disk, then the checkpoint
+            # says up to when (crash recovery keeps the files that end by then).
+            try:
+                synced = await trio.to_thread.run_sync(self.index.sync, abandon_on_cancel=False)
+            except OSError as exc:
+                synced = 0
+                self._health_log.log(logging.ERROR, "index", "store %s: cannot sync the index "
+                                     "files: %s", self._root, describe(exc))
+            if synced > checkpoint.index_msg_timestamp:
+                checkpoint.index_msg_timestamp = synced
+                changed = True
         if logics_timestamp > checkpoint.logics_msg_timestamp:
             checkpoint.logics_msg_timestamp = logics_timestamp
             changed = True
@@ -362,6 +392,8 @@ class MessageStore:
     def _close_files(self) -> None:
         self.commitlog.close()
         self.queues.close()
+        if self.index is not None:
+            self.index.close()
 
     # ---- puts -------------------------------------------------------------------------------
 
@@ -827,6 +859,35 @@ class MessageStore:
         return list(
             self.read_queue(topic, queue_id, queue_offset, max_count, max_bytes=max_bytes).messages
         )
+
+    def query_message(
+        self, topic: str, key: str, max_num: int, begin: int, end: int
+    ) -> QueryMessageResult:
+        """The records of ``topic`` whose UNIQ_KEY or one of whose KEYS is ``key``, stored in
+        [begin, end] (ms since the epoch), newest first, at most ``max_num`` (and
+        maxMsgsNumBatch). The index may name records of other keys with the same hash and
+        records since removed: only whole, valid records of this topic and key are
+        returned (RocketMQ leaves that filter to the client)."""
+        if self.index is None:
+            return QueryMessageResult([], 0, 0)
+        max_num = min(max_num, self.config.max_msgs_num_batch)
+        found = self.index.query(topic, key, max_num, begin, end)
+        records = []
+        for offset in found.phy_offsets:
+            record = self._record_at(offset)
+            if record is None:
+                continue
+            try:
+                message = rec.decode_record(record)
+            except RecordDecodeError:
+                continue
+            if message.topic == topic and (
+                key in message.keys
+                or message.properties.get(rec.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) == key
+            ):
+                records.append(record)
+        return QueryMessageResult(records, found.index_last_update_timestamp,
+                                  found.index_last_update_phy_offset)
 
     async def look_message_by_offset(self, commitlog_offset: int) -> rec.StoredMessage | None:
         """The record starting at ``commitlog_offset``, or None if no valid record starts
