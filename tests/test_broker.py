@@ -267,7 +267,6 @@ async def test_topics_routes_and_runtime_info(cluster):
 
 
 @pytest.mark.parametrize("code,feature", [
-    (RequestCode.END_TRANSACTION, "transactions"),
     (RequestCode.SEND_REPLY_MESSAGE, "request/reply"),
 ])
 async def test_unsupported_requests_say_what_is_missing(cluster, code, feature):
@@ -277,14 +276,15 @@ async def test_unsupported_requests_say_what_is_missing(cluster, code, feature):
         assert reply.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and feature in reply.remark
 
 
-async def test_transactional_and_timer_sends_are_refused_clearly(cluster):
+async def test_odd_transaction_and_timer_sends_are_refused_clearly(cluster):
     _, master, _ = cluster
     async with open_remoting_client(master.broker_addr) as client:
         await send_until_replicated(client, "Tx")
+        # A transaction type without TRAN_MSG (a half message says so) is not a transaction.
         tx = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {"a": "pg", "b": "Tx", "c": "TBW102", "d": 4, "e": 0, "f": rec.TRANSACTION_PREPARED, "g": 1, "h": 0}, body=b"x")
         reply = await client.invoke(tx, 5)
-        assert reply.code == ResponseCode.NO_PERMISSION
-        assert reply.remark is not None and "transactional" in reply.remark
+        assert reply.code == ResponseCode.MESSAGE_ILLEGAL
+        assert reply.remark is not None and "TRAN_MSG" in reply.remark
         # RocketMQ 5's timer messages (any delivery time) are not built: refused, not stored
         # as a message due now.
         timer = await client.invoke(send_request("Tx", b"later", props="TIMER_DELAY_SEC\x013"), 5)

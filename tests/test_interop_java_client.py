@@ -7,7 +7,8 @@ consumers with its body, keys, tags, user properties and both message ids intact
 and offset the producer was told. Consumers of one group share the queues; committed offsets
 survive a broker restart; with the master stopped, consumers read from the slave. Delayed
 messages arrive when due, a message a listener fails comes back through the group's retry
-topic, and an orderly listener locks its queues. Features we have not built yet are refused in words the client shows.
+topic, an orderly listener locks its queues, and transactions commit, roll back and are
+checked back.
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ def cluster(tmp_path_factory):
     its own topics and groups)."""
     data_dir = tmp_path_factory.mktemp("ours")
     # Short delay levels: a retry (level 3 + reconsume times) comes back in seconds.
+    # Short transaction checks: an undecided transaction is asked about within seconds.
     config = ClusterConfig(data_dir=str(data_dir),
-                           properties={"messageDelayLevel": DELAY_LEVELS})
+                           properties={"messageDelayLevel": DELAY_LEVELS,
+                                       "transactionCheckInterval": 1000,
+                                       "transactionTimeOut": 1000})
     with ProcessCluster.start(config) as running:
         yield running
 
@@ -278,17 +282,31 @@ def test_mqadmin_finds_messages_by_key_and_by_unique_key(rocketmq_clients, clust
     assert sent[2]["msgId"] in out and "key-2" in out, out
 
 
-def test_refusals_of_features_not_built_yet(rocketmq_clients, cluster, tmp_path):
-    """Transactions are not built yet (the broker-completeness issue): the Java client gets
-    an answer that names the feature, and nothing else breaks."""
+def test_java_transactions_commit_roll_back_and_are_checked_back(rocketmq_clients, cluster,
+                                                                  tmp_path):
+    """TransactionMQProducer: a committed message is delivered, a rolled-back one never, and
+    one whose local transaction answers UNKNOW is checked back (CHECK_TRANSACTION_STATE, this
+    cluster's transactionCheckInterval 1 s) and delivered once the check commits it."""
     rocketmq = rocketmq_clients
     namesrv = cluster.namesrv_addr
-    topic = unique("Refused_")
+    topic = unique("Tx_")
     out = rocketmq.run_program(tmp_path / "tx", CLIENT, "produce", "--namesrv", namesrv,
-                               "--topic", topic, "--count", 1, "--mode", "transaction")
-    [line, done] = program_lines(out)
-    assert line["code"] == 16  # NO_PERMISSION
-    assert "transactional messages are not supported" in line["remark"]
+                               "--topic", topic, "--count", 6, "--mode", "transaction",
+                               "--group", unique("gtx"), "--tx-plan", "CRU", "--tx-check", "C",
+                               "--linger-seconds", 8)
+    lines = program_lines(out)
+    assert lines[-1] == {"done": True, "count": 6, "errors": 0}, out[-3000:]
+    sent = [line for line in lines if "status" in line]
+    assert [line["localTransactionState"] for line in sent] == [
+        "COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"] * 2
+    checked = {line["checked"] for line in lines if "checked" in line}
+    unknown = {line["msgId"] for line in sent if line["localTransactionState"] == "UNKNOW"}
+    assert checked == unknown  # only the undecided ones were asked about
+    assert {line["topic"] for line in lines if "checked" in line} == {topic}
+    received = consume(rocketmq, tmp_path / "c", "push", namesrv, topic, unique("gtxc"), 4)
+    wanted = [line for line in sent if line["localTransactionState"] != "ROLLBACK_MESSAGE"]
+    assert sorted(line["msgId"] for line in received) == sorted(line["msgId"] for line in wanted)
+    assert all("TRAN_MSG" not in line["properties"] for line in received)
 
 
 @pytest.mark.parametrize("peer_name", PEERS)

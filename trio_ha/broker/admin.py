@@ -72,8 +72,6 @@ AdminHandler = Callable[[Broker, RemotingCommand, RemotingConnection], RemotingC
 
 #: requests RocketMQ serves and this broker does not (yet): what is missing, for the remark
 UNSUPPORTED: dict[int, str] = {
-    RequestCode.END_TRANSACTION: "transactions",
-    RequestCode.CHECK_TRANSACTION_STATE: "transactions",
     RequestCode.SEND_REPLY_MESSAGE: "request/reply messages",
     RequestCode.SEND_REPLY_MESSAGE_V2: "request/reply messages",
 }

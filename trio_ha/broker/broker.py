@@ -29,6 +29,7 @@ from .metadata import BrokerMetadata
 from .queue_locks import QueueLockManager
 from .registration import Registration
 from .schedule import ScheduleService
+from .transactions import TransactionCheck
 
 __all__ = ["Broker", "BrokerAddresses", "BrokerStats"]
 
@@ -93,6 +94,19 @@ class Broker:
         default=attrs.Factory(
             lambda self: ScheduleService(self.store, self.metadata.delay_offsets,
                                          self.config.store.delay_levels),
+            takes_self=True,
+        )
+    )
+    #: asks producers about undecided half messages (a master's)
+    transaction_check: TransactionCheck = attrs.field(
+        default=attrs.Factory(
+            lambda self: TransactionCheck(
+                self.store, self.metadata, self.clients,
+                interval=self.config.transaction_check_interval,
+                timeout=self.config.transaction_time_out,
+                check_max=self.config.transaction_check_max,
+                topics_changed=self.topics_changed,
+            ),
             takes_self=True,
         )
     )

@@ -167,6 +167,15 @@ class ClientManager:
             self._drop_consumer_channels(
                 group, [k for k, c in channels.items() if now - c.last_update > expiry])
 
+    def producer_connection(self, group: str) -> RemotingConnection | None:
+        """A live connection of a producer of ``group`` (the one heard from last), for a
+        transaction check; None when the group has none."""
+        channels = self.producers.get(group)
+        live = [c for c in (channels or {}).values() if c.connection.close_reason is None]
+        if not live:
+            return None
+        return max(live, key=lambda c: c.last_update).connection
+
     def consumer_ids(self, group: str) -> list[str]:
         info = self.consumers.get(group)
         if info is None:

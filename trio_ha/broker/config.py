@@ -110,6 +110,13 @@ class BrokerConfig:
     shutdown_wait_time_seconds: int = attrs.field(default=5, validator=in_range(0))
     #: how often a slave copies topics, offsets and groups from its master (ms)
     slave_sync_interval: int = attrs.field(default=10_000, validator=in_range(1))
+    #: refuse transactional (half) messages
+    reject_transaction_message: bool = False
+    #: transactions: how often the master checks undecided half messages, how old one must
+    #: be to be checked, and how many checks before it is given up (ms, ms, count)
+    transaction_check_interval: int = attrs.field(default=60_000, validator=in_range(1))
+    transaction_time_out: int = attrs.field(default=6000, validator=in_range(0))
+    transaction_check_max: int = attrs.field(default=15, validator=in_range(1, 10_000))
     store: StoreConfig = attrs.field(factory=StoreConfig)
 
     def __attrs_post_init__(self) -> None:

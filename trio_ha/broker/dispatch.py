@@ -1,10 +1,10 @@
 """Which processor answers which request (RocketMQ's processor table).
 
-Sends and consumer send-backs go to ``send``, pulls to ``pull`` (each in its own task, so held
-pulls wait without blocking the connection), everything else this broker supports to
-``admin``; requests it knows but does not support get a response saying what is missing, and
-any other code REQUEST_CODE_NOT_SUPPORTED. The VIP port (RocketMQ's "fast" channel) serves the
-same except pulls.
+Sends and consumer send-backs go to ``send``, END_TRANSACTION to ``transactions``, pulls to
+``pull`` (each in its own task, so held pulls wait without blocking the connection),
+everything else this broker supports to ``admin``; requests it knows but does not support get
+a response saying what is missing, and any other code REQUEST_CODE_NOT_SUPPORTED. The VIP port
+(RocketMQ's "fast" channel) serves the same except pulls.
 
 Processors check client input themselves and answer with RocketMQ's codes. What a metadata
 table refuses and a processor did not catch (``MetadataRequestError``: a bad name or number,
@@ -26,6 +26,7 @@ from .broker import Broker
 from .metadata import MetadataRequestError
 from .pull import process_pull
 from .send import process_send, process_send_back
+from .transactions import end_transaction
 
 __all__ = ["SEND_CODES", "handle", "handle_vip"]
 
@@ -72,6 +73,13 @@ async def _route(broker: Broker, request: RemotingCommand,
         return await process_pull(broker, request, connection)
     if code == RequestCode.CONSUMER_SEND_MSG_BACK:
         return await process_send_back(broker, request, connection)
+    if code == RequestCode.END_TRANSACTION:
+        if broker.is_slave:
+            await trio.lowlevel.checkpoint()
+            return RemotingCommand.response_to(
+                request, ResponseCode.SLAVE_NOT_AVAILABLE,
+                remark="a slave keeps no transactions; end it at the master")
+        return await end_transaction(broker.store, request)
     handler = admin.HANDLERS.get(code)
     await trio.lowlevel.checkpoint()
     if handler is not None:

@@ -10,9 +10,10 @@ A message with a delay level (DELAY) is stored in SCHEDULE_TOPIC_XXXX until it i
 (``schedule``). A message sent to a retry topic (``%RETRY%<group>``: the Java consumer's
 fallback when CONSUMER_SEND_MSG_BACK fails) that has been consumed maxReconsumeTimes times
 already goes to the group's dead-letter topic instead (RocketMQ's ``handleRetryAndDLQ``).
-CONSUMER_SEND_MSG_BACK itself is ``process_send_back``. What this broker does not do yet —
-transactional half messages, 5.x timer messages — is refused with a response that says so,
-never stored as if it were a plain message.
+CONSUMER_SEND_MSG_BACK itself is ``process_send_back``. What this broker does not do —
+RocketMQ 5's timer messages — is refused with a response that says so, never stored as if it
+were a plain message. A transactional message (TRAN_MSG=true) is stored as a half message
+until END_TRANSACTION (``transactions``).
 
 The topic is checked first, as RocketMQ's ``msgCheck`` does: a name outside RocketMQ's charset
 or length is SYSTEM_ERROR with ``validateTopic``'s remark, and the topics only the broker
@@ -30,6 +31,7 @@ import trio
 from ..remoting import RemotingConnection
 from ..store.results import PutMessageResult, PutMessageStatus
 from ..wire import record as rec
+from ..wire.metadata import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from ..wire.permission import Permission
 from ..wire.remoting import (
     RemotingCommand,
@@ -41,6 +43,7 @@ from ..wire.remoting import (
 from .broker import Broker
 from .metadata import NOT_ALLOWED_SEND_TOPICS, topic_problem
 from .schedule import delay_level, delayed
+from .transactions import half_message, is_transactional
 
 STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
@@ -136,13 +139,22 @@ async def process_send(
             remark=f"request queueId[{queue_id}] is illegal, {topic_config} Producer: "
                    f"{connection.peer}",
         )
+    properties = rec.decode_properties(header.properties or "")
+    prepared = is_transactional(properties)
     tx_type = header.sys_flag & rec.TRANSACTION_TYPE_MASK
-    if tx_type != rec.TRANSACTION_NOT_TYPE:  # prepared, commit or rollback
+    if prepared and config.reject_transaction_message:
         return RemotingCommand.response_to(
             request, ResponseCode.NO_PERMISSION,
-            remark="transactional messages are not supported by this broker (trio_ha) yet",
+            remark=f"the broker[{config.broker_name}] sending transaction message is forbidden",
         )
-    properties = rec.decode_properties(header.properties or "")
+    if tx_type != rec.TRANSACTION_NOT_TYPE and not prepared:
+        # Commits and rollbacks come as END_TRANSACTION; a record of these types sent as a
+        # message would be stored where no consumer ever sees it.
+        return RemotingCommand.response_to(
+            request, ResponseCode.MESSAGE_ILLEGAL,
+            remark="a transaction type in sysFlag needs TRAN_MSG=true (a half message); "
+                   "commit or roll back with END_TRANSACTION",
+        )
     if timer := sorted(TIMER_PROPERTIES & properties.keys()):
         return RemotingCommand.response_to(
             request, ResponseCode.MESSAGE_ILLEGAL,
@@ -158,10 +170,15 @@ async def process_send(
                    f"{properties[rec.PROPERTY_DELAY_TIME_LEVEL]!r}",
         )
     batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch
-    if batch and level is not None:
+    if batch and (level is not None or prepared):
         return RemotingCommand.response_to(
             request, ResponseCode.MESSAGE_ILLEGAL,
-            remark="a batch cannot have a delay level (DELAY)",
+            remark="a batch cannot have a delay level (DELAY) or be transactional",
+        )
+    if prepared and level is not None:
+        return RemotingCommand.response_to(
+            request, ResponseCode.MESSAGE_ILLEGAL,
+            remark="a transactional message cannot have a delay level (DELAY)",
         )
     # Where the message is stored; the response names the queue the producer chose.
     topic, store_queue = header.topic, queue_id
@@ -172,9 +189,17 @@ async def process_send(
         if dead is not None:
             topic, store_queue, level = dead, 0, None
             properties.pop(rec.PROPERTY_DELAY_TIME_LEVEL, None)
+    sys_flag = header.sys_flag
     if level is not None:
         moved = delayed(topic, store_queue, properties, level, len(config.store.delay_levels))
         topic, store_queue, properties = moved.topic, moved.queue_id, moved.properties
+    elif prepared:
+        # A half message: kept aside until END_TRANSACTION (``transactions``), as a plain
+        # message of the half topic, which the check reads.
+        properties = half_message(topic, store_queue, properties)
+        topic, store_queue = TRANS_HALF_TOPIC, 0
+        sys_flag &= ~rec.TRANSACTION_TYPE_MASK
+        _ensure_transaction_topics(broker)
     wait = properties.get(rec.PROPERTY_WAIT_STORE_MSG_OK) != "false"
     properties[PROPERTY_CLUSTER] = config.broker_cluster_name
     if batch:
@@ -196,12 +221,25 @@ async def process_send(
     else:
         result = await store.put_encoded(
             topic, store_queue, request.body, encoded, flag=header.flag,
-            sys_flag=header.sys_flag, born_timestamp=header.born_timestamp,
+            sys_flag=sys_flag, born_timestamp=header.born_timestamp,
             born_host=connection.peer, reconsume_times=header.reconsume_times or 0,
             wait_store_msg_ok=wait,
         )
     broker.stats.record_put(result)
     return send_response(request, result, queue_id)
+
+
+def _ensure_transaction_topics(broker: Broker) -> None:
+    """The half and op topics, made at the first half message (one read-write queue each),
+    as RocketMQ makes them on first use."""
+    topics = broker.metadata.topics
+    made = False
+    for topic in (TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC):
+        if topics.get(topic) is None:
+            topics.create_topic_in_send_back(topic, 1)
+            made = True
+    if made:
+        broker.topics_changed()
 
 
 def _dead_letter_if_exhausted(

@@ -13,7 +13,8 @@ reports a ``BrokerAddresses`` once it serves. The order matters:
    registerBrokerTimeoutMills) and reports that it serves; it registers again every
    registerNameServerPeriod and whenever its topics change.
 
-A master delivers delayed messages when they are due (``schedule``). A slave refuses sends,
+A master delivers delayed messages when they are due (``schedule``) and asks producers about
+undecided transactions (``transactions``). A slave refuses sends,
 serves pulls and queries (so consumers keep going while the master is down), learns its
 master's HA address from its registration when haMasterAddress is not set — and follows it
 when the master changes — and copies topics, consumer offsets, delay offsets and subscription
@@ -177,6 +178,7 @@ async def _serve(
         nursery.start_soon(broker.registration.run)
     if not broker.is_slave:
         await nursery.start(broker.schedule.run)
+        await nursery.start(broker.transaction_check.run)
     else:
         nursery.start_soon(run_slave_sync, broker.registration, broker.metadata,
                            config.slave_sync_interval / 1000)

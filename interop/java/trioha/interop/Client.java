@@ -42,6 +42,7 @@ import org.apache.rocketmq.common.message.MessageExt;
  *
  * <pre>
  * produce --namesrv A --topic T --count N [--mode sync|async|oneway|batch|transaction] [--batch 32]
+ *         [--tx-plan CRU] [--tx-check C|R] [--linger-seconds S]
  *         [--tags TagA,TagB] [--size BYTES] [--prefix TEXT] [--group G] [--timeout MS]
  *         [--retries N] [--delay LEVEL] [--property k=v]...
  * push    --namesrv A --topic T[,T2...] --group G [--tags 'TagA || TagB'] [--expect N]
@@ -100,6 +101,17 @@ public final class Client {
         return msg;
     }
 
+    static LocalTransactionState state(char c) {
+        switch (c) {
+            case 'C':
+                return LocalTransactionState.COMMIT_MESSAGE;
+            case 'R':
+                return LocalTransactionState.ROLLBACK_MESSAGE;
+            default:
+                return LocalTransactionState.UNKNOW;
+        }
+    }
+
     static void produce(Options opts) throws Exception {
         DefaultMQProducer producer = new DefaultMQProducer(opts.get("group", "interop_producer"));
         producer.setNamesrvAddr(opts.require("namesrv"));
@@ -145,22 +157,28 @@ public final class Client {
                 tx.setSendMsgTimeout(opts.getInt("timeout", 5000));
                 tx.setRetryTimesWhenSendFailed(opts.getInt("retries", 0));
                 tx.setInstanceName("tx-" + ProcessHandle.current().pid());
+                // --tx-plan: each message's local transaction in turn, C(ommit) R(ollback)
+                // U(nknown); --tx-check: what a check-back answers (C or R).
+                String plan = opts.get("tx-plan", "C");
+                LocalTransactionState checkAnswer = state(opts.get("tx-check", "C").charAt(0));
                 tx.setTransactionListener(new TransactionListener() {
                     @Override
                     public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
-                        return LocalTransactionState.COMMIT_MESSAGE;
+                        return state(plan.charAt((Integer) arg % plan.length()));
                     }
 
                     @Override
                     public LocalTransactionState checkLocalTransaction(MessageExt msg) {
-                        return LocalTransactionState.COMMIT_MESSAGE;
+                        Json.print(Json.obj("checked", msg.getTransactionId(), "topic", msg.getTopic(),
+                            "checkTimes", msg.getProperty("TRANSACTION_CHECK_TIMES")));
+                        return checkAnswer;
                     }
                 });
                 tx.start();
                 producer = tx;
                 for (int i = 0; i < count; i++) {
                     try {
-                        TransactionSendResult result = tx.sendMessageInTransaction(message(opts, i), null);
+                        TransactionSendResult result = tx.sendMessageInTransaction(message(opts, i), i);
                         Map<String, Object> line = sent(i, result);
                         line.put("localTransactionState", String.valueOf(result.getLocalTransactionState()));
                         Json.print(line);
@@ -169,6 +187,8 @@ public final class Client {
                         Json.print(failed(i, e));
                     }
                 }
+                // --linger-seconds: stay up to answer the broker's check-backs.
+                Thread.sleep(opts.getInt("linger-seconds", 0) * 1000L);
             } else if (mode.equals("async")) {
                 CountDownLatch latch = new CountDownLatch(count);
                 for (int i = 0; i < count; i++) {

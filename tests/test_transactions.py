@@ -1,0 +1,205 @@
+"""Transactional messages (issue 12): half messages, END_TRANSACTION, the check-back and the
+give-up after transactionCheckMax, over the wire against a real broker, and a SIGKILL of the
+master between prepare and commit resolved through the check-back."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from conftest import wait_until
+from trio_ha.remoting import open_remoting_client
+from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port, serve_cluster
+from trio_ha.wire import record as rec
+from trio_ha.wire.heartbeat import HeartbeatData, ProducerData
+from trio_ha.wire.metadata import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
+
+GROUP = "txp"
+FAST_CHECKS = {"transactionCheckInterval": 200, "transactionTimeOut": 0,
+               "transactionCheckMax": 3}
+
+
+def prepare(topic: str, body: bytes, uniq: str, group: str = GROUP) -> RemotingCommand:
+    props = rec.encode_properties({"TRAN_MSG": "true", "PGROUP": group, "UNIQ_KEY": uniq,
+                                   "KEYS": uniq})
+    return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {
+        "a": group, "b": topic, "c": "TBW102", "d": 4, "e": 1, "f": rec.TRANSACTION_PREPARED,
+        "g": 1, "h": 0, "i": props}, body=body)
+
+
+def end(decision: int, commitlog_offset: int, table_offset: int, *, group: str = GROUP,
+        from_check: bool = False) -> RemotingCommand:
+    return RemotingCommand.request(RequestCode.END_TRANSACTION, {
+        "producerGroup": group, "tranStateTableOffset": table_offset,
+        "commitLogOffset": commitlog_offset, "commitOrRollback": decision,
+        "fromTransactionCheck": "true" if from_check else "false", "msgId": "", "transactionId": ""})
+
+
+def pull(topic: str, queue: int) -> RemotingCommand:
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, {
+        "consumerGroup": "cg", "topic": topic, "queueId": queue, "queueOffset": 0,
+        "maxMsgNums": 32, "sysFlag": 0, "commitOffset": 0, "suspendTimeoutMillis": 0,
+        "subVersion": 0})
+
+
+async def pulled(client, topic: str, queue: int) -> list[rec.StoredMessage]:
+    reply = await client.invoke(pull(topic, queue), 5)
+    if reply.code != ResponseCode.SUCCESS:
+        return []
+    out, view = [], memoryview(reply.body)
+    while view:
+        message = rec.decode_record(view)
+        out.append(message)
+        view = view[message.size:]
+    return out
+
+
+def offsets_of(reply: RemotingCommand) -> tuple[int, int]:
+    """(commitlog offset, queue offset) of a half message from its send's answer."""
+    _, commitlog_offset = rec.decode_message_id(reply.ext_fields["msgId"])
+    return commitlog_offset, int(reply.ext_fields["queueOffset"])
+
+
+async def start_broker(nursery, tmp_path, properties: dict) -> str:
+    addresses = await nursery.start(serve_cluster, ClusterConfig(
+        data_dir=tmp_path / "c", slaves=0, master_role="ASYNC_MASTER", properties=properties))
+    return addresses.master.broker_addr
+
+
+@pytest.fixture
+async def broker(nursery, tmp_path):
+    """No check-back during the test (RocketMQ's 60 s interval)."""
+    return await start_broker(nursery, tmp_path, {})
+
+
+@pytest.fixture
+async def checking_broker(nursery, tmp_path):
+    """Checks every 200 ms, of half messages of any age, at most 3 times."""
+    return await start_broker(nursery, tmp_path, FAST_CHECKS)
+
+
+async def test_commit_delivers_and_rollback_does_not(broker):
+    async with open_remoting_client(broker) as client:
+        committed = await client.invoke(prepare("Orders", b"yes", "U1"), 5)
+        rolled = await client.invoke(prepare("Orders", b"no", "U2"), 5)
+        assert committed.code == rolled.code == ResponseCode.SUCCESS
+        assert committed.ext_fields["queueId"] == "1"  # the queue the producer chose
+        # Half messages: in the half topic, invisible in their own.
+        halves = await wait_until(lambda: pulled(client, TRANS_HALF_TOPIC, 0), "the halves")
+        assert [m.body for m in halves] == [b"yes", b"no"]
+        assert halves[0].properties[rec.PROPERTY_REAL_TOPIC] == "Orders"
+        assert halves[0].properties[rec.PROPERTY_REAL_QUEUE_ID] == "1"
+        assert halves[0].sys_flag & rec.TRANSACTION_TYPE_MASK == rec.TRANSACTION_NOT_TYPE
+        assert await pulled(client, "Orders", 1) == []
+
+        reply = await client.invoke(end(rec.TRANSACTION_COMMIT, *offsets_of(committed)), 5)
+        assert reply.code == ResponseCode.SUCCESS, reply.remark
+        reply = await client.invoke(end(rec.TRANSACTION_ROLLBACK, *offsets_of(rolled)), 5)
+        assert reply.code == ResponseCode.SUCCESS, reply.remark
+        [message] = await wait_until(lambda: pulled(client, "Orders", 1), "the commit")
+        assert message.body == b"yes" and message.properties["UNIQ_KEY"] == "U1"
+        assert message.sys_flag & rec.TRANSACTION_TYPE_MASK == rec.TRANSACTION_COMMIT
+        assert message.prepared_transaction_offset == offsets_of(committed)[0]
+        for name in ("TRAN_MSG", rec.PROPERTY_REAL_TOPIC, rec.PROPERTY_REAL_QUEUE_ID):
+            assert name not in message.properties
+        # Both are marked done: op messages naming their half queue offsets.
+        ops = await wait_until(lambda: pulled(client, TRANS_OP_HALF_TOPIC, 0), "the ops")
+        assert sorted(m.body for m in ops) == [b"0", b"1"]
+        assert {m.properties["TAGS"] for m in ops} == {"d"}
+
+
+@pytest.mark.parametrize("change,remark", [
+    ({"group": "other"}, "The producer group wrong"),
+    ({"table_offset": 7}, "The transaction state table offset wrong"),
+    ({"offset": 1}, "Find prepared transaction message failed"),
+])
+async def test_an_end_that_names_the_wrong_half_message_is_refused(broker, change, remark):
+    async with open_remoting_client(broker) as client:
+        half = await client.invoke(prepare("Orders", b"x", "U1"), 5)
+        offset, table_offset = offsets_of(half)
+        offset = change.get("offset", offset)
+        table_offset = change.get("table_offset", table_offset)
+        reply = await client.invoke(end(rec.TRANSACTION_COMMIT, offset, table_offset,
+                                        group=change.get("group", GROUP)), 5)
+        assert (reply.code, reply.remark) == (ResponseCode.SYSTEM_ERROR, remark)
+        assert await pulled(client, "Orders", 1) == []
+
+
+async def register_producer(client, group: str = GROUP) -> list[RemotingCommand]:
+    """Heartbeat as a producer of ``group``; the broker's requests land in the list."""
+    checks: list[RemotingCommand] = []
+    client.on_request = checks.append
+    body = HeartbeatData(f"test@{group}", (ProducerData(group),)).encode()
+    reply = await client.invoke(RemotingCommand.request(RequestCode.HEART_BEAT, body=body), 5)
+    assert reply.code == ResponseCode.SUCCESS
+    return checks
+
+
+async def test_an_undecided_transaction_is_checked_back_then_given_up(checking_broker):
+    async with open_remoting_client(checking_broker) as client:
+        checks = await register_producer(client)
+        await client.invoke(prepare("Orders", b"ask me", "U9"), 5)
+
+        # A check arrives: for the message as sent, with the offsets of its re-stored copy.
+        await wait_until(lambda: len(checks) >= 1, "a check", timeout=10, interval=0.05)
+        check = checks[0]
+        assert check.code == RequestCode.CHECK_TRANSACTION_STATE and check.is_oneway
+        [message] = [rec.decode_record(check.body)]
+        assert (message.topic, message.queue_id, message.body) == ("Orders", 1, b"ask me")
+        assert message.properties["TRANSACTION_CHECK_TIMES"] == "1"
+        assert check.ext_fields["msgId"] == check.ext_fields["transactionId"] == "U9"
+        # Unanswered, it is asked about again, transactionCheckMax (3) times, then given up.
+        dead = await wait_until(lambda: pulled(client, TRANS_CHECK_MAX_TIME_TOPIC, 0),
+                                "the give-up", timeout=15, interval=0.1)
+        assert [m.body for m in dead] == [b"ask me"]
+        assert [c.ext_fields["tranStateTableOffset"] for c in checks[:3]] == ["1", "2", "3"]
+        count = len(checks)
+        await trio.sleep(1)
+        assert len(checks) == count == 3  # no more checks once given up
+        assert await pulled(client, "Orders", 1) == []
+
+
+async def test_a_check_answered_commit_delivers(checking_broker):
+    async with open_remoting_client(checking_broker) as client:
+        checks = await register_producer(client)
+        await client.invoke(prepare("Orders", b"late yes", "U5"), 5)
+        await wait_until(lambda: checks, "a check", timeout=10, interval=0.05)
+        fields = checks[0].ext_fields
+        reply = await client.invoke(end(rec.TRANSACTION_COMMIT, int(fields["commitLogOffset"]),
+                                        int(fields["tranStateTableOffset"]), from_check=True), 5)
+        assert reply.code == ResponseCode.SUCCESS, reply.remark
+        [message] = await wait_until(lambda: pulled(client, "Orders", 1), "the commit")
+        assert message.body == b"late yes"
+        await trio.sleep(1)
+        assert len(checks) == 1  # decided: never asked again
+
+
+async def test_a_sigkill_between_prepare_and_commit_resolves_through_the_check(tmp_path):
+    config = ClusterConfig(data_dir=tmp_path, slaves=0, master_role="ASYNC_MASTER",
+                           master_port=free_broker_port(),
+                           properties={**FAST_CHECKS, "transactionCheckMax": 15})
+    with ProcessCluster.start(config) as cluster:
+        async with open_remoting_client(cluster.master.addr) as client:
+            half = await client.invoke(prepare("Orders", b"survives", "U7"), 5)
+            assert half.code == ResponseCode.SUCCESS
+        cluster.master.kill()  # before any END_TRANSACTION
+        cluster.restart(cluster.master)
+        async with open_remoting_client(cluster.master.addr) as client:
+            checks = await register_producer(client)
+            await wait_until(lambda: checks, "a check after the restart", timeout=20,
+                             interval=0.1)
+            fields = checks[0].ext_fields
+            reply = await client.invoke(end(
+                rec.TRANSACTION_COMMIT, int(fields["commitLogOffset"]),
+                int(fields["tranStateTableOffset"]), from_check=True), 5)
+            assert reply.code == ResponseCode.SUCCESS, reply.remark
+            [message] = await wait_until(lambda: pulled(client, "Orders", 1), "the commit")
+            assert message.body == b"survives" and message.properties["UNIQ_KEY"] == "U7"
+
+
+async def test_a_slave_ends_no_transaction(nursery, tmp_path):
+    addresses = await nursery.start(serve_cluster, ClusterConfig(data_dir=tmp_path / "c"))
+    async with open_remoting_client(addresses.slave.broker_addr) as client:
+        reply = await client.invoke(end(rec.TRANSACTION_COMMIT, 0, 0), 5)
+        assert reply.code == ResponseCode.SLAVE_NOT_AVAILABLE

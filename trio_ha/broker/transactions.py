@@ -1,0 +1,326 @@
+"""Transactional messages: half messages, END_TRANSACTION and the check-back (RocketMQ 4.9).
+
+A transactional producer sends its message with TRAN_MSG=true (and PGROUP, its group). The
+broker stores it as a *half message*: in RMQ_SYS_TRANS_HALF_TOPIC queue 0, its topic and
+queue kept in REAL_TOPIC and REAL_QID (``half_message``), so no consumer sees it. The
+producer runs its local transaction and sends END_TRANSACTION naming the half message (its
+commitlog offset and queue offset) with COMMIT or ROLLBACK:
+
+* COMMIT stores a copy in its real topic (transaction type COMMIT, TRAN_MSG, REAL_TOPIC and
+  REAL_QID removed), which consumers then read;
+* either way an *op message* goes to RMQ_SYS_TRANS_OP_HALF_TOPIC: tag ``d``, body the half
+  message's queue offset as text. It marks the half message done.
+
+A producer that dies or answers UNKNOW leaves its half message undecided. ``TransactionCheck``
+(masters only) looks every transactionCheckInterval at the half messages not marked done
+whose producers have had transactionTimeOut (or the message's CHECK_IMMUNITY_TIME_IN_SECONDS)
+to decide: it stores the half message again at the end of the half queue with
+TRANSACTION_CHECK_TIMES one higher and sends CHECK_TRANSACTION_STATE, with the copy's offsets,
+to a live producer of the message's group, which answers with END_TRANSACTION (from check).
+A half message checked transactionCheckMax times is given up: moved to
+TRANS_CHECK_MAX_TIME_TOPIC, as RocketMQ does.
+
+How far the check got is kept as RocketMQ keeps it, as the consumer offsets of group
+CID_RMQ_SYS_TRANS on the half and op queues (consumerOffset.json), so it survives restarts and
+crashes and reaches the slaves with the other offsets. Everything is at-least-once: a crash
+between a commit's copy and its op message makes the check ask again, and a producer that
+commits twice gets two copies, as with RocketMQ.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from ..ratelog import RateLimitedLog
+from ..remoting import RemotingConnection
+from ..store import MessageStore, PutMessageStatus
+from ..wire import record as rec
+from ..wire.metadata import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
+from .clients import ClientManager
+from .metadata import BrokerMetadata
+
+__all__ = [
+    "PROPERTY_PRODUCER_GROUP", "PROPERTY_TRANSACTION_PREPARED", "TransactionCheck",
+    "end_transaction", "half_message", "is_transactional",
+]
+
+log = logging.getLogger(__name__)
+
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+#: the op message's tag: the half message is done (committed or rolled back)
+REMOVE_TAG = "d"
+#: the group whose consumer offsets record how far the check got
+CHECK_GROUP = "CID_RMQ_SYS_TRANS"
+#: half and op messages read per step of a check round
+CHECK_BATCH = 32
+
+COMMIT = rec.TRANSACTION_COMMIT
+ROLLBACK = rec.TRANSACTION_ROLLBACK
+
+
+def is_transactional(properties: dict[str, str]) -> bool:
+    """A half message, as RocketMQ decides it: TRAN_MSG is "true" (in any case)."""
+    return properties.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true"
+
+
+def half_message(topic: str, queue_id: int, properties: dict[str, str]) -> dict[str, str]:
+    """The properties a half message is stored with (in TRANS_HALF_TOPIC queue 0, with
+    transaction type NOT_TYPE: it is dispatched to the half queue, which the check reads)."""
+    moved = dict(properties)
+    moved[rec.PROPERTY_REAL_TOPIC] = topic
+    moved[rec.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+    return moved
+
+
+async def _put_op(store: MessageStore, half: rec.StoredMessage) -> bool:
+    """Mark ``half`` done: an op message naming its queue offset."""
+    properties = {rec.PROPERTY_TAGS: REMOVE_TAG, rec.PROPERTY_WAIT_STORE_MSG_OK: "false"}
+    result = await store.put_encoded(
+        TRANS_OP_HALF_TOPIC, half.queue_id, str(half.queue_offset).encode(),
+        rec.encode_properties(properties).encode(), wait_store_msg_ok=False,
+    )
+    return result.status is PutMessageStatus.PUT_OK
+
+
+async def end_transaction(store: MessageStore, request: RemotingCommand) -> RemotingCommand:
+    """END_TRANSACTION: commit or roll back the half message the request names (RocketMQ
+    4.9.8's EndTransactionProcessor, after the slave check). UNKNOW (0) changes nothing."""
+    decision = request.field_int("commitOrRollback")
+    offset = request.field_long("commitLogOffset")
+    group = request.field_str("producerGroup")
+    table_offset = request.field_long("tranStateTableOffset")
+    if decision not in (COMMIT, ROLLBACK):
+        await trio.lowlevel.checkpoint()
+        return RemotingCommand.response_to(request, ResponseCode.SUCCESS)
+    half = await store.look_message_by_offset(offset)
+    problem = None
+    if half is None or half.topic != TRANS_HALF_TOPIC:
+        problem = "Find prepared transaction message failed"
+    elif half.properties.get(PROPERTY_PRODUCER_GROUP) != group:
+        problem = "The producer group wrong"
+    elif half.queue_offset != table_offset:
+        problem = "The transaction state table offset wrong"
+    if problem is not None or half is None:
+        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR, remark=problem)
+    if decision == COMMIT:
+        properties = dict(half.properties)
+        for name in (PROPERTY_TRANSACTION_PREPARED, rec.PROPERTY_REAL_TOPIC,
+                     rec.PROPERTY_REAL_QUEUE_ID):
+            properties.pop(name, None)
+        properties[rec.PROPERTY_WAIT_STORE_MSG_OK] = "false"
+        real_queue = half.properties.get(rec.PROPERTY_REAL_QUEUE_ID, "")
+        real_topic = half.properties.get(rec.PROPERTY_REAL_TOPIC, "")
+        if not real_topic or not real_queue.isdigit():
+            return RemotingCommand.response_to(
+                request, ResponseCode.SYSTEM_ERROR,
+                remark="the half message names no real topic and queue")
+        result = await store.put_encoded(
+            real_topic, int(real_queue), half.body, rec.encode_properties(properties).encode(),
+            flag=half.flag, sys_flag=(half.sys_flag & ~rec.TRANSACTION_TYPE_MASK) | COMMIT,
+            born_timestamp=half.born_timestamp, born_host=half.born_host,
+            reconsume_times=half.reconsume_times, prepared_transaction_offset=offset,
+            wait_store_msg_ok=False,
+        )
+        if result.status is not PutMessageStatus.PUT_OK:
+            return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
+                                               remark=result.remark or result.status.name)
+    if not await _put_op(store, half):
+        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
+                                           remark="cannot store the transaction's op message")
+    return RemotingCommand.response_to(request, ResponseCode.SUCCESS)
+
+
+@attrs.frozen
+class TransactionCheckStatistics:
+    #: check rounds run, CHECK_TRANSACTION_STATE requests sent, half messages given up
+    rounds: int
+    checks_sent: int
+    discarded: int
+    #: half messages that needed a check and had no live producer of their group
+    no_producer: int
+
+
+@attrs.define(eq=False)
+class TransactionCheck:
+    """The master's check of undecided half messages. ``run`` is its task."""
+
+    store: MessageStore
+    metadata: BrokerMetadata
+    clients: ClientManager
+    #: ms: how often a round runs, how old a half message must be, how many checks at most
+    interval: int
+    timeout: int
+    check_max: int
+    #: called after this service made a topic (the broker registers it again)
+    topics_changed: Callable[[], None] = lambda: None
+    _rounds: int = 0
+    _checks_sent: int = 0
+    _discarded: int = 0
+    _no_producer: int = 0
+    _opaques: int = 0
+    _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self.interval / 1000)
+            await self.check_once()
+
+    def statistics(self) -> TransactionCheckStatistics:
+        return TransactionCheckStatistics(self._rounds, self._checks_sent, self._discarded,
+                                          self._no_producer)
+
+    def _offset(self, topic: str) -> int:
+        committed = self.metadata.offsets.query(CHECK_GROUP, topic, 0)
+        low = self.store.min_queue_offset(topic, 0)
+        return low if committed is None else max(committed, low)
+
+    def _done_half_offsets(self, op_start: int) -> list[tuple[int, int]]:
+        """(op queue offset, half queue offset it marks done) from ``op_start`` on."""
+        store = self.store
+        end = store.max_queue_offset(TRANS_OP_HALF_TOPIC, 0)
+        marks = []
+        offset = op_start
+        while offset < end:
+            entries = store.queue_entries(TRANS_OP_HALF_TOPIC, 0, offset, CHECK_BATCH)
+            if not entries:
+                break
+            for entry in entries:
+                record = store.record_bytes(entry.commitlog_offset)
+                body = rec.decode_record(record).body if record is not None else b""
+                marks.append((offset, int(body) if body.isdigit() else -1))
+                offset += 1
+        return marks
+
+    async def check_once(self) -> None:
+        """One round (RocketMQ's TransactionalMessageServiceImpl.check, for queue 0)."""
+        await trio.lowlevel.checkpoint()
+        self._rounds += 1
+        store = self.store
+        half_offset = self._offset(TRANS_HALF_TOPIC)
+        op_offset = self._offset(TRANS_OP_HALF_TOPIC)
+        marks = self._done_half_offsets(op_offset)
+        done = {half for _, half in marks}
+        end = store.max_queue_offset(TRANS_HALF_TOPIC, 0)
+        now = time.time_ns() // 1_000_000
+        while half_offset < end:
+            entries = store.queue_entries(TRANS_HALF_TOPIC, 0, half_offset, 1)
+            if not entries:
+                break
+            entry = entries[0]
+            if half_offset in done:
+                half_offset += 1
+                continue
+            half = await store.look_message_by_offset(entry.commitlog_offset)
+            if half is None:  # removed by retention: nothing left to decide
+                half_offset += 1
+                continue
+            checks = int(half.properties.get(PROPERTY_TRANSACTION_CHECK_TIMES, "0") or 0)
+            if checks >= self.check_max:
+                await self._discard(half)
+                half_offset += 1
+                continue
+            immunity = self.timeout
+            immune_text = half.properties.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, "")
+            if immune_text.isdigit():
+                immunity = int(immune_text) * 1000
+            if now - half.born_timestamp < immunity:
+                break  # this one and every later one are too young to be asked about
+            if not await self._check(half, checks + 1):
+                break  # could not store the copy: try again next round
+            half_offset += 1
+        # The op messages whose half messages are all behind us are done with.
+        behind = sorted(op for op, half in marks if half < half_offset)
+        for op in behind:
+            if op != op_offset:
+                break
+            op_offset += 1
+        offsets = self.metadata.offsets
+        offsets.commit(CHECK_GROUP, TRANS_HALF_TOPIC, 0, half_offset)
+        offsets.commit(CHECK_GROUP, TRANS_OP_HALF_TOPIC, 0, op_offset)
+
+    async def _check(self, half: rec.StoredMessage, checks: int) -> bool:
+        """Store ``half`` again at the end of the half queue with its check count, and ask a
+        producer of its group about the copy. False when the copy could not be stored."""
+        properties = dict(half.properties)
+        properties[PROPERTY_TRANSACTION_CHECK_TIMES] = str(checks)
+        result = await self.store.put_encoded(
+            TRANS_HALF_TOPIC, 0, half.body, rec.encode_properties(properties).encode(),
+            flag=half.flag, sys_flag=half.sys_flag, born_timestamp=half.born_timestamp,
+            born_host=half.born_host, reconsume_times=half.reconsume_times,
+            wait_store_msg_ok=False,
+        )
+        if result.status is not PutMessageStatus.PUT_OK:
+            self._log.log(logging.WARNING, "copy", "transactions: cannot store a half message "
+                          "again for its check (%s)", result.status.name)
+            return False
+        group = properties.get(PROPERTY_PRODUCER_GROUP, "")
+        connection = self.clients.producer_connection(group)
+        if connection is None:
+            self._no_producer += 1
+            self._log.log(logging.INFO, ("no producer", group), "transactions: no live "
+                          "producer of group %s to check a half message with", group)
+            return True
+        copy = await self.store.look_message_by_offset(result.commitlog_offset)
+        if copy is None:
+            return True
+        self._send_check(connection, copy)
+        return True
+
+    def _send_check(self, connection: RemotingConnection, half: rec.StoredMessage) -> None:
+        uniq = half.properties.get(rec.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
+        fields = {"tranStateTableOffset": half.queue_offset,
+                  "commitLogOffset": half.commitlog_offset, "msgId": uniq,
+                  "transactionId": uniq, "offsetMsgId": half.msg_id}
+        # The body is the message as its producer sent it: real topic and queue, as
+        # RocketMQ's Broker2Client encodes it.
+        body = rec.encode_record(
+            topic=half.properties.get(rec.PROPERTY_REAL_TOPIC, half.topic).encode(),
+            body=half.body, properties=rec.encode_properties(half.properties).encode(),
+            queue_id=int(half.properties.get(rec.PROPERTY_REAL_QUEUE_ID, "0") or 0),
+            flag=half.flag, queue_offset=half.queue_offset,
+            commitlog_offset=half.commitlog_offset, sys_flag=half.sys_flag,
+            born_timestamp=half.born_timestamp,
+            born_host=rec.encode_host(*rec.parse_host_port(half.born_host)),
+            store_timestamp=half.store_timestamp,
+            store_host=rec.encode_host(*rec.parse_host_port(half.store_host)),
+            reconsume_times=half.reconsume_times,
+            prepared_transaction_offset=half.prepared_transaction_offset,
+        )
+        self._opaques += 1
+        try:
+            connection.send_nowait(RemotingCommand.request(
+                RequestCode.CHECK_TRANSACTION_STATE, fields, body=body, oneway=True,
+                opaque=self._opaques))
+        except Exception as exc:  # a connection closing under us: the next round asks again
+            log.info("transactions: sending a check to %s failed: %s", connection.peer, exc)
+            return
+        self._checks_sent += 1
+
+    async def _discard(self, half: rec.StoredMessage) -> None:
+        """Checked transactionCheckMax times: given up, kept in TRANS_CHECK_MAX_TIME_TOPIC."""
+        self._discarded += 1
+        topics = self.metadata.topics
+        if topics.get(TRANS_CHECK_MAX_TIME_TOPIC) is None:
+            topics.create_topic_in_send_back(TRANS_CHECK_MAX_TIME_TOPIC, 1)
+            self.topics_changed()
+        log.warning("transactions: half message %s of group %s checked %d times without an "
+                    "answer; moved to %s", half.msg_id,
+                    half.properties.get(PROPERTY_PRODUCER_GROUP), self.check_max,
+                    TRANS_CHECK_MAX_TIME_TOPIC)
+        await self.store.put_encoded(
+            TRANS_CHECK_MAX_TIME_TOPIC, 0, half.body,
+            rec.encode_properties(half.properties).encode(), flag=half.flag,
+            sys_flag=half.sys_flag, born_timestamp=half.born_timestamp,
+            born_host=half.born_host, wait_store_msg_ok=False,
+        )
