@@ -725,7 +725,10 @@ async def test_slave_sync_takes_the_masters_tables(cfg, nursery):
     slave = BrokerMetadata.load(os.path.join(cfg, "slave"), clock=Clock())
     slave.offsets.commit("g", "t1", 0, 9)
     async with open_client_pool() as pool:
-        await sync_from_master(pool, f"{host}:{port}", slave)
+        outcomes = await sync_from_master(pool, f"{host}:{port}", slave)
+        assert {name: o.detail for name, o in outcomes.items()} == {
+            "topics": "changed", "consumer_offsets": "changed", "delay_offsets": "changed",
+            "subscription_groups": "changed"}
         assert slave.topics.wrapper() == master.topics.wrapper()
         assert slave.offsets.offsets_of_group("g") == {"t1": {0: 9, 1: 7}}  # never moved back
         assert slave.delay_offsets.table() == master.delay_offsets.table()
@@ -738,6 +741,11 @@ async def test_slave_sync_takes_the_masters_tables(cfg, nursery):
         bodies[RequestCode.GET_ALL_CONSUMER_OFFSET] = encode_consumer_offsets(
             master.offsets.table(), pretty=False
         )
-        await sync_from_master(pool, f"{host}:{port}", slave)
+        bodies[RequestCode.GET_ALL_TOPIC_CONFIG] = b"{not json"  # and one that is garbage
+        outcomes = await sync_from_master(pool, f"{host}:{port}", slave)
+        assert not outcomes["delay_offsets"].ok and "refused" in outcomes["delay_offsets"].detail
+        assert not outcomes["topics"].ok
+        assert outcomes["consumer_offsets"].detail == "changed"
+        assert outcomes["subscription_groups"].detail == "unchanged"
         assert slave.offsets.query("g", "t1", 1) == 8
         assert slave.delay_offsets.get(3) == 42

@@ -29,6 +29,7 @@ from .metadata import BrokerMetadata
 from .queue_locks import QueueLockManager
 from .registration import Registration
 from .schedule import ScheduleService
+from .slave_sync import SlaveSync
 from .transactions import TransactionCheck
 
 __all__ = ["Broker", "BrokerAddresses", "BrokerStats"]
@@ -107,6 +108,15 @@ class Broker:
                 check_max=self.config.transaction_check_max,
                 topics_changed=self.topics_changed,
             ),
+            takes_self=True,
+        )
+    )
+    #: a slave's copy of its master's metadata (None on a master)
+    slave_sync: SlaveSync | None = attrs.field(
+        default=attrs.Factory(
+            lambda self: SlaveSync(self.registration, self.metadata,
+                                   self.config.slave_sync_interval / 1000)
+            if self.config.role is BrokerRole.SLAVE else None,
             takes_self=True,
         )
     )

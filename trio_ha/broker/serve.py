@@ -42,7 +42,6 @@ from .config import VIP_PORT_OFFSET, BrokerConfig
 from .dispatch import handle, handle_vip
 from .metadata import BrokerMetadata, config_dir_of
 from .registration import Registration
-from .slave_sync import run_slave_sync
 
 __all__ = ["load_metadata", "remoting_limits", "serve_broker"]
 
@@ -180,5 +179,5 @@ async def _serve(
         await nursery.start(broker.schedule.run)
         await nursery.start(broker.transaction_check.run)
     else:
-        nursery.start_soon(run_slave_sync, broker.registration, broker.metadata,
-                           config.slave_sync_interval / 1000)
+        assert broker.slave_sync is not None
+        nursery.start_soon(broker.slave_sync.run)

@@ -6,13 +6,18 @@ subscription groups (GET_ALL_*) and takes them: topics and groups wholesale when
 DataVersion differs, delay offsets as they are, consumer offsets merged so that none moves
 back (RocketMQ issue #1094; see ``metadata.consumer_offsets``). The store's replication copies
 the messages themselves; this copies what a consumer needs to carry on at the slave when the
-master is gone. A failed round is logged and tried again at the next interval.
+master is gone. A table whose sync fails is logged and tried again at the next interval; the
+others are not held up by it. ``SlaveSync.statistics()`` tells, per table, when it was last
+synced and how that went.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
+import attrs
 import trio
 
 from ..remoting import RemotingClientPool, RemotingError
@@ -27,7 +32,7 @@ from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from .metadata import BrokerMetadata
 from .registration import Registration
 
-__all__ = ["run_slave_sync", "sync_from_master"]
+__all__ = ["SlaveSync", "SlaveSyncStatistics", "SyncOutcome", "sync_from_master"]
 
 log = logging.getLogger(__name__)
 
@@ -37,34 +42,88 @@ FIRST_SYNC_DELAY = 3.0
 SYNC_REQUEST_TIMEOUT = 3.0
 
 
-async def run_slave_sync(registration: Registration, metadata: BrokerMetadata,
-                         interval: float) -> None:
-    """Sync from the master every ``interval`` seconds, until cancelled."""
-    await trio.sleep(min(FIRST_SYNC_DELAY, interval))
-    while True:
-        master = registration.master_addr
-        if master and master != registration.broker_addr:
-            try:
-                await sync_from_master(registration.pool, master, metadata)
-            except (RemotingError, RouteDecodeError, MetadataDecodeError) as exc:
-                log.info("broker: metadata sync from %s failed: %s", master, exc)
-        await trio.sleep(interval)
+@attrs.frozen
+class SyncOutcome:
+    """How the last sync of one table went."""
+
+    #: when it was tried (seconds since the epoch)
+    at: float
+    ok: bool
+    #: "changed", "unchanged", or why it failed (the master's refusal or the error)
+    detail: str
+
+
+@attrs.frozen
+class SlaveSyncStatistics:
+    #: the master synced from last (None: none known yet)
+    master: str | None
+    rounds: int
+    #: table ("topics", "consumer_offsets", "delay_offsets", "subscription_groups") -> the
+    #: outcome of its last sync
+    tables: dict[str, SyncOutcome]
+
+
+def _tables(metadata: BrokerMetadata) -> list[tuple[str, RequestCode, Callable[[bytes], bool]]]:
+    """What a round fetches, in RocketMQ's order, and how each is taken."""
+    return [
+        ("topics", RequestCode.GET_ALL_TOPIC_CONFIG,
+         lambda body: metadata.topics.replace_from_master(decode_topics_json(body))),
+        ("consumer_offsets", RequestCode.GET_ALL_CONSUMER_OFFSET,
+         lambda body: metadata.offsets.merge_from_master(decode_consumer_offsets(body)) > 0),
+        ("delay_offsets", RequestCode.GET_ALL_DELAY_OFFSET,
+         lambda body: metadata.delay_offsets.replace_from_master(decode_delay_offsets(body))),
+        ("subscription_groups", RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+         lambda body: metadata.subscriptions.replace_from_master(
+             decode_subscription_groups(body))),
+    ]
 
 
 async def sync_from_master(pool: RemotingClientPool, master: str,
-                           metadata: BrokerMetadata) -> None:
-    """One round: each table is fetched and taken in turn; a refused request skips its
-    table."""
+                           metadata: BrokerMetadata) -> dict[str, SyncOutcome]:
+    """One round: each table is fetched and taken in turn; a table the master refuses, or
+    whose request or body fails, is left as it is and the others still sync. Returns each
+    table's outcome."""
+    outcomes = {}
+    for name, code, take in _tables(metadata):
+        at = time.time()
+        try:
+            response = await pool.invoke(master, RemotingCommand.request(code),
+                                         SYNC_REQUEST_TIMEOUT)
+            if response.code != ResponseCode.SUCCESS:
+                outcome = SyncOutcome(at, False, f"refused: {response.remark or response.code}")
+            else:
+                outcome = SyncOutcome(at, True, "changed" if take(response.body) else "unchanged")
+        except (RemotingError, RouteDecodeError, MetadataDecodeError) as exc:
+            outcome = SyncOutcome(at, False, str(exc))
+        if not outcome.ok:
+            log.info("broker: syncing %s from %s failed: %s", name, master, outcome.detail)
+        outcomes[name] = outcome
+    return outcomes
 
-    async def fetch(code: RequestCode) -> bytes | None:
-        response = await pool.invoke(master, RemotingCommand.request(code), SYNC_REQUEST_TIMEOUT)
-        return response.body if response.code == ResponseCode.SUCCESS else None
 
-    if (body := await fetch(RequestCode.GET_ALL_TOPIC_CONFIG)) is not None:
-        metadata.topics.replace_from_master(decode_topics_json(body))
-    if (body := await fetch(RequestCode.GET_ALL_CONSUMER_OFFSET)) is not None:
-        metadata.offsets.merge_from_master(decode_consumer_offsets(body))
-    if (body := await fetch(RequestCode.GET_ALL_DELAY_OFFSET)) is not None:
-        metadata.delay_offsets.replace_from_master(decode_delay_offsets(body))
-    if (body := await fetch(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)) is not None:
-        metadata.subscriptions.replace_from_master(decode_subscription_groups(body))
+@attrs.define(eq=False)
+class SlaveSync:
+    """A slave's metadata sync: ``run`` is its task; ``statistics()`` says how it goes."""
+
+    registration: Registration
+    metadata: BrokerMetadata
+    #: seconds between rounds (slaveSyncInterval)
+    interval: float
+    _master: str | None = None
+    _rounds: int = 0
+    _tables: dict[str, SyncOutcome] = attrs.field(factory=dict)
+
+    async def run(self) -> None:
+        """Sync from the master every ``interval`` seconds, until cancelled."""
+        await trio.sleep(min(FIRST_SYNC_DELAY, self.interval))
+        while True:
+            master = self.registration.master_addr
+            if master and master != self.registration.broker_addr:
+                self._master = master
+                self._rounds += 1
+                self._tables.update(
+                    await sync_from_master(self.registration.pool, master, self.metadata))
+            await trio.sleep(self.interval)
+
+    def statistics(self) -> SlaveSyncStatistics:
+        return SlaveSyncStatistics(self._master, self._rounds, dict(self._tables))
