@@ -8,6 +8,10 @@ import pytest
 import trio
 
 from conftest import wait_until
+from trio_ha import open_store
+from trio_ha.broker import transactions
+from trio_ha.broker.clients import ClientManager
+from trio_ha.broker.metadata import BrokerMetadata
 from trio_ha.remoting import open_remoting_client
 from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port, serve_cluster
 from trio_ha.wire import record as rec
@@ -203,3 +207,29 @@ async def test_a_slave_ends_no_transaction(nursery, tmp_path):
     async with open_remoting_client(addresses.slave.broker_addr) as client:
         reply = await client.invoke(end(rec.TRANSACTION_COMMIT, 0, 0), 5)
         assert reply.code == ResponseCode.SLAVE_NOT_AVAILABLE
+
+
+async def test_a_round_asks_nobody_until_it_has_read_every_op(make_config, tmp_path,
+                                                             monkeypatch):
+    """With the op messages read a few per round, a round that has not read them all checks
+    nothing (an unread op could mark its half message done: a needless check could commit it
+    twice); the next rounds go on from there and check only the undecided one."""
+    monkeypatch.setattr(transactions, "MAX_OPS_PER_ROUND", 2)
+    async with open_store(make_config()) as store:
+        for i in range(5):
+            props = transactions.half_message("Orders", 0, {"PGROUP": GROUP, "UNIQ_KEY": f"U{i}"})
+            await store.put_encoded(TRANS_HALF_TOPIC, 0, b"x",
+                                    rec.encode_properties(props).encode())
+        for i in range(4):  # the first four are decided
+            await store.put_encoded(TRANS_OP_HALF_TOPIC, 0, str(i).encode(), b"TAGS\x01d")
+        await store.wait_dispatched()
+        metadata = BrokerMetadata.load(tmp_path / "config")
+        check = transactions.TransactionCheck(store, metadata, ClientManager(), interval=1000,
+                                              timeout=0, check_max=15)
+        await check.check_once()
+        assert check.statistics().no_producer == 0  # read ops 0-1 only: asked nobody
+        assert metadata.offsets.query("CID_RMQ_SYS_TRANS", TRANS_HALF_TOPIC, 0) == 2
+        await check.check_once()
+        assert check.statistics().no_producer == 1  # all ops read: only U4 was asked about
+        assert metadata.offsets.query("CID_RMQ_SYS_TRANS", TRANS_HALF_TOPIC, 0) == 5
+        assert metadata.offsets.query("CID_RMQ_SYS_TRANS", TRANS_OP_HALF_TOPIC, 0) == 4

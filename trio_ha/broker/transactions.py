@@ -62,6 +62,8 @@ REMOVE_TAG = "d"
 CHECK_GROUP = "CID_RMQ_SYS_TRANS"
 #: half and op messages read per step of a check round
 CHECK_BATCH = 32
+#: new op messages a round reads at most (the rest wait for the next round)
+MAX_OPS_PER_ROUND = 65536
 
 COMMIT = rec.TRANSACTION_COMMIT
 ROLLBACK = rec.TRANSACTION_ROLLBACK
@@ -167,6 +169,10 @@ class TransactionCheck:
     _discarded: int = 0
     _no_producer: int = 0
     _opaques: int = 0
+    #: op queue offset -> the half queue offset it marks done, from op_offset on
+    _op_marks: dict[int, int] = attrs.field(factory=dict)
+    #: the op queue is read up to here
+    _op_read_to: int = 0
     _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -185,65 +191,84 @@ class TransactionCheck:
         low = self.store.min_queue_offset(topic, 0)
         return low if committed is None else max(committed, low)
 
-    def _done_half_offsets(self, op_start: int) -> list[tuple[int, int]]:
-        """(op queue offset, half queue offset it marks done) from ``op_start`` on."""
+    async def _read_ops(self, op_offset: int) -> bool:
+        """Bring ``_op_marks`` (op queue offset -> the half queue offset it marks done) up to
+        the op queue's end, reading at most MAX_OPS_PER_ROUND new op messages: what earlier
+        rounds read is kept, so a half message left undecided for long (which holds the op
+        offset back) does not make every round read every op since. True when it reached
+        the end."""
         store = self.store
+        marks = self._op_marks
+        for old in [k for k in marks if k < op_offset]:
+            del marks[old]
+        offset = max(op_offset, self._op_read_to)
         end = store.max_queue_offset(TRANS_OP_HALF_TOPIC, 0)
-        marks = []
-        offset = op_start
-        while offset < end:
-            entries = store.queue_entries(TRANS_OP_HALF_TOPIC, 0, offset, CHECK_BATCH)
+        budget = MAX_OPS_PER_ROUND
+        while offset < end and budget > 0:
+            entries = store.queue_entries(TRANS_OP_HALF_TOPIC, 0, offset,
+                                          min(CHECK_BATCH, budget))
             if not entries:
                 break
             for entry in entries:
                 record = store.record_bytes(entry.commitlog_offset)
                 body = rec.decode_record(record).body if record is not None else b""
-                marks.append((offset, int(body) if body.isdigit() else -1))
+                marks[offset] = int(body) if body.isdigit() else -1
                 offset += 1
-        return marks
+            budget -= len(entries)
+            await trio.lowlevel.checkpoint()
+        self._op_read_to = offset
+        return offset >= end
 
     async def check_once(self) -> None:
-        """One round (RocketMQ's TransactionalMessageServiceImpl.check, for queue 0)."""
+        """One round (RocketMQ's TransactionalMessageServiceImpl.check, for queue 0): walk
+        the half queue from where the last round stopped, skip what an op message marks done,
+        check what is old enough, stop at the first that is not."""
         await trio.lowlevel.checkpoint()
         self._rounds += 1
         store = self.store
         half_offset = self._offset(TRANS_HALF_TOPIC)
         op_offset = self._offset(TRANS_OP_HALF_TOPIC)
-        marks = self._done_half_offsets(op_offset)
-        done = {half for _, half in marks}
+        complete = await self._read_ops(op_offset)
+        done = set(self._op_marks.values())
         end = store.max_queue_offset(TRANS_HALF_TOPIC, 0)
         now = time.time_ns() // 1_000_000
-        while half_offset < end:
-            entries = store.queue_entries(TRANS_HALF_TOPIC, 0, half_offset, 1)
+        stop = False
+        while half_offset < end and not stop:
+            entries = store.queue_entries(TRANS_HALF_TOPIC, 0, half_offset, CHECK_BATCH)
             if not entries:
                 break
-            entry = entries[0]
-            if half_offset in done:
+            for entry in entries:
+                if half_offset in done:
+                    half_offset += 1
+                    continue
+                if not complete:
+                    # Its op message may be among those not read yet: ask nobody this
+                    # round (a needless check could deliver a commit twice).
+                    stop = True
+                    break
+                half = await store.look_message_by_offset(entry.commitlog_offset)
+                if half is None:  # removed by retention: nothing left to decide
+                    half_offset += 1
+                    continue
+                checks = int(half.properties.get(PROPERTY_TRANSACTION_CHECK_TIMES, "0") or 0)
+                if checks >= self.check_max:
+                    await self._discard(half)
+                    half_offset += 1
+                    continue
+                immunity = self.timeout
+                immune_text = half.properties.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, "")
+                if immune_text.isdigit():
+                    immunity = int(immune_text) * 1000
+                if now - half.born_timestamp < immunity or not await self._check(half, checks + 1):
+                    # Too young, and so is every later one; or the copy could not be stored
+                    # (tried again next round).
+                    stop = True
+                    break
                 half_offset += 1
-                continue
-            half = await store.look_message_by_offset(entry.commitlog_offset)
-            if half is None:  # removed by retention: nothing left to decide
-                half_offset += 1
-                continue
-            checks = int(half.properties.get(PROPERTY_TRANSACTION_CHECK_TIMES, "0") or 0)
-            if checks >= self.check_max:
-                await self._discard(half)
-                half_offset += 1
-                continue
-            immunity = self.timeout
-            immune_text = half.properties.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, "")
-            if immune_text.isdigit():
-                immunity = int(immune_text) * 1000
-            if now - half.born_timestamp < immunity:
-                break  # this one and every later one are too young to be asked about
-            if not await self._check(half, checks + 1):
-                break  # could not store the copy: try again next round
-            half_offset += 1
+            await trio.lowlevel.checkpoint()
         # The op messages whose half messages are all behind us are done with.
-        behind = sorted(op for op, half in marks if half < half_offset)
-        for op in behind:
-            if op != op_offset:
-                break
+        marks = self._op_marks
+        while op_offset in marks and marks[op_offset] < half_offset:
             op_offset += 1
         offsets = self.metadata.offsets
         offsets.commit(CHECK_GROUP, TRANS_HALF_TOPIC, 0, half_offset)
