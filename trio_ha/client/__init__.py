@@ -12,6 +12,9 @@ Works with this project's broker and name server and with RocketMQ 4.x ones::
             async for message in stream:
                 ...
 
+Or let a push consumer call a listener for each message (``open_push_consumer``: concurrent
+or orderly, failed messages retried through the broker).
+
 Producers, consumers and admins opened on one ``open_client_instance(...)`` share its client
 id, connections, route cache and heartbeat, as Java clients share an ``MQClientInstance``.
 """
@@ -29,9 +32,11 @@ from .instance import (
     open_client_instance,
 )
 from .producer import Producer, SendResult, SendStatus, open_producer
+from .push import ConsumeLater, PushConsumer, PushConsumerStatistics, open_push_consumer
 
 __all__ = [
-    "Admin", "ClientConfig", "ClientInstance", "MQBrokerError", "MQClientError", "MQError",
+    "Admin", "ClientConfig", "ConsumeLater", "PushConsumer", "PushConsumerStatistics",
+    "open_push_consumer", "ClientInstance", "MQBrokerError", "MQClientError", "MQError",
     "Message", "MessageQueue", "MessageStream", "Producer", "PullConsumer", "PullResult",
     "PullStatus", "SendResult", "SendStatus", "StoredMessage", "open_admin",
     "open_client_instance", "open_producer", "open_pull_consumer",

@@ -49,9 +49,10 @@ import trio
 from .. import _backend
 from .._errors import unwrap_single_exception
 from ..remoting import RemotingError
-from ..wire.errors import RecordDecodeError
+from ..wire.errors import RecordDecodeError, RouteDecodeError
 from ..wire.heartbeat import SubscriptionData
-from ..wire.record import SYSFLAG_COMPRESSED, StoredMessage
+from ..wire.queue_locks import LockBatchRequest, LockBatchResponse, QueueId
+from ..wire.record import PROPERTY_RETRY_TOPIC, SYSFLAG_COMPRESSED, StoredMessage
 from ..wire.remoting import (
     PullMessageRequestHeader,
     PullSysFlag,
@@ -328,6 +329,80 @@ class PullConsumer:
             return int(response.ext_fields["offset"])
         except (KeyError, ValueError):
             raise MQClientError(f"bad offset response from {address}") from None
+
+    # ---- retries and queue locks ------------------------------------------------------------
+
+    async def send_back(self, message: StoredMessage, queue: MessageQueue, *,
+                        delay_level: int = 0, max_reconsume_times: int = 16,
+                        timeout: float | None = None) -> None:
+        """CONSUMER_SEND_MSG_BACK: this group failed ``message`` (read from ``queue``); the
+        broker delivers it again through ``%RETRY%<group>`` (``delay_level`` 0: 3 + the
+        times it was consumed), or to ``%DLQ%<group>`` once it was consumed
+        ``max_reconsume_times`` times or with ``delay_level`` -1. Raises MQError when the
+        broker does not take it."""
+        origin = message.properties.get(PROPERTY_RETRY_TOPIC, message.topic)
+        address, response = await self._offset_request(
+            queue, RequestCode.CONSUMER_SEND_MSG_BACK,
+            {"offset": message.commitlog_offset, "group": self.group,
+             "delayLevel": delay_level, "originMsgId": message.msg_id, "originTopic": origin,
+             "unitMode": "false", "maxReconsumeTimes": max_reconsume_times}, timeout,
+        )
+        if response.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(response.code, response.remark, address)
+
+    async def lock(self, queues: Iterable[MessageQueue], *, timeout: float | None = None
+                   ) -> set[MessageQueue]:
+        """LOCK_BATCH_MQ to each queue's master: the queues this client holds now (a lock
+        lasts 60 s past its last renewal). Queues whose broker does not answer are not held."""
+        held: set[MessageQueue] = set()
+        by_broker: dict[str, list[MessageQueue]] = collections.defaultdict(list)
+        for queue in queues:
+            by_broker[queue.broker_name].append(queue)
+        for broker_name, members in by_broker.items():
+            body = LockBatchRequest(self.group, self.instance.client_id, tuple(
+                QueueId(q.topic, q.broker_name, q.queue_id) for q in members)).encode()
+            try:
+                address, response = await self._offset_request_body(
+                    members[0], RequestCode.LOCK_BATCH_MQ, body, timeout)
+            except MQClientError as exc:
+                log.info("client: locking queues of %s failed: %s", broker_name, exc)
+                continue
+            if response.code != ResponseCode.SUCCESS:
+                log.info("client: %s refused the locks: %s", address, response.remark)
+                continue
+            try:
+                locked = LockBatchResponse.decode(response.body).lock_ok_mq_set
+            except RouteDecodeError as exc:
+                log.info("client: bad lock answer from %s: %s", address, exc)
+                continue
+            held.update(MessageQueue(q.topic, q.broker_name, q.queue_id) for q in locked)
+        return held
+
+    async def unlock(self, queues: Iterable[MessageQueue], *, timeout: float | None = None
+                     ) -> None:
+        """UNLOCK_BATCH_MQ: give up this client's locks of ``queues`` (errors are logged)."""
+        by_broker: dict[str, list[MessageQueue]] = collections.defaultdict(list)
+        for queue in queues:
+            by_broker[queue.broker_name].append(queue)
+        for members in by_broker.values():
+            body = LockBatchRequest(self.group, self.instance.client_id, tuple(
+                QueueId(q.topic, q.broker_name, q.queue_id) for q in members)).encode()
+            try:
+                await self._offset_request_body(members[0], RequestCode.UNLOCK_BATCH_MQ, body,
+                                                timeout)
+            except MQClientError as exc:
+                log.info("client: unlocking %s failed: %s", members, exc)
+
+    async def _offset_request_body(self, queue: MessageQueue, code: int, body: bytes,
+                                   timeout: float | None) -> tuple[str, RemotingCommand]:
+        address = await self._offset_address(queue)
+        request = self.instance.request(code, body=body)
+        try:
+            response = await self.instance.invoke(address, request, timeout or self.request_timeout)
+        except RemotingError as exc:
+            await self._refresh_quietly(queue.topic)
+            raise MQClientError(f"request {code} for {queue} to {address} failed: {exc}") from exc
+        return address, response
 
     async def _queue_offset(self, queue: MessageQueue, code: int, timeout: float | None) -> int:
         address, response = await self._offset_request(
