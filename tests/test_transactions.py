@@ -12,6 +12,13 @@ from trio_ha import open_store
 from trio_ha.broker import transactions
 from trio_ha.broker.clients import ClientManager
 from trio_ha.broker.metadata import BrokerMetadata
+from trio_ha.client import (
+    Message,
+    TransactionState,
+    open_client_instance,
+    open_producer,
+    open_pull_consumer,
+)
 from trio_ha.remoting import open_remoting_client
 from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port, serve_cluster
 from trio_ha.wire import record as rec
@@ -133,7 +140,7 @@ async def test_an_end_that_names_the_wrong_half_message_is_refused(broker, chang
 async def register_producer(client, group: str = GROUP) -> list[RemotingCommand]:
     """Heartbeat as a producer of ``group``; the broker's requests land in the list."""
     checks: list[RemotingCommand] = []
-    client.on_request = checks.append
+    client.on_request = lambda address, request: checks.append(request)
     body = HeartbeatData(f"test@{group}", (ProducerData(group),)).encode()
     reply = await client.invoke(RemotingCommand.request(RequestCode.HEART_BEAT, body=body), 5)
     assert reply.code == ResponseCode.SUCCESS
@@ -233,3 +240,46 @@ async def test_a_round_asks_nobody_until_it_has_read_every_op(make_config, tmp_p
         assert check.statistics().no_producer == 1  # all ops read: only U4 was asked about
         assert metadata.offsets.query("CID_RMQ_SYS_TRANS", TRANS_HALF_TOPIC, 0) == 5
         assert metadata.offsets.query("CID_RMQ_SYS_TRANS", TRANS_OP_HALF_TOPIC, 0) == 4
+
+
+async def test_our_producer_commits_rolls_back_and_answers_the_check(nursery, tmp_path):
+    """``Producer.send_in_transaction`` with a local transaction per message; the UNKNOWN one
+    is decided by the producer's ``check`` when the broker asks."""
+    addresses = await nursery.start(serve_cluster, ClusterConfig(
+        data_dir=tmp_path / "c", slaves=0, master_role="ASYNC_MASTER", properties=FAST_CHECKS))
+    namesrv = addresses.namesrv_addr
+    asked: list[str] = []
+
+    async def check(message):
+        asked.append(message.properties["UNIQ_KEY"])
+        assert message.topic == "Orders"  # the message as sent, not the half topic
+        return TransactionState.COMMIT
+
+    plan = [TransactionState.COMMIT, TransactionState.ROLLBACK, TransactionState.UNKNOWN]
+    with trio.fail_after(30):
+        async with open_client_instance(namesrv) as instance, \
+                open_producer(instance, "ourtx", check=check) as producer:
+            results = []
+            for i, state in enumerate(plan):
+
+                async def local(message, state=state):
+                    return state
+
+                results.append(await producer.send_in_transaction(
+                    Message("Orders", f"t{i}".encode()), local))
+            assert [r.state for r in results] == plan
+            ids = [r.send_result.msg_id for r in results]
+            await wait_until(lambda: asked, "the check of the undecided one", timeout=15,
+                             interval=0.05)
+            assert asked[0] == ids[2]
+            async with open_pull_consumer(instance, "txreader") as reader:
+                seen: set[str] = set()
+
+                async def delivered():
+                    for queue in await reader.queues("Orders", refresh=True):
+                        result = await reader.pull(queue, 0, suspend_timeout=0)
+                        seen.update(m.properties["UNIQ_KEY"] for m in result.messages)
+                    return {ids[0], ids[2]} <= seen
+
+                await wait_until(delivered, "the committed messages", timeout=15)
+                assert ids[1] not in seen

@@ -31,12 +31,19 @@ from .instance import (
     MQError,
     open_client_instance,
 )
-from .producer import Producer, SendResult, SendStatus, open_producer
+from .producer import (
+    Producer,
+    SendResult,
+    SendStatus,
+    TransactionSendResult,
+    TransactionState,
+    open_producer,
+)
 from .push import ConsumeLater, PushConsumer, PushConsumerStatistics, open_push_consumer
 
 __all__ = [
     "Admin", "ClientConfig", "ConsumeLater", "PushConsumer", "PushConsumerStatistics",
-    "open_push_consumer", "ClientInstance", "MQBrokerError", "MQClientError", "MQError",
+    "open_push_consumer", "TransactionSendResult", "TransactionState", "ClientInstance", "MQBrokerError", "MQClientError", "MQError",
     "Message", "MessageQueue", "MessageStream", "Producer", "PullConsumer", "PullResult",
     "PullStatus", "SendResult", "SendStatus", "StoredMessage", "open_admin",
     "open_client_instance", "open_producer", "open_pull_consumer",

@@ -46,7 +46,7 @@ import re
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import attrs
@@ -275,6 +275,10 @@ class ClientInstance:
     _refreshed_at: dict[str, float] = attrs.field(factory=dict)
     _heartbeat_now: trio.Event = attrs.field(factory=trio.Event)
     _heartbeat_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    #: what answers a broker's CHECK_TRANSACTION_STATE (set by transactional producers), and
+    #: their check listeners by producer group
+    transaction_checker: Callable[[str, RemotingCommand], Awaitable[None]] | None = None
+    transaction_listeners: dict[str, Any] = attrs.field(factory=dict)
     #: consumer group -> set (and replaced) when a broker says the group's members changed
     _rebalance_signals: dict[str, trio.Event] = attrs.field(factory=dict)
     #: topic -> (the route they were made from, its writable queues): a send asks every time
@@ -294,6 +298,11 @@ class ClientInstance:
             timeout = self.config.request_timeout
         client = await self._connection(address)
         return await client.invoke(request, max(timeout, 0.0), flush=flush)
+
+    async def invoke_oneway(self, address: str, request: RemotingCommand) -> None:
+        """``request`` to ``address`` with the ONEWAY flag: no answer comes."""
+        client = await self._connection(address)
+        await client.invoke_oneway(request)
 
     async def invoke_by_deadline(self, address: str, request: RemotingCommand, *,
                                  flush: bool = False) -> RemotingCommand:
@@ -509,13 +518,18 @@ class ClientInstance:
             signal = self._rebalance_signals[group] = trio.Event()
         return signal
 
-    def server_request(self, request: RemotingCommand) -> None:
-        """A request a broker sent on one of our connections (``RemotingClientPool.on_request``)."""
+    def server_request(self, address: str, request: RemotingCommand) -> None:
+        """A request the broker at ``address`` sent on our connection
+        (``RemotingClientPool.on_request``)."""
         if request.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
             group = request.ext_fields.get("consumerGroup")
             signal = self._rebalance_signals.get(group or "")
             if signal is not None:
                 signal.set()
+        elif request.code == RequestCode.CHECK_TRANSACTION_STATE and self.transaction_checker:
+            # Answered in a task of its own: the checker may take its time (or hang: then
+            # the broker asks again at its next round).
+            self.nursery.start_soon(self.transaction_checker, address, request)
         else:
             log.debug("client: ignoring request code %d from a broker", request.code)
 

@@ -30,17 +30,21 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
+import logging
 import random
 import re
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 import trio
 
 from ..remoting import RemotingError
+from ..wire import record as rec
+from ..wire.errors import RecordDecodeError
 from ..wire.metadata import NOT_ALLOWED_SEND_TOPICS
 from ..wire.record import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -49,6 +53,7 @@ from ..wire.record import (
     PROPERTY_WAIT_STORE_MSG_OK,
     SYSFLAG_COMPRESSED,
     Message,
+    StoredMessage,
     encode_batch,
 )
 from ..wire.remoting import (
@@ -69,6 +74,8 @@ from .instance import (
     MQClientError,
     use_instance,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Producer", "SendResult", "SendStatus", "open_producer"]
 
@@ -118,6 +125,33 @@ class SendResult:
 
 
 Selector = Callable[[Sequence[MessageQueue], Message], MessageQueue]
+
+
+class TransactionState(enum.Enum):
+    """What a local transaction (or a check of one) says: RocketMQ's LocalTransactionState."""
+
+    COMMIT = rec.TRANSACTION_COMMIT
+    ROLLBACK = rec.TRANSACTION_ROLLBACK
+    #: not decided yet: the broker asks the group again later (CHECK_TRANSACTION_STATE)
+    UNKNOWN = 0
+
+
+#: runs the local transaction of a half message; its answer commits or rolls it back
+LocalTransaction = Callable[[Message], Awaitable[TransactionState]]
+#: answers the broker's question about a half message whose transaction was not decided
+TransactionCheck = Callable[[StoredMessage], Awaitable[TransactionState]]
+
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+
+
+@attrs.frozen
+class TransactionSendResult:
+    #: where the half message went
+    send_result: SendResult
+    #: what the local transaction decided (ROLLBACK without running it when the half message
+    #: was not stored as SEND_OK)
+    state: TransactionState
 
 
 @attrs.define(eq=False)
@@ -238,6 +272,57 @@ class Producer:
             uniq_id = added[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = self.instance.new_uniq_id()
         added.setdefault(PROPERTY_WAIT_STORE_MSG_OK, "true")
         return attrs.evolve(message, properties=added), uniq_id
+
+    # ---- transactions ---------------------------------------------------------------------------
+
+    async def send_in_transaction(
+        self, message: Message, execute: LocalTransaction, *, timeout: float | None = None
+    ) -> TransactionSendResult:
+        """Send ``message`` as a half message, run ``execute`` (the local transaction), and
+        commit or roll the message back as it answers (END_TRANSACTION). UNKNOWN, or an
+        exception from ``execute`` (logged), leaves it to the broker's check, which this
+        producer's ``check`` (``open_producer(check=...)``) answers. RocketMQ's
+        TransactionMQProducer.sendMessageInTransaction."""
+        properties = dict(message.properties)
+        properties[PROPERTY_TRANSACTION_PREPARED] = "true"
+        properties[PROPERTY_PRODUCER_GROUP] = self.group
+        half = attrs.evolve(message, properties=properties,
+                            sys_flag=(message.sys_flag & ~rec.TRANSACTION_TYPE_MASK)
+                            | rec.TRANSACTION_PREPARED)
+        result = await self.send(half, timeout=timeout)
+        if result.send_status is not SendStatus.SEND_OK:
+            state = TransactionState.ROLLBACK
+        else:
+            try:
+                state = await execute(message)
+            except Exception:
+                log.exception("client: the local transaction of %s failed", result.msg_id)
+                state = TransactionState.UNKNOWN
+        await self._end_transaction(result, state)
+        return TransactionSendResult(result, state)
+
+    async def _end_transaction(self, result: SendResult, state: TransactionState) -> None:
+        """END_TRANSACTION (oneway) to the half message's broker; a failure is logged: the
+        broker's check asks again."""
+        address = self.instance.master_addr(result.message_queue.broker_name)
+        try:
+            _, commitlog_offset = rec.decode_message_id(result.offset_msg_id)
+        except RecordDecodeError:
+            log.warning("client: bad offsetMsgId %r; the broker will check",
+                        result.offset_msg_id)
+            return
+        if address is None:
+            log.info("client: no master of %s to end %s; the broker will check",
+                     result.message_queue.broker_name, result.msg_id)
+            return
+        request = self.instance.request(RequestCode.END_TRANSACTION, end_transaction_fields(
+            self.group, result.queue_offset, commitlog_offset, state, result.msg_id,
+            from_check=False))
+        try:
+            await self.instance.invoke_oneway(address, request)
+        except RemotingError as exc:
+            log.info("client: ending %s at %s failed: %s; the broker will check",
+                     result.msg_id, address, exc)
 
     # ---- queue selection -------------------------------------------------------------------------
 
@@ -423,6 +508,48 @@ class Producer:
         )
 
 
+def end_transaction_fields(group: str, table_offset: int, commitlog_offset: int,
+                           state: TransactionState, msg_id: str, *, from_check: bool
+                           ) -> dict[str, Any]:
+    return {"producerGroup": group, "tranStateTableOffset": table_offset,
+            "commitLogOffset": commitlog_offset, "commitOrRollback": state.value,
+            "fromTransactionCheck": "true" if from_check else "false", "msgId": msg_id,
+            "transactionId": msg_id}
+
+
+async def _answer_check(instance: ClientInstance, address: str, request: RemotingCommand
+                        ) -> None:
+    """CHECK_TRANSACTION_STATE from ``address``: ask the group's check listener about the
+    message and END_TRANSACTION (from check) with its answer. Errors are logged: the broker
+    asks again at its next round."""
+    try:
+        message = rec.decode_record(request.body)
+        fields = request.ext_fields
+        table_offset = int(fields["tranStateTableOffset"])
+        commitlog_offset = int(fields["commitLogOffset"])
+    except (RecordDecodeError, KeyError, ValueError) as exc:
+        log.warning("client: bad CHECK_TRANSACTION_STATE from %s: %s", address, exc)
+        return
+    group = message.properties.get(PROPERTY_PRODUCER_GROUP, "")
+    check = instance.transaction_listeners.get(group)
+    if check is None:
+        log.info("client: no transaction check for group %r here", group)
+        return
+    msg_id = request.ext_fields.get("msgId") or message.properties.get(
+        rec.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
+    try:
+        state = await check(message)
+    except Exception:
+        log.exception("client: the transaction check of %s failed", msg_id)
+        return
+    end = instance.request(RequestCode.END_TRANSACTION, end_transaction_fields(
+        group, table_offset, commitlog_offset, state, msg_id, from_check=True))
+    try:
+        await instance.invoke_oneway(address, end)
+    except RemotingError as exc:
+        log.info("client: answering the check of %s at %s failed: %s", msg_id, address, exc)
+
+
 @contextlib.asynccontextmanager
 async def open_producer(
     namesrv_addr: str | Iterable[str] | ClientInstance, group: str, **options: Any
@@ -430,15 +557,22 @@ async def open_producer(
     """A Producer of ``group``. ``namesrv_addr`` is ``"host:port;..."`` or a ClientInstance
     to share. ``options``: Producer fields (``retry_times_when_send_failed``,
     ``retry_another_broker_when_not_store_ok``, ``send_msg_timeout``, ``compress_over``,
-    ``max_message_size``...) and, with an address, ClientConfig fields."""
+    ``max_message_size``...) and, with an address, ClientConfig fields. ``check``: the
+    listener that answers the broker's questions about this group's undecided transactions
+    (``Producer.send_in_transaction``)."""
+    check: TransactionCheck | None = options.pop("check", None)
     producer_fields = {f.name for f in attrs.fields(Producer)} - {"instance", "group", "_indexes"}
     producer_options = {k: v for k, v in options.items() if k in producer_fields}
     client_options = {k: v for k, v in options.items() if k not in producer_fields}
     if not group:
         raise MQClientError("a producer needs a group name")
     async with use_instance(namesrv_addr, client_options) as instance:
+        if check is not None:
+            instance.transaction_listeners[group] = check
+            instance.transaction_checker = functools.partial(_answer_check, instance)
         instance.register_producer(group)
         try:
             yield Producer(instance, group, **producer_options)
         finally:
+            instance.transaction_listeners.pop(group, None)
             await instance.unregister(producer_group=group)

@@ -27,8 +27,9 @@ frames gathered into one write cost the broker fewer reads and rounds than sixte
 the connection — is flushed too: no other frame is coming to share the writer's next write.
 
 A server may send requests of its own on the connection (a broker's oneway
-NOTIFY_CONSUMER_IDS_CHANGED). The reader hands each to ``on_request``, a plain function that
-must not block; without one they are dropped.
+NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE). The reader hands each to
+``on_request(address, request)``, a plain function that must not block; without one they are
+dropped.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class RemotingClient:
     address: str
     stream: trio.abc.Stream
     #: what the reader does with a request the server sends (see the module's docstring)
-    on_request: Callable[[RemotingCommand], None] | None = None
+    on_request: Callable[[str, RemotingCommand], None] | None = None
     _pending: dict[int, _Call] = attrs.field(factory=dict)
     #: encoded frames for the writer, and their size
     _outbox: list[bytes] = attrs.field(factory=list)
@@ -206,7 +207,7 @@ class RemotingClient:
                 while (command := decoder.next_command()) is not NEED_DATA:
                     if not command.is_response:
                         if self.on_request is not None:
-                            self.on_request(command)
+                            self.on_request(self.address, command)
                         continue
                     call = self._pending.get(command.opaque)
                     if call is not None:
@@ -266,7 +267,7 @@ class RemotingClientPool:
     nursery: trio.Nursery
     connect_timeout: float = 3.0
     #: given to every connection (``RemotingClient.on_request``)
-    on_request: Callable[[RemotingCommand], None] | None = None
+    on_request: Callable[[str, RemotingCommand], None] | None = None
     _clients: dict[str, RemotingClient] = attrs.field(factory=dict)
     _connecting: dict[str, trio.Lock] = attrs.field(factory=dict)
 
