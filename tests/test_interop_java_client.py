@@ -248,6 +248,27 @@ def test_a_failed_message_comes_back_through_the_retry_topic(rocketmq_clients, c
     assert "sendMessageBack Exception" not in client_log.read_text()
 
 
+def test_a_message_the_java_listener_always_fails_ends_in_the_dead_letter_topic(
+        rocketmq_clients, cluster, tmp_path):
+    """RECONSUME_LATER every time, maxReconsumeTimes 2: delivered three times (reconsume
+    times 0, 1, 2), then the broker puts it in %DLQ%<group>, where a consumer reads it."""
+    rocketmq = rocketmq_clients
+    namesrv = cluster.namesrv_addr
+    topic = unique("Poison_")
+    [sent] = produce(rocketmq, tmp_path / "producer", namesrv, topic, 1)
+    group = unique("gpoison")
+    out = rocketmq.run_program(tmp_path / "fail", CLIENT, "push", "--namesrv", namesrv,
+                               "--topic", topic, "--group", group, "--expect", 1,
+                               "--max-seconds", 10, "--always-later", "--max-reconsume", 2)
+    later = [line for line in program_lines(out) if "later" in line]
+    assert [line["reconsumeTimes"] for line in later] == [0, 1, 2]
+    assert {line["later"] for line in later} == {sent["msgId"]}
+    dead = consume(rocketmq, tmp_path / "dlq", "pull", namesrv, f"%DLQ%{group}",
+                   unique("gdlq"), 1)
+    assert [line["msgId"] for line in dead] == [sent["msgId"]]
+    assert dead[0]["reconsumeTimes"] == 3
+
+
 def test_an_orderly_java_consumer_locks_its_queues_and_reads_them_in_order(rocketmq_clients,
                                                                           cluster, tmp_path):
     """MessageListenerOrderly consumes a queue only once the broker has locked it for the

@@ -46,7 +46,8 @@ import org.apache.rocketmq.common.message.MessageExt;
  *         [--tags TagA,TagB] [--size BYTES] [--prefix TEXT] [--group G] [--timeout MS]
  *         [--retries N] [--delay LEVEL] [--property k=v]...
  * push    --namesrv A --topic T[,T2...] --group G [--tags 'TagA || TagB'] [--expect N]
- *         [--max-seconds S] [--idle-seconds S] [--later-first | --orderly]
+ *         [--max-seconds S] [--idle-seconds S] [--later-first | --always-later | --orderly]
+ *         [--max-reconsume N]
  * pull    --namesrv A --topic T[,T2...] --group G [--tags EXPR] [--expect N] [--max-seconds S]
  *         [--idle-seconds S]
  * </pre>
@@ -333,11 +334,17 @@ public final class Client {
             return;
         }
         boolean laterFirst = opts.has("later-first");
+        // --always-later: every message fails, until the broker dead-letters it after
+        // --max-reconsume retries.
+        boolean alwaysLater = opts.has("always-later");
+        if (opts.has("max-reconsume")) {
+            consumer.setMaxReconsumeTimes(opts.getInt("max-reconsume", 16));
+        }
         Map<String, Boolean> refused = new java.util.concurrent.ConcurrentHashMap<>();
         Stop stop = new Stop(opts);
         consumer.registerMessageListener((MessageListenerConcurrently) (msgs, context) -> {
             for (MessageExt msg : msgs) {
-                if (laterFirst && refused.putIfAbsent(msg.getMsgId(), Boolean.TRUE) == null) {
+                if (alwaysLater || laterFirst && refused.putIfAbsent(msg.getMsgId(), Boolean.TRUE) == null) {
                     Json.print(Json.obj("consumer", name, "later", msg.getMsgId(),
                         "reconsumeTimes", msg.getReconsumeTimes()));
                     return ConsumeConcurrentlyStatus.RECONSUME_LATER;
