@@ -760,47 +760,11 @@ int64_t th_encode_batch(uint8_t *seg, uint64_t seg_size, uint64_t pos, int64_t b
 /* ---- scanning ------------------------------------------------------------------------------ */
 
 /*
- * The TAGS property's hash as decode_properties + java_string_hash would give it: split on
+ * The last non-empty value of property `name`, as decode_properties reads properties: split on
  * \x02, split each chunk at its first \x01, drop chunks with an empty name or value, the last
- * TAGS wins. \x01 and \x02 are ASCII, so they never sit inside a replaced UTF-8 sequence and
- * the split can be done on bytes; the name compares equal to "TAGS" only byte for byte.
+ * wins. \x01 and \x02 are ASCII, so they never sit inside a replaced UTF-8 sequence and the
+ * split can be done on bytes; names compare byte for byte. NULL when there is none.
  */
-static int64_t tags_code_of(const uint8_t *props, size_t len)
-{
-    const uint8_t *value = NULL;
-    size_t value_len = 0;
-    size_t start = 0;
-    while (start <= len) {
-        const uint8_t *chunk = props + start;
-        size_t rest = len - start;
-        const uint8_t *sep2 = rest ? memchr(chunk, 0x02, rest) : NULL;
-        size_t chunk_len = sep2 ? (size_t)(sep2 - chunk) : rest;
-        if (chunk_len >= 3) {
-            const uint8_t *sep1 = memchr(chunk, 0x01, chunk_len);
-            if (sep1) {
-                size_t name_len = (size_t)(sep1 - chunk);
-                size_t vlen = chunk_len - name_len - 1;
-                if (name_len == 4 && vlen > 0 && memcmp(chunk, "TAGS", 4) == 0) {
-                    value = sep1 + 1;
-                    value_len = vlen;
-                }
-            }
-        }
-        if (!sep2)
-            break;
-        start += chunk_len + 1;
-    }
-    if (!value)
-        return 0;
-    return (int64_t)th_java_hash(value, value_len);
-}
-
-/* ---- index files --------------------------------------------------------------------------- */
-
-#define IDX_HEADER_SIZE 40
-#define IDX_ENTRY_SIZE 20
-
-/* The last value of property `name` (as tags_code_of reads properties), or NULL. */
 static const uint8_t *property_value(const uint8_t *props, size_t len, const char *name,
                                      size_t name_len, size_t *value_len)
 {
@@ -828,6 +792,19 @@ static const uint8_t *property_value(const uint8_t *props, size_t len, const cha
     }
     return value;
 }
+
+/* The TAGS property's hash (Java String.hashCode), 0 when there is none. */
+static int64_t tags_code_of(const uint8_t *props, size_t len)
+{
+    size_t value_len = 0;
+    const uint8_t *value = property_value(props, len, "TAGS", 4, &value_len);
+    return value ? (int64_t)th_java_hash(value, value_len) : 0;
+}
+
+/* ---- index files --------------------------------------------------------------------------- */
+
+#define IDX_HEADER_SIZE 40
+#define IDX_ENTRY_SIZE 20
 
 /* RocketMQ's IndexFile.putKey; the header fields live in *h until the caller writes them. */
 typedef struct {

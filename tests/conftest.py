@@ -1,6 +1,7 @@
 """Fixtures and helpers shared by the suite.
 
-``wait_until`` and the HA statistics accessors ``ha_of`` / ``ha_slave_of`` are imported by
+``wait_until``, ``pulled`` and the HA statistics accessors ``ha_of`` / ``ha_slave_of`` are
+imported by
 the tests that use them (``from conftest import wait_until``), not fixtures: module-level
 helpers of those tests call them too, and plain functions need no plumbing to get there.
 """
@@ -21,6 +22,8 @@ from trio_ha.testing.rocketmq import (
     RocketMQ,
     RocketMQUnavailable,
 )
+from trio_ha.wire import record as rec
+from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 
 
 async def wait_until(predicate, what: str, *, timeout: float = 10.0, interval: float = 0.01):
@@ -38,6 +41,23 @@ async def wait_until(predicate, what: str, *, timeout: float = 10.0, interval: f
                 return value
             await trio.sleep(interval)
     pytest.fail(f"gave up after {timeout:g} s waiting for {what}")
+
+
+async def pulled(client, topic: str, queue: int = 0, offset: int = 0) -> list:
+    """The messages of (topic, queue) from ``offset`` a PULL_MESSAGE over ``client`` (a
+    remoting client) returns right now, decoded ([] when it finds none)."""
+    reply = await client.invoke(RemotingCommand.request(RequestCode.PULL_MESSAGE, {
+        "consumerGroup": "cg", "topic": topic, "queueId": queue, "queueOffset": offset,
+        "maxMsgNums": 32, "sysFlag": 0, "commitOffset": 0, "suspendTimeoutMillis": 0,
+        "subVersion": 0}), 5)
+    if reply.code != ResponseCode.SUCCESS:
+        return []
+    out, view = [], memoryview(reply.body)
+    while view:
+        message = rec.decode_record(view)
+        out.append(message)
+        view = view[message.size:]
+    return out
 
 
 def ha_of(master: MessageStore) -> HAMasterStatistics:

@@ -12,7 +12,7 @@ import time
 import pytest
 import trio
 
-from conftest import wait_until
+from conftest import pulled, wait_until
 from trio_ha import open_store
 from trio_ha.broker.metadata import DelayOffsetManager
 from trio_ha.broker.schedule import ScheduleService, delayed
@@ -198,25 +198,6 @@ def send_back(offset, group, delay_level=0, most=None):
     if most is not None:
         fields["maxReconsumeTimes"] = most
     return RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK, fields)
-
-
-def pull_request(topic, queue=0, offset=0):
-    return RemotingCommand.request(RequestCode.PULL_MESSAGE, {
-        "consumerGroup": "cg", "topic": topic, "queueId": queue, "queueOffset": offset,
-        "maxMsgNums": 32, "sysFlag": 0, "commitOffset": 0, "suspendTimeoutMillis": 0,
-        "subVersion": 0})
-
-
-async def pulled(client, topic, queue=0):
-    reply = await client.invoke(pull_request(topic, queue), 5)
-    if reply.code != ResponseCode.SUCCESS:
-        return []
-    out, view = [], memoryview(reply.body)
-    while view:
-        message = rec.decode_record(view)
-        out.append(message)
-        view = view[message.size:]
-    return out
 
 
 async def test_a_delay_message_reaches_its_topic_after_its_delay(cluster):

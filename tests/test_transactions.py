@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from conftest import wait_until
+from conftest import pulled, wait_until
 from trio_ha import open_store
 from trio_ha.broker import transactions
 from trio_ha.broker.clients import ClientManager
@@ -45,25 +45,6 @@ def end(decision: int, commitlog_offset: int, table_offset: int, *, group: str =
         "producerGroup": group, "tranStateTableOffset": table_offset,
         "commitLogOffset": commitlog_offset, "commitOrRollback": decision,
         "fromTransactionCheck": "true" if from_check else "false", "msgId": "", "transactionId": ""})
-
-
-def pull(topic: str, queue: int) -> RemotingCommand:
-    return RemotingCommand.request(RequestCode.PULL_MESSAGE, {
-        "consumerGroup": "cg", "topic": topic, "queueId": queue, "queueOffset": 0,
-        "maxMsgNums": 32, "sysFlag": 0, "commitOffset": 0, "suspendTimeoutMillis": 0,
-        "subVersion": 0})
-
-
-async def pulled(client, topic: str, queue: int) -> list[rec.StoredMessage]:
-    reply = await client.invoke(pull(topic, queue), 5)
-    if reply.code != ResponseCode.SUCCESS:
-        return []
-    out, view = [], memoryview(reply.body)
-    while view:
-        message = rec.decode_record(view)
-        out.append(message)
-        view = view[message.size:]
-    return out
 
 
 def offsets_of(reply: RemotingCommand) -> tuple[int, int]:

@@ -42,9 +42,9 @@ from .producer import (
 from .push import ConsumeLater, PushConsumer, PushConsumerStatistics, open_push_consumer
 
 __all__ = [
-    "Admin", "ClientConfig", "ConsumeLater", "PushConsumer", "PushConsumerStatistics",
-    "open_push_consumer", "TransactionSendResult", "TransactionState", "ClientInstance", "MQBrokerError", "MQClientError", "MQError",
-    "Message", "MessageQueue", "MessageStream", "Producer", "PullConsumer", "PullResult",
-    "PullStatus", "SendResult", "SendStatus", "StoredMessage", "open_admin",
-    "open_client_instance", "open_producer", "open_pull_consumer",
+    "Admin", "ClientConfig", "ClientInstance", "ConsumeLater", "MQBrokerError", "MQClientError",
+    "MQError", "Message", "MessageQueue", "MessageStream", "Producer", "PullConsumer",
+    "PullResult", "PullStatus", "PushConsumer", "PushConsumerStatistics", "SendResult",
+    "SendStatus", "StoredMessage", "TransactionSendResult", "TransactionState", "open_admin",
+    "open_client_instance", "open_producer", "open_pull_consumer", "open_push_consumer",
 ]

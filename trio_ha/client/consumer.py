@@ -288,15 +288,17 @@ class PullConsumer:
 
     # ---- offsets ---------------------------------------------------------------------------------
 
-    async def _offset_request(self, queue: MessageQueue, code: int, fields: dict[str, Any],
-                              timeout: float | None) -> tuple[str, RemotingCommand]:
+    async def _offset_request(self, queue: MessageQueue, code: int, fields: dict[str, Any] | None,
+                              timeout: float | None, body: bytes = b""
+                              ) -> tuple[str, RemotingCommand]:
+        """A request about ``queue`` to its master (else a slave): offsets, send-back, locks."""
         address = await self._offset_address(queue)
-        request = self.instance.request(code, fields)
+        request = self.instance.request(code, fields, body)
         try:
             response = await self.instance.invoke(address, request, timeout or self.request_timeout)
         except RemotingError as exc:
             await self._refresh_quietly(queue.topic)
-            raise MQClientError(f"offset request for {queue} to {address} failed: {exc}") from exc
+            raise MQClientError(f"request {code} for {queue} to {address} failed: {exc}") from exc
         return address, response
 
     async def commit(
@@ -362,8 +364,8 @@ class PullConsumer:
             body = LockBatchRequest(self.group, self.instance.client_id, tuple(
                 QueueId(q.topic, q.broker_name, q.queue_id) for q in members)).encode()
             try:
-                address, response = await self._offset_request_body(
-                    members[0], RequestCode.LOCK_BATCH_MQ, body, timeout)
+                address, response = await self._offset_request(
+                    members[0], RequestCode.LOCK_BATCH_MQ, None, timeout, body)
             except MQClientError as exc:
                 log.info("client: locking queues of %s failed: %s", broker_name, exc)
                 continue
@@ -388,21 +390,10 @@ class PullConsumer:
             body = LockBatchRequest(self.group, self.instance.client_id, tuple(
                 QueueId(q.topic, q.broker_name, q.queue_id) for q in members)).encode()
             try:
-                await self._offset_request_body(members[0], RequestCode.UNLOCK_BATCH_MQ, body,
-                                                timeout)
+                await self._offset_request(members[0], RequestCode.UNLOCK_BATCH_MQ, None,
+                                           timeout, body)
             except MQClientError as exc:
                 log.info("client: unlocking %s failed: %s", members, exc)
-
-    async def _offset_request_body(self, queue: MessageQueue, code: int, body: bytes,
-                                   timeout: float | None) -> tuple[str, RemotingCommand]:
-        address = await self._offset_address(queue)
-        request = self.instance.request(code, body=body)
-        try:
-            response = await self.instance.invoke(address, request, timeout or self.request_timeout)
-        except RemotingError as exc:
-            await self._refresh_quietly(queue.topic)
-            raise MQClientError(f"request {code} for {queue} to {address} failed: {exc}") from exc
-        return address, response
 
     async def _queue_offset(self, queue: MessageQueue, code: int, timeout: float | None) -> int:
         address, response = await self._offset_request(

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import attrs
@@ -425,6 +425,30 @@ class CommitLog:
         return self.max_offset
 
     # ---- reads -----------------------------------------------------------------------------------
+
+    def scan_range(self, scanner: _backend.Scanner, start: int, end: int, flags: int,
+                   max_record: int) -> Iterator[tuple[Segment, _backend.ScanResult]]:
+        """The records in ``[start, end)`` (below the log's min offset: from there), batch by
+        batch, each with the segment it is in: what recovery's queue rebuild and the index's
+        catch-up walk. Stops at a partial or damaged record. Synchronous; a result is only
+        valid until the next one."""
+        segments = self.segments
+        offset = max(start, segments.min_offset)
+        while offset < end:
+            segment = segments.find(offset)
+            if segment is None:
+                return
+            limit = min(segment.wrote_position, end - segment.base_offset)
+            result = scanner.scan(segment.handle, limit, offset - segment.base_offset,
+                                  segment.base_offset, flags, max_record)
+            yield segment, result
+            offset = segment.base_offset + result.end
+            if result.stop == _backend.STOP_BLANK or (
+                result.stop == _backend.STOP_END and offset == segment.end_offset
+            ):
+                offset = segment.end_offset
+            elif result.stop != _backend.STOP_FULL:
+                return
 
     def read(self, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset+length)`` of the log (within one segment, below the end)."""

@@ -156,27 +156,11 @@ class Dispatcher:
         """Index the records of the queues in ``only`` found in ``[start, end)`` of the
         commitlog, which is below the cursor (recovery's rebuild of queues that disagree
         with the commitlog). Synchronous. Returns how many records were scanned."""
-        segments = self.commitlog.segments
-        offset = max(start, segments.min_offset)
         scanned = 0
-        while offset < end:
-            segment = segments.find(offset)
-            if segment is None:
-                break
-            limit = min(segment.wrote_position, end - segment.base_offset)
-            result = self._scanner.scan(
-                segment.handle, limit, offset - segment.base_offset, segment.base_offset,
-                _backend.SCAN_TAGS, self.max_record_size,
-            )
+        for segment, result in self.commitlog.scan_range(
+                self._scanner, start, end, _backend.SCAN_TAGS, self.max_record_size):
             self.index(segment, result, only)
             scanned += result.count
-            offset = segment.base_offset + result.end
-            if result.stop == _backend.STOP_BLANK or (
-                result.stop == _backend.STOP_END and offset == segment.end_offset
-            ):
-                offset = segment.end_offset
-            elif result.stop != _backend.STOP_FULL:
-                break
         return scanned
 
     def dispatch_available(self, limit: int, budget: int = ROUND_BUDGET) -> int:

@@ -316,28 +316,12 @@ class IndexService:
     def catch_up(self, commitlog: CommitLog, until: int, max_record: int) -> int:
         """Index the records of ``commitlog`` after ``after`` up to ``until`` (blocking: at
         open, before dispatch goes on). Returns how many records were scanned."""
-        segments = commitlog.segments
-        offset = max(self.after + 1, segments.min_offset)
-        if offset >= until:
-            return 0
         scanner = _backend.engine.scanner(CATCH_UP_BATCH)
         scanned = 0
-        while offset < until:
-            segment = segments.find(offset)
-            if segment is None:
-                break
-            limit = min(segment.wrote_position, until - segment.base_offset)
-            result = scanner.scan(segment.handle, limit, offset - segment.base_offset,
-                                  segment.base_offset, 0, max_record)
+        for segment, result in commitlog.scan_range(scanner, self.after + 1, until, 0,
+                                                    max_record):
             self.add(segment, result)
             scanned += result.count
-            offset = segment.base_offset + result.end
-            if result.stop == _backend.STOP_BLANK or (
-                result.stop == _backend.STOP_END and offset == segment.end_offset
-            ):
-                offset = segment.end_offset
-            elif result.stop != _backend.STOP_FULL:
-                break
         if scanned:
             log.info("index: caught up with %d records of the commitlog", scanned)
         return scanned
