@@ -13,6 +13,7 @@ from conftest import wait_until
 from trio_ha.client import (
     ConsumeLater,
     Message,
+    MQError,
     open_admin,
     open_producer,
     open_pull_consumer,
@@ -166,3 +167,49 @@ async def test_orderly_members_lock_their_queues_and_keep_queue_order(cluster):
         offsets = [offset for _, offset in seen]
         assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets), queue_id
     assert failures["m5"] == 0
+
+
+async def test_a_push_consumer_reads_on_from_the_slave_while_the_master_is_down(tmp_path):
+    config = ClusterConfig(data_dir=tmp_path / "ha", master_role="SYNC_MASTER", properties={
+        "mappedFileSizeCommitLog": 1048576, "vipChannelEnable": "false",
+        "slaveSyncInterval": 300, "haReconnectInterval": 300})
+    seen: set[str] = set()
+
+    async def listener(message):
+        await trio.sleep(0.01)
+        seen.add(message.properties["UNIQ_KEY"])
+
+    async with open_cluster(config) as cluster:
+        namesrv = cluster.namesrv_addr
+        with trio.fail_after(60):
+            async with open_admin(namesrv) as admin:
+                await admin.create_topic("Orders", 4)
+            sent: list[str] = []
+
+            async def produce_acked():
+                async with open_producer(namesrv, "pg") as producer:
+                    while len(sent) < 80:
+                        result = await producer.send(Message("Orders", b"x"))
+                        if result.send_status.name == "SEND_OK":  # the slave has it
+                            sent.append(result.msg_id)
+
+            await produce_acked()
+            async with open_pull_consumer(namesrv, "probe") as probe:
+
+                async def slave_knows_the_topic():
+                    [queue, *_] = await probe.queues("Orders", refresh=True)
+                    probe.prefer_broker(queue, 1)
+                    try:
+                        await probe.pull(queue, 0, 1, suspend_timeout=0)
+                    except MQError:
+                        return False
+                    return True
+
+                await wait_until(slave_knows_the_topic, "the slave to know the topic",
+                                 interval=0.1)
+            async with open_push_consumer(namesrv, "failover", {"Orders": "*"}, listener,
+                                          from_where="first", batch_size=4, concurrency=1):
+                await wait_until(lambda: len(seen) >= 20, "some messages", timeout=20)
+                await cluster.master.stop()
+                await wait_until(lambda: set(sent) <= seen, "the rest, from the slave",
+                                 timeout=30)
