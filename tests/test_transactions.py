@@ -78,7 +78,11 @@ async def test_commit_delivers_and_rollback_does_not(broker):
         assert committed.code == rolled.code == ResponseCode.SUCCESS
         assert committed.ext_fields["queueId"] == "1"  # the queue the producer chose
         # Half messages: in the half topic, invisible in their own.
-        halves = await wait_until(lambda: pulled(client, TRANS_HALF_TOPIC, 0), "the halves")
+        async def both_halves():
+            found = await pulled(client, TRANS_HALF_TOPIC, 0)
+            return found if len(found) == 2 else None
+
+        halves = await wait_until(both_halves, "the two half messages to be dispatched")
         assert [m.body for m in halves] == [b"yes", b"no"]
         assert halves[0].properties[rec.PROPERTY_REAL_TOPIC] == "Orders"
         assert halves[0].properties[rec.PROPERTY_REAL_QUEUE_ID] == "1"
@@ -96,7 +100,11 @@ async def test_commit_delivers_and_rollback_does_not(broker):
         for name in ("TRAN_MSG", rec.PROPERTY_REAL_TOPIC, rec.PROPERTY_REAL_QUEUE_ID):
             assert name not in message.properties
         # Both are marked done: op messages naming their half queue offsets.
-        ops = await wait_until(lambda: pulled(client, TRANS_OP_HALF_TOPIC, 0), "the ops")
+        async def both_ops():
+            found = await pulled(client, TRANS_OP_HALF_TOPIC, 0)
+            return found if len(found) == 2 else None
+
+        ops = await wait_until(both_ops, "the two op messages")
         assert sorted(m.body for m in ops) == [b"0", b"1"]
         assert {m.properties["TAGS"] for m in ops} == {"d"}
 
