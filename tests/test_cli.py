@@ -1,5 +1,6 @@
 """The command line as a newcomer meets it."""
 
+import logging
 import re
 import select
 import signal
@@ -91,3 +92,36 @@ def test_namesrv_and_broker_commands_serve_until_sigterm(tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+def test_a_broker_conf_with_a_typo_or_an_unsupported_feature_is_refused(tmp_path):
+    """A misspelt key is named with the key it resembles, not silently replaced by a default;
+    a RocketMQ feature this broker lacks (DLedger) is refused, not quietly run without; a
+    RocketMQ tuning key with no meaning here is accepted with a warning. Nothing starts for
+    the first two: no store is made."""
+    store = tmp_path / "store"
+    base = f"storePathRootDir={store}\nlistenPort=0\nbindAddress=127.0.0.1\n"
+    for line, words in (("lisenPort=10911", ["unknown key 'lisenPort'", "'listenPort'"]),
+                        ("brokerRol=SLAVE", ["unknown key 'brokerRol'", "'brokerRole'"]),
+                        ("enableDLegerCommitLog=true", ["enableDLegerCommitLog=true",
+                                                        "DLedger"])):
+        conf = tmp_path / "broker.conf"
+        conf.write_text(base + line + "\n")
+        done = run_cli("broker", "-c", str(conf), cwd=tmp_path)
+        assert done.returncode != 0
+        for word in words:
+            assert word in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert not store.exists()
+
+
+def test_rocketmq_tuning_keys_are_accepted_and_named(caplog):
+    from trio_ha.broker import BrokerConfig
+
+    with caplog.at_level(logging.WARNING):
+        config = BrokerConfig.from_properties(
+            "sendMessageThreadPoolNums=16\nuseReentrantLockWhenPutMessage=true\n"
+            "aclEnable=false\nlistenPort=10921\n")
+    assert config.listen_port == 10921
+    assert ("ignored: aclEnable, sendMessageThreadPoolNums, useReentrantLockWhenPutMessage"
+            in caplog.text)

@@ -303,6 +303,11 @@ class StoreConfig:
         values.update(overrides)
         return cls(**values)
 
+    @classmethod
+    def property_keys(cls) -> set[str]:
+        """The properties-file keys ``from_properties`` reads."""
+        return {camel_case(name) for name in attrs.fields_dict(cls)} | set(_RENAMED)
+
     def to_properties(self) -> dict[str, str]:
         """Every setting under RocketMQ's key, as text (GET_BROKER_CONFIG's body)."""
         renamed = {name: key for key, name in _RENAMED.items()}

@@ -4,11 +4,12 @@
 store keys in ``.store`` (a StoreConfig). Derived values follow RocketMQ — the HA port is
 listenPort + 1, a master's brokerId is 0, STOREHOST is brokerIP1:listenPort — except that an
 explicitly configured value always wins (RocketMQ 4.9.8 overwrites a configured haListenPort,
-issue #6537).
+issue #6537). An unknown key is an error (``config_keys``: a typo is not a default).
 """
 
 from __future__ import annotations
 
+import logging
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -29,8 +30,11 @@ from ..config import (
 from ..wire.metadata import DEFAULT_TOPIC_QUEUE_NUMS
 from ..wire.permission import Permission
 from .clients import DEFAULT_MAX_PRODUCER_GROUPS
+from .config_keys import check_keys
 from .metadata import DEFAULT_MAX_CONSUMER_OFFSETS, DEFAULT_MAX_SUBSCRIPTION_GROUPS
 from .metadata.validation import MAX_PERMISSION, MAX_QUEUE_NUMS
+
+log = logging.getLogger(__name__)
 
 #: a broker's HA port, when not configured, is listenPort + 1 (RocketMQ's default)
 HA_PORT_OFFSET = 1
@@ -168,6 +172,10 @@ class BrokerConfig:
         by_camel = {camel_case(name): name for name in attrs.fields_dict(cls) if name != "store"}
         by_camel["brokerIP1"] = "broker_ip1"
         by_camel["brokerIP2"] = "broker_ip2"
+        ignored = check_keys(properties, set(by_camel) | StoreConfig.property_keys())
+        if ignored:
+            log.warning("broker.conf: RocketMQ keys with no meaning here, ignored: %s",
+                        ", ".join(ignored))
         values: dict[str, Any] = {}
         for key, raw in properties.items():
             name = by_camel.get(key.strip())
