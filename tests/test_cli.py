@@ -1,12 +1,18 @@
 """The command line as a newcomer meets it."""
 
 import logging
+import os
 import re
 import select
 import signal
 import socket
 import subprocess
 import sys
+
+
+def flat(text: str) -> str:
+    """An error as one line: typer's box and its line breaks removed."""
+    return " ".join(re.sub("[\u2500-\u257f]", " ", text).split())
 
 
 def run_cli(*args, cwd):
@@ -110,7 +116,7 @@ def test_a_broker_conf_with_a_typo_or_an_unsupported_feature_is_refused(tmp_path
         done = run_cli("broker", "-c", str(conf), cwd=tmp_path)
         assert done.returncode != 0
         for word in words:
-            assert word in done.stderr, done.stderr
+            assert word in flat(done.stderr), done.stderr
         assert "Traceback" not in done.stderr
         assert not store.exists()
 
@@ -125,3 +131,44 @@ def test_rocketmq_tuning_keys_are_accepted_and_named(caplog):
     assert config.listen_port == 10921
     assert ("ignored: aclEnable, sendMessageThreadPoolNums, useReentrantLockWhenPutMessage"
             in caplog.text)
+
+
+def test_version_and_short_help(tmp_path):
+    from trio_ha import __version__
+
+    done = run_cli("--version", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith(f"trio-ha {__version__} ")
+    done = run_cli("broker", "-h", cwd=tmp_path)
+    assert done.returncode == 0 and "--namesrv-addr" in done.stdout
+
+
+def test_broker_namesrv_address_from_the_command_line_the_file_or_the_environment(tmp_path):
+    """As mqbroker: -n wins over the file's namesrvAddr, which wins over $NAMESRV_ADDR;
+    -p prints every setting and -m the main ones, and exit without starting."""
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"storePathRootDir={tmp_path / 'store'}\nbrokerName=b7\n")
+    env_only = subprocess.run(
+        [sys.executable, "-m", "trio_ha.cli", "broker", "-c", str(conf), "-p"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+        env={**os.environ, "NAMESRV_ADDR": "10.0.0.9:9876"})
+    assert env_only.returncode == 0, env_only.stderr
+    assert "namesrvAddr=10.0.0.9:9876" in env_only.stdout.splitlines()
+    assert "brokerName=b7" in env_only.stdout.splitlines()
+    conf.write_text(conf.read_text() + "namesrvAddr=10.0.0.8:9876\n")
+    from_file = subprocess.run(
+        [sys.executable, "-m", "trio_ha.cli", "broker", "-c", str(conf), "-m"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+        env={**os.environ, "NAMESRV_ADDR": "10.0.0.9:9876"})
+    assert "namesrvAddr=10.0.0.8:9876" in from_file.stdout.splitlines()
+    assert len(from_file.stdout.splitlines()) == 11  # the main settings only
+    flag = run_cli("broker", "-c", str(conf), "-n", "10.0.0.7:9876", "-m", cwd=tmp_path)
+    assert "namesrvAddr=10.0.0.7:9876" in flag.stdout.splitlines()
+    assert not (tmp_path / "store").exists()  # printing starts nothing
+
+
+def test_a_missing_or_directory_config_file_is_one_clear_error(tmp_path):
+    for path, reason in ((tmp_path / "nope.conf", "No such file"), (tmp_path, "Is a directory")):
+        done = run_cli("broker", "-c", str(path), cwd=tmp_path)
+        assert done.returncode == 2
+        assert "cannot read" in flat(done.stderr) and reason in flat(done.stderr), done.stderr
+        assert "Traceback" not in done.stderr

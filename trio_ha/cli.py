@@ -21,7 +21,24 @@ from .wire.record import Message
 if TYPE_CHECKING:  # pyspark is imported by the spark commands only
     from pyspark.sql import SparkSession
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__,
+                  context_settings={"help_option_names": ["-h", "--help"]})
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        print(f"trio-ha {__version__} (record engine: {_backend.native_backend})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print the version and exit"),
+) -> None:
+    """The ``trio-ha`` command line."""
 bench_app = typer.Typer(
     no_args_is_help=True, help="Measure the hot paths against this machine's limits."
 )
@@ -92,20 +109,51 @@ def namesrv(
     _run_until_interrupted(main)
 
 
+#: the keys ``-m`` prints (RocketMQ's "important" configuration, and ours)
+_IMPORTANT_KEYS = (
+    "brokerClusterName", "brokerName", "brokerId", "brokerRole", "flushDiskType",
+    "namesrvAddr", "brokerIP1", "listenPort", "haListenPort", "storePathRootDir",
+    "mappedFileSizeCommitLog",
+)
+
+
 @app.command()
 def broker(
     config_file: str = typer.Option(..., "-c", "--config", help="RocketMQ broker.conf"),
+    namesrv_addr: str | None = typer.Option(
+        None, "-n", "--namesrv-addr",
+        help="name servers, 'host:port;host:port' (wins over the file's namesrvAddr, which "
+             "wins over $NAMESRV_ADDR)"),
+    print_config: bool = typer.Option(False, "-p", "--print-config",
+                                      help="print every setting and exit"),
+    print_important: bool = typer.Option(False, "-m", "--print-important",
+                                         help="print the main settings and exit"),
 ) -> None:
     """Run a broker (store, replication, remoting) from a RocketMQ-style broker.conf."""
     from .broker import BrokerConfig, serve_broker
-    from .config import ConfigError
+    from .config import ConfigError, parse_properties_text
 
-    with open(config_file) as f:
-        text = f.read()
     try:
-        config = BrokerConfig.from_properties(text)
+        with open(config_file) as f:
+            text = f.read()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {config_file}: {exc.strerror}",
+                                 param_hint="--config") from None
+    try:
+        properties = parse_properties_text(text)
+        if namesrv_addr is not None:
+            properties["namesrvAddr"] = namesrv_addr
+        elif "namesrvAddr" not in properties and os.environ.get("NAMESRV_ADDR"):
+            properties["namesrvAddr"] = os.environ["NAMESRV_ADDR"]
+        config = BrokerConfig.from_properties(properties)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from None
+    if print_config or print_important:
+        settings = config.to_properties()
+        for key in sorted(settings) if print_config else _IMPORTANT_KEYS:
+            if key in settings:
+                print(f"{key}={settings[key]}")
+        raise typer.Exit()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
