@@ -172,3 +172,35 @@ def test_a_missing_or_directory_config_file_is_one_clear_error(tmp_path):
         assert done.returncode == 2
         assert "cannot read" in flat(done.stderr) and reason in flat(done.stderr), done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_store_in_use_and_a_port_taken_are_one_line_each(tmp_path):
+    """Two expected failures as an operator meets them: a second broker on the same store,
+    and a broker on a port another holds. One line naming the store or the port, exit 1, no
+    traceback (``--debug`` shows it); the second store is never made."""
+    base = "bindAddress=127.0.0.1\nhaBindAddress=127.0.0.1\nvipChannelEnable=false\n"
+    first_conf = tmp_path / "first.conf"
+    first_conf.write_text(base + f"listenPort=0\nstorePathRootDir={tmp_path / 'store'}\n")
+    first = subprocess.Popen([sys.executable, "-m", "trio_ha.cli", "broker", "-c",
+                              str(first_conf)], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        serving = re.search(r"serving on 127\.0\.0\.1:(\d+)", _first_line(first))
+        assert serving, "the first broker did not start"
+        again = run_cli("broker", "-c", str(first_conf), cwd=tmp_path)
+        assert again.returncode == 1 and "Traceback" not in again.stderr
+        assert again.stderr.startswith("trio-ha: store ") and "in use" in again.stderr
+        assert again.stderr.count("\n") == 1, again.stderr
+
+        taken = tmp_path / "taken.conf"
+        taken.write_text(base + f"listenPort={serving[1]}\n"
+                                f"storePathRootDir={tmp_path / 'other'}\n")
+        done = run_cli("broker", "-c", str(taken), cwd=tmp_path)
+        assert done.returncode == 1 and "Traceback" not in done.stderr
+        assert f"cannot listen on 127.0.0.1:{serving[1]}" in done.stderr, done.stderr
+        assert not (tmp_path / "other").exists()
+        debug = run_cli("--debug", "broker", "-c", str(taken), cwd=tmp_path)
+        assert debug.returncode != 0 and "Traceback" in debug.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -33,18 +34,53 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+#: show the traceback of an expected failure too (``--debug``)
+_DEBUG = False
+
+
 @app.callback()
 def _main(
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                  help="print the version and exit"),
+    debug: bool = typer.Option(False, "--debug", help="show tracebacks of expected failures"),
 ) -> None:
     """The ``trio-ha`` command line."""
+    global _DEBUG
+    _DEBUG = debug
+
+
+def _leaves(exc: BaseException) -> Iterable[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def _expected_failure(exc: BaseException) -> str | None:
+    """The one line to print for a failure an operator causes and can fix (a store in use, a
+    port taken, no room or no permission, a bad setting), or None for anything else."""
+    from .config import ConfigError
+    from .store import StoreLockedError
+
+    for leaf in _leaves(exc):
+        if isinstance(leaf, (StoreLockedError, ConfigError)):
+            return str(leaf)
+        if isinstance(leaf, OSError) and leaf.errno in _OPERATOR_ERRNOS:
+            if leaf.filename is not None:
+                return f"{leaf.strerror}: {leaf.filename}"
+            return leaf.strerror or str(leaf)
+    return None
 bench_app = typer.Typer(
     no_args_is_help=True, help="Measure the hot paths against this machine's limits."
 )
 app.add_typer(bench_app, name="bench")
 
 DEFAULT_DATA_DIR = os.path.join(os.getcwd(), "data")
+#: errnos of failures an operator fixes (a port taken, no room, no permission, read-only)
+_OPERATOR_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES, errno.EPERM,
+                              errno.ENOSPC, errno.EROFS, errno.EMFILE, errno.ENOENT,
+                              errno.ENOTDIR})
 
 
 async def _demo(root: str, count: int) -> None:
@@ -250,7 +286,14 @@ def _run_until_interrupted(main: Callable[[], Awaitable[None]]) -> None:
                     nursery.cancel_scope.cancel()
                     break
 
-    trio.run(runner)
+    try:
+        trio.run(runner)
+    except BaseException as exc:  # a failure to start, or one while serving
+        line = None if _DEBUG or isinstance(exc, KeyboardInterrupt) else _expected_failure(exc)
+        if line is None:
+            raise
+        print(f"trio-ha: {line}", file=sys.stderr)
+        raise typer.Exit(1) from None
 
 
 @bench_app.command("store")

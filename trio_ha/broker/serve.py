@@ -71,13 +71,13 @@ async def serve_broker(
 ) -> None:
     """Run a broker until cancelled; reports its BrokerAddresses through ``task_status``."""
     host = config.bind_address
-    listeners = await trio.open_tcp_listeners(config.listen_port, host=host)
+    listeners = await _listen(config.listen_port, host, "listenPort")
     vip_listeners: list[trio.SocketListener] = []
     try:
         port = listeners[0].socket.getsockname()[1]
         if config.vip_channel_enable:
             vip_port = 0 if config.listen_port == 0 else config.listen_port - VIP_PORT_OFFSET
-            vip_listeners = await trio.open_tcp_listeners(vip_port, host=host)
+            vip_listeners = await _listen(vip_port, host, "the VIP port (listenPort - 2)")
         if config.listen_port == 0:
             # Port 0 (tests): record the port the OS chose as STOREHOST, so msgIds point here.
             config = attrs.evolve(
@@ -95,6 +95,16 @@ async def serve_broker(
         with trio.CancelScope(shield=True):
             for listener in [*listeners, *vip_listeners]:
                 await listener.aclose()
+
+
+async def _listen(port: int, host: str, what: str) -> list[trio.SocketListener]:
+    """Listeners on ``host:port``; an OSError that names the port (an operator's "address in
+    use" should say which)."""
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}, {what}: "
+                                 f"{exc.strerror or exc}") from exc
 
 
 async def _run(
