@@ -102,12 +102,13 @@ def test_namesrv_and_broker_commands_serve_until_sigterm(tmp_path):
 
 def test_a_broker_conf_with_a_typo_or_an_unsupported_feature_is_refused(tmp_path):
     """A misspelt key is named with the key it resembles, not silently replaced by a default;
-    a RocketMQ feature this broker lacks (DLedger) is refused, not quietly run without; a
-    RocketMQ tuning key with no meaning here is accepted with a warning. Nothing starts for
-    the first two: no store is made."""
+    a malformed name server address is refused at parse time, not after the broker says it
+    serves; a RocketMQ feature this broker lacks (DLedger) is refused, not quietly run
+    without. Nothing starts: no store is made."""
     store = tmp_path / "store"
     base = f"storePathRootDir={store}\nlistenPort=0\nbindAddress=127.0.0.1\n"
     for line, words in (("lisenPort=10911", ["unknown key 'lisenPort'", "'listenPort'"]),
+                        ("namesrvAddr=not-an-address", ["'not-an-address' is not host:port"]),
                         ("brokerRol=SLAVE", ["unknown key 'brokerRol'", "'brokerRole'"]),
                         ("enableDLegerCommitLog=true", ["enableDLegerCommitLog=true",
                                                         "DLedger"])):

@@ -36,6 +36,19 @@ from .metadata.validation import MAX_PERMISSION, MAX_QUEUE_NUMS
 
 log = logging.getLogger(__name__)
 
+
+def _namesrv_addr(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """Each ``;``-separated address is ``host:port`` with a port in 1..65535, so a typo is a
+    start-up error rather than a broker that serves and registers nowhere."""
+    if value is None:
+        return
+    for address in (a.strip() for a in str(value).split(";")):
+        if not address:
+            continue
+        host, sep, port = address.rpartition(":")
+        if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"namesrvAddr: {address!r} is not host:port (a port in 1..65535)")
+
 #: a broker's HA port, when not configured, is listenPort + 1 (RocketMQ's default)
 HA_PORT_OFFSET = 1
 #: RocketMQ's "VIP" channel listens on listenPort - 2
@@ -55,7 +68,8 @@ class BrokerConfig:
     listen_port: int = attrs.field(default=10911, validator=in_range(0, 65535))
     bind_address: str = "0.0.0.0"
     #: name servers, "host:port;host:port"
-    namesrv_addr: str | None = None
+    #: name servers, ``host:port;host:port`` (each checked when the config is made)
+    namesrv_addr: str | None = attrs.field(default=None, validator=_namesrv_addr)
     register_name_server_period: int = attrs.field(default=30_000, validator=in_range(1))
     register_broker_timeout_mills: int = attrs.field(default=6000, validator=in_range(1))
     auto_create_topic_enable: bool = True
