@@ -598,6 +598,13 @@ _INDEX_ENTRY = struct.Struct(">iqii")
 _INDEX_SLOT = struct.Struct(">i")
 
 
+def index_key_hash(key: str) -> int:
+    """An index entry's key hash: |String.hashCode| of ``<topic>#<key>`` (MIN_VALUE counts as
+    0), RocketMQ's ``indexKeyHashMethod``."""
+    h = rec.java_string_hash(key)
+    return 0 if h == -(2**31) else abs(h)
+
+
 def _index_put_python(index: Handle, slot_num: int, index_num: int, buf: Buffer,
                       infos: Sequence[RecordInfo], first: int, count: int) -> int:
     """th_index_put's twin (RocketMQ's IndexFile.putKey for every key of every record)."""
@@ -626,8 +633,7 @@ def _index_put_python(index: Handle, slot_num: int, index_num: int, buf: Buffer,
         topic = bytes(buf[info.topic_pos : info.topic_pos + info.topic_len]).decode(
             "utf-8", "replace")
         for key in keys[:room]:
-            key_hash = rec.java_string_hash(f"{topic}#{key}")
-            key_hash = 0 if key_hash == -(2**31) else abs(key_hash)
+            key_hash = index_key_hash(f"{topic}#{key}")
             slot_at = _INDEX_HEADER.size + 4 * (key_hash % slot_num)
             (previous,) = _INDEX_SLOT.unpack_from(index, slot_at)
             if previous <= 0 or previous > index_count:

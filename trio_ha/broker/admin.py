@@ -31,6 +31,7 @@ from ..wire.errors import MetadataDecodeError, RouteDecodeError
 from ..wire.fastjson import write_json
 from ..wire.heartbeat import HeartbeatData
 from ..wire.metadata import (
+    RETRY_GROUP_TOPIC_PREFIX,
     DataVersion,
     SubscriptionGroupConfig,
     TopicConfig,
@@ -48,9 +49,6 @@ from ..wire.route import KVTable
 from .broker import Broker
 from .metadata import MetadataRequestError, group_problem, topic_problem
 from .pull import TOTAL_MEMORY
-
-#: RocketMQ's ``MixAll.RETRY_GROUP_TOPIC_PREFIX``
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 
 
 def _our_version() -> str:

@@ -31,7 +31,12 @@ import trio
 from ..remoting import RemotingConnection
 from ..store.results import PutMessageResult, PutMessageStatus
 from ..wire import record as rec
-from ..wire.metadata import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from ..wire.metadata import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+)
 from ..wire.permission import Permission
 from ..wire.remoting import (
     RemotingCommand,
@@ -65,8 +70,6 @@ REMARKS = {
 PROPERTY_CLUSTER = "CLUSTER"
 #: RocketMQ 5's timer messages (any delivery time, the timer wheel): not supported here
 TIMER_PROPERTIES = frozenset({"TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS"})
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
-DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 #: RocketMQ's DLQ_NUMS_PER_GROUP: a dead-letter topic has one queue
 DLQ_NUMS_PER_GROUP = 1
 #: ``TopicSysFlag.buildSysFlag(false, true)``: a retry topic made for a unit-mode consumer

@@ -46,14 +46,12 @@ from .clients import ClientManager
 from .metadata import BrokerMetadata
 
 __all__ = [
-    "PROPERTY_PRODUCER_GROUP", "PROPERTY_TRANSACTION_PREPARED", "TransactionCheck",
+    "TransactionCheck",
     "end_transaction", "half_message", "is_transactional",
 ]
 
 log = logging.getLogger(__name__)
 
-PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
-PROPERTY_PRODUCER_GROUP = "PGROUP"
 PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 #: the op message's tag: the half message is done (committed or rolled back)
@@ -71,7 +69,7 @@ ROLLBACK = rec.TRANSACTION_ROLLBACK
 
 def is_transactional(properties: dict[str, str]) -> bool:
     """A half message, as RocketMQ decides it: TRAN_MSG is "true" (in any case)."""
-    return properties.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true"
+    return properties.get(rec.PROPERTY_TRANSACTION_PREPARED, "").lower() == "true"
 
 
 def half_message(topic: str, queue_id: int, properties: dict[str, str]) -> dict[str, str]:
@@ -107,7 +105,7 @@ async def end_transaction(store: MessageStore, request: RemotingCommand) -> Remo
     problem = None
     if half is None or half.topic != TRANS_HALF_TOPIC:
         problem = "Find prepared transaction message failed"
-    elif half.properties.get(PROPERTY_PRODUCER_GROUP) != group:
+    elif half.properties.get(rec.PROPERTY_PRODUCER_GROUP) != group:
         problem = "The producer group wrong"
     elif half.queue_offset != table_offset:
         problem = "The transaction state table offset wrong"
@@ -115,7 +113,7 @@ async def end_transaction(store: MessageStore, request: RemotingCommand) -> Remo
         return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR, remark=problem)
     if decision == COMMIT:
         properties = dict(half.properties)
-        for name in (PROPERTY_TRANSACTION_PREPARED, rec.PROPERTY_REAL_TOPIC,
+        for name in (rec.PROPERTY_TRANSACTION_PREPARED, rec.PROPERTY_REAL_TOPIC,
                      rec.PROPERTY_REAL_QUEUE_ID):
             properties.pop(name, None)
         properties[rec.PROPERTY_WAIT_STORE_MSG_OK] = "false"
@@ -289,7 +287,7 @@ class TransactionCheck:
             self._log.log(logging.WARNING, "copy", "transactions: cannot store a half message "
                           "again for its check (%s)", result.status.name)
             return False
-        group = properties.get(PROPERTY_PRODUCER_GROUP, "")
+        group = properties.get(rec.PROPERTY_PRODUCER_GROUP, "")
         connection = self.clients.producer_connection(group)
         if connection is None:
             self._no_producer += 1
@@ -341,7 +339,7 @@ class TransactionCheck:
             self.topics_changed()
         log.warning("transactions: half message %s of group %s checked %d times without an "
                     "answer; moved to %s", half.msg_id,
-                    half.properties.get(PROPERTY_PRODUCER_GROUP), self.check_max,
+                    half.properties.get(rec.PROPERTY_PRODUCER_GROUP), self.check_max,
                     TRANS_CHECK_MAX_TIME_TOPIC)
         await self.store.put_encoded(
             TRANS_CHECK_MAX_TIME_TOPIC, 0, half.body,

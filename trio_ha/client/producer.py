@@ -45,7 +45,7 @@ import trio
 from ..remoting import RemotingError
 from ..wire import record as rec
 from ..wire.errors import RecordDecodeError
-from ..wire.metadata import NOT_ALLOWED_SEND_TOPICS
+from ..wire.metadata import NOT_ALLOWED_SEND_TOPICS, RETRY_GROUP_TOPIC_PREFIX
 from ..wire.record import (
     DEFAULT_MAX_MESSAGE_SIZE,
     MAX_TOPIC_LENGTH,
@@ -80,7 +80,6 @@ log = logging.getLogger(__name__)
 __all__ = ["Producer", "SendResult", "SendStatus", "open_producer"]
 
 PROPERTY_DELAY = "DELAY"
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 _TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 
 #: broker codes after which the send is retried (Java's retryResponseCodes, plus SYSTEM_BUSY)
@@ -141,8 +140,6 @@ LocalTransaction = Callable[[Message], Awaitable[TransactionState]]
 #: answers the broker's question about a half message whose transaction was not decided
 TransactionCheck = Callable[[StoredMessage], Awaitable[TransactionState]]
 
-PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
-PROPERTY_PRODUCER_GROUP = "PGROUP"
 
 
 @attrs.frozen
@@ -284,8 +281,8 @@ class Producer:
         producer's ``check`` (``open_producer(check=...)``) answers. RocketMQ's
         TransactionMQProducer.sendMessageInTransaction."""
         properties = dict(message.properties)
-        properties[PROPERTY_TRANSACTION_PREPARED] = "true"
-        properties[PROPERTY_PRODUCER_GROUP] = self.group
+        properties[rec.PROPERTY_TRANSACTION_PREPARED] = "true"
+        properties[rec.PROPERTY_PRODUCER_GROUP] = self.group
         half = attrs.evolve(message, properties=properties,
                             sys_flag=(message.sys_flag & ~rec.TRANSACTION_TYPE_MASK)
                             | rec.TRANSACTION_PREPARED)
@@ -530,7 +527,7 @@ async def _answer_check(instance: ClientInstance, address: str, request: Remotin
     except (RecordDecodeError, KeyError, ValueError) as exc:
         log.warning("client: bad CHECK_TRANSACTION_STATE from %s: %s", address, exc)
         return
-    group = message.properties.get(PROPERTY_PRODUCER_GROUP, "")
+    group = message.properties.get(rec.PROPERTY_PRODUCER_GROUP, "")
     check = instance.transaction_listeners.get(group)
     if check is None:
         log.info("client: no transaction check for group %r here", group)

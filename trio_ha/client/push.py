@@ -45,6 +45,7 @@ import attrs
 import trio
 
 from .._errors import unwrap_single_exception
+from ..wire.metadata import RETRY_GROUP_TOPIC_PREFIX
 from ..wire.record import PROPERTY_RETRY_TOPIC, StoredMessage
 from .consumer import PullConsumer, PullStatus, open_pull_consumer
 from .instance import ClientInstance, MessageQueue, MQError
@@ -54,7 +55,6 @@ __all__ = ["ConsumeLater", "PushConsumer", "PushConsumerStatistics", "open_push_
 
 log = logging.getLogger(__name__)
 
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 #: how often an orderly consumer renews its locks (RocketMQ: every 20 s; a lock lasts 60 s)
 LOCK_RENEW_INTERVAL = 20.0
 #: after a failed pull, or a send-back the broker did not take, wait this long

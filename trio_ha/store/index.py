@@ -43,7 +43,6 @@ import attrs
 from .. import _backend
 from .._backend import Handle, ScanResult
 from ..config import StoreConfig
-from ..wire import record as rec
 from .commitlog import CommitLog
 from .segment import Segment
 
@@ -68,12 +67,6 @@ class IndexFileError(OSError):
 
 def file_size(slot_num: int, index_num: int) -> int:
     return HEADER_SIZE + 4 * slot_num + ENTRY_SIZE * index_num
-
-
-def key_hash(key: str) -> int:
-    """RocketMQ's ``indexKeyHashMethod``: |String.hashCode| (MIN_VALUE counts as 0)."""
-    h = rec.java_string_hash(key)
-    return 0 if h == -(2**31) else abs(h)
 
 
 def file_name(now: float | None = None) -> str:
@@ -331,7 +324,7 @@ class IndexService:
         """Where the messages of ``topic`` with ``key`` stored in [begin, end] are, newest
         first, at most ``max_num`` (RocketMQ's ``queryOffset``)."""
         found: list[int] = []
-        hashed = key_hash(f"{topic}#{key}")
+        hashed = _backend.index_key_hash(f"{topic}#{key}")
         for index in reversed(self.files):
             if index.time_matched(begin, end):
                 index.select(hashed, begin, end, max_num, found)

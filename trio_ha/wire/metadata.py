@@ -64,6 +64,8 @@ __all__ = [
     "TOPIC_FILTER_TYPES",
     "TRACE_TOPIC",
     "TRANS_CHECK_MAX_TIME_TOPIC",
+    "RETRY_GROUP_TOPIC_PREFIX",
+    "DLQ_GROUP_TOPIC_PREFIX",
     "TRANS_HALF_TOPIC",
     "TRANS_OP_HALF_TOPIC",
     "ConsumerOffsetTable",
@@ -117,6 +119,10 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+#: a consumer group's retry and dead-letter topics are these prefixes + the group
+#: (``MixAll.RETRY_GROUP_TOPIC_PREFIX``, ``MixAll.DLQ_GROUP_TOPIC_PREFIX``)
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 #: the default message trace topic (``TopicValidator.RMQ_SYS_TRACE_TOPIC``)
 TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
 #: topics a producer may not send to (``TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET``): only the

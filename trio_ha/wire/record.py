@@ -68,7 +68,8 @@ __all__ = [
     "NAME_VALUE_SEPARATOR", "PROPERTY_SEPARATOR", "PROPERTY_KEYS", "PROPERTY_TAGS",
     "PROPERTY_WAIT_STORE_MSG_OK", "PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX",
     "PROPERTY_DELAY_TIME_LEVEL", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_QUEUE_ID",
-    "PROPERTY_RETRY_TOPIC", "PROPERTY_ORIGIN_MESSAGE_ID", "RecordDecodeError",
+    "PROPERTY_RETRY_TOPIC", "PROPERTY_ORIGIN_MESSAGE_ID", "PROPERTY_TRANSACTION_PREPARED",
+    "PROPERTY_PRODUCER_GROUP", "RecordDecodeError",
     "body_crc", "java_string_hash", "tags_code", "encode_host", "parse_host_port",
     "decode_host", "message_id", "decode_message_id", "encode_properties", "decode_properties",
     "Message", "StoredMessage", "record_size", "encode_record", "encode_blank", "encode_batch",
@@ -91,6 +92,9 @@ PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 #: a retried message's first topic, and the msgId it had there
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
 PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+#: a transactional half message ("true"), and the producer group its check goes to
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
 
 # A SEND_BATCH_MESSAGE item (a network format, not a stored one): TOTALSIZE, MAGIC, BODYCRC,
 # FLAG, then BODYLEN + body and PROPSLEN + properties.
