@@ -1,0 +1,107 @@
+"""The ``trio-ha`` application object and what every command shares: the global options, the
+one-line report of an expected failure, and running a server until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import trio
+import typer
+
+from .. import _backend
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="The ``trio-ha`` command line.",
+                  context_settings={"help_option_names": ["-h", "--help"]})
+
+DEFAULT_DATA_DIR = os.path.join(os.getcwd(), "data")
+#: errnos of failures an operator fixes (a port taken, no room, no permission, read-only)
+_OPERATOR_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES, errno.EPERM,
+                              errno.ENOSPC, errno.EROFS, errno.EMFILE, errno.ENOENT,
+                              errno.ENOTDIR})
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"trio-ha {__version__} (record engine: {_backend.native_backend})")
+        raise typer.Exit()
+
+
+#: show the traceback of an expected failure too (``--debug``)
+_DEBUG = False
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print the version and exit"),
+    debug: bool = typer.Option(False, "--debug", help="show tracebacks of expected failures"),
+) -> None:
+    """The ``trio-ha`` command line."""
+    global _DEBUG
+    _DEBUG = debug
+
+
+def _leaves(exc: BaseException) -> Iterable[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def _expected_failure(exc: BaseException) -> str | None:
+    """The one line to print for a failure an operator causes and can fix (a store in use, a
+    port taken, no room or no permission, a bad setting), or None for anything else."""
+    from ..config import ConfigError
+    from ..store import StoreLockedError
+
+    for leaf in _leaves(exc):
+        if isinstance(leaf, (StoreLockedError, ConfigError)):
+            return str(leaf)
+        if isinstance(leaf, OSError) and leaf.errno in _OPERATOR_ERRNOS:
+            if leaf.filename is not None:
+                return f"{leaf.strerror}: {leaf.filename}"
+            return leaf.strerror or str(leaf)
+    return None
+
+
+def print_json_lines(results: Iterable[dict[str, Any]]) -> None:
+    """A benchmark's results, one JSON object per line, each as soon as it is measured."""
+    for result in results:
+        print(json.dumps(result), flush=True)
+
+
+def run_until_interrupted(main: Callable[[], Awaitable[None]]) -> None:
+    """Run ``main`` until SIGINT/SIGTERM, then let it shut down gracefully."""
+
+    async def runner() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def run_main() -> None:
+                await main()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(run_main)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    print("shutting down ...", flush=True)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(runner)
+    except BaseException as exc:  # a failure to start, or one while serving
+        line = None if _DEBUG or isinstance(exc, KeyboardInterrupt) else _expected_failure(exc)
+        if line is None:
+            raise
+        print(f"trio-ha: {line}", file=sys.stderr)
+        raise typer.Exit(1) from None
+

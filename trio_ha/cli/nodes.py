@@ -1,0 +1,196 @@
+"""The commands that run nodes: ``namesrv``, ``broker``, ``dev-cluster`` and ``store-demo``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import trio
+import typer
+
+from .. import _backend
+from ..config import FlushDiskType, StoreConfig
+from ..store import open_store
+from ..wire.record import Message
+from ._app import DEFAULT_DATA_DIR, app, run_until_interrupted
+
+
+async def _demo(root: str, count: int) -> None:
+    config = StoreConfig(
+        store_path_root_dir=root,
+        mapped_file_size_commit_log=1024 * 1024,
+        flush_disk_type=FlushDiskType.SYNC_FLUSH,
+    )
+    print(f"trio-ha store demo  (record engine: {_backend.native_backend}, store: {root})")
+    async with open_store(config) as store:
+        report = store.recovery
+        assert report is not None  # an open store has recovered
+        print(f"opened: recovery {'after a crash' if report.abnormal else 'after a clean stop'}, "
+              f"log ends at {report.end_offset} ({report.records} records verified)")
+        before = store.max_queue_offset("DemoTopic", 0)
+        started = time.perf_counter()
+        results = []
+        for i in range(count):
+            body = f"hello #{before + i} from trio-ha".encode()
+            results.append(await store.put_message(
+                Message("DemoTopic", body, tags="demo", keys=f"key-{before + i}"), queue_id=0
+            ))
+        elapsed = time.perf_counter() - started
+        statuses = {r.status.name for r in results}
+        print(f"put {count} messages with SYNC_FLUSH in {elapsed * 1000:.1f} ms: {statuses}; "
+              f"first msgId {results[0].msg_id}")
+    print("closed cleanly; reopening to read back ...")
+    async with open_store(config) as store:
+        total = store.max_queue_offset("DemoTopic", 0)
+        messages = await store.get_messages("DemoTopic", 0, max(0, total - 3), 3)
+        for m in messages:
+            print(f"  queue offset {m.queue_offset} @ commitlog {m.commitlog_offset}: "
+                  f"{m.body.decode()!r} tags={m.tags} keys={m.keys} crc_ok={m.crc_ok}")
+        print(f"DemoTopic/0 holds {total} messages; commitlog "
+              f"[{store.min_commitlog_offset}, {store.max_commitlog_offset})")
+
+
+@app.command("store-demo")
+def store_demo(
+    dir: str = typer.Option(os.path.join(DEFAULT_DATA_DIR, "demo-store"), help="store directory"),
+    count: int = typer.Option(1000, min=1, max=1_000_000, help="messages to put"),
+) -> None:
+    """Put messages into an embedded store, close it, reopen it and read them back."""
+    trio.run(_demo, dir, count)
+
+
+@app.command()
+def namesrv(
+    port: int = typer.Option(9876, help="listen port (RocketMQ's default 9876)"),
+    bind: str = typer.Option("0.0.0.0", help="interface to bind"),
+) -> None:
+    """Run a name server until Ctrl-C."""
+    from ..namesrv import NamesrvConfig, serve_namesrv
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            host, bound = await nursery.start(
+                serve_namesrv, NamesrvConfig(listen_port=port, bind_address=bind)
+            )
+            print(f"name server listening on {host}:{bound}", flush=True)
+
+    run_until_interrupted(main)
+
+
+#: the keys ``-m`` prints (RocketMQ's "important" configuration, and ours)
+_IMPORTANT_KEYS = (
+    "brokerClusterName", "brokerName", "brokerId", "brokerRole", "flushDiskType",
+    "namesrvAddr", "brokerIP1", "listenPort", "haListenPort", "storePathRootDir",
+    "mappedFileSizeCommitLog",
+)
+
+
+@app.command()
+def broker(
+    config_file: str = typer.Option(..., "-c", "--config", help="RocketMQ broker.conf"),
+    namesrv_addr: str | None = typer.Option(
+        None, "-n", "--namesrv-addr",
+        help="name servers, 'host:port;host:port' (wins over the file's namesrvAddr, which "
+             "wins over $NAMESRV_ADDR)"),
+    print_config: bool = typer.Option(False, "-p", "--print-config",
+                                      help="print every setting and exit"),
+    print_important: bool = typer.Option(False, "-m", "--print-important",
+                                         help="print the main settings and exit"),
+) -> None:
+    """Run a broker (store, replication, remoting) from a RocketMQ-style broker.conf."""
+    from ..broker import BrokerConfig, serve_broker
+    from ..config import ConfigError, parse_properties_text
+
+    try:
+        with open(config_file) as f:
+            text = f.read()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {config_file}: {exc.strerror}",
+                                 param_hint="--config") from None
+    try:
+        properties = parse_properties_text(text)
+        if namesrv_addr is not None:
+            properties["namesrvAddr"] = namesrv_addr
+        elif "namesrvAddr" not in properties and os.environ.get("NAMESRV_ADDR"):
+            properties["namesrvAddr"] = os.environ["NAMESRV_ADDR"]
+        config = BrokerConfig.from_properties(properties)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from None
+    if print_config or print_important:
+        settings = config.to_properties()
+        for key in sorted(settings) if print_config else _IMPORTANT_KEYS:
+            if key in settings:
+                print(f"{key}={settings[key]}")
+        raise typer.Exit()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            addresses = await nursery.start(serve_broker, config)
+            print(f"broker {config.broker_name} ({config.role.value}) serving on "
+                  f"{addresses.broker_addr}, HA {addresses.ha_addr}", flush=True)
+
+    run_until_interrupted(main)
+
+
+async def _runtime_info(pool, address: str) -> dict[str, str]:
+    from ..remoting import RemotingError
+    from ..wire.remoting import RemotingCommand, RequestCode
+    from ..wire.route import KVTable
+
+    try:
+        request = RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO)
+        reply = await pool.invoke(address, request, 2)
+        return KVTable.decode(reply.body).table
+    except (RemotingError, ValueError):
+        return {}
+
+
+def _status_line(master: dict, slave: dict) -> str:
+    master_end = int(master.get("commitLogMaxOffset", 0) or 0)
+    slave_end = int(slave.get("commitLogMaxOffset", 0) or 0)
+    return (
+        f"master: log {master_end} B, {master.get('putTps', '0')} puts/s, "
+        f"{master.get('msgPutTotalTodayNow', '0')} puts | slave: log {slave_end} B, "
+        f"lag {max(0, master_end - slave_end)} B, HA {slave.get('haState', '?')}"
+    )
+
+
+@app.command("dev-cluster")
+def dev_cluster(
+    dir: str = typer.Option(os.path.join(DEFAULT_DATA_DIR, "dev-cluster"), help="data directory"),
+    namesrv_port: int = typer.Option(9876, help="name server port"),
+    master_port: int = typer.Option(10911, help="master broker port (HA on +1, VIP on -2)"),
+    slave_port: int = typer.Option(10921, help="slave broker port"),
+    demo: bool = typer.Option(False, help="run a produce/consume round trip first"),
+    duration: float = typer.Option(0, help="stop after this many seconds (0: run until Ctrl-C)"),
+) -> None:
+    """A name server, a SYNC_MASTER and its SLAVE on loopback, with a status line."""
+    from ..devcluster import serve_dev_cluster
+    from ..remoting import open_client_pool
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            cluster = await nursery.start(lambda task_status: serve_dev_cluster(
+                dir, namesrv_port=namesrv_port, master_port=master_port,
+                slave_port=slave_port, task_status=task_status))
+            print(f"name server  {cluster.namesrv_addr}", flush=True)
+            print(f"SYNC_MASTER  {cluster.master.broker_addr}  (HA {cluster.master.ha_addr})")
+            print(f"SLAVE        {cluster.slave.broker_addr}  (HA {cluster.slave.ha_addr})")
+            print(f"data under   {dir}", flush=True)
+            if demo:
+                from ..demo import round_trip
+
+                await round_trip(cluster)
+            async with open_client_pool() as pool:
+                with trio.move_on_after(duration if duration > 0 else float("inf")):
+                    while True:
+                        master = await _runtime_info(pool, cluster.master.broker_addr)
+                        slave = await _runtime_info(pool, cluster.slave.broker_addr)
+                        end = "\n" if not sys.stdout.isatty() else "\r"
+                        print(_status_line(master, slave), end=end, flush=True)
+                        await trio.sleep(1)
+            nursery.cancel_scope.cancel()
+        print("\ncluster stopped cleanly", flush=True)
+
+    run_until_interrupted(main)
