@@ -178,7 +178,7 @@ def test_a_missing_or_directory_config_file_is_one_clear_error(tmp_path):
 def test_a_store_in_use_and_a_port_taken_are_one_line_each(tmp_path):
     """Two expected failures as an operator meets them: a second broker on the same store,
     and a broker on a port another holds. One line naming the store or the port, exit 1, no
-    traceback (``--debug`` shows it); the second store is never made."""
+    traceback (``--debug`` shows it); the failed start writes nothing but the lock."""
     base = "bindAddress=127.0.0.1\nhaBindAddress=127.0.0.1\nvipChannelEnable=false\n"
     first_conf = tmp_path / "first.conf"
     first_conf.write_text(base + f"listenPort=0\nstorePathRootDir={tmp_path / 'store'}\n")
@@ -188,7 +188,12 @@ def test_a_store_in_use_and_a_port_taken_are_one_line_each(tmp_path):
     try:
         serving = re.search(r"serving on 127\.0\.0\.1:(\d+)", _first_line(first))
         assert serving, "the first broker did not start"
-        again = run_cli("broker", "-c", str(first_conf), cwd=tmp_path)
+        # Same store and the same port: the lock is taken before any port is bound, so the
+        # answer is the store in use, not the port taken.
+        same = tmp_path / "same.conf"
+        same.write_text(base + f"listenPort={serving[1]}\n"
+                               f"storePathRootDir={tmp_path / 'store'}\n")
+        again = run_cli("broker", "-c", str(same), cwd=tmp_path)
         assert again.returncode == 1 and "Traceback" not in again.stderr
         assert again.stderr.startswith("trio-ha: store ") and "in use" in again.stderr
         assert again.stderr.count("\n") == 1, again.stderr
@@ -198,10 +203,124 @@ def test_a_store_in_use_and_a_port_taken_are_one_line_each(tmp_path):
                                 f"storePathRootDir={tmp_path / 'other'}\n")
         done = run_cli("broker", "-c", str(taken), cwd=tmp_path)
         assert done.returncode == 1 and "Traceback" not in done.stderr
-        assert f"cannot listen on 127.0.0.1:{serving[1]}" in done.stderr, done.stderr
-        assert not (tmp_path / "other").exists()
+        assert f"cannot listen on 127.0.0.1:{serving[1]}, listenPort" in done.stderr, \
+            done.stderr
+        # The lock came first (its directory and file); nothing else was written.
+        assert sorted(os.listdir(tmp_path / "other")) == ["lock"]
         debug = run_cli("--debug", "broker", "-c", str(taken), cwd=tmp_path)
         assert debug.returncode != 0 and "Traceback" in debug.stderr
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=30)
+
+
+def _start_broker(conf, cwd, *global_options):
+    proc = subprocess.Popen([sys.executable, "-m", "trio_ha.cli", *global_options, "broker",
+                             "-c", str(conf)], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = _first_line(proc)
+    if "serving on" not in line:
+        proc.kill()
+        raise AssertionError(f"the broker did not start: {line}{proc.communicate()[1]}")
+    return proc
+
+
+def _store_files(store) -> dict[str, bytes]:
+    """Every file of a store directory but the lock, with its bytes."""
+    return {str(path.relative_to(store)): path.read_bytes()
+            for path in sorted(store.rglob("*")) if path.is_file() and path.name != "lock"}
+
+
+def test_a_taken_ha_port_stops_the_start_with_the_store_as_it_was(tmp_path):
+    """The HA port is bound before recovery runs and before the abort file is written: a
+    start that cannot bind it leaves every file as it was, so the next start is not taken
+    for a crash (the operator's report: a failed HA bind left an abort file behind)."""
+    store = tmp_path / "store"
+    conf = tmp_path / "broker.conf"
+    base = ("bindAddress=127.0.0.1\nhaBindAddress=127.0.0.1\nlistenPort=0\n"
+            f"storePathRootDir={store}\nmappedFileSizeCommitLog=1048576\n")
+    conf.write_text(base + "haListenPort=0\n")
+    first = _start_broker(conf, tmp_path)
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=30)
+    assert first.returncode == 0 and not (store / "abort").exists()
+    before = _store_files(store)
+    assert "commitlog/00000000000000000000" in before
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        conf.write_text(base + f"haListenPort={taken}\n")
+        done = run_cli("broker", "-c", str(conf), cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"cannot listen on 127.0.0.1:{taken}, haListenPort" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert _store_files(store) == before  # no abort file, nothing recovered or rewritten
+
+
+def _log_events(path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_sigterm_leaves_no_abort_file_and_sigkill_leaves_one_for_crash_recovery(tmp_path):
+    """A broker stopped by SIGTERM drains, flushes and removes its abort file, so the next
+    start takes the normal path; one SIGKILLed leaves the file, and the next start recovers
+    as after a crash. Read from the JSON log the broker writes (``--log-format json
+    --log-file``), whose every line is an object with a time, a level and a logger."""
+    store = tmp_path / "store"
+    conf = tmp_path / "broker.conf"
+    conf.write_text("bindAddress=127.0.0.1\nhaBindAddress=127.0.0.1\nlistenPort=0\n"
+                    f"storePathRootDir={store}\nmappedFileSizeCommitLog=1048576\n")
+    log_file = tmp_path / "broker.log"
+    options = ("--log-format", "json", "--log-file", str(log_file))
+
+    def recoveries() -> list[str]:
+        return [e["message"] for e in _log_events(log_file)
+                if e["logger"] == "trio_ha.store.store" and "recovered" in e["message"]]
+
+    broker = _start_broker(conf, tmp_path, *options)
+    assert (store / "abort").exists()  # present while the store is open
+    broker.send_signal(signal.SIGTERM)
+    broker.communicate(timeout=30)
+    assert broker.returncode == 0 and not (store / "abort").exists()
+
+    broker = _start_broker(conf, tmp_path, *options)
+    assert "after a clean stop" in recoveries()[-1]
+    broker.kill()
+    broker.communicate(timeout=30)
+    assert (store / "abort").exists()
+
+    broker = _start_broker(conf, tmp_path, *options)
+    try:
+        assert "after a crash" in recoveries()[-1]
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        broker.communicate(timeout=30)
+    assert not (store / "abort").exists()
+    events = _log_events(log_file)
+    assert {"time", "level", "logger", "message"} <= set(events[0])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", events[0]["time"])
+    messages = [e["message"] for e in events]
+    assert sum("serving on" in m for m in messages) == 3
+    assert any(m.startswith("HA service listening on 127.0.0.1:") for m in messages)
+
+
+def test_the_human_log_has_time_and_level_and_the_level_option_filters(tmp_path):
+    """By default each log line starts with its date, time and level; ``--log-level
+    warning`` leaves the INFO lines out."""
+    store = tmp_path / "store"
+    info = run_cli("store-demo", "--dir", str(store), "--count", "3", cwd=tmp_path)
+    assert info.returncode == 0, info.stderr
+    line = next(x for x in info.stderr.splitlines() if "recovered" in x)
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} INFO  trio_ha\.store\.store: "
+                    r"store \S+ recovered after a clean stop", line), line
+    quiet = run_cli("--log-level", "warning", "store-demo", "--dir", str(store), "--count", "3",
+                    cwd=tmp_path)
+    assert quiet.returncode == 0 and "recovered" not in quiet.stderr, quiet.stderr
+    bad = run_cli("--log-file", str(tmp_path / "no" / "such" / "dir.log"), "store-demo",
+                  "--dir", str(store), cwd=tmp_path)
+    assert bad.returncode == 1 and "cannot open the log file" in bad.stderr
+    assert "Traceback" not in bad.stderr

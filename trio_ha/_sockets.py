@@ -11,6 +11,17 @@ import trio
 Buffers = Sequence[bytes | memoryview]
 
 
+async def listen_named(port: int, host: str, what: str) -> list[trio.SocketListener]:
+    """Listeners on ``host:port``. A failure is an OSError (errno kept) that names the address
+    and which port it is (``listenPort``, ``haListenPort``...): an operator's "address in use"
+    must say which of a node's ports is taken."""
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}, {what}: "
+                                 f"{exc.strerror or exc}") from exc
+
+
 def peer_name(sock: socket.socket | trio.socket.SocketType) -> str:
     """``host:port`` of the peer, or a placeholder: a peer that already reset its connection
     makes getpeername fail, and that must cost only that connection, never the server."""

@@ -4,10 +4,13 @@ in one nursery.
 ``serve_broker(config, task_status=...)`` runs in the caller's nursery (``nursery.start``) and
 reports a ``BrokerAddresses`` once it serves. The order matters:
 
-1. the remoting port (listenPort) and RocketMQ's VIP port (listenPort - 2) are bound first, so
-   the store records the real address as STOREHOST even with port 0;
+0. the store directory's lock is taken before anything else, so a second broker started on
+   the same directory by mistake stops before it binds, reads or writes anything;
+1. the remoting port (listenPort) and RocketMQ's VIP port (listenPort - 2) are bound, so the
+   store records the real address as STOREHOST even with port 0;
 2. the metadata tables are loaded (in a worker thread) and the system topics added;
-3. the store opens (recovering if needed, HA included);
+3. the store opens: it binds the HA port before it recovers or writes its ``abort`` file, so
+   a port already taken stops the start with the store as it was;
 4. only then is the ``Broker`` built, complete, and the listeners start serving;
 5. the broker registers with every name server (each call bounded by
    registerBrokerTimeoutMills) and reports that it serves; it registers again every
@@ -35,8 +38,9 @@ import logging
 import attrs
 import trio
 
+from .._sockets import listen_named
 from ..remoting import RemotingBudgets, RemotingClientPool, RemotingLimits, serve_remoting
-from ..store import MessageStore, open_store
+from ..store import MessageStore, StoreLock, open_store
 from .broker import Broker, BrokerAddresses
 from .config import VIP_PORT_OFFSET, BrokerConfig
 from .dispatch import handle, handle_vip
@@ -70,21 +74,31 @@ async def serve_broker(
     task_status: trio.TaskStatus[BrokerAddresses] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a broker until cancelled; reports its BrokerAddresses through ``task_status``."""
+    lock = await trio.to_thread.run_sync(StoreLock.acquire, config.store.store_path_root_dir)
+    try:
+        await _serve_locked(config, lock, task_status)
+    finally:
+        lock.release()
+
+
+async def _serve_locked(
+    config: BrokerConfig, lock: StoreLock, task_status: trio.TaskStatus[BrokerAddresses]
+) -> None:
     host = config.bind_address
-    listeners = await _listen(config.listen_port, host, "listenPort")
+    listeners = await listen_named(config.listen_port, host, "listenPort")
     vip_listeners: list[trio.SocketListener] = []
     try:
         port = listeners[0].socket.getsockname()[1]
         if config.vip_channel_enable:
             vip_port = 0 if config.listen_port == 0 else config.listen_port - VIP_PORT_OFFSET
-            vip_listeners = await _listen(vip_port, host, "the VIP port (listenPort - 2)")
+            vip_listeners = await listen_named(vip_port, host, "the VIP port (listenPort - 2)")
         if config.listen_port == 0:
             # Port 0 (tests): record the port the OS chose as STOREHOST, so msgIds point here.
             config = attrs.evolve(
                 config, store=attrs.evolve(config.store, store_host=f"{config.broker_ip1}:{port}")
             )
         metadata = await trio.to_thread.run_sync(functools.partial(load_metadata, config))
-        async with open_store(config.store) as store:
+        async with open_store(config.store, lock=lock) as store:
             try:
                 await _run(config, store, metadata, listeners, vip_listeners, task_status)
             finally:
@@ -95,16 +109,6 @@ async def serve_broker(
         with trio.CancelScope(shield=True):
             for listener in [*listeners, *vip_listeners]:
                 await listener.aclose()
-
-
-async def _listen(port: int, host: str, what: str) -> list[trio.SocketListener]:
-    """Listeners on ``host:port``; an OSError that names the port (an operator's "address in
-    use" should say which)."""
-    try:
-        return await trio.open_tcp_listeners(port, host=host)
-    except OSError as exc:
-        raise OSError(exc.errno, f"cannot listen on {host}:{port}, {what}: "
-                                 f"{exc.strerror or exc}") from exc
 
 
 async def _run(

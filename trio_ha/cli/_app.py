@@ -15,6 +15,7 @@ import trio
 import typer
 
 from .. import _backend
+from ._logging import LogFormat, LogLevel, configure_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="The ``trio-ha`` command line.",
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,10 +44,21 @@ def _main(
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                  help="print the version and exit"),
     debug: bool = typer.Option(False, "--debug", help="show tracebacks of expected failures"),
+    log_level: LogLevel = typer.Option(LogLevel.info, "--log-level", case_sensitive=False,
+                                       help="the least severe log lines shown"),
+    log_format: LogFormat = typer.Option(LogFormat.human, "--log-format", case_sensitive=False,
+                                         help="human lines, or one JSON object per line"),
+    log_file: str | None = typer.Option(None, "--log-file",
+                                        help="append the log here instead of stderr"),
 ) -> None:
     """The ``trio-ha`` command line."""
     global _DEBUG
     _DEBUG = debug
+    try:
+        configure_logging(log_level, log_format, log_file)
+    except OSError as exc:
+        print(f"trio-ha: cannot open the log file: {exc.strerror}: {log_file}", file=sys.stderr)
+        raise typer.Exit(1) from None
 
 
 def _leaves(exc: BaseException) -> Iterable[BaseException]:
@@ -80,21 +92,30 @@ def print_json_lines(results: Iterable[dict[str, Any]]) -> None:
 
 
 def run_until_interrupted(main: Callable[[], Awaitable[None]]) -> None:
-    """Run ``main`` until SIGINT/SIGTERM, then let it shut down gracefully."""
+    """Run ``main`` until it returns or a SIGINT/SIGTERM arrives; then cancel it, so that it
+    shuts down gracefully (drain connections, flush, checkpoint, remove the abort file). A
+    second signal does not wait for that: the process exits at once, as after a crash, and
+    the next start recovers."""
 
     async def runner() -> None:
+        main_scope = trio.CancelScope()
         async with trio.open_nursery() as nursery:
-
-            async def run_main() -> None:
-                await main()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(run_main)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for _ in signals:
-                    print("shutting down ...", flush=True)
-                    nursery.cancel_scope.cancel()
-                    break
+
+                async def watch_signals() -> None:
+                    async for signum in signals:
+                        if not main_scope.cancel_called:
+                            print("shutting down ... (a second Ctrl-C forces)", flush=True)
+                            main_scope.cancel()
+                        else:
+                            print("trio-ha: forced to stop; the next start recovers",
+                                  file=sys.stderr, flush=True)
+                            os._exit(128 + signum)
+
+                nursery.start_soon(watch_signals)
+                with main_scope:
+                    await main()
+                nursery.cancel_scope.cancel()
 
     try:
         trio.run(runner)

@@ -94,7 +94,7 @@ class CloseReason(enum.StrEnum):
 
 
 _CLOSE_LOG_LEVELS = {
-    CloseReason.PEER_CLOSED: logging.DEBUG,
+    CloseReason.PEER_CLOSED: logging.INFO,
     CloseReason.SHUTDOWN: logging.DEBUG,
     CloseReason.LOST: logging.INFO,
     CloseReason.IDLE: logging.INFO,

@@ -191,10 +191,13 @@ class RemotingServer:
             connection = RemotingConnection(stream, peer_name(stream.socket), self.limits,
                                             self.budgets)
             self.connections.add(connection)  # now, so a shutdown from here on drains it
-            connections.start_soon(self._serve_one, connection, closed)
+            connections.start_soon(self._serve_one, connection, name, closed)
 
-    async def _serve_one(self, connection: RemotingConnection,
+    async def _serve_one(self, connection: RemotingConnection, name: str,
                          closed: Callable[[RemotingConnection], None]) -> None:
+        # One line as a connection comes (the connection says why it goes), as RocketMQ logs
+        # channelActive and channelInactive: who talks to a node, and why they stopped.
+        log.info("remoting: %s connected to %s", connection.peer, name)
         try:
             await connection.serve(self.handler, on_open=self.on_open, on_close=self.on_close)
         finally:

@@ -2,9 +2,10 @@
 
 from .consume_queue import QueueEntry
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
-from .store import MessageStore, StoreLockedError, StoreStatistics, open_store
+from .store import MessageStore, StoreLock, StoreLockedError, StoreStatistics, open_store
 
 __all__ = [
     "GetMessageResult", "GetMessageStatus", "MessageStore", "PutMessageResult",
-    "PutMessageStatus", "QueueEntry", "StoreLockedError", "StoreStatistics", "open_store",
+    "PutMessageStatus", "QueueEntry", "StoreLock", "StoreLockedError", "StoreStatistics",
+    "open_store",
 ]

@@ -4,12 +4,19 @@ Two stores appending to the same files would interleave records and corrupt both
 takes an exclusive POSIX lock on ``<root>/lock`` (released by the kernel if the process dies,
 so a crash never leaves a stale lock behind). POSIX locks do not exclude the process that
 holds them, so the directories open in this process are also remembered here.
+
+A broker takes the lock before anything else it does with the store directory (binding its
+ports, reading its config files, writing the ``abort`` file): a second broker started on the
+same directory by mistake must stop before it has touched anything (``StoreLock.acquire``,
+then ``open_store(config, lock=...)``).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+
+import attrs
 
 #: directories open in this process (a POSIX lock does not exclude its own process)
 _open_roots: set[str] = set()
@@ -41,3 +48,29 @@ def unlock_root(root: str, fd: int) -> None:
     _open_roots.discard(root)
     if fd >= 0:
         os.close(fd)  # closing the descriptor releases the POSIX lock
+
+
+@attrs.define(eq=False)
+class StoreLock:
+    """The held lock of one store directory (``StoreLock.acquire``), until ``release``."""
+
+    root: str
+    _fd: int = attrs.field(alias="fd")
+
+    @classmethod
+    def acquire(cls, store_dir: str) -> StoreLock:
+        """Make the directory if it is missing and lock it; StoreLockedError when it is in
+        use. Blocking (it may create the directory): run it in a worker thread."""
+        root = os.path.realpath(store_dir)
+        os.makedirs(root, exist_ok=True)
+        return cls(root, fd=lock_root(root))
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def release(self) -> None:
+        """Let the directory go (idempotent)."""
+        if self._fd >= 0:
+            unlock_root(self.root, self._fd)
+            self._fd = -1

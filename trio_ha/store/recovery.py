@@ -52,6 +52,18 @@ class RecoveryReport:
     #: ("[start, end): what was found")
     holes: tuple[str, ...] = ()
 
+    def describe(self) -> str:
+        """One line for the log: how the last stop was, what was verified, what was mended."""
+        text = (f"after {'a crash' if self.abnormal else 'a clean stop'}: {self.records} "
+                f"records verified in [{self.start_offset}, {self.end_offset}) "
+                f"({self.stop_reason})")
+        if self.rebuilt_queues:
+            text += f"; rebuilt {len(self.rebuilt_queues)} consume queues: " + \
+                    ", ".join(self.rebuilt_queues)
+        if self.holes:
+            text += f"; {len(self.holes)} damaged ranges filled: " + ", ".join(self.holes)
+        return text
+
 
 def _first_record_timestamp(scanner, segment, max_record: int) -> int | None:
     result = scanner.scan(segment.handle, segment.size, 0, segment.base_offset, 0, max_record)

@@ -155,7 +155,8 @@ class Segment:
         self.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        log.info("deleted segment %s", self.path)
+        # DEBUG: the callers that matter to an operator (retention, truncation) say so at INFO
+        log.debug("deleted segment %s", self.path)
 
     @contextlib.contextmanager
     def hold(self):

@@ -26,6 +26,7 @@ recovery scans) is handed to worker threads.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ import trio
 
 from .. import _backend
 from .._errors import unwrap_single_exception
+from .._sockets import listen_named
 from ..config import BrokerRole, FlushDiskType, StoreConfig
 from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
@@ -52,7 +54,7 @@ from .ha.master import HAMasterStatistics, HAService
 from .ha.slave import HAClient, HASlaveStatistics
 from .health import DiskMonitor, StoreHealth, StoreResourceError, describe
 from .index import IndexService
-from .lock import StoreLockedError, lock_root, unlock_root
+from .lock import StoreLock, StoreLockedError
 from .recovery import RecoveryReport, rebuild_disagreeing_queues, recover
 from .results import (
     GetMessageResult,
@@ -119,7 +121,6 @@ class MessageStore:
     dispatcher: Dispatcher
     checkpoint: Checkpoint
     recovery: RecoveryReport | None = None
-    _lock_fd: int = attrs.field(default=-1, alias="lock_fd")
     _root: str = attrs.field(default="", alias="root")
     _running: bool = False
     _closed: bool = False
@@ -159,61 +160,55 @@ class MessageStore:
     # ---- opening -------------------------------------------------------------------------
 
     @classmethod
-    def _open_blocking(cls, config: StoreConfig) -> MessageStore:
-        root = os.path.realpath(config.store_path_root_dir)
-        os.makedirs(root, exist_ok=True)
-        lock_fd = lock_root(root)
+    def _open_blocking(cls, config: StoreConfig, root: str) -> MessageStore:
+        """Load and recover the store at ``root``, whose lock the caller holds."""
+        commitlog = CommitLog.load(config)
         try:
-            commitlog = CommitLog.load(config)
-            try:
-                queues = ConsumeQueueTable.load(
-                    os.path.join(root, "consumequeue"), config.mapped_file_size_consume_queue
-                )
-            except BaseException:
-                commitlog.close()
-                raise
-            ha_service = HAService(config, commitlog) if config.ha_listen_port is not None else None
-            store = cls(
-                config, commitlog, queues,
-                Dispatcher(commitlog, queues, max_record_size=_max_record_size(config),
-                           delay_levels=config.delay_levels),
-                Checkpoint.load(os.path.join(root, "checkpoint")),
-                lock_fd=lock_fd, root=root,
-                ha_service=ha_service,
-                ha_client=(
-                    HAClient(config, commitlog, config.ha_master_address)
-                    if config.broker_role is BrokerRole.SLAVE else None
-                ),
-                group_commit=(
-                    GroupCommitService.for_commitlog(commitlog, config)
-                    if config.flush_disk_type is FlushDiskType.SYNC_FLUSH else None
-                ),
-                group_transfer=(
-                    ha_service.group_transfer_service()
-                    if config.broker_role is BrokerRole.SYNC_MASTER and ha_service is not None
-                    else None
-                ),
-                waits=(
-                    config.flush_disk_type is FlushDiskType.SYNC_FLUSH
-                    or config.broker_role is BrokerRole.SYNC_MASTER
-                ),
-                verifier=(
-                    RecordVerifier(_max_record_size(config)) if config.check_crc_on_read
-                    else None
-                ),
+            queues = ConsumeQueueTable.load(
+                os.path.join(root, "consumequeue"), config.mapped_file_size_consume_queue
             )
-            try:
-                store._recover()
-                # Present while the store is open: found at the next open, it means a crash.
-                with open(store._abort_path, "wb"):
-                    pass
-            except BaseException:
-                store._close_files()
-                raise
-            return store
         except BaseException:
-            unlock_root(root, lock_fd)
+            commitlog.close()
             raise
+        ha_service = HAService(config, commitlog) if config.ha_listen_port is not None else None
+        store = cls(
+            config, commitlog, queues,
+            Dispatcher(commitlog, queues, max_record_size=_max_record_size(config),
+                       delay_levels=config.delay_levels),
+            Checkpoint.load(os.path.join(root, "checkpoint")),
+            root=root,
+            ha_service=ha_service,
+            ha_client=(
+                HAClient(config, commitlog, config.ha_master_address)
+                if config.broker_role is BrokerRole.SLAVE else None
+            ),
+            group_commit=(
+                GroupCommitService.for_commitlog(commitlog, config)
+                if config.flush_disk_type is FlushDiskType.SYNC_FLUSH else None
+            ),
+            group_transfer=(
+                ha_service.group_transfer_service()
+                if config.broker_role is BrokerRole.SYNC_MASTER and ha_service is not None
+                else None
+            ),
+            waits=(
+                config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+                or config.broker_role is BrokerRole.SYNC_MASTER
+            ),
+            verifier=(
+                RecordVerifier(_max_record_size(config)) if config.check_crc_on_read
+                else None
+            ),
+        )
+        try:
+            store._recover()
+            # Present while the store is open: found at the next open, it means a crash.
+            with open(store._abort_path, "wb"):
+                pass
+        except BaseException:
+            store._close_files()
+            raise
+        return store
 
     def _recover(self) -> None:
         abnormal = os.path.exists(self._abort_path)
@@ -224,7 +219,7 @@ class MessageStore:
             skip_holes=self.config.skip_corrupt_records_on_recover,
             quarantine_dir=os.path.join(self._root, "corrupt"),
         )
-        log.info("store %s recovered: %s", self._root, self.recovery)
+        log.info("store %s recovered %s", self._root, self.recovery.describe())
         if self.config.message_index_enable:
             self.index = IndexService.load(
                 self._root, self.config, abnormal=abnormal,
@@ -272,7 +267,8 @@ class MessageStore:
             return self.commitlog.flushed
         return self.commitlog.written
 
-    async def _run_services(self, nursery: trio.Nursery) -> None:
+    async def _run_services(self, nursery: trio.Nursery,
+                            ha_listeners: list[trio.SocketListener]) -> None:
         commitlog = self.commitlog
         await nursery.start(commitlog.run_allocator)
         if self.group_commit is not None:
@@ -284,7 +280,8 @@ class MessageStore:
         await nursery.start(retention.run_retention, self)
         await nursery.start(self.disk.run)
         if self.ha_service is not None:
-            await nursery.start(self.ha_service.serve)
+            await nursery.start(functools.partial(self.ha_service.serve,
+                                                  listeners=ha_listeners))
         if self.group_transfer is not None:
             await nursery.start(self.group_transfer.run)
         if self.ha_client is not None:
@@ -1004,28 +1001,54 @@ def _max_record_size(config: StoreConfig) -> int:
 
 
 @contextlib.asynccontextmanager
-async def open_store(config: StoreConfig):
+async def open_store(config: StoreConfig, *, lock: StoreLock | None = None):
     """Open (recovering if needed) the store at ``config.store_path_root_dir`` and run its
-    services until the block ends; yields the MessageStore."""
-    store = await trio.to_thread.run_sync(MessageStore._open_blocking, config)
+    services until the block ends; yields the MessageStore.
+
+    The order keeps a failed start from touching the store: the directory's lock first (or
+    the caller's ``lock``, taken before it did anything else), then the HA port, and only
+    then recovery and the ``abort`` file. So a second broker on the same directory, or an HA
+    port already taken, stops with the store as it was, and the next start is not mistaken
+    for a crash. A lock the caller passes stays the caller's to release.
+    """
+    root = await trio.to_thread.run_sync(os.path.realpath, config.store_path_root_dir)
+    if lock is not None and (lock.root != root or not lock.held):
+        raise ValueError(f"open_store: the lock passed is for {lock.root}, not {root}")
+    owned = lock is None
+    if lock is None:
+        lock = await trio.to_thread.run_sync(StoreLock.acquire, root)
     try:
-        with unwrap_single_exception():
-            async with trio.open_nursery() as nursery:
-                await store._run_services(nursery)
-                store._running = True
-                store._accepting = config.broker_role is not BrokerRole.SLAVE
-                try:
-                    yield store
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await store._shutdown()
-                    nursery.cancel_scope.cancel()
+        ha_listeners: list[trio.SocketListener] = []
+        if config.ha_listen_port is not None:
+            ha_listeners = await listen_named(config.ha_listen_port, config.ha_bind_address,
+                                              "haListenPort")
+        try:
+            store = await trio.to_thread.run_sync(MessageStore._open_blocking, config, root)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                for listener in ha_listeners:
+                    await listener.aclose()
+            raise
+        try:
+            with unwrap_single_exception():
+                async with trio.open_nursery() as nursery:
+                    await store._run_services(nursery, ha_listeners)
+                    store._running = True
+                    store._accepting = config.broker_role is not BrokerRole.SLAVE
+                    try:
+                        yield store
+                    finally:
+                        with trio.CancelScope(shield=True):
+                            await store._shutdown()
+                        nursery.cancel_scope.cancel()
+        finally:
+            store._closed = True
+            store._close_files()
     finally:
-        store._closed = True
-        store._close_files()
-        unlock_root(store._root, store._lock_fd)
+        if owned:
+            lock.release()
 
 
 __all__ = [
-    "MessageStore", "StoreLockedError", "StoreStatistics", "open_store"
+    "MessageStore", "StoreLock", "StoreLockedError", "StoreStatistics", "open_store"
 ]

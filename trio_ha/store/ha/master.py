@@ -51,6 +51,7 @@ from typing import NoReturn
 import attrs
 import trio
 
+from ..._sockets import listen_named
 from ...config import StoreConfig
 from ...watermark import Watermark
 from ...wire.ha import NEED_DATA, HAProtocolError, MasterProtocol
@@ -357,12 +358,15 @@ class HAService:
         self.oldest_waiting = service.oldest_waiting
         return service
 
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Listen on haListenPort and serve slaves until cancelled."""
-        port = self.config.ha_listen_port
-        if port is None:
-            raise ValueError("the HA service needs ha_listen_port (0: any free port)")
-        listeners = await trio.open_tcp_listeners(port, host=self.config.ha_bind_address)
+    async def serve(self, *, listeners: list[trio.SocketListener] | None = None,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve slaves on ``listeners`` (bound by the caller: ``open_store`` binds the HA port
+        before it writes anything), or on haListenPort, until cancelled."""
+        if not listeners:
+            port = self.config.ha_listen_port
+            if port is None:
+                raise ValueError("the HA service needs ha_listen_port (0: any free port)")
+            listeners = await listen_named(port, self.config.ha_bind_address, "haListenPort")
         sockname = listeners[0].socket.getsockname()
         self.listen_address = (sockname[0], sockname[1])
         log.info("HA service listening on %s:%d", *self.listen_address)
