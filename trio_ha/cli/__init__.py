@@ -2,15 +2,17 @@
 
 ``_app`` holds the application and what every command shares (global options, the one-line
 report of an expected failure, running until SIGINT/SIGTERM); ``nodes`` runs a name server,
-a broker or an embedded store; ``dev`` a whole cluster on loopback; ``bench`` and ``spark``
-are sub-command groups.
+a broker or an embedded store; ``dev`` a whole cluster on loopback; ``admin`` (mqadmin's
+verbs and ``message get``), ``status`` and ``traffic`` (``produce``, ``consume``) talk to a
+running cluster; ``bench`` and ``spark`` are sub-command groups.
 """
 
 from __future__ import annotations
 
 import sys
 
-from . import bench, dev, nodes, spark  # noqa: F401  (each registers its commands on the app)
+# each registers its commands on the app
+from . import admin, bench, dev, nodes, spark, status, store_tools, traffic  # noqa: F401
 from ._app import app
 
 __all__ = ["app", "main"]

@@ -1,4 +1,5 @@
-"""Admin requests: topics, cluster info, broker runtime info, offsets, messages by id.
+"""Admin requests: topics, cluster info, broker runtime info and config, topic statistics,
+consumer-group progress and lag, offsets, messages by id and by key.
 
 ``async with open_admin(namesrv_addr) as admin`` (or ``open_admin(instance)``), then e.g.
 ``await admin.create_topic("orders", 8)`` — UPDATE_AND_CREATE_TOPIC on every master of the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -18,11 +20,19 @@ import trio
 
 from .._errors import unwrap_single_exception
 from ..remoting import RemotingError
-from ..wire.errors import RecordDecodeError, RouteDecodeError
+from ..wire.errors import MetadataDecodeError, RecordDecodeError, RouteDecodeError
+from ..wire.metadata import decode_subscription_groups
 from ..wire.permission import Permission
-from ..wire.record import StoredMessage, decode_message_id, decode_record
+from ..wire.record import (
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    StoredMessage,
+    decode_message_id,
+    decode_record,
+    peek_header,
+)
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from ..wire.route import ClusterInfo, KVTable, TopicRouteData
+from ..wire.stats import ConsumeStats, TopicStats
 from .instance import (
     DEFAULT_TOPIC,
     MASTER_ID,
@@ -34,6 +44,35 @@ from .instance import (
 )
 
 __all__ = ["Admin", "open_admin"]
+
+#: QUERY_MESSAGE's flag for a query by the client's message id (UNIQ_KEY)
+UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
+#: at most this many messages from each broker for one query by key (RocketMQ's default)
+DEFAULT_QUERY_MAX = 32
+
+
+def parse_properties_body(body: bytes) -> dict[str, str]:
+    """GET_BROKER_CONFIG's body: ``key=value`` lines."""
+    table = {}
+    for line in body.decode("utf-8", "replace").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip():
+            table[key.strip()] = value.strip()
+    return table
+
+
+def decode_records(body: bytes, what: str) -> list[StoredMessage]:
+    """The records laid end to end in a QUERY_MESSAGE answer."""
+    messages = []
+    pos = 0
+    try:
+        while pos < len(body):
+            message = decode_record(body, pos)
+            messages.append(message)
+            pos += peek_header(body, pos).size
+    except RecordDecodeError as exc:
+        raise MQClientError(f"bad records from {what}: {exc}") from None
+    return messages
 
 
 @attrs.define(eq=False)
@@ -150,7 +189,113 @@ class Admin:
             )
         return masters
 
+    async def masters(self, cluster: str | None = None) -> dict[str, str]:
+        """Broker name -> master address of every broker group the name server knows (of
+        ``cluster`` only, when given)."""
+        info = await self.cluster_info()
+        names = (set(info.broker_addr_table) if cluster is None
+                 else set(info.cluster_addr_table.get(cluster, ())))
+        found = {}
+        for name in sorted(names):
+            data = info.broker_addr_table.get(name)
+            if data is not None and MASTER_ID in data.broker_addrs:
+                found[name] = data.broker_addrs[MASTER_ID]
+        return found
+
+    async def _route_masters(self, topic: str) -> dict[str, str]:
+        route = await self.topic_route(topic)
+        if route is None:
+            raise MQClientError(f"the name server knows no topic {topic!r}")
+        return {data.broker_name: data.broker_addrs[MASTER_ID]
+                for data in route.broker_datas if MASTER_ID in data.broker_addrs}
+
     # ---- brokers --------------------------------------------------------------------------------
+
+    async def broker_config(self, broker_addr: str) -> dict[str, str]:
+        """GET_BROKER_CONFIG: every setting of the broker, by RocketMQ's key names."""
+        response = await self._invoke(broker_addr, RequestCode.GET_BROKER_CONFIG)
+        return parse_properties_body(response.body)
+
+    async def subscription_groups(self, broker_addr: str) -> list[str]:
+        """GET_ALL_SUBSCRIPTIONGROUP_CONFIG: the names of the broker's consumer groups."""
+        response = await self._invoke(broker_addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+        try:
+            return sorted(decode_subscription_groups(response.body).subscription_group_table)
+        except MetadataDecodeError as exc:
+            raise MQClientError(f"bad subscription groups from {broker_addr}: {exc}") from None
+
+    async def topic_stats(self, topic: str) -> TopicStats:
+        """GET_TOPIC_STATS_INFO from the master of every broker group serving ``topic``:
+        each queue's min and max offset and the store time of its last message."""
+        queues = []
+        for address in (await self._route_masters(topic)).values():
+            response = await self._invoke(address, RequestCode.GET_TOPIC_STATS_INFO,
+                                          {"topic": topic})
+            try:
+                queues.extend(TopicStats.decode(response.body).queues)
+            except RouteDecodeError as exc:
+                raise MQClientError(f"bad topic stats from {address}: {exc}") from None
+        return TopicStats(tuple(sorted(queues)))
+
+    async def consume_stats(self, group: str, topic: str | None = None) -> ConsumeStats:
+        """GET_CONSUME_STATS from every master the name server knows: per queue the broker's
+        max offset, the group's committed offset and so its lag (``.lag`` in messages)."""
+        total = ConsumeStats()
+        fields = {"consumerGroup": group} if topic is None else {"consumerGroup": group,
+                                                                 "topic": topic}
+        for address in (await self.masters()).values():
+            response = await self._invoke(address, RequestCode.GET_CONSUME_STATS, fields)
+            try:
+                total = total.merged(ConsumeStats.decode(response.body))
+            except RouteDecodeError as exc:
+                raise MQClientError(f"bad consume stats from {address}: {exc}") from None
+        return total
+
+    async def consumer_connections(self, group: str) -> dict[str, Any]:
+        """GET_CONSUMER_CONNECTION_LIST: the group's live clients and subscriptions (from
+        the first master that has any; MQBrokerError CONSUMER_NOT_ONLINE when none has)."""
+        last: MQBrokerError | None = None
+        for address in (await self.masters()).values():
+            try:
+                response = await self._invoke(address, RequestCode.GET_CONSUMER_CONNECTION_LIST,
+                                              {"consumerGroup": group})
+            except MQBrokerError as exc:
+                last = exc
+                continue
+            try:
+                return dict(json.loads(response.body))
+            except (ValueError, TypeError) as exc:
+                raise MQClientError(f"bad consumer connections from {address}: {exc}") from None
+        if last is not None:
+            raise last
+        raise MQClientError("the name server knows no master")
+
+    async def query_by_key(self, topic: str, key: str, *, max_num: int = DEFAULT_QUERY_MAX,
+                           begin_ms: int = 0, end_ms: int | None = None,
+                           unique_key: bool = False) -> list[StoredMessage]:
+        """QUERY_MESSAGE on every master serving ``topic``: the messages with ``key`` among
+        their KEYS (or, with ``unique_key``, whose client message id UNIQ_KEY is ``key``)
+        stored between ``begin_ms`` and ``end_ms`` (now by default), oldest first."""
+        fields: dict[str, Any] = {
+            "topic": topic, "key": key, "maxNum": max_num, "beginTimestamp": begin_ms,
+            "endTimestamp": int(time.time() * 1000) if end_ms is None else end_ms,
+        }
+        if unique_key:
+            fields[UNIQUE_KEY_QUERY] = "true"
+        found: list[StoredMessage] = []
+        for address in (await self._route_masters(topic)).values():
+            try:
+                response = await self._invoke(address, RequestCode.QUERY_MESSAGE, fields)
+            except MQBrokerError as exc:
+                if exc.code == ResponseCode.QUERY_NOT_FOUND:
+                    continue
+                raise
+            found.extend(decode_records(response.body, address))
+        if unique_key:
+            found = [m for m in found
+                     if m.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) == key]
+        return sorted(found, key=lambda m: (m.store_timestamp, m.commitlog_offset))
+
 
     async def runtime_info(self, broker_addr: str) -> dict[str, str]:
         """GET_BROKER_RUNTIME_INFO: the broker's key/value statistics table."""

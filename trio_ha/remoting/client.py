@@ -218,8 +218,8 @@ class RemotingClient:
             self._fail(exc)
             await trio.aclose_forcefully(self.stream)  # the socket, not only the calls
 
-    def _fail(self, exc: BaseException) -> None:
-        if not self.closed:
+    def _fail(self, exc: BaseException, *, by_us: bool = False) -> None:
+        if not self.closed and not by_us:
             log.info("remoting: connection to %s ended: %s", self.address, exc)
         self.closed = True
         self.error = exc
@@ -231,7 +231,7 @@ class RemotingClient:
             call.event.set()
 
     async def aclose(self) -> None:
-        self._fail(RemotingError("closed"))
+        self._fail(RemotingError("closed"), by_us=True)
         with trio.CancelScope(shield=True):
             await self.stream.aclose()
 

@@ -25,7 +25,10 @@ from typing import Any, NoReturn
 
 from .errors import RouteDecodeError, WireError
 
-__all__ = ["DEFAULT_MAX_JSON_LENGTH", "encode_json", "read_json", "write_json"]
+__all__ = [
+    "DEFAULT_MAX_JSON_LENGTH", "MAX_JSON_DEPTH", "ObjectKeyedMap", "encode_json", "read_json",
+    "read_json_object_keys", "write_json",
+]
 
 #: the largest JSON document we parse (frames are at most 16 MiB; config files may be larger)
 DEFAULT_MAX_JSON_LENGTH = 64 * 1024 * 1024
@@ -76,6 +79,77 @@ def read_json(
         return _DECODER.decode(_NUMERIC_KEY.sub(_quote_key, text))
     except (ValueError, RecursionError) as exc:
         raise error(f"{what} is not valid JSON: {exc}") from None
+
+
+#: how deep ``read_json_object_keys`` nests before it refuses (RocketMQ's bodies use 4)
+MAX_JSON_DEPTH = 32
+
+
+class ObjectKeyedMap(list[tuple[Any, Any]]):
+    """A JSON object whose keys are not all strings, as (key, value) pairs in document order:
+    fastjson writes a ``Map<MessageQueue, ...>`` with the MessageQueue *objects* as keys
+    (``{"offsetTable":{{"brokerName":"b","queueId":0,"topic":"T"}:{...}}}``)."""
+
+
+def read_json_object_keys(
+    data: bytes | bytearray | memoryview | str,
+    *,
+    max_length: int = DEFAULT_MAX_JSON_LENGTH,
+    error: type[WireError] = RouteDecodeError,
+    what: str = "JSON body",
+) -> Any:
+    """Parse fastjson's output where a map may have any JSON value as a key (an object, a bare
+    number, a string). An object whose keys are all strings becomes a dict; any other, an
+    ``ObjectKeyedMap``. Raises ``error`` for anything else, for a document over ``max_length``,
+    nesting deeper than MAX_JSON_DEPTH, and invalid UTF-8."""
+    if len(data) > max_length:
+        raise error(f"{what} of {len(data)} bytes exceeds the limit of {max_length}")
+    try:
+        text = data if isinstance(data, str) else bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} is not UTF-8: {exc}") from None
+    try:
+        value, end = _keyed_value(text, _skip_space(text, 0), 0)
+        if _skip_space(text, end) != len(text):
+            raise ValueError(f"extra data at character {end}")
+    except (ValueError, IndexError, RecursionError) as exc:
+        raise error(f"{what} is not valid JSON: {exc}") from None
+    return value
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _keyed_value(text: str, i: int, depth: int) -> tuple[Any, int]:
+    if text[i] != "{":
+        # Strings, numbers, literals and arrays (which hold plain JSON in these bodies).
+        return _DECODER.raw_decode(text, i)
+    if depth >= MAX_JSON_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH}")
+    pairs: list[tuple[Any, Any]] = []
+    i = _skip_space(text, i + 1)
+    if text[i] == "}":
+        return {}, i + 1
+    while True:
+        key, i = _keyed_value(text, _skip_space(text, i), depth + 1)
+        i = _skip_space(text, i)
+        if text[i] != ":":
+            raise ValueError(f"expected ':' at character {i}")
+        value, i = _keyed_value(text, _skip_space(text, i + 1), depth + 1)
+        pairs.append((key, value))
+        i = _skip_space(text, i)
+        if text[i] == ",":
+            i += 1
+            continue
+        if text[i] == "}":
+            break
+        raise ValueError(f"expected ',' or '}}' at character {i}")
+    if all(isinstance(key, str) for key, _ in pairs):
+        return dict(pairs), i + 1
+    return ObjectKeyedMap(pairs), i + 1
 
 
 # ---- writing ----------------------------------------------------------------------------------

@@ -1,0 +1,434 @@
+"""The operator's admin commands: ``trio-ha admin ...`` (mqadmin's verbs) and ``trio-ha
+message get``.
+
+Every command talks to a running cluster through its name server (``-n``, else
+``$NAMESRV_ADDR``, else 127.0.0.1:9876) with the project's own client library, and prints a
+table, or the same rows as JSON with ``--json`` (for scripts: one document on stdout, nothing
+else there). The admin verbs keep mqadmin's names in kebab case, and answer to mqadmin's
+camelCase too (``trio-ha admin clusterList``), so an operator's habits carry over.
+
+A failure an operator can act on (no name server there, an unknown topic, a broker's refusal)
+is one line on stderr and exit code 1, as for the node commands.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import trio
+import typer
+
+from ._app import app
+
+admin_app = typer.Typer(
+    no_args_is_help=True,
+    help="Cluster administration over the name server (mqadmin's verbs; --json for scripts).",
+)
+app.add_typer(admin_app, name="admin")
+message_app = typer.Typer(no_args_is_help=True, help="Look up messages.")
+app.add_typer(message_app, name="message")
+
+NAMESRV_DEFAULT = "127.0.0.1:9876"
+
+_T = TypeVar("_T")
+
+#: rows of a table: each a dict, columns named by their keys
+Rows = list[dict[str, Any]]
+
+
+def namesrv_option() -> Any:
+    return typer.Option(NAMESRV_DEFAULT, "-n", "--namesrv", envvar="NAMESRV_ADDR",
+                        help="name server(s), 'host:port;host:port'")
+
+
+def json_option() -> Any:
+    return typer.Option(False, "--json", help="print JSON instead of a table")
+
+
+def run_client(work: Callable[[], Awaitable[_T]]) -> _T:
+    """Run ``work`` under trio; the client's errors become one line and exit code 1."""
+    from ..client import MQError
+    from ..remoting import RemotingError
+
+    try:
+        return trio.run(work)
+    except (MQError, RemotingError, OSError) as exc:
+        print(f"trio-ha: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+def _fail(message: str) -> typer.Exit:
+    print(f"trio-ha: {message}", file=sys.stderr)
+    return typer.Exit(1)
+
+
+def emit(rows: Rows, *, as_json: bool, title: str | None = None,
+         columns: Sequence[str] | None = None) -> None:
+    """Print ``rows`` as a table (rich) or as a JSON array."""
+    if as_json:
+        print(json.dumps(rows, indent=1, default=str))
+        return
+    if not rows:
+        print(f"{title}: none" if title else "none")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    names = list(columns) if columns is not None else list(rows[0]) if rows else []
+    # Columns nobody filled in (no broker reported an error, say) are left out.
+    names = [n for n in names if any(row.get(n) is not None for row in rows)] or names
+    table = Table(title=title, show_lines=False, header_style="bold")
+    for name in names:
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*("" if row.get(n) is None else str(row.get(n)) for n in names))
+    # A pipe or a file gets the whole table, not one folded to 80 columns.
+    Console(width=None if sys.stdout.isatty() else 240).print(table)
+
+
+def _alias(command: Callable, *names: str) -> None:
+    """Register ``command`` under mqadmin's camelCase names too (hidden from the help)."""
+    for name in names:
+        admin_app.command(name, hidden=True)(command)
+
+
+# ---- cluster and topics ------------------------------------------------------------------------
+
+
+async def cluster_rows(namesrv: str) -> Rows:
+    """A row per broker of every cluster, with what its runtime info says."""
+    from ..client import open_admin
+
+    async with open_admin(namesrv) as admin:
+        info = await admin.cluster_info()
+        brokers = [(cluster, name, broker_id, address)
+                   for cluster, names in sorted(info.cluster_addr_table.items())
+                   for name in sorted(names)
+                   if (data := info.broker_addr_table.get(name)) is not None
+                   for broker_id, address in sorted(data.broker_addrs.items())]
+        runtime: dict[str, dict[str, str]] = {}
+
+        async def fetch(address: str) -> None:
+            try:
+                runtime[address] = await admin.runtime_info(address)
+            except Exception as exc:  # one broker down must not hide the others
+                runtime[address] = {"error": str(exc)}
+
+        async with trio.open_nursery() as nursery:
+            for *_, address in brokers:
+                nursery.start_soon(fetch, address)
+    rows = []
+    for cluster, name, broker_id, address in brokers:
+        table = runtime.get(address, {})
+        rows.append({
+            "cluster": cluster, "brokerName": name, "brokerId": broker_id, "address": address,
+            "role": table.get("brokerRole", "?"), "version": table.get("brokerVersionDesc"),
+            "putTps": table.get("putTps"), "commitLogMinOffset": _int(table, "commitLogMinOffset"),
+            "commitLogMaxOffset": _int(table, "commitLogMaxOffset"),
+            "error": table.get("error"),
+        })
+    return rows
+
+
+def _int(table: dict[str, str], key: str) -> int | None:
+    try:
+        return int(table[key])
+    except (KeyError, ValueError):
+        return None
+
+
+@admin_app.command("cluster-list")
+def cluster_list(namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """Every broker of every cluster: name, id, address, role, version, put rate, log span."""
+    rows = run_client(lambda: cluster_rows(namesrv))
+    emit(rows, as_json=as_json, title="clusters",
+         columns=["cluster", "brokerName", "brokerId", "address", "role", "version", "putTps",
+                  "commitLogMinOffset", "commitLogMaxOffset", "error"])
+
+
+_alias(cluster_list, "clusterList")
+
+
+@admin_app.command("topic-list")
+def topic_list(namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """Every topic the name server knows."""
+    from ..client import open_admin
+
+    async def work() -> list[str]:
+        async with open_admin(namesrv) as admin:
+            return sorted(await admin.topic_list())
+
+    topics = run_client(work)
+    emit([{"topic": t} for t in topics], as_json=as_json, columns=["topic"])
+
+
+_alias(topic_list, "topicList")
+
+
+@admin_app.command("topic-route")
+def topic_route(topic: str = typer.Option(..., "-t", "--topic"),
+                namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """The name server's route of a topic: its broker groups and queue numbers."""
+    from ..client import open_admin
+
+    async def work():
+        async with open_admin(namesrv) as admin:
+            return await admin.topic_route(topic)
+
+    route = run_client(work)
+    if route is None:
+        raise _fail(f"the name server knows no topic {topic!r}")
+    if as_json:
+        print(json.dumps(route.to_json_obj(), indent=1))
+        return
+    queues = {q.broker_name: q for q in route.queue_datas}
+    rows = []
+    for data in route.broker_datas:
+        q = queues.get(data.broker_name)
+        for broker_id, address in sorted(data.broker_addrs.items()):
+            rows.append({"brokerName": data.broker_name, "brokerId": broker_id,
+                         "address": address,
+                         "readQueueNums": q.read_queue_nums if q else None,
+                         "writeQueueNums": q.write_queue_nums if q else None,
+                         "perm": q.perm if q else None})
+    emit(rows, as_json=False, title=f"route of {topic}")
+
+
+_alias(topic_route, "topicRoute")
+
+
+@admin_app.command("update-topic")
+def update_topic(
+    topic: str = typer.Option(..., "-t", "--topic"),
+    cluster: str = typer.Option(None, "-c", "--cluster",
+                                help="every master of this cluster (default: the only one)"),
+    read_queues: int = typer.Option(8, "-r", "--read-queues", min=1, max=1024),
+    write_queues: int = typer.Option(8, "-w", "--write-queues", min=1, max=1024),
+    perm: int = typer.Option(6, "-p", "--perm", help="2 read, 4 write, 6 both"),
+    order: bool = typer.Option(False, "-o", "--order", help="an ordered topic"),
+    namesrv: str = namesrv_option(), as_json: bool = json_option(),
+) -> None:
+    """Create a topic, or change its queue numbers and permission, on every master."""
+    from ..client import open_admin
+
+    async def work() -> dict[str, str]:
+        async with open_admin(namesrv) as admin:
+            return await admin.create_topic(topic, cluster=cluster, read_queue_nums=read_queues,
+                                            write_queue_nums=write_queues, perm=perm,
+                                            order=order)
+
+    done = run_client(work)
+    emit([{"topic": topic, "brokerName": n, "master": a} for n, a in sorted(done.items())],
+         as_json=as_json, title="topic created or updated")
+
+
+_alias(update_topic, "updateTopic")
+
+
+@admin_app.command("topic-status")
+def topic_status(topic: str = typer.Option(..., "-t", "--topic"),
+                 namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """Each queue of a topic: min and max offset, the time of its last message."""
+    from ..client import open_admin
+
+    async def work():
+        async with open_admin(namesrv) as admin:
+            return await admin.topic_stats(topic)
+
+    stats = run_client(work)
+    emit([{"brokerName": q.queue.broker_name, "queueId": q.queue.queue_id,
+           "minOffset": q.min_offset, "maxOffset": q.max_offset,
+           "lastUpdated": format_ms(q.last_update_ms)} for q in stats.queues],
+         as_json=as_json, title=f"status of {topic}")
+
+
+_alias(topic_status, "topicStatus")
+
+
+def format_ms(ms: int) -> str | None:
+    if ms <= 0:
+        return None
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"
+
+
+# ---- brokers -----------------------------------------------------------------------------------
+
+
+@admin_app.command("broker-status")
+def broker_status(broker: str = typer.Option(..., "-b", "--broker", help="broker host:port"),
+                  namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """The broker's runtime statistics (GET_BROKER_RUNTIME_INFO), key by key."""
+    from ..client import open_admin
+
+    async def work() -> dict[str, str]:
+        async with open_admin(namesrv) as admin:
+            return await admin.runtime_info(broker)
+
+    table = run_client(work)
+    emit([{"key": k, "value": v} for k, v in sorted(table.items())], as_json=as_json,
+         title=f"broker {broker}")
+
+
+_alias(broker_status, "brokerStatus")
+
+
+@admin_app.command("broker-config")
+def broker_config(broker: str = typer.Option(..., "-b", "--broker", help="broker host:port"),
+                  namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """Every setting of a broker, by RocketMQ's key names."""
+    from ..client import open_admin
+
+    async def work() -> dict[str, str]:
+        async with open_admin(namesrv) as admin:
+            return await admin.broker_config(broker)
+
+    table = run_client(work)
+    emit([{"key": k, "value": v} for k, v in sorted(table.items())], as_json=as_json,
+         title=f"config of {broker}")
+
+
+_alias(broker_config, "getBrokerConfig")
+
+
+# ---- consumers ---------------------------------------------------------------------------------
+
+
+def progress_rows(stats) -> Rows:
+    return [{"topic": q.queue.topic, "brokerName": q.queue.broker_name,
+             "queueId": q.queue.queue_id, "brokerOffset": q.broker_offset,
+             "consumerOffset": q.consumer_offset, "lag": q.lag,
+             "lastConsumed": format_ms(q.last_timestamp)} for q in stats.queues]
+
+
+@admin_app.command("consumer-progress")
+def consumer_progress(group: str = typer.Option(..., "-g", "--group"),
+                      topic: str = typer.Option(None, "-t", "--topic"),
+                      namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """A consumer group's progress per queue: broker offset, committed offset and lag."""
+    from ..client import open_admin
+
+    async def work():
+        async with open_admin(namesrv) as admin:
+            return await admin.consume_stats(group, topic)
+
+    stats = run_client(work)
+    emit(progress_rows(stats), as_json=as_json, title=f"{group}: lag {stats.lag} messages")
+
+
+_alias(consumer_progress, "consumerProgress")
+
+
+@admin_app.command("consumer-connection")
+def consumer_connection(group: str = typer.Option(..., "-g", "--group"),
+                        namesrv: str = namesrv_option(),
+                        as_json: bool = json_option()) -> None:
+    """A consumer group's live clients."""
+    from ..client import open_admin
+
+    async def work() -> dict[str, Any]:
+        async with open_admin(namesrv) as admin:
+            return await admin.consumer_connections(group)
+
+    body = run_client(work)
+    if as_json:
+        print(json.dumps(body, indent=1))
+        return
+    emit([{k: c.get(k) for k in ("clientId", "clientAddr", "language", "version")}
+          for c in body.get("connectionSet", [])], as_json=False,
+         title=f"{group}: {body.get('consumeType')} {body.get('messageModel')}")
+
+
+_alias(consumer_connection, "consumerConnection")
+
+
+# ---- messages ----------------------------------------------------------------------------------
+
+
+def message_row(m) -> dict[str, Any]:
+    body = m.body.decode("utf-8", "replace")
+    return {"offsetMsgId": m.msg_id, "msgId": m.properties.get("UNIQ_KEY"), "topic": m.topic,
+            "queueId": m.queue_id, "queueOffset": m.queue_offset,
+            "commitLogOffset": m.commitlog_offset, "tags": m.tags, "keys": " ".join(m.keys),
+            "storeTime": format_ms(m.store_timestamp), "bornHost": m.born_host,
+            "storeHost": m.store_host, "reconsumeTimes": m.reconsume_times,
+            "bodySize": len(m.body), "body": body if len(body) <= 4096 else body[:4096] + "...",
+            "properties": dict(m.properties)}
+
+
+def _print_messages(messages: Iterable, *, as_json: bool) -> None:
+    rows = [message_row(m) for m in messages]
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    for row in rows:
+        emit([{"field": k, "value": v} for k, v in row.items() if k != "properties"]
+             + [{"field": f"property {k}", "value": v}
+                for k, v in sorted(row["properties"].items())],
+             as_json=False, title=row["offsetMsgId"])
+
+
+@message_app.command("get")
+def message_get(
+    message_id: str = typer.Argument(..., help="offsetMsgId, or the client's msgId (UNIQ_KEY) "
+                                               "with --topic"),
+    topic: str | None = typer.Option(None, "-t", "--topic",
+                                     help="the topic, to look up a client msgId (UNIQ_KEY)"),
+    namesrv: str = namesrv_option(), as_json: bool = json_option(),
+) -> None:
+    """A message by id: the broker's offsetMsgId (store address and commitlog offset), or,
+    with --topic, the msgId the client gave it (UNIQ_KEY, through the index)."""
+    from ..client import MQError, open_admin
+
+    async def work() -> tuple[list, str | None]:
+        async with open_admin(namesrv) as admin:
+            # Both ids are 32 hex digits: with a topic, the client's id is tried first.
+            if topic is not None:
+                found = await admin.query_by_key(topic, message_id, unique_key=True)
+                if found:
+                    return found, None
+            try:
+                return [await admin.view_message(message_id)], None
+            except MQError as exc:
+                hint = "" if topic else " (a client msgId needs --topic)"
+                return [], f"no message {message_id}: {exc}{hint}"
+
+    messages, problem = run_client(work)
+    if problem is not None:
+        raise _fail(problem)
+    _print_messages(messages, as_json=as_json)
+
+
+@admin_app.command("query-msg-by-key")
+def query_msg_by_key(topic: str = typer.Option(..., "-t", "--topic"),
+                     key: str = typer.Option(..., "-k", "--key"),
+                     max_num: int = typer.Option(32, "--max", min=1, max=64),
+                     namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """The messages of a topic with a key among their KEYS (from the index files)."""
+    from ..client import open_admin
+
+    async def work() -> list:
+        async with open_admin(namesrv) as admin:
+            return await admin.query_by_key(topic, key, max_num=max_num)
+
+    messages = run_client(work)
+    rows = [{k: r[k] for k in ("offsetMsgId", "msgId", "queueId", "queueOffset", "keys",
+                               "tags", "storeTime", "bodySize")}
+            for r in map(message_row, messages)]
+    emit(rows, as_json=as_json, title=f"{topic} with key {key}: {len(rows)}")
+
+
+_alias(query_msg_by_key, "queryMsgByKey")
+
+
+@admin_app.command("query-msg-by-id")
+def query_msg_by_id(message_id: str = typer.Option(..., "-i", "--id", help="offsetMsgId"),
+                    namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """A message by its offsetMsgId (``trio-ha message get`` also takes the client's id)."""
+    message_get(message_id, None, namesrv, as_json)
+
+
+_alias(query_msg_by_id, "queryMsgById")

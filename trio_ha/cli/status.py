@@ -1,0 +1,215 @@
+"""``trio-ha status``: the whole cluster at a glance, once or refreshing (``--watch``).
+
+What an operator looks at first when something is wrong: which brokers are up and in which
+role, how far each slave is behind its master (bytes, and the age of the oldest message it
+does not have yet), whether a slave's replication is stuck or diverged and why, how much
+each topic holds and how far behind each consumer group is. It is read from the name server
+and each broker's runtime info, topic stats and consume stats; a broker that does not answer
+is shown as such, not dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import trio
+import typer
+
+from ._app import app
+from .admin import emit, format_ms, json_option, namesrv_option, run_client
+
+#: at most this many topics and groups are looked at (each costs a request per broker)
+MAX_LISTED = 50
+
+
+def _user_topic(topic: str, cluster_and_broker_names: set[str]) -> bool:
+    from ..wire.metadata import (
+        DLQ_GROUP_TOPIC_PREFIX,
+        RETRY_GROUP_TOPIC_PREFIX,
+        SYSTEM_TOPIC_PREFIX,
+        SYSTEM_TOPICS,
+    )
+
+    return not (topic in SYSTEM_TOPICS or topic in cluster_and_broker_names
+                or topic.lower().startswith(SYSTEM_TOPIC_PREFIX)
+                or topic.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX))
+                or topic.endswith("_REPLY_TOPIC"))
+
+
+def _user_group(group: str) -> bool:
+    from ..broker.metadata.subscription_groups import (
+        SYS_CONSUMER_GROUP_PREFIX,
+        SYSTEM_CONSUMER_GROUPS,
+    )
+
+    return group not in SYSTEM_CONSUMER_GROUPS and not group.startswith(SYS_CONSUMER_GROUP_PREFIX)
+
+
+def _int(table: dict[str, str], key: str) -> int | None:
+    try:
+        return int(table[key])
+    except (KeyError, ValueError):
+        return None
+
+
+async def cluster_status(namesrv: str) -> dict[str, Any]:
+    """Brokers, topics and groups, as ``status --json`` prints them."""
+    from ..client import MQError, open_admin
+    from ..wire.record import encode_host, message_id, parse_host_port
+
+    async with open_admin(namesrv) as admin:
+        info = await admin.cluster_info()
+        members = [(cluster, name, broker_id, address)
+                   for cluster, names in sorted(info.cluster_addr_table.items())
+                   for name in sorted(names)
+                   if (data := info.broker_addr_table.get(name)) is not None
+                   for broker_id, address in sorted(data.broker_addrs.items())]
+        runtime: dict[str, dict[str, str]] = {}
+
+        async def fetch(address: str) -> None:
+            try:
+                runtime[address] = await admin.runtime_info(address)
+            except (MQError, OSError) as exc:
+                runtime[address] = {"error": str(exc)}
+
+        async with trio.open_nursery() as nursery:
+            for *_, address in members:
+                nursery.start_soon(fetch, address)
+
+        async def age_of_offset(master: str, offset: int) -> float | None:
+            """Seconds since the message at ``offset`` of the master's log was stored: how
+            old the oldest message a slave lacks is (None when the offset is not a record
+            start, as a slave's may be mid-record)."""
+            try:
+                msg_id = message_id(encode_host(*parse_host_port(master)), offset)
+                found = await admin.view_message(msg_id)
+            except (MQError, OSError, ValueError):
+                return None
+            return max(0.0, time.time() - found.store_timestamp / 1000)
+
+        masters = {name: address for _, name, broker_id, address in members if broker_id == 0}
+        brokers = []
+        for cluster, name, broker_id, address in members:
+            table = runtime[address]
+            row: dict[str, Any] = {
+                "cluster": cluster, "brokerName": name, "brokerId": broker_id,
+                "address": address, "role": table.get("brokerRole", "down"),
+                "minOffset": _int(table, "commitLogMinOffset"),
+                "maxOffset": _int(table, "commitLogMaxOffset"),
+                "putTps": table.get("putTps"), "error": table.get("error"),
+            }
+            slaves = []
+            i = 0
+            while f"slave{i}Address" in table:
+                slaves.append({"address": table[f"slave{i}Address"],
+                               "ackedOffset": _int(table, f"slave{i}AckedOffset"),
+                               "lagBytes": _int(table, f"slave{i}LagBytes")})
+                i += 1
+            if slaves:
+                row["slaves"] = slaves
+            if "haState" in table:
+                master = masters.get(name)
+                master_end = _int(runtime.get(master, {}), "commitLogMaxOffset") if master else None
+                mine = row["maxOffset"]
+                lag = (max(0, master_end - mine) if master_end is not None and mine is not None
+                       else None)
+                row.update({
+                    "haState": table["haState"], "haMaster": table.get("haMasterAddress") or None,
+                    "divergence": table.get("haDivergence") or None, "lagBytes": lag,
+                    "lagSeconds": (0.0 if lag == 0 else await age_of_offset(master, mine)
+                                   if master and lag and mine is not None else None),
+                })
+            brokers.append(row)
+
+        names = set(info.cluster_addr_table) | set(info.broker_addr_table)
+        topics = [t for t in sorted(await admin.topic_list()) if _user_topic(t, names)]
+        topic_rows = []
+        for topic in topics[:MAX_LISTED]:
+            try:
+                stats = await admin.topic_stats(topic)
+            except (MQError, OSError) as exc:
+                topic_rows.append({"topic": topic, "error": str(exc)})
+                continue
+            topic_rows.append({
+                "topic": topic, "queues": len(stats.queues),
+                "messages": sum(q.max_offset - q.min_offset for q in stats.queues),
+                "lastUpdated": format_ms(max((q.last_update_ms for q in stats.queues), default=0)),
+            })
+
+        groups: set[str] = set()
+        for address in masters.values():
+            try:
+                groups.update(g for g in await admin.subscription_groups(address)
+                              if _user_group(g))
+            except (MQError, OSError):
+                continue
+        group_rows = []
+        for group in sorted(groups)[:MAX_LISTED]:
+            try:
+                progress = await admin.consume_stats(group)
+            except (MQError, OSError) as exc:
+                group_rows.append({"group": group, "error": str(exc)})
+                continue
+            if progress.queues:
+                group_rows.append({"group": group, "queues": len(progress.queues),
+                                   "lag": progress.lag,
+                                   "topics": sorted({q.queue.topic for q in progress.queues})})
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "brokers": brokers,
+            "topics": topic_rows, "groups": group_rows,
+            "truncated": len(topics) > MAX_LISTED or len(groups) > MAX_LISTED}
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    brokers = []
+    for b in status["brokers"]:
+        ha = ""
+        if "slaves" in b:
+            ha = ", ".join(f"{s['address']} acked {s['ackedOffset']} lag {s['lagBytes']} B"
+                           for s in b["slaves"])
+        elif "haState" in b:
+            age = b.get("lagSeconds")
+            ha = (f"{b['haState']} from {b.get('haMaster') or '?'}, lag {b.get('lagBytes')} B"
+                  + (f" / {age:.1f} s" if age is not None else ""))
+            if b.get("divergence"):
+                ha += f", DIVERGED: {b['divergence']}"
+        brokers.append({"broker": f"{b['brokerName']}/{b['brokerId']}", "address": b["address"],
+                        "role": b["role"], "log": f"[{b['minOffset']}, {b['maxOffset']})",
+                        "putTps": b.get("putTps"), "replication": ha, "error": b.get("error")})
+    emit(brokers, as_json=False, title=f"brokers at {status['time']}")
+    emit(status["topics"], as_json=False, title="topics")
+    emit([{**g, "topics": " ".join(g.get("topics", []))} for g in status["groups"]],
+         as_json=False, title="consumer groups")
+    if status["truncated"]:
+        print(f"(only the first {MAX_LISTED} topics and groups are shown)")
+
+
+@app.command()
+def status(
+    namesrv: str = namesrv_option(),
+    as_json: bool = json_option(),
+    watch: float = typer.Option(0, "--watch", min=0,
+                                help="refresh every this many seconds (0: once)"),
+    count: int = typer.Option(0, "--count", min=0,
+                              help="with --watch: stop after this many (0: until Ctrl-C)"),
+) -> None:
+    """The cluster at a glance: brokers and roles, log spans, slave lag and HA state,
+    topics, consumer-group lag."""
+    shown = 0
+    while True:
+        snapshot = run_client(lambda: cluster_status(namesrv))
+        if as_json:
+            print(json.dumps(snapshot), flush=True)
+        else:
+            if watch and sys.stdout.isatty():
+                print("\x1b[2J\x1b[H", end="")  # clear the screen between refreshes
+            _print_status(snapshot)
+        shown += 1
+        if not watch or (count and shown >= count):
+            return
+        try:
+            time.sleep(watch)
+        except KeyboardInterrupt:
+            return
