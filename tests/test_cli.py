@@ -54,6 +54,35 @@ def test_dev_cluster_demo_round_trip_and_clean_stop(tmp_path):
     assert "cluster stopped cleanly" in out
 
 
+def test_dev_cluster_grows_groups_slaves_and_modes(tmp_path):
+    """Two broker groups with two slaves each, ASYNC_MASTER and SYNC_FLUSH: the demo topic is
+    spread over both masters, every slave catches up, each group's store has its own
+    directory."""
+    result = run_cli(
+        "--log-level", "warning", "dev-cluster", "--dir", str(tmp_path / "dc"),
+        "--namesrv-port", "0", "--master-port", "0", "--slave-port", "0",
+        "--broker-groups", "2", "--slaves", "2", "--async-master", "--sync-flush", "--demo",
+        "--duration", "3", cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    masters = [line for line in out.splitlines() if line.startswith("ASYNC_MASTER")]
+    assert len(masters) == 2 and all("SYNC_FLUSH" in line for line in masters), out
+    assert [line.split()[-2:] for line in masters] == [["broker-a,", "SYNC_FLUSH"],
+                                                        ["broker-b,", "SYNC_FLUSH"]], out
+    assert sum(line.startswith("SLAVE") for line in out.splitlines()) == 4
+    assert "DemoTopic has 4 queues on each of broker-a, broker-b" in out
+    assert "consumed 100 messages back" in out
+    for name in ("broker-a", "broker-b"):
+        status = [line for line in out.splitlines() if line.startswith(f"{name} ASYNC_MASTER")]
+        assert status, out
+        assert "slave1: " in status[-1] and "slave2: " in status[-1]
+        assert status[-1].count("lag 0 B") == 2, status[-1]
+        for store in ("master", "slave1", "slave2"):
+            assert (tmp_path / "dc" / name / store / "commitlog").is_dir()
+    assert "cluster stopped cleanly" in out
+
+
 def _first_line(proc: subprocess.Popen, timeout: float = 30) -> str:
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import trio
 
-from .client import open_producer, open_pull_consumer
+from .client import open_admin, open_producer, open_pull_consumer
 from .wire.record import Message
 
 TOPIC = "DemoTopic"
@@ -22,6 +22,12 @@ class Cluster(Protocol):
 
 
 async def round_trip(cluster: Cluster, *, count: int = 100) -> None:
+    # On every master of the cluster: with several broker groups, the topic's queues spread
+    # over all of them and the producer sends round the lot.
+    async with open_admin(cluster.namesrv_addr) as admin:
+        masters = await admin.create_topic(TOPIC, 4)
+    if len(masters) > 1:
+        print(f"{TOPIC} has 4 queues on each of {', '.join(sorted(masters))}", flush=True)
     started = time.perf_counter()
     async with open_producer(cluster.namesrv_addr, "demo-producer") as producer:
         # A SYNC_MASTER acknowledges only what its slave holds: wait for the slave to attach.
@@ -38,7 +44,7 @@ async def round_trip(cluster: Cluster, *, count: int = 100) -> None:
     sent = time.perf_counter() - started
     statuses = sorted({r.send_status.name for r in results})
     print(f"produced {count} messages to {TOPIC} in {sent * 1000:.0f} ms: {statuses} "
-          "(SEND_OK on a SYNC_MASTER: the slave has every one)", flush=True)
+          "(from a SYNC_MASTER, SEND_OK means its slave has the message too)", flush=True)
 
     async with open_pull_consumer(cluster.namesrv_addr, "demo-consumer") as consumer:
         received = 0

@@ -1,7 +1,8 @@
-"""``trio-ha dev-cluster``: a whole cluster on loopback in one process, with a status line."""
+"""``trio-ha dev-cluster``: a whole cluster on loopback in one process, with a live status."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -11,64 +12,131 @@ import typer
 from ._app import DEFAULT_DATA_DIR, app, run_until_interrupted
 
 
-async def _runtime_info(pool, address: str) -> dict[str, str]:
-    from ..remoting import RemotingError
-    from ..wire.remoting import RemotingCommand, RequestCode
-    from ..wire.route import KVTable
-
+def _puts_per_second(broker: dict) -> str:
+    """The 10 s window of runtime info's putTps ("10s 60s 600s", as RocketMQ reports it)."""
     try:
-        request = RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO)
-        reply = await pool.invoke(address, request, 2)
-        return KVTable.decode(reply.body).table
-    except (RemotingError, ValueError):
-        return {}
+        return f"{float(str(broker.get('putTps')).split()[0]):.1f}"
+    except (ValueError, IndexError):
+        return "?"
 
 
-def _status_line(master: dict, slave: dict) -> str:
-    master_end = int(master.get("commitLogMaxOffset", 0) or 0)
-    slave_end = int(slave.get("commitLogMaxOffset", 0) or 0)
-    return (
-        f"master: log {master_end} B, {master.get('putTps', '0')} puts/s, "
-        f"{master.get('msgPutTotalTodayNow', '0')} puts | slave: log {slave_end} B, "
-        f"lag {max(0, master_end - slave_end)} B, HA {slave.get('haState', '?')}"
-    )
+def _status_lines(snapshot: dict) -> list[str]:
+    """One line per broker group from a ``status`` snapshot (for output that is not a
+    terminal: a log, a pipe)."""
+    groups: dict[str, list[dict]] = {}
+    for broker in snapshot["brokers"]:
+        groups.setdefault(broker["brokerName"], []).append(broker)
+    lines = []
+    for name, members in groups.items():
+        parts = []
+        for b in members:
+            if b["brokerId"] == 0:
+                parts.append(f"{name} {b['role']}: log {b['maxOffset']} B, "
+                             f"{_puts_per_second(b)} puts/s")
+            else:
+                parts.append(f"slave{b['brokerId']}: log {b['maxOffset']} B, "
+                             f"lag {b.get('lagBytes')} B, HA {b.get('haState', '?')}")
+        lines.append(" | ".join(parts))
+    return lines
+
+
+def _brokers_table(snapshot: dict):
+    from rich.table import Table
+
+    table = Table(title=f"dev cluster at {snapshot['time']}  (Ctrl-C stops it)",
+                  header_style="bold")
+    for column in ("broker", "role", "address", "log end", "puts/s", "replication"):
+        table.add_column(column)
+    for b in snapshot["brokers"]:
+        if "slaves" in b:
+            ha = ", ".join(f"slave acked {s['ackedOffset']}, lag {s['lagBytes']} B"
+                           for s in b["slaves"])
+        elif "haState" in b:
+            ha = f"{b['haState']}, lag {b.get('lagBytes')} B"
+            if b.get("divergence"):
+                ha += f", DIVERGED: {b['divergence']}"
+        else:
+            ha = "no slave attached" if b["brokerId"] == 0 else ""
+        table.add_row(f"{b['brokerName']}/{b['brokerId']}", b["role"], b["address"],
+                      str(b["maxOffset"]), _puts_per_second(b), ha)
+    return table
 
 
 @app.command("dev-cluster")
 def dev_cluster(
     dir: str = typer.Option(os.path.join(DEFAULT_DATA_DIR, "dev-cluster"), help="data directory"),
     namesrv_port: int = typer.Option(9876, help="name server port"),
-    master_port: int = typer.Option(10911, help="master broker port (HA on +1, VIP on -2)"),
-    slave_port: int = typer.Option(10921, help="slave broker port"),
+    master_port: int = typer.Option(10911, help="master broker port (HA on +1, VIP on -2); "
+                                                "group g adds 100 g"),
+    slave_port: int = typer.Option(10921, help="first slave's port (the second's is +10)"),
+    slaves: int = typer.Option(1, "--slaves", min=0, max=2, help="slaves per broker group"),
+    async_master: bool = typer.Option(False, "--async-master",
+                                      help="ASYNC_MASTER (replicate in the background) instead "
+                                           "of SYNC_MASTER"),
+    sync_flush: bool = typer.Option(False, "--sync-flush",
+                                    help="SYNC_FLUSH: a send is answered once on disk"),
+    broker_groups: int = typer.Option(1, "--broker-groups", min=1, max=26,
+                                      help="broker groups (broker-a, broker-b...) behind the "
+                                           "name server; topics spread across them"),
     demo: bool = typer.Option(False, help="run a produce/consume round trip first"),
     duration: float = typer.Option(0, help="stop after this many seconds (0: run until Ctrl-C)"),
 ) -> None:
-    """A name server, a SYNC_MASTER and its SLAVE on loopback, with a status line."""
+    """A name server and broker groups (by default one SYNC_MASTER and its SLAVE) on
+    loopback, with a live status table."""
     from ..devcluster import serve_dev_cluster
-    from ..remoting import open_client_pool
+    from .status import cluster_status
+
+    role = "ASYNC_MASTER" if async_master else "SYNC_MASTER"
+    flush = "SYNC_FLUSH" if sync_flush else "ASYNC_FLUSH"
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            cluster = await nursery.start(lambda task_status: serve_dev_cluster(
-                dir, namesrv_port=namesrv_port, master_port=master_port,
-                slave_port=slave_port, task_status=task_status))
+            cluster = await nursery.start(functools.partial(
+                serve_dev_cluster, dir, groups=broker_groups, slaves=slaves, master_role=role,
+                flush_disk_type=flush,
+                namesrv_port=namesrv_port, master_port=master_port, slave_port=slave_port))
             print(f"name server  {cluster.namesrv_addr}", flush=True)
-            print(f"SYNC_MASTER  {cluster.master.broker_addr}  (HA {cluster.master.ha_addr})")
-            print(f"SLAVE        {cluster.slave.broker_addr}  (HA {cluster.slave.ha_addr})")
+            for i, group in enumerate(cluster.groups):
+                name = f"broker-{chr(ord('a') + i)}"
+                print(f"{role:<12} {group.master.broker_addr}  (HA {group.master.ha_addr})  "
+                      f"{name}, {flush}")
+                for slave in group.slaves:
+                    print(f"SLAVE        {slave.broker_addr}  (HA {slave.ha_addr})  {name}")
             print(f"data under   {dir}", flush=True)
             if demo:
                 from ..demo import round_trip
 
                 await round_trip(cluster)
-            async with open_client_pool() as pool:
-                with trio.move_on_after(duration if duration > 0 else float("inf")):
-                    while True:
-                        master = await _runtime_info(pool, cluster.master.broker_addr)
-                        slave = await _runtime_info(pool, cluster.slave.broker_addr)
-                        end = "\n" if not sys.stdout.isatty() else "\r"
-                        print(_status_line(master, slave), end=end, flush=True)
-                        await trio.sleep(1)
+            with trio.move_on_after(duration if duration > 0 else float("inf")):
+                await _show_status(cluster.namesrv_addr, cluster_status)
             nursery.cancel_scope.cancel()
         print("\ncluster stopped cleanly", flush=True)
 
     run_until_interrupted(main)
+
+
+async def _show_status(namesrv_addr: str, cluster_status) -> None:
+    """Refresh the status every second: a live table on a terminal, lines otherwise."""
+    from ..client import MQError
+
+    async def snapshot() -> dict | None:
+        try:
+            return await cluster_status(namesrv_addr)
+        except (MQError, OSError):
+            return None
+
+    if not sys.stdout.isatty():
+        while True:
+            snap = await snapshot()
+            if snap is not None:
+                for line in _status_lines(snap):
+                    print(line, flush=True)
+            await trio.sleep(1)
+    from rich.live import Live
+
+    with Live(auto_refresh=False) as live:
+        while True:
+            snap = await snapshot()
+            if snap is not None:
+                live.update(_brokers_table(snap), refresh=True)
+            await trio.sleep(1)
