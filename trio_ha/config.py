@@ -208,8 +208,10 @@ class StoreConfig:
     #: pulls and lookups check each record (structure, BODYCRC, PHYSICALOFFSET, and for a
     #: pull the queue and queue offset its entry promised) before serving it
     check_crc_on_read: bool = True
-    #: write every page of a new segment in a worker thread before appends reach it
-    warm_mapped_file_enable: bool = True
+    #: write every page of a new segment in a worker thread before appends reach it. Off by
+    #: default, as in RocketMQ: warming writes each whole segment (1 GiB by default) once
+    #: more, which an embedded store or a broker that just started pays up front
+    warm_mapped_file_enable: bool = False
     #: ``ip:port`` recorded as STOREHOST in every record (brokerIP1:listenPort)
     store_host: str = "127.0.0.1:10911"
     broker_role: BrokerRole = attrs.field(default=BrokerRole.ASYNC_MASTER, converter=BrokerRole)

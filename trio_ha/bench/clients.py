@@ -31,7 +31,7 @@ from ..client import MQBrokerError, MQError, open_admin
 from ..testing import ClusterConfig, ProcessCluster
 from ..testing.processes import NodeProcess
 from ..wire.remoting import ResponseCode
-from .harness import MiB, Plan, median_run, trio_run
+from .harness import WARM_SEGMENTS, MiB, Plan, median_run, trio_run
 from .loopback import Children, raw_rtt, round_trip_limit, trio_rtt
 
 BODY_SIZE = 1024
@@ -182,7 +182,8 @@ class BenchCluster:
             data_dir=root, master_role=role, flush_disk_type="ASYNC_FLUSH",
             cluster_name=f"Bench{label.capitalize()}", broker_name=f"bench-{label}",
             properties={"mappedFileSizeCommitLog": plan.segment_size,
-                        "autoCreateTopicEnable": "true"},
+                        "autoCreateTopicEnable": "true",
+                        "warmMapedFileEnable": str(WARM_SEGMENTS).lower()},
         )
         processes = ProcessCluster.start(config, log_dir=logs, timeout=plan.start_timeout,
                                          profile_dir=os.environ.get(PROFILE_ENV))

@@ -29,6 +29,7 @@ from ..testing.processes import child_env, log_tail
 from ..wire.layout import segment_file_name
 from .harness import (
     MB,
+    WARM_SEGMENTS,
     GiB,
     MiB,
     Plan,
@@ -104,6 +105,7 @@ def master_config(root: str, plan: ReplicationPlan, role: BrokerRole,
         ha_listen_port=0,
         ha_bind_address="127.0.0.1",
         ha_start_from_min_offset=True,
+        warm_mapped_file_enable=WARM_SEGMENTS,
     )
     return attrs.evolve(config, **overrides)
 

@@ -49,6 +49,7 @@ from . import limits
 from .harness import (
     MB,
     TOPIC,
+    WARM_SEGMENTS,
     GiB,
     MiB,
     Plan,
@@ -122,6 +123,7 @@ def _store_config(root: str, plan: StorePlan, flush: FlushDiskType) -> StoreConf
         store_path_root_dir=root,
         mapped_file_size_commit_log=plan.segment_size,
         flush_disk_type=flush,
+        warm_mapped_file_enable=WARM_SEGMENTS,
     )
 
 

@@ -36,7 +36,7 @@ import attrs
 
 from ..testing import ClusterConfig, ProcessCluster, free_broker_port
 from ..testing.rocketmq import JavaProcess, RocketMQ, program_lines
-from .harness import common_fields, cpu_seconds, scratch_directory, tidied
+from .harness import WARM_SEGMENTS, common_fields, cpu_seconds, scratch_directory, tidied
 
 __all__ = ["VersusPlan", "format_table", "run_versus_benchmarks"]
 
@@ -132,7 +132,8 @@ def rocketmq_cluster(peer: RocketMQ, run: Path, flush: str) -> Iterator[Side]:
 @contextlib.contextmanager
 def trio_ha_cluster(run: Path, flush: str) -> Iterator[Side]:
     config = ClusterConfig(data_dir=str(run / "ours"), flush_disk_type=flush,
-                           properties={"mappedFileSizeCommitLog": str(SEGMENT)})
+                           properties={"mappedFileSizeCommitLog": str(SEGMENT),
+                                       "warmMapedFileEnable": str(WARM_SEGMENTS).lower()})
     with ProcessCluster.start(config) as cluster:
         yield Side("trio_ha", cluster.namesrv_addr,
                    {"broker": cluster.master.pid, "slave": cluster.slave.pid},
