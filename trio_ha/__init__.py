@@ -39,11 +39,12 @@ _EXPORTS = {
     "open_producer": "trio_ha.client",
     "open_pull_consumer": "trio_ha.client",
     "open_admin": "trio_ha.client",
+    "open_push_consumer": "trio_ha.client",
 }
 
 if TYPE_CHECKING:  # what the lazy names are, for a type checker (kept in step with _EXPORTS)
     from .broker import BrokerConfig, serve_broker
-    from .client import open_admin, open_producer, open_pull_consumer
+    from .client import open_admin, open_producer, open_pull_consumer, open_push_consumer
     from .config import BrokerRole, ConfigError, FlushDiskType, StoreConfig
     from .namesrv import NamesrvConfig, serve_namesrv
     from .store import (
@@ -64,7 +65,7 @@ __all__ = [
     "GetMessageStatus", "Message", "MessageStore", "NamesrvConfig", "NativeModuleError",
     "PutMessageResult", "PutMessageStatus", "StoreConfig", "StoreLockedError", "StoreStatistics",
     "StoredMessage", "Watermark", "native_backend", "open_admin", "open_producer",
-    "open_pull_consumer", "open_store", "serve_broker", "serve_namesrv",
+    "open_pull_consumer", "open_push_consumer", "open_store", "serve_broker", "serve_namesrv",
 ]
 
 

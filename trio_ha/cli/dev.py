@@ -10,14 +10,7 @@ import trio
 import typer
 
 from ._app import DEFAULT_DATA_DIR, app, run_until_interrupted
-
-
-def _puts_per_second(broker: dict) -> str:
-    """The 10 s window of runtime info's putTps ("10s 60s 600s", as RocketMQ reports it)."""
-    try:
-        return f"{float(str(broker.get('putTps')).split()[0]):.1f}"
-    except (ValueError, IndexError):
-        return "?"
+from .status import puts_per_second
 
 
 def _status_lines(snapshot: dict) -> list[str]:
@@ -32,7 +25,7 @@ def _status_lines(snapshot: dict) -> list[str]:
         for b in members:
             if b["brokerId"] == 0:
                 parts.append(f"{name} {b['role']}: log {b['maxOffset']} B, "
-                             f"{_puts_per_second(b)} puts/s")
+                             f"{puts_per_second(b)} puts/s")
             else:
                 parts.append(f"slave{b['brokerId']}: log {b['maxOffset']} B, "
                              f"lag {b.get('lagBytes')} B, HA {b.get('haState', '?')}")
@@ -58,7 +51,7 @@ def _brokers_table(snapshot: dict):
         else:
             ha = "no slave attached" if b["brokerId"] == 0 else ""
         table.add_row(f"{b['brokerName']}/{b['brokerId']}", b["role"], b["address"],
-                      str(b["maxOffset"]), _puts_per_second(b), ha)
+                      str(b["maxOffset"]), puts_per_second(b), ha)
     return table
 
 

@@ -162,6 +162,34 @@ async def cluster_status(namesrv: str) -> dict[str, Any]:
             "truncated": len(topics) > MAX_LISTED or len(groups) > MAX_LISTED}
 
 
+def puts_per_second(broker: dict) -> str:
+    """The 10 s window of runtime info's putTps ("10s 60s 600s", as RocketMQ reports it)."""
+    try:
+        return f"{float(str(broker.get('putTps')).split()[0]):.1f}"
+    except (ValueError, IndexError):
+        return "?"
+
+
+def not_ready(status: dict[str, Any]) -> str | None:
+    """Why the cluster is not ready to take SYNC_MASTER sends, or None: every broker group
+    needs its master up and every slave copying (HA transfer) with nothing left to copy."""
+    if not status["brokers"]:
+        return "no broker has registered"
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for broker in status["brokers"]:
+        groups.setdefault(broker["brokerName"], []).append(broker)
+    for name, members in sorted(groups.items()):
+        if not any(b["brokerId"] == 0 for b in members):
+            return f"{name} has no master"
+        for b in members:
+            if b.get("error"):
+                return f"{name}/{b['brokerId']} does not answer: {b['error']}"
+            if "haState" in b and (b["haState"] != "transfer" or b.get("lagBytes") != 0):
+                return (f"{name}/{b['brokerId']} is not caught up (HA {b['haState']}, "
+                        f"lag {b.get('lagBytes')} B)")
+    return None
+
+
 def _print_status(status: dict[str, Any]) -> None:
     brokers = []
     for b in status["brokers"]:
@@ -177,7 +205,8 @@ def _print_status(status: dict[str, Any]) -> None:
                 ha += f", DIVERGED: {b['divergence']}"
         brokers.append({"broker": f"{b['brokerName']}/{b['brokerId']}", "address": b["address"],
                         "role": b["role"], "log": f"[{b['minOffset']}, {b['maxOffset']})",
-                        "putTps": b.get("putTps"), "replication": ha, "error": b.get("error")})
+                        "puts/s": puts_per_second(b), "replication": ha,
+                        "error": b.get("error")})
     emit(brokers, as_json=False, title=f"brokers at {status['time']}")
     emit(status["topics"], as_json=False, title="topics")
     emit([{**g, "topics": " ".join(g.get("topics", []))} for g in status["groups"]],
@@ -194,9 +223,15 @@ def status(
                                 help="refresh every this many seconds (0: once)"),
     count: int = typer.Option(0, "--count", min=0,
                               help="with --watch: stop after this many (0: until Ctrl-C)"),
+    wait_ready: float = typer.Option(
+        0, "--wait-ready", min=0,
+        help="first wait up to this many seconds for every group's master and caught-up "
+             "slaves (exit 1 if they are not)"),
 ) -> None:
     """The cluster at a glance: brokers and roles, log spans, slave lag and HA state,
     topics, consumer-group lag."""
+    if wait_ready:
+        _wait_until_ready(namesrv, wait_ready)
     shown = 0
     while True:
         snapshot = run_client(lambda: cluster_status(namesrv))
@@ -213,3 +248,27 @@ def status(
             time.sleep(watch)
         except KeyboardInterrupt:
             return
+
+
+def _wait_until_ready(namesrv: str, timeout: float) -> None:
+    """Poll the cluster (every 0.2 s) until ``not_ready`` finds nothing, for at most
+    ``timeout`` seconds; exit 1 naming what was still missing."""
+    from ..client import MQError
+
+    async def wait() -> str | None:
+        problem: str | None = "not asked yet"
+        with trio.move_on_after(timeout):
+            while True:
+                try:
+                    problem = not_ready(await cluster_status(namesrv))
+                except (MQError, OSError) as exc:
+                    problem = str(exc)
+                if problem is None:
+                    return None
+                await trio.sleep(0.2)
+        return problem
+
+    problem = trio.run(wait)
+    if problem is not None:
+        print(f"trio-ha: not ready after {timeout:g} s: {problem}", file=sys.stderr)
+        raise typer.Exit(1)
