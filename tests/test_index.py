@@ -216,6 +216,64 @@ async def test_files_past_the_checkpoint_are_rebuilt_after_a_crash(make_config, 
     assert not {os.path.basename(p) for p in index_files(crashed)} & set(names)
 
 
+def flip_first_byte_of(path: str, text: bytes, start: int) -> None:
+    """Damage the first byte of ``text`` found at or after ``start`` in the file."""
+    with open(path, "r+b") as f:
+        data = f.read(start + 4096)
+        f.seek(data.index(text, start))
+        f.write(b"X")
+
+
+async def test_catch_up_resumes_after_the_last_indexed_record_not_inside_it(make_config):
+    """The newest index files lost (deleted here; a crash that deletes files past the
+    checkpoint does the same) on a log longer than what recovery dispatches again (its last
+    three segments): the next open indexes again from the end of the last record the
+    remaining files hold. (It used to scan from that record's start + 1, found no record
+    there, and indexed nothing: the keys in the older segments stayed unfindable.)"""
+    config = make_config(**SMALL, mapped_file_size_commit_log=64 * 1024)
+    body = b"x" * 1000
+    async with open_store(config) as store:
+        for i in range(400):  # seven segments, a dozen index files
+            await put(store, "Orders", body + str(i).encode(), keys=f"k{i}", uniq=f"U{i}")
+        await store.wait_dispatched()
+        assert len(store.commitlog.segments.segments) >= 6
+    files = index_files(config.store_path_root_dir)
+    assert len(files) >= 6
+    for path in files[1:]:
+        os.unlink(path)
+    async with open_store(config) as store:
+        for i in (0, 40, 100, 200, 399):
+            [record] = store.query_message("Orders", f"k{i}", 64, *FOREVER).records
+            assert rec.decode_record(record).body == body + str(i).encode()
+
+
+async def test_an_index_past_a_log_cut_back_by_recovery_is_rebuilt(make_config):
+    """After a clean stop, recovery may still cut the log back (here: a damaged record, with
+    skipCorruptRecordsOnRecover off, ends the log there). The index must forget the records
+    that were cut, and index the ones written after at the same offsets (it used to skip
+    them: its cursor stayed past the log's end)."""
+    config = make_config(**SMALL, skip_corrupt_records_on_recover=False)
+    async with open_store(config) as store:
+        results = [await put(store, "Orders", f"body-{i}".encode(), keys=f"k{i}")
+                   for i in range(10)]
+        await store.wait_dispatched()
+    cut = results[6].commitlog_offset
+    segment = os.path.join(config.store_path_root_dir, "commitlog", f"{0:020d}")
+    flip_first_byte_of(segment, b"body-6", cut)
+    async with open_store(config) as store:
+        assert store.max_commitlog_offset == cut  # cut back by recovery
+        assert store.query_message("Orders", "k8", 64, *FOREVER).records == []
+        fresh = [await put(store, "Orders", f"fresh-{i}".encode(), keys=f"f{i}")
+                 for i in range(4)]
+        assert fresh[0].commitlog_offset == cut
+        await store.wait_dispatched()
+        for i in range(4):
+            [record] = store.query_message("Orders", f"f{i}", 64, *FOREVER).records
+            assert rec.decode_record(record).body == f"fresh-{i}".encode()
+        [record] = store.query_message("Orders", "k3", 64, *FOREVER).records
+        assert rec.decode_record(record).body == b"body-3"
+
+
 async def test_a_store_without_index_files_gets_them_at_open(make_config):
     config = make_config(**SMALL, message_index_enable=False)
     async with open_store(config) as store:

@@ -43,6 +43,8 @@ import attrs
 from .. import _backend
 from .._backend import Handle, ScanResult
 from ..config import StoreConfig
+from ..wire.errors import RecordDecodeError
+from ..wire.record import peek_header
 from .commitlog import CommitLog
 from .segment import Segment
 
@@ -269,12 +271,18 @@ class IndexService:
         for stale in os.listdir(directory):
             if not stale.isdigit():
                 log.warning("index: ignoring %s in %s", stale, directory)
+        service._resume_after_last_file()
         if service.files:
-            header = service.files[-1].header()
-            if header.index_count > 1 or len(service.files) > 1:
-                service.after = header.end_phy_offset
-            service.synced_timestamp = header.end_timestamp
+            service.synced_timestamp = service.files[-1].header().end_timestamp
         return service
+
+    def _resume_after_last_file(self) -> None:
+        """``after`` from the newest file: the last record it indexed (-1: none)."""
+        self.after = -1
+        if self.files:
+            header = self.files[-1].header()
+            if header.index_count > 1 or len(self.files) > 1:
+                self.after = header.end_phy_offset
 
     def add(self, segment: Segment, result: ScanResult) -> None:
         """Index what a dispatch scan of ``segment`` found (records at or before ``after``
@@ -292,7 +300,9 @@ class IndexService:
             if done:  # kept as it goes: a batch that fails part-way resumes after it
                 first += done
                 self.after = infos[first - 1].phys_offset
-        self.after = infos[count - 1].phys_offset
+        # Never back: the dispatch that recovery runs again at open hands over records
+        # indexed already, and moving back to them would index the later ones twice.
+        self.after = max(self.after, infos[count - 1].phys_offset)
 
     def _writable(self) -> IndexFile:
         if self.files and not self.files[-1].is_full:
@@ -308,16 +318,44 @@ class IndexService:
 
     def catch_up(self, commitlog: CommitLog, until: int, max_record: int) -> int:
         """Index the records of ``commitlog`` after ``after`` up to ``until`` (blocking: at
-        open, before dispatch goes on). Returns how many records were scanned."""
+        open, before dispatch goes on). Returns how many records were scanned.
+
+        Files that name records at or past the log's end are deleted first, newest first,
+        and what they held that is still in the log is indexed again: recovery may have cut
+        the log back (a damaged tail), or a crash lost a tail the index had seen. Left alone,
+        their entries would point past the log, and ``after`` past the end would keep the
+        records later written there from ever being indexed."""
+        while self.files:
+            header = self.files[-1].header()
+            empty = header.index_count <= 1  # (an empty file is made again when needed)
+            if not empty and header.end_phy_offset < until:
+                break
+            stale = self.files.pop()
+            if not empty:
+                log.info("index: %s names records past the log's end (%d); rebuilding it "
+                         "from the commitlog", stale.path, until)
+            stale.destroy()
+        self._resume_after_last_file()
         scanner = _backend.engine.scanner(CATCH_UP_BATCH)
         scanned = 0
-        for segment, result in commitlog.scan_range(scanner, self.after + 1, until, 0,
-                                                    max_record):
+        for segment, result in commitlog.scan_range(scanner, self._resume_offset(commitlog),
+                                                    until, 0, max_record):
             self.add(segment, result)
             scanned += result.count
         if scanned:
             log.info("index: caught up with %d records of the commitlog", scanned)
         return scanned
+
+    def _resume_offset(self, commitlog: CommitLog) -> int:
+        """Where indexing goes on: the end of the record at ``after`` (its start plus its
+        TOTALSIZE), or the log's start."""
+        if self.after < 0:
+            return 0
+        try:
+            return self.after + peek_header(commitlog.read(self.after, 8)).size
+        except (IndexError, RecordDecodeError):
+            # Retention took the record's segment: the scan starts at the log's first offset.
+            return self.after + 1
 
     def query(self, topic: str, key: str, max_num: int, begin: int, end: int
               ) -> QueryOffsetResult:
