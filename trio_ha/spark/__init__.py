@@ -57,6 +57,10 @@ Options (all optional):
   ``crc_ok = false`` instead. A structurally broken record (bad magic or size) inside the
   confirmed range always fails the read, naming its offset;
 * ``include_body`` (true): false leaves ``body`` null (much less data);
+* ``decompress_body`` (true): a body its producer compressed (``sys_flag`` bit 0: RocketMQ's
+  clients zlib bodies over 4 KiB) is inflated, so ``body`` is what was sent; false gives
+  the stored bytes (``sys_flag`` says which rows are compressed either way). One that does
+  not inflate fails the read naming its offset (``on_corrupt=emit``: stored bytes);
 * ``partition_bytes`` (128m): target partition size; ``batch_rows`` (8192): Arrow batch
   size; ``max_record_size`` (4 MiB + 128 KiB): largest valid record;
 * ``use_consume_queues`` (true): false ignores consume queues (reads every byte);

@@ -104,6 +104,7 @@ class ReadOptions:
     verify_crc: bool = True
     on_corrupt: str = "fail"  # or "emit"
     include_body: bool = True
+    decompress_body: bool = True
     partition_bytes: int = 128 * MiB
     batch_rows: int = 8192
     max_record: int = DEFAULT_MAX_RECORD
@@ -194,7 +195,8 @@ def _parse_size(value: object) -> int | None:
 
 OPTION_NAMES = {
     "path", "paths", "topics", "topic", "queue_ids", "start_offset", "end_offset", "since",
-    "until", "verify_crc", "on_corrupt", "include_body", "partition_bytes", "batch_rows",
+    "until", "verify_crc", "on_corrupt", "include_body", "decompress_body", "partition_bytes",
+    "batch_rows",
     "max_record_size", "use_consume_queues", "time_prune_slack_ms", "starting_offsets",
     "max_bytes_per_trigger", "max_records_per_trigger", "fail_on_data_loss", "merge_gap_bytes",
 }
@@ -239,6 +241,7 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
         verify_crc=_parse_bool(opts.get("verify_crc"), True),
         on_corrupt=on_corrupt,
         include_body=_parse_bool(opts.get("include_body"), True),
+        decompress_body=_parse_bool(opts.get("decompress_body"), True),
         partition_bytes=_parse_size(opts.get("partition_bytes")) or 128 * MiB,
         batch_rows=int(opts.get("batch_rows") or 8192),
         max_record=_parse_size(opts.get("max_record_size")) or DEFAULT_MAX_RECORD,
