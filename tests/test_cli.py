@@ -353,3 +353,57 @@ def test_the_human_log_has_time_and_level_and_the_level_option_filters(tmp_path)
                   "--dir", str(store), cwd=tmp_path)
     assert bad.returncode == 1 and "cannot open the log file" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_namesrv_conf_file_typos_print_config_and_metrics_endpoints(tmp_path):
+    """``trio-ha namesrv -c namesrv.conf`` takes RocketMQ's keys (a typo is named, tuning keys
+    are accepted), ``-p`` prints the settings, and ``--metrics-port`` on the name server and
+    the broker serves Prometheus text at /metrics."""
+    conf = tmp_path / "namesrv.conf"
+    conf.write_text("listenPort=0\norderMessageEnable=true\nserverWorkerThreads=8\n"
+                    f"kvConfigPath={tmp_path / 'kv.json'}\n")
+    printed = run_cli("namesrv", "-c", str(conf), "-p", cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    assert "orderMessageEnable=true" in printed.stdout and "listenPort=0" in printed.stdout
+    typo = tmp_path / "typo.conf"
+    typo.write_text("listenPrt=9876\n")
+    refused = run_cli("namesrv", "-c", str(typo), cwd=tmp_path)
+    assert refused.returncode == 2 and "'listenPort'" in flat(refused.stderr), refused.stderr
+
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    log = tmp_path / "namesrv.log"
+    namesrv = subprocess.Popen(
+        [sys.executable, "-m", "trio_ha.cli", "--log-file", str(log), "namesrv", "-c",
+         str(conf), "--bind", "127.0.0.1", "--metrics-port", "0"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    broker = None
+    try:
+        listening = re.fullmatch(r"name server listening on (\S+)\n", _first_line(namesrv))
+        assert listening
+        metrics_line = next(line for line in log.read_text().splitlines()
+                            if "metrics at http://" in line)
+        namesrv_metrics = metrics_line.rsplit("metrics at ", 1)[1]
+        broker_conf = tmp_path / "broker.conf"
+        broker_conf.write_text("listenPort=0\nbindAddress=127.0.0.1\nhaBindAddress=127.0.0.1\n"
+                               f"storePathRootDir={tmp_path / 'store'}\n"
+                               f"mappedFileSizeCommitLog=1048576\nnamesrvAddr={listening[1]}\n")
+        broker = subprocess.Popen(
+            [sys.executable, "-m", "trio_ha.cli", "broker", "-c", str(broker_conf),
+             "--metrics-port", "0"], cwd=tmp_path, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        serving = re.search(r"metrics (http://\S+/metrics)", _first_line(broker))
+        assert serving, "the broker did not say where its metrics are"
+        for url, series in ((serving[1], "trio_ha_commitlog_max_offset"),
+                            (namesrv_metrics, "trio_ha_namesrv_brokers")):
+            with urlopen(url, timeout=10) as answer:
+                text = answer.read().decode()
+            names = {family.name for family in text_string_to_metric_families(text)}
+            assert series in names, (url, sorted(names))
+    finally:
+        for proc in (broker, namesrv):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.communicate(timeout=30)

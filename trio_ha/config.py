@@ -9,10 +9,11 @@ value always wins over a derived default (issue #6537).
 
 from __future__ import annotations
 
+import difflib
 import enum
 import os
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -353,3 +354,29 @@ def parse_properties_text(text: str) -> dict[str, str]:
             raise ConfigError(f"line {number}: expected key=value, got {line!r}")
         result[key.strip()] = value.strip()
     return result
+
+
+def check_keys(properties: Mapping[str, str], known: Iterable[str], *,
+               accepted: Iterable[str] = (), unsupported: Mapping[str, str] | None = None
+               ) -> list[str]:
+    """Check the keys of a node's properties file: raises ConfigError for an unknown key
+    (naming the closest known or accepted one: a typo is caught at start, not replaced by a
+    default) and for an ``unsupported`` feature switched on (key -> why); returns the
+    ``accepted`` keys present (RocketMQ's, meaning nothing here), sorted."""
+    known = set(known)
+    accepted = set(accepted)
+    ignored = []
+    for raw_key, value in properties.items():
+        key = raw_key.strip()
+        reason = (unsupported or {}).get(key)
+        if reason is not None and str(value).strip().lower() == "true":
+            raise ConfigError(f"{key}=true: {reason}")
+        if key in known:
+            continue
+        if key in accepted:
+            ignored.append(key)
+            continue
+        close = difflib.get_close_matches(key, sorted(known | accepted), n=1, cutoff=0.7)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown key {key!r}{hint}")
+    return sorted(ignored)

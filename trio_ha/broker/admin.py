@@ -13,19 +13,33 @@ no client creates or changes a system topic ("The topic[...] is conflict with sy
 the broker makes those itself at startup. Offset commits follow RocketMQ 5's
 ConsumerManageProcessor: the group must exist (or be created on demand, as a pull would
 create it) and the topic too, so consumerOffset.json only names what the broker has.
+
+Two admin requests change the broker itself. UPDATE_BROKER_CONFIG changes only the keys whose
+new value the broker uses at once (``RUNTIME_CONFIG_KEYS``) and refuses the whole request,
+naming the keys, when it holds any other: RocketMQ sets any field by reflection and answers
+SUCCESS whether or not anything reads it again. The change is in memory (GET_BROKER_CONFIG
+shows it); the broker does not know which file it was started from, so a restart reads
+broker.conf as it was. DELETE_TOPIC_IN_BROKER removes the topic's config, its consume queues
+and every group's offsets of it (RocketMQ 4.9.8 keeps the offsets; 5.x removes them too).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
+import os
+import shutil
 import time
+import typing
 from collections.abc import Callable
 
 import attrs
 import trio
 
+from ..config import ConfigError, StoreConfig, parse_properties_text, parse_value
 from ..remoting import RemotingConnection
+from ..store import MessageStore
 from ..wire import layout
 from ..wire.errors import MetadataDecodeError, RouteDecodeError
 from ..wire.fastjson import write_json
@@ -47,8 +61,12 @@ from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from ..wire.remoting.java import abbreviate
 from ..wire.route import KVTable
 from .broker import Broker
+from .config import BrokerConfig
+from .config_keys import ROCKETMQ_KEYS
 from .metadata import MetadataRequestError, group_problem, topic_problem
 from .pull import TOTAL_MEMORY
+
+log = logging.getLogger(__name__)
 
 
 def _our_version() -> str:
@@ -414,11 +432,18 @@ def runtime_info(
         "dispatchBehindBytes": stats.dispatch_behind_bytes,
         "remainHowManyDataToFlush": max(0, stats.max_commitlog_offset - stats.flushed_offset),
         "msgPutTotalTodayNow": broker.stats.puts,
-        "msgGetTotalTodayNow": broker.stats.gets,
-        "putTps": f"{broker.stats.put_rate():.1f}",
+        # messages served by pulls, as RocketMQ counts them
+        "msgGetTotalTodayNow": broker.stats.transferred.total,
+        # StoreStatsService's rates, each "<10 s> <60 s> <600 s>" (mqadmin clusterList shows
+        # the first of putTps and getTransferedTps)
+        "putTps": broker.stats.stored.rates_text(),
+        "getFoundTps": broker.stats.gets_found.rates_text(),
+        "getMissTps": broker.stats.gets_missed.rates_text(),
+        "getTotalTps": broker.stats.total_get_rates_text(),
+        "getTransferedTps": broker.stats.transferred.rates_text(),
+        "putMessageFailedTimes": broker.stats.put_failures,
         # What mqadmin clusterList prints besides (it fails on a missing key). We have no
         # send or pull thread-pool queue and no commitlog put lock to wait on: zeros, true.
-        "getTransferedTps": "0.0",
         "sendThreadPoolQueueSize": 0,
         "sendThreadPoolQueueHeadWaitTimeMills": 0,
         "pullThreadPoolQueueSize": 0,
@@ -466,6 +491,124 @@ def broker_config(
     version = broker.metadata.topics.wrapper().data_version
     return ok(request, body=text.encode(),
               ext_fields={"version": write_json(version.to_json_obj())})
+
+
+#: what UPDATE_BROKER_CONFIG may change: the keys whose new value the broker uses from the next
+#: request on (read per request, or handed to the tables it changes here)
+RUNTIME_CONFIG_KEYS = frozenset({
+    "brokerPermission", "autoCreateTopicEnable", "autoCreateSubscriptionGroup",
+    "longPollingEnable", "shortPollingTimeMills", "slaveReadEnable",
+    "accessMessageInMemoryMaxRatio", "maxTransferCountOnMessageInMemory",
+    "maxTransferBytesOnMessageInMemory", "rejectTransactionMessage",
+    "registerBrokerTimeoutMills",
+})
+#: never changed by a request (RocketMQ's configBlackList): NO_PERMISSION
+CONFIG_BLACK_LIST = frozenset({"brokerConfigPath", "rocketmqHome", "configBlackList"})
+
+
+def update_broker_config(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """UPDATE_BROKER_CONFIG (mqadmin updateBrokerConfig): the body is properties text. All or
+    nothing: a key on the black list is NO_PERMISSION (RocketMQ's answer); a key that cannot
+    change while the broker runs, one it does not know, or a bad value is SYSTEM_ERROR naming
+    them, and nothing changes."""
+    try:
+        properties = parse_properties_text(request.body.decode("utf-8"))
+    except (UnicodeDecodeError, ConfigError) as exc:
+        return error(request, f"string2Properties error: {exc}")
+    if not CONFIG_BLACK_LIST.isdisjoint(properties):
+        return error(request, "Can not update config in black list.", ResponseCode.NO_PERMISSION)
+    fields = BrokerConfig.property_fields()
+    ours = fields.keys() | StoreConfig.property_keys()
+    fixed = sorted(k for k in properties if k in ours and k not in RUNTIME_CONFIG_KEYS)
+    meaningless = sorted(k for k in properties if k in ROCKETMQ_KEYS and k not in ours)
+    unknown = sorted(k for k in properties if k not in ours and k not in ROCKETMQ_KEYS)
+    if fixed or meaningless or unknown:
+        parts = []
+        if fixed:
+            parts.append(f"cannot change while the broker runs (set in broker.conf and "
+                         f"restart): {', '.join(fixed)}")
+        if meaningless:
+            parts.append(f"RocketMQ keys this broker has no use for: {', '.join(meaningless)}")
+        if unknown:
+            parts.append(f"unknown keys: {', '.join(unknown)}")
+        return error(request, "broker config not updated: " + "; ".join(parts))
+    hints = typing.get_type_hints(BrokerConfig)
+    config = broker.config
+    for key, raw in properties.items():
+        field = fields[key]
+        try:
+            config = attrs.evolve(config, **{field: parse_value(key, hints[field], raw)})
+        except ConfigError as exc:  # the validators name the field; the operator knows the key
+            return error(request, f"broker config not updated: {key}={raw!r}: "
+                                  f"{str(exc).replace(field, key)}")
+    _apply_config(broker, config)
+    log.info("broker: configuration updated by %s: %s", connection.peer, properties)
+    return ok(request)
+
+
+def _apply_config(broker: Broker, config: BrokerConfig) -> None:
+    """Make ``config`` the broker's: the processors read it per request; the tables and the
+    registration that keep a copy of a setting get the new one."""
+    broker.config = config
+    broker.registration.config = config
+    topics = broker.metadata.topics
+    topics.auto_create = config.auto_create_topic_enable
+    broker.metadata.subscriptions.auto_create = config.auto_create_subscription_group
+    if topics.set_broker_permission(config.broker_permission):
+        # the name servers take every topic again, with the new permission, now
+        broker.topics_changed()
+
+
+def delete_topic(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    """DELETE_TOPIC_IN_BROKER (mqadmin deleteTopic, before the name servers): the topic's
+    config, consume queues and consumer offsets. SUCCESS also for a topic the broker does not
+    have, as RocketMQ; refused on a slave and for system topics."""
+    refused = refused_on_slave(broker, request)
+    if refused is not None:
+        return refused
+    topic = request.field_str("topic")
+    problem = topic_problem(topic)
+    if problem is not None:
+        return error(request, problem)
+    if broker.metadata.topics.is_system_topic(topic):
+        return error(request, f"The topic[{topic}] is conflict with system topic.")
+    existed = broker.metadata.topics.delete(topic)
+    groups = broker.metadata.offsets.remove_topic(topic)
+    queues = remove_consume_queues(broker.store, topic)
+    if existed:
+        broker.topics_changed()
+    log.info("broker: topic %s deleted by %s (%s, %d consume queues, offsets of %d groups)",
+             topic, connection.peer, "its config" if existed else "no config", queues, groups)
+    return ok(request)
+
+
+def remove_consume_queues(store: MessageStore, topic: str) -> int:
+    """Delete ``topic``'s consume queues and their files (RocketMQ's ``cleanUnusedTopic``, for
+    one topic); returns how many there were.
+
+    Each file goes through ``Segment.destroy``, which waits for a consume-queue flush that
+    holds it in a worker thread. The commitlog's next queue offsets are kept: a slave keeps its
+    queues of the topic (deletes are not replicated), and messages sent to the topic again
+    continue their numbering there instead of reusing offsets the slave has (RocketMQ starts
+    again from 0). A record dispatched later (a send in flight) makes its queue again."""
+    table = store.queues
+    doomed = [queue for (name, _), queue in table.queues.items() if name == topic]
+    for queue in doomed:
+        del table.queues[(queue.topic, queue.queue_id)]
+        for segment in queue.files.segments:
+            segment.destroy()
+        queue.files.segments.clear()
+        shutil.rmtree(queue.files.directory, ignore_errors=True)
+    if doomed:
+        try:
+            os.rmdir(os.path.dirname(doomed[0].files.directory))
+        except OSError:
+            pass  # not empty (a queue made again meanwhile), or already gone
+    return len(doomed)
 
 
 def _queue_json(topic: str, broker_name: str, queue_id: int) -> str:
@@ -650,6 +793,8 @@ HANDLERS: dict[int, AdminHandler] = {
     RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: update_subscription_group,
     RequestCode.GET_BROKER_RUNTIME_INFO: runtime_info,
     RequestCode.GET_BROKER_CONFIG: broker_config,
+    RequestCode.UPDATE_BROKER_CONFIG: update_broker_config,
+    RequestCode.DELETE_TOPIC_IN_BROKER: delete_topic,
     RequestCode.GET_TOPIC_STATS_INFO: topic_stats,
     RequestCode.GET_CONSUME_STATS: consume_stats,
     RequestCode.QUERY_TOPIC_CONSUME_BY_WHO: topic_consumed_by,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -32,12 +33,13 @@ from .schedule import ScheduleService
 from .slave_sync import SlaveSync
 from .transactions import TransactionCheck
 
-__all__ = ["Broker", "BrokerAddresses", "BrokerStats"]
+__all__ = ["TPS_WINDOWS", "Broker", "BrokerAddresses", "BrokerStats", "RateCounter"]
 
 log = logging.getLogger(__name__)
 
-#: how many recent puts ``BrokerStats.put_rate`` averages over
-PUT_RATE_WINDOW = 64
+#: the windows (seconds) of the throughput figures GET_BROKER_RUNTIME_INFO reports, as
+#: RocketMQ's StoreStatsService: "putTps" is "<last 10 s> <last 60 s> <last 600 s>"
+TPS_WINDOWS = (10, 60, 600)
 
 
 @attrs.frozen
@@ -48,32 +50,116 @@ class BrokerAddresses:
     vip_addr: str | None
     #: where slaves connect for replication, or None
     ha_addr: str | None
+    #: the Prometheus endpoint (``metricsPort``), or None
+    metrics_addr: str | None = None
+
+
+@attrs.define(eq=False)
+class RateCounter:
+    """A count that only rises, and how fast it rose over each of the last ``TPS_WINDOWS``.
+
+    Counting is an addition and a clock read. The history is one mark per second in which
+    something was counted — the total just before that second's first event — so an idle
+    counter keeps no marks, and its rates fall to 0 once its last events are older than the
+    window (RocketMQ samples every counter every second in a thread; a rate of the last N
+    events, as we had, showed an idle broker's old rate forever). The rate over W seconds is
+    exact over [floor(now) - W, now], a span of W to W + 1 seconds, or over the counter's life
+    when that is shorter."""
+
+    clock: Callable[[], float]
+    total: int = 0
+    #: (second, total before that second's first event), oldest first
+    _marks: deque[tuple[int, int]] = attrs.field(
+        factory=lambda: deque(maxlen=max(TPS_WINDOWS) + 2)
+    )
+    _last_second: int | None = None
+    _started: float = attrs.field(
+        default=attrs.Factory(lambda self: self.clock(), takes_self=True)
+    )
+
+    def add(self, count: int = 1) -> None:
+        second = int(self.clock())
+        if second != self._last_second:
+            self._marks.append((second, self.total))
+            self._last_second = second
+        self.total += count
+
+    def rate(self, window: float) -> float:
+        """Events per second over the last ``window`` seconds."""
+        now = self.clock()
+        start = max(float(int(now) - window), self._started)
+        if now <= start:
+            return 0.0
+        # Every event before the first marked second at or after ``first`` happened before
+        # ``start`` (or, when ``start`` is when the counter began, there is none before it);
+        # if there is no such second, nothing happened since.
+        first = int(start)
+        before = next((total for second, total in self._marks if second >= first), self.total)
+        return (self.total - before) / (now - start)
+
+    def rates_text(self) -> str:
+        """The rates over ``TPS_WINDOWS``, as RocketMQ writes them: Java doubles separated by
+        spaces ("12.5 3.0 0.3"). Unlike RocketMQ, a window longer than the broker has run is
+        the rate since it started, not an empty string (mqadmin reads the first number)."""
+        return " ".join(java_double(self.rate(window)) for window in TPS_WINDOWS)
+
+
+def java_double(value: float) -> str:
+    """``Double.toString`` for the rates reported here (0 or 1e-3 up to 1e7, where Java and
+    Python both write the shortest decimal with at least one fractional digit)."""
+    return repr(float(value))
 
 
 @attrs.define(eq=False)
 class BrokerStats:
-    """Counters for GET_BROKER_RUNTIME_INFO."""
+    """Counters for GET_BROKER_RUNTIME_INFO: RocketMQ's StoreStatsService figures. Puts count
+    stored messages; reads count pull reads that found messages and those that found none
+    (a held pull reads again when it wakes), and the messages the found ones served
+    ("transferred", RocketMQ's msgGetTotal). ``clock`` is injectable for tests."""
 
-    puts: int = 0
+    clock: Callable[[], float] = time.monotonic
     put_failures: int = 0
+    #: pull requests received (a held pull counts once, however often it reads)
     gets: int = 0
-    #: (monotonic time, puts so far) of the latest puts
-    _recent: deque[tuple[float, int]] = attrs.field(
-        factory=lambda: deque(maxlen=PUT_RATE_WINDOW)
+    #: messages stored (a batch counts each of its messages)
+    stored: RateCounter = attrs.field(
+        default=attrs.Factory(lambda self: RateCounter(self.clock), takes_self=True)
     )
+    #: pull reads that found messages
+    gets_found: RateCounter = attrs.field(
+        default=attrs.Factory(lambda self: RateCounter(self.clock), takes_self=True)
+    )
+    #: pull reads that found none (an empty queue, an offset past the end, no tag matched)
+    gets_missed: RateCounter = attrs.field(
+        default=attrs.Factory(lambda self: RateCounter(self.clock), takes_self=True)
+    )
+    #: messages the pulls served
+    transferred: RateCounter = attrs.field(
+        default=attrs.Factory(lambda self: RateCounter(self.clock), takes_self=True)
+    )
+
+    @property
+    def puts(self) -> int:
+        return self.stored.total
 
     def record_put(self, result: PutMessageResult) -> None:
         if result.status.stored:
-            self.puts += max(1, result.count)
-            self._recent.append((time.monotonic(), self.puts))
+            self.stored.add(max(1, result.count))
         else:
             self.put_failures += 1
 
-    def put_rate(self) -> float:
-        if len(self._recent) < 2:
-            return 0.0
-        (t0, n0), (t1, n1) = self._recent[0], self._recent[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+    def record_get(self, messages: int) -> None:
+        """One pull read: ``messages`` served (0: it found none)."""
+        if messages:
+            self.gets_found.add()
+            self.transferred.add(messages)
+        else:
+            self.gets_missed.add()
+
+    def total_get_rates_text(self) -> str:
+        """``getTotalTps``: found + missed reads per second, per window."""
+        return " ".join(java_double(self.gets_found.rate(w) + self.gets_missed.rate(w))
+                        for w in TPS_WINDOWS)
 
 
 @attrs.define(eq=False)

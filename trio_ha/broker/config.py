@@ -135,6 +135,11 @@ class BrokerConfig:
     transaction_check_interval: int = attrs.field(default=60_000, validator=in_range(1))
     transaction_time_out: int = attrs.field(default=6000, validator=in_range(0))
     transaction_check_max: int = attrs.field(default=15, validator=in_range(1, 10_000))
+    #: the Prometheus endpoint's port (trio_ha's key): GET /metrics on bindAddress; 0 lets the
+    #: OS choose (tests); unset (None, the default) serves no metrics
+    metrics_port: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(in_range(0, 65535))
+    )
     store: StoreConfig = attrs.field(factory=StoreConfig)
 
     def __attrs_post_init__(self) -> None:
@@ -174,6 +179,14 @@ class BrokerConfig:
         return [a.strip() for a in (self.namesrv_addr or "").split(";") if a.strip()]
 
     @classmethod
+    def property_fields(cls) -> dict[str, str]:
+        """RocketMQ key -> field name, for this class's own fields (not the store's)."""
+        fields = {camel_case(name): name for name in attrs.fields_dict(cls) if name != "store"}
+        fields["brokerIP1"] = "broker_ip1"
+        fields["brokerIP2"] = "broker_ip2"
+        return fields
+
+    @classmethod
     def from_properties(
         cls, properties: Mapping[str, str] | str, *, store_overrides: Mapping | None = None,
         **overrides,
@@ -183,9 +196,7 @@ class BrokerConfig:
         if isinstance(properties, str):
             properties = parse_properties_text(properties)
         hints = typing.get_type_hints(cls)
-        by_camel = {camel_case(name): name for name in attrs.fields_dict(cls) if name != "store"}
-        by_camel["brokerIP1"] = "broker_ip1"
-        by_camel["brokerIP2"] = "broker_ip2"
+        by_camel = cls.property_fields()
         ignored = check_keys(properties, set(by_camel) | StoreConfig.property_keys())
         if ignored:
             log.warning("broker.conf: RocketMQ keys with no meaning here, ignored: %s",

@@ -18,10 +18,9 @@ what the operator asked for (a DLedger group as a plain ASYNC_MASTER).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping
 
-from ..config import ConfigError
+from ..config import check_keys as check_known_keys
 
 __all__ = ["ROCKETMQ_KEYS", "UNSUPPORTED", "check_keys"]
 
@@ -101,19 +100,4 @@ def check_keys(properties: Mapping[str, str], known: Iterable[str]) -> list[str]
     """Check a broker.conf's keys (see the module's docstring): raises ConfigError for an
     unknown key or an unsupported feature switched on; returns the RocketMQ keys that are
     accepted and ignored, sorted."""
-    known = set(known)
-    ignored = []
-    for raw_key, value in properties.items():
-        key = raw_key.strip()
-        reason = UNSUPPORTED.get(key)
-        if reason is not None and str(value).strip().lower() == "true":
-            raise ConfigError(f"{key}=true: {reason}")
-        if key in known:
-            continue
-        if key in ROCKETMQ_KEYS:
-            ignored.append(key)
-            continue
-        close = difflib.get_close_matches(key, sorted(known | ROCKETMQ_KEYS), n=1, cutoff=0.7)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown key {key!r}{hint}")
-    return sorted(ignored)
+    return check_known_keys(properties, known, accepted=ROCKETMQ_KEYS, unsupported=UNSUPPORTED)

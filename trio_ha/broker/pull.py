@@ -174,6 +174,9 @@ def _pull_once(
     next_offset = result.next_begin_offset
     if status is GetMessageStatus.FOUND and not records:
         status = GetMessageStatus.NO_MATCHED_MESSAGE  # only hash collisions were found
+    found = status is GetMessageStatus.FOUND
+    broker.stats.record_get((len(records) if tags is not None else len(result.records))
+                            if found else 0)
 
     # Suggest the slave when the consumer has fallen far behind (RocketMQ: more than 40% of
     # RAM between its position and the log end), if the group reads from slaves at all.

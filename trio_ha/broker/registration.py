@@ -11,6 +11,14 @@ A name server's answer to a slave names its master (remoting and HA addresses). 
 remembers the former (where the metadata sync reads from) and points its HA client at the
 latter, following a new master when the answer changes — unless ``haMasterAddress`` is
 configured, which always wins.
+
+Our name server refuses a second master for a broker name whose master is live (RocketMQ's
+lets it replace the first, and the two then take turns in the routes, and the slave follows
+whichever registered last). A master refused so when it starts raises
+``DuplicateMasterError`` and does not serve: that is a broker started with the wrong
+brokerName, brokerId or brokerRole. A master refused later, while serving (a name server
+that restarted and met the other one first), keeps serving and logs the refusal at every
+registration: stopping a master that works is worse than a route that names the other one.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from ..wire.route import RegisterBrokerBody
 from .config import BrokerConfig
 from .metadata import TopicConfigManager
 
-__all__ = ["Registration"]
+__all__ = ["DuplicateMasterError", "Registration"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,25 @@ MAX_REGISTER_PERIOD_MS = 60_000
 SLAVE_WITHOUT_MASTER_RETRY = 1.0
 #: UNREGISTER_BROKER at shutdown: every name server together, within this (s)
 UNREGISTER_TIMEOUT = 2.0
+
+
+class DuplicateMasterError(Exception):
+    """A name server refused this master at startup: another master (brokerId 0) with the same
+    brokerName is live at another address. The message is one line, for the operator."""
+
+    def __init__(self, namesrv_addr: str, broker_name: str, broker_addr: str,
+                 live_master: str, remark: str) -> None:
+        self.namesrv_addr = namesrv_addr
+        self.broker_name = broker_name
+        self.broker_addr = broker_addr
+        #: the address of the master that holds the broker name
+        self.live_master = live_master
+        super().__init__(
+            f"name server {namesrv_addr} refused this broker ({broker_name}, brokerId 0, "
+            f"{broker_addr}) as a second master: {remark}. Stop the master at {live_master} "
+            f"first, or give this broker another brokerName, or make it a SLAVE "
+            f"(brokerRole=SLAVE, brokerId > 0)"
+        )
 
 
 @attrs.define(eq=False)
@@ -58,6 +85,8 @@ class Registration:
     #: the master's remoting address, learned from registration (slaves)
     master_addr: str | None = None
     _register_now: trio.Event = attrs.field(factory=trio.Event, init=False)
+    #: whether a registration round has completed (the broker serves from then on)
+    _started: bool = attrs.field(default=False, init=False)
 
     @property
     def is_slave(self) -> bool:
@@ -81,19 +110,42 @@ class Registration:
         }, body=body)
 
     async def register_all(self) -> None:
-        """REGISTER_BROKER with every name server (each bounded by its timeout)."""
+        """REGISTER_BROKER with every name server (each bounded by its timeout). The first
+        round raises ``DuplicateMasterError`` if a name server refuses this master because
+        another holds its broker name, after unregistering from those that accepted it."""
         timeout = self.config.register_broker_timeout_mills / 1000
         request = self.register_request()
+        refusals: list[DuplicateMasterError] = []
         async with trio.open_nursery() as nursery:
             for address in self.config.namesrv_addresses:
-                nursery.start_soon(self._register_one, address, request, timeout)
+                nursery.start_soon(self._register_one, address, request, timeout, refusals)
+        if not refusals:
+            self._started = True
+            return
+        if self._started:
+            for refusal in refusals:
+                log.error("broker: %s", refusal)
+            return
+        # Not serving yet: leave no trace in the name servers that took it, close the
+        # connections (serve_broker closes the pool only once it serves), and stop.
+        await self.unregister_all()
+        await self.pool.aclose()
+        raise refusals[0]
 
-    async def _register_one(self, address: str, request: RemotingCommand, timeout: float) -> None:
+    async def _register_one(self, address: str, request: RemotingCommand, timeout: float,
+                            refusals: list[DuplicateMasterError]) -> None:
         try:
             response = await self.pool.invoke(address, request, timeout)
         except RemotingError as exc:
             log.warning("broker: registering with name server %s failed: %s", address, exc)
             self.pool.forget(address)
+            return
+        live_master = response.ext_fields.get("masterAddr")
+        if (response.code == ResponseCode.NO_PERMISSION and live_master
+                and self.config.broker_id == 0 and live_master != self.broker_addr):
+            refusals.append(DuplicateMasterError(
+                address, self.config.broker_name, self.broker_addr, live_master,
+                response.remark or "another master holds this broker name"))
             return
         if response.code != ResponseCode.SUCCESS:
             log.warning("broker: name server %s refused the registration: %s", address,

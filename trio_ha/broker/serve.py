@@ -16,6 +16,10 @@ reports a ``BrokerAddresses`` once it serves. The order matters:
    registerBrokerTimeoutMills) and reports that it serves; it registers again every
    registerNameServerPeriod and whenever its topics change.
 
+With ``metricsPort`` set, the broker's Prometheus series (``metrics``) are served over HTTP
+from step 4 on (the port is bound in step 1 with the others), and the report's
+``metrics_addr`` says where.
+
 A master delivers delayed messages when they are due (``schedule``) and asks producers about
 undecided transactions (``transactions``). A slave refuses sends,
 serves pulls and queries (so consumers keep going while the master is down), learns its
@@ -39,12 +43,14 @@ import attrs
 import trio
 
 from .._sockets import listen_named
-from ..remoting import RemotingBudgets, RemotingClientPool, RemotingLimits, serve_remoting
+from ..remoting import RemotingBudgets, RemotingClientPool, RemotingLimits, RemotingServer
+from ..remoting.metrics import serve_metrics
 from ..store import MessageStore, StoreLock, open_store
 from .broker import Broker, BrokerAddresses
 from .config import VIP_PORT_OFFSET, BrokerConfig
 from .dispatch import handle, handle_vip
 from .metadata import BrokerMetadata, config_dir_of
+from .metrics import broker_registry
 from .registration import Registration
 
 __all__ = ["load_metadata", "remoting_limits", "serve_broker"]
@@ -87,11 +93,14 @@ async def _serve_locked(
     host = config.bind_address
     listeners = await listen_named(config.listen_port, host, "listenPort")
     vip_listeners: list[trio.SocketListener] = []
+    metrics_listeners: list[trio.SocketListener] = []
     try:
         port = listeners[0].socket.getsockname()[1]
         if config.vip_channel_enable:
             vip_port = 0 if config.listen_port == 0 else config.listen_port - VIP_PORT_OFFSET
             vip_listeners = await listen_named(vip_port, host, "the VIP port (listenPort - 2)")
+        if config.metrics_port is not None:
+            metrics_listeners = await listen_named(config.metrics_port, host, "metricsPort")
         if config.listen_port == 0:
             # Port 0 (tests): record the port the OS chose as STOREHOST, so msgIds point here.
             config = attrs.evolve(
@@ -100,14 +109,15 @@ async def _serve_locked(
         metadata = await trio.to_thread.run_sync(functools.partial(load_metadata, config))
         async with open_store(config.store, lock=lock) as store:
             try:
-                await _run(config, store, metadata, listeners, vip_listeners, task_status)
+                await _run(config, store, metadata, listeners, vip_listeners,
+                           metrics_listeners, task_status)
             finally:
                 with trio.CancelScope(shield=True):
                     await metadata.persist_all()
     finally:
         # Serving closes the listeners when it ends; this closes them if it never began.
         with trio.CancelScope(shield=True):
-            for listener in [*listeners, *vip_listeners]:
+            for listener in [*listeners, *vip_listeners, *metrics_listeners]:
                 await listener.aclose()
 
 
@@ -117,17 +127,20 @@ async def _run(
     metadata: BrokerMetadata,
     listeners: list[trio.SocketListener],
     vip_listeners: list[trio.SocketListener],
+    metrics_listeners: list[trio.SocketListener],
     task_status: trio.TaskStatus[BrokerAddresses],
 ) -> None:
     """Build the broker and serve until cancelled; unregister on the way out."""
     port = listeners[0].socket.getsockname()[1]
     ha = store.ha_address
-    vip_addr = None
-    if vip_listeners:
-        vip_addr = f"{config.broker_ip1}:{vip_listeners[0].socket.getsockname()[1]}"
+
+    def address_of(bound: list[trio.SocketListener]) -> str | None:
+        return f"{config.broker_ip1}:{bound[0].socket.getsockname()[1]}" if bound else None
+
     addresses = BrokerAddresses(
-        broker_addr=f"{config.broker_ip1}:{port}", vip_addr=vip_addr,
+        broker_addr=f"{config.broker_ip1}:{port}", vip_addr=address_of(vip_listeners),
         ha_addr=f"{config.broker_ip2 or config.broker_ip1}:{ha[1]}" if ha else None,
+        metrics_addr=address_of(metrics_listeners),
     )
     async with trio.open_nursery() as nursery:
         pool = RemotingClientPool(nursery)
@@ -135,14 +148,23 @@ async def _run(
             config, addresses.broker_addr, addresses.ha_addr, metadata.topics, pool,
             store.ha_client,
         )
-        broker = Broker(config, store, metadata, addresses, registration)
-        await _serve(nursery, broker, listeners, vip_listeners)
-        log.info("broker %s (%s) serving on %s", config.broker_name, config.role.value,
-                 addresses.broker_addr)
-        task_status.started(addresses)
         try:
+            broker = Broker(config, store, metadata, addresses, registration)
+            servers = await _serve(nursery, broker, listeners, vip_listeners)
+            if metrics_listeners:
+                await nursery.start(functools.partial(
+                    serve_metrics, broker_registry(broker, servers), host=config.bind_address,
+                    port=config.metrics_port or 0, listeners=metrics_listeners,
+                ))
+                log.info("broker %s: metrics at http://%s/metrics", config.broker_name,
+                         addresses.metrics_addr)
+            log.info("broker %s (%s) serving on %s", config.broker_name, config.role.value,
+                     addresses.broker_addr)
+            task_status.started(addresses)
             await trio.sleep_forever()
         finally:
+            # Also when the start fails part-way (a name server refusing a second master):
+            # the pool's connections are closed, and whoever accepted us forgets us.
             with trio.CancelScope(shield=True):
                 await pool.aclose()
                 if config.namesrv_addresses:
@@ -170,20 +192,19 @@ async def _serve(
     broker: Broker,
     listeners: list[trio.SocketListener],
     vip_listeners: list[trio.SocketListener],
-) -> None:
-    """Start the listeners and the broker's own tasks in ``nursery``."""
+) -> dict[str, RemotingServer]:
+    """Start the listeners and the broker's own tasks in ``nursery``; returns the remoting
+    servers by listener name (``main``, ``vip``), for the metrics."""
     config = broker.config
     limits = remoting_limits(config)
     budgets = RemotingBudgets.for_limits(limits)  # the port and the VIP port share them
-    await nursery.start(functools.partial(
-        serve_remoting, functools.partial(handle, broker), 0, listeners=listeners,
-        limits=limits, budgets=budgets, on_close=broker.connection_closed,
-    ))
+    servers = {"main": RemotingServer(functools.partial(handle, broker), limits, budgets,
+                                      on_close=broker.connection_closed)}
+    await nursery.start(functools.partial(servers["main"].serve, 0, listeners=listeners))
     if vip_listeners:
-        await nursery.start(functools.partial(
-            serve_remoting, functools.partial(handle_vip, broker), 0, listeners=vip_listeners,
-            limits=limits, budgets=budgets, on_close=broker.connection_closed,
-        ))
+        servers["vip"] = RemotingServer(functools.partial(handle_vip, broker), limits, budgets,
+                                        on_close=broker.connection_closed)
+        await nursery.start(functools.partial(servers["vip"].serve, 0, listeners=vip_listeners))
     nursery.start_soon(broker.run_housekeeping)
     if config.namesrv_addresses:
         # Registered before "started": whoever started the broker finds it in the routes.
@@ -195,3 +216,4 @@ async def _serve(
     else:
         assert broker.slave_sync is not None
         nursery.start_soon(broker.slave_sync.run)
+    return servers

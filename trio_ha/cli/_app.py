@@ -72,11 +72,12 @@ def _leaves(exc: BaseException) -> Iterable[BaseException]:
 def _expected_failure(exc: BaseException) -> str | None:
     """The one line to print for a failure an operator causes and can fix (a store in use, a
     port taken, no room or no permission, a bad setting), or None for anything else."""
+    from ..broker.registration import DuplicateMasterError
     from ..config import ConfigError
     from ..store import StoreLockedError
 
     for leaf in _leaves(exc):
-        if isinstance(leaf, (StoreLockedError, ConfigError)):
+        if isinstance(leaf, (StoreLockedError, ConfigError, DuplicateMasterError)):
             return str(leaf)
         if isinstance(leaf, OSError) and leaf.errno in _OPERATOR_ERRNOS:
             if leaf.filename is not None:

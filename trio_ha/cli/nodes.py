@@ -59,19 +59,56 @@ def store_demo(
     trio.run(_demo, dir, count)
 
 
+def _read_properties(path: str) -> dict[str, str]:
+    """A properties file as a mapping; a missing or unreadable file or a bad line is one
+    clear error (exit 2, as for any bad option)."""
+    from ..config import ConfigError, parse_properties_text
+
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc.strerror}",
+                                 param_hint="--config") from None
+    try:
+        return parse_properties_text(text)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from None
+
+
 @app.command()
 def namesrv(
-    port: int = typer.Option(9876, help="listen port (RocketMQ's default 9876)"),
-    bind: str = typer.Option("0.0.0.0", help="interface to bind"),
+    config_file: str | None = typer.Option(None, "-c", "--config",
+                                           help="RocketMQ namesrv.conf (options win over it)"),
+    port: int | None = typer.Option(None, help="listen port (RocketMQ's default 9876)"),
+    bind: str | None = typer.Option(None, help="interface to bind (default 0.0.0.0)"),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=0, max=65535,
+        help="serve Prometheus metrics at http://BIND:PORT/metrics (0: any free port)"),
+    print_config: bool = typer.Option(False, "-p", "--print-config",
+                                      help="print every setting and exit"),
 ) -> None:
     """Run a name server until Ctrl-C."""
+    from ..config import ConfigError
     from ..namesrv import NamesrvConfig, serve_namesrv
+
+    properties = _read_properties(config_file) if config_file is not None else {}
+    for key, value in (("listenPort", port), ("bindAddress", bind),
+                       ("metricsPort", metrics_port)):
+        if value is not None:
+            properties[key] = str(value)
+    try:
+        config = NamesrvConfig.from_properties(properties)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from None
+    if print_config:
+        for key, value in config.to_properties().items():
+            print(f"{key}={value}")
+        raise typer.Exit()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            host, bound = await nursery.start(
-                serve_namesrv, NamesrvConfig(listen_port=port, bind_address=bind)
-            )
+            host, bound = await nursery.start(serve_namesrv, config)
             print(f"name server listening on {host}:{bound}", flush=True)
 
     run_until_interrupted(main)
@@ -96,19 +133,19 @@ def broker(
                                       help="print every setting and exit"),
     print_important: bool = typer.Option(False, "-m", "--print-important",
                                          help="print the main settings and exit"),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=0, max=65535,
+        help="serve Prometheus metrics at http://bindAddress:PORT/metrics (0: any free port; "
+             "wins over the file's metricsPort)"),
 ) -> None:
     """Run a broker (store, replication, remoting) from a RocketMQ-style broker.conf."""
     from ..broker import BrokerConfig, serve_broker
-    from ..config import ConfigError, parse_properties_text
+    from ..config import ConfigError
 
+    properties = _read_properties(config_file)
+    if metrics_port is not None:
+        properties["metricsPort"] = str(metrics_port)
     try:
-        with open(config_file) as f:
-            text = f.read()
-    except OSError as exc:
-        raise typer.BadParameter(f"cannot read {config_file}: {exc.strerror}",
-                                 param_hint="--config") from None
-    try:
-        properties = parse_properties_text(text)
         if namesrv_addr is not None:
             properties["namesrvAddr"] = namesrv_addr
         elif "namesrvAddr" not in properties and os.environ.get("NAMESRV_ADDR"):
@@ -127,6 +164,8 @@ def broker(
         async with trio.open_nursery() as nursery:
             addresses = await nursery.start(serve_broker, config)
             print(f"broker {config.broker_name} ({config.role.value}) serving on "
-                  f"{addresses.broker_addr}, HA {addresses.ha_addr}", flush=True)
+                  f"{addresses.broker_addr}, HA {addresses.ha_addr}"
+                  + (f", metrics http://{addresses.metrics_addr}/metrics"
+                     if addresses.metrics_addr else ""), flush=True)
 
     run_until_interrupted(main)

@@ -1,6 +1,15 @@
-"""The name server: brokers register, clients look up routes."""
+"""The name server: brokers register, clients look up routes, operators keep KV config."""
 
-from .routes import RouteInfoManager
+from .kvconfig import KVConfigFileError, KVConfigManager
+from .routes import MasterConflict, RouteInfoManager
 from .server import NameServer, NamesrvConfig, serve_namesrv
 
-__all__ = ["NameServer", "NamesrvConfig", "RouteInfoManager", "serve_namesrv"]
+__all__ = [
+    "KVConfigFileError",
+    "KVConfigManager",
+    "MasterConflict",
+    "NameServer",
+    "NamesrvConfig",
+    "RouteInfoManager",
+    "serve_namesrv",
+]

@@ -10,15 +10,29 @@ a master's registration (broker id 0), and only when its data version changed; a
 registers under another broker id replaces its old entry (a role switch); a broker silent for
 120 s, or whose connection closed, is removed. A slave's registration is answered with its
 master's address and HA address, which is how a slave finds its master without configuration.
+
+One rule is ours, not RocketMQ's: a second master (broker id 0) for a broker name is refused
+while the first is live (``MasterConflict``). RocketMQ lets it replace the first, and then
+the two overwrite each other at every registration: routes flap between them, and the slave
+is pointed at whichever registered last, whose commitlog is not the one it copies. The first
+master's slot is free again once it unregisters, its connection closes, or it has been silent
+longer than the broker expiry.
+
+The admin requests mqadmin sends (RocketMQ 4.9.8's RouteInfoManager does the same): delete a
+topic's queues (everywhere, or in one cluster), take write permission away from a broker
+name's queues (``wipeWritePerm``, before stopping a broker) or give it back, and list the
+topics of a cluster.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
 
 from ..wire.metadata import DataVersion, TopicConfigSerializeWrapper
+from ..wire.permission import Permission
 from ..wire.route import BrokerData, ClusterInfo, QueueData, TopicRouteData
 
 if TYPE_CHECKING:  # the table only compares connections by identity; it never uses one
@@ -44,8 +58,31 @@ class RegisterResult:
     ha_server_addr: str | None
 
 
+class MasterConflict(Exception):
+    """A master (broker id 0) registered for a broker name whose live master is another
+    address. The registration changed nothing."""
+
+    def __init__(self, broker_name: str, live_master: str, intruder: str, silent_for: float,
+                 expiry: float) -> None:
+        self.broker_name = broker_name
+        #: the address that holds the broker name
+        self.live_master = live_master
+        #: the address that was refused
+        self.intruder = intruder
+        #: seconds since the live master last registered
+        self.silent_for = silent_for
+        self.expiry = expiry
+        super().__init__(
+            f"{broker_name} already has a live master at {live_master} (registered "
+            f"{silent_for:.0f} s ago); a second master at {intruder} is refused until that "
+            f"one unregisters, disconnects or is silent for {expiry:g} s"
+        )
+
+
 @attrs.define(eq=False)
 class RouteInfoManager:
+    #: seconds without a registration after which a broker counts as gone
+    broker_expiry: float = BROKER_EXPIRY_SECONDS
     #: topic -> broker name -> queue data
     topic_queue_table: dict[str, dict[str, QueueData]] = attrs.field(factory=dict)
     #: broker name -> (cluster, {broker id: address})
@@ -66,6 +103,10 @@ class RouteInfoManager:
         connection: RemotingConnection | None,
         now: float,
     ) -> RegisterResult:
+        """Record a registration; raises ``MasterConflict`` (and records nothing) for a second
+        master of a broker name whose master is live."""
+        if broker_id == 0:
+            self._check_single_master(broker_name, broker_addr, now)
         self.cluster_addr_table.setdefault(cluster, set()).add(broker_name)
         _, addrs = self.broker_addr_table.setdefault(broker_name, (cluster, {}))
         self.broker_addr_table[broker_name] = (cluster, addrs)
@@ -88,6 +129,18 @@ class RouteInfoManager:
         master = addrs.get(0)
         master_live = self.broker_live_table.get(master) if master else None
         return RegisterResult(master, master_live.ha_server_addr if master_live else None)
+
+    def _check_single_master(self, broker_name: str, broker_addr: str, now: float) -> None:
+        entry = self.broker_addr_table.get(broker_name)
+        current = entry[1].get(0) if entry is not None else None
+        if current is None or current == broker_addr:
+            return
+        live = self.broker_live_table.get(current)
+        if live is not None and now - live.last_update <= self.broker_expiry:
+            raise MasterConflict(broker_name, current, broker_addr, now - live.last_update,
+                                 self.broker_expiry)
+        # The old master is gone (past expiry, not yet swept): the new one takes its place.
+        self.broker_live_table.pop(current, None)
 
     def _update_topic_queues(self, broker_name: str, topics: TopicConfigSerializeWrapper) -> None:
         names = set(topics.topic_config_table)
@@ -135,8 +188,11 @@ class RouteInfoManager:
                 broker_addr=broker_addr, broker_name=live.broker_name, broker_id=live.broker_id
             )
 
-    def scan_not_active(self, now: float, expiry: float = BROKER_EXPIRY_SECONDS) -> list[str]:
-        """Remove brokers whose last registration is older than ``expiry`` seconds."""
+    def scan_not_active(self, now: float, expiry: float | None = None) -> list[str]:
+        """Remove brokers whose last registration is older than ``expiry`` seconds (by default
+        the table's ``broker_expiry``)."""
+        if expiry is None:
+            expiry = self.broker_expiry
         stale = [a for a, live in self.broker_live_table.items() if now - live.last_update > expiry]
         for address in stale:
             self._remove_address(address)
@@ -148,6 +204,45 @@ class RouteInfoManager:
         for address in gone:
             self._remove_address(address)
         return gone
+
+    # ---- admin ---------------------------------------------------------------------------
+
+    def delete_topic(self, topic: str, cluster: str | None = None) -> None:
+        """DELETE_TOPIC_IN_NAMESRV: forget the topic's queues, everywhere or (``cluster``) on
+        that cluster's broker names only. A master that still has the topic brings it back
+        when its topic table's DataVersion next changes, as in RocketMQ."""
+        if cluster is None:
+            self.topic_queue_table.pop(topic, None)
+            return
+        for broker_name in self.cluster_addr_table.get(cluster, ()):
+            self._drop_queue(topic, broker_name)
+
+    def wipe_write_perm(self, broker_name: str) -> int:
+        """WIPE_WRITE_PERM_OF_BROKER: clear the write bit of every queue of ``broker_name``, so
+        producers stop choosing it (until its master registers a new DataVersion). Returns the
+        number of topics it has queues of."""
+        return self._set_perm(broker_name, lambda perm: perm & ~Permission.WRITE)
+
+    def add_write_perm(self, broker_name: str) -> int:
+        """ADD_WRITE_PERM_OF_BROKER: give ``broker_name``'s queues read and write permission
+        back (RocketMQ sets exactly read+write). Returns the number of topics."""
+        return self._set_perm(broker_name, lambda perm: Permission.READ | Permission.WRITE)
+
+    def _set_perm(self, broker_name: str, change: Callable[[int], int]) -> int:
+        count = 0
+        for queues in self.topic_queue_table.values():
+            data = queues.get(broker_name)
+            if data is not None:
+                queues[broker_name] = attrs.evolve(data, perm=int(change(data.perm)))
+                count += 1
+        return count
+
+    def topics_by_cluster(self, cluster: str) -> list[str]:
+        """GET_TOPICS_BY_CLUSTER: the topics with queues on the cluster's broker names (none
+        for an unknown cluster)."""
+        names = self.cluster_addr_table.get(cluster, set())
+        return sorted(topic for topic, queues in self.topic_queue_table.items()
+                      if not names.isdisjoint(queues))
 
     # ---- queries -------------------------------------------------------------------------
 

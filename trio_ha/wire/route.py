@@ -64,10 +64,12 @@ __all__ = [
     "DEFAULT_MAX_INFLATED_LENGTH",
     "BrokerData",
     "ClusterInfo",
+    "KVConfigTable",
     "KVTable",
     "QueueData",
     "RegisterBrokerBody",
     "RouteDecodeError",
+    "TopicList",
     "TopicRouteData",
     "wants_standard_json",
     # moved to their own modules, importable from here as before
@@ -394,3 +396,50 @@ class KVTable:
             obj = as_object(read_json(data, what="KVTable"), "body")
             table = get_object(obj, "table", "body")
             return cls({k: get_str(table, k, "body.table") for k in table if table[k] is not None})
+
+
+@attrs.frozen
+class TopicList:
+    """``{"brokerAddr":..,"topicList":[...]}``: the GET_ALL_TOPIC_LIST_FROM_NAMESERVER and
+    GET_TOPICS_BY_CLUSTER body. Java keeps the names in a set (no order); we write them sorted.
+    ``brokerAddr`` is set only by RocketMQ's system-topic list, and left out when None."""
+
+    topic_list: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    broker_addr: str | None = None
+
+    def encode(self) -> bytes:
+        return encode_json({"brokerAddr": self.broker_addr, "topicList": sorted(self.topic_list)})
+
+    @classmethod
+    def decode(cls, data: bytes | str) -> TopicList:
+        with decoding(RouteDecodeError, "TopicList"):
+            obj = as_object(read_json(data, what="TopicList"), "body")
+            return cls(tuple(str_items(obj.get("topicList"), "body.topicList")),
+                       get_str(obj, "brokerAddr", "body", None))
+
+
+@attrs.frozen
+class KVConfigTable:
+    """The name server's KV config file (RocketMQ's ``kvConfig.json``, its
+    KVConfigSerializeWrapper): ``{"configTable":{namespace:{key:value}}}``."""
+
+    config_table: dict[str, dict[str, str]] = attrs.field(factory=dict)
+
+    def encode(self) -> bytes:
+        return encode_json({"configTable": {ns: dict(kv) for ns, kv in self.config_table.items()}})
+
+    @classmethod
+    def decode(cls, data: bytes | str) -> KVConfigTable:
+        with decoding(RouteDecodeError, "KVConfigTable"):
+            obj = as_object(read_json(data, what="KVConfigTable"), "kvConfig")
+            table = obj.get("configTable")
+            if table is None:
+                return cls()
+            namespaces = as_object(table, "kvConfig.configTable")
+            out: dict[str, dict[str, str]] = {}
+            for namespace, entries in namespaces.items():
+                path = f"kvConfig.configTable[{namespace!r}]"
+                items = as_object(entries, path)
+                out[namespace] = {key: get_str(items, key, path)
+                                  for key in items if items[key] is not None}
+            return cls(out)

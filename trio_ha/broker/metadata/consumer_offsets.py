@@ -58,6 +58,14 @@ def _group_of(key: str) -> str | None:
         return None
 
 
+def _topic_of(key: str) -> str | None:
+    """The topic of a ``<topic>@<group>`` key; None for a key of any other shape."""
+    try:
+        return split_offset_key(key)[0]
+    except ValueError:
+        return None
+
+
 @attrs.define(eq=False)
 class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
     """``consumerOffset.json``. ``commit`` takes whatever the consumer says (it may move back:
@@ -156,6 +164,16 @@ class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
         """Forget every offset of ``group`` (deleting a subscription group with offsets);
         returns how many topics were removed."""
         keys = [key for key in self._table if _group_of(key) == group]
+        for key in keys:
+            self._count -= len(self._table.pop(key))
+        if keys:
+            self._dirty = True
+        return len(keys)
+
+    def remove_topic(self, topic: str) -> int:
+        """Forget every group's offsets of ``topic`` (DELETE_TOPIC_IN_BROKER, as RocketMQ 5's
+        ``cleanOffsetByTopic``); returns how many groups had some."""
+        keys = [key for key in self._table if _topic_of(key) == topic]
         for key in keys:
             self._count -= len(self._table.pop(key))
         if keys:

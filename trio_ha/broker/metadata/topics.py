@@ -314,6 +314,16 @@ class TopicConfigManager(VersionedTable[TopicConfigSerializeWrapper, TopicConfig
         log.info("created topic %s", config)
         return config
 
+    def set_broker_permission(self, perm: int) -> bool:
+        """UPDATE_BROKER_CONFIG of ``brokerPermission``: what registrations report from now
+        on. Bumps the DataVersion when it changes, so the name servers take the topics again
+        (RocketMQ's ``updateBrokerConfig`` does the same). Returns whether it changed."""
+        if perm == self.broker_permission:
+            return False
+        self.broker_permission = perm
+        self._bump()
+        return True
+
     def delete(self, topic: str) -> bool:
         """DELETE_TOPIC_IN_BROKER: remove the topic; bumps the DataVersion if it existed."""
         if self._table.pop(topic, None) is None:
