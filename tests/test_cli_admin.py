@@ -195,3 +195,55 @@ def test_failures_are_one_line_and_exit_1(cluster):
         assert done.returncode == 1, (args, done.stdout, done.stderr)
         assert done.stderr.startswith("trio-ha: ") and words in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_cluster_changes_topics_permissions_kv_and_broker_config(cluster):
+    """The verbs that change a running cluster, each checked by reading the change back."""
+    namesrv, master, _ = cluster
+    assert {"topic": "CliTemp"} not in ok_json("admin", "topic-list", "-n", namesrv)
+    ok_json("admin", "update-topic", "-n", namesrv, "-t", "CliTemp", "-r", 2, "-w", 2)
+    assert {"topic": "CliTemp"} in ok_json("admin", "topic-list", "-n", namesrv,
+                                           "-c", "CliCluster")
+    assert ok_json("admin", "topic-list", "-n", namesrv, "-c", "NoSuchCluster") == []
+    deleted = ok_json("admin", "deleteTopic", "-n", namesrv, "-t", "CliTemp")
+    assert deleted == [{"topic": "CliTemp", "brokerName": "cli-broker", "master": master}]
+    assert {"topic": "CliTemp"} not in ok_json("admin", "topic-list", "-n", namesrv)
+    gone = cli("admin", "topic-route", "-n", namesrv, "-t", "CliTemp")
+    assert gone.returncode == 1 and "knows no topic" in gone.stderr
+
+    wiped = ok_json("admin", "wipe-write-perm", "-n", namesrv, "-b", "cli-broker")
+    assert wiped[0]["topics"] >= 1
+    refused = cli("produce", "-n", namesrv, "-t", TOPIC)
+    assert refused.returncode == 1, refused.stdout
+    route = ok_json("admin", "topic-route", "-n", namesrv, "-t", TOPIC)
+    assert [q["perm"] & 2 for q in route["queueDatas"]] == [0]  # no write bit
+    restored = ok_json("admin", "add-write-perm", "-n", namesrv, "-b", "cli-broker")
+    assert restored[0]["topics"] >= 1
+    assert ok_json("produce", "-n", namesrv, "-t", TOPIC)["statuses"] == {"SEND_OK": 1}
+
+    done = cli("admin", "update-kv-config", "-n", namesrv, "-s", "ORDER_TOPIC_CONFIG", "-k",
+               TOPIC, "-v", "cli-broker:4")
+    assert done.returncode == 0, done.stderr
+    assert ok_json("admin", "kv-config", "-n", namesrv, "-s", "ORDER_TOPIC_CONFIG") == [
+        {"key": TOPIC, "value": "cli-broker:4"}]
+    done = cli("admin", "deleteKvConfig", "-n", namesrv, "-s", "ORDER_TOPIC_CONFIG", "-k", TOPIC)
+    assert done.returncode == 0, done.stderr
+    assert ok_json("admin", "kv-config", "-n", namesrv, "-s", "ORDER_TOPIC_CONFIG") == []
+    settings = {r["key"]: r["value"] for r in ok_json("admin", "namesrv-config", "-n", namesrv)}
+    assert settings["listenPort"] == "0"
+
+    def broker_setting(key):
+        rows = ok_json("admin", "broker-config", "-n", namesrv, "-b", master)
+        return {r["key"]: r["value"] for r in rows}[key]
+
+    assert broker_setting("autoCreateTopicEnable") == "true"
+    done = cli("admin", "update-broker-config", "-n", namesrv, "-b", master, "-k",
+               "autoCreateTopicEnable", "-v", "false")
+    assert done.returncode == 0 and "autoCreateTopicEnable=false" in done.stdout, done.stderr
+    assert broker_setting("autoCreateTopicEnable") == "false"
+    refused = cli("admin", "update-broker-config", "-n", namesrv, "-b", master, "-k",
+                  "listenPort", "-v", "1")
+    assert refused.returncode == 1 and "listenPort" in refused.stderr, refused.stderr
+    done = cli("admin", "updateBrokerConfig", "-n", namesrv, "-b", master, "-k",
+               "autoCreateTopicEnable", "-v", "true")
+    assert done.returncode == 0, done.stderr

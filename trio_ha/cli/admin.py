@@ -154,12 +154,16 @@ _alias(cluster_list, "clusterList")
 
 
 @admin_app.command("topic-list")
-def topic_list(namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
-    """Every topic the name server knows."""
+def topic_list(cluster: str = typer.Option(None, "-c", "--cluster",
+                                           help="only the topics on this cluster's brokers"),
+               namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """Every topic the name server knows (of one cluster with -c)."""
     from ..client import open_admin
 
     async def work() -> list[str]:
         async with open_admin(namesrv) as admin:
+            if cluster is not None:
+                return await admin.topics_by_cluster(cluster)
             return sorted(await admin.topic_list())
 
     topics = run_client(work)
@@ -432,3 +436,155 @@ def query_msg_by_id(message_id: str = typer.Option(..., "-i", "--id", help="offs
 
 
 _alias(query_msg_by_id, "queryMsgById")
+
+
+# ---- changes to a running cluster --------------------------------------------------------------
+
+
+@admin_app.command("delete-topic")
+def delete_topic(topic: str = typer.Option(..., "-t", "--topic"),
+                 cluster: str = typer.Option(None, "-c", "--cluster",
+                                             help="only on this cluster (default: every one)"),
+                 namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """Delete a topic: its config, consume queues and offsets on every master, then its
+    routes on every name server (its messages stay in the commitlog until retention)."""
+    from ..client import open_admin
+
+    async def work() -> dict[str, str]:
+        async with open_admin(namesrv) as admin:
+            return await admin.delete_topic(topic, cluster)
+
+    done = run_client(work)
+    emit([{"topic": topic, "brokerName": n, "master": a} for n, a in sorted(done.items())],
+         as_json=as_json, title="topic deleted")
+
+
+_alias(delete_topic, "deleteTopic")
+
+
+def _write_perm(broker_name: str, namesrv: str, as_json: bool, *, wipe: bool) -> None:
+    from ..client import open_admin
+
+    async def work() -> int:
+        async with open_admin(namesrv) as admin:
+            if wipe:
+                return await admin.wipe_write_perm(broker_name)
+            return await admin.add_write_perm(broker_name)
+
+    count = run_client(work)
+    emit([{"brokerName": broker_name, "topics": count, "write": not wipe}], as_json=as_json,
+         title="write permission " + ("wiped" if wipe else "restored"))
+
+
+@admin_app.command("wipe-write-perm")
+def wipe_write_perm(broker_name: str = typer.Option(..., "-b", "--broker-name"),
+                    namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """Stop producers choosing a broker group's queues (before maintenance), on every name
+    server; consumers go on reading."""
+    _write_perm(broker_name, namesrv, as_json, wipe=True)
+
+
+_alias(wipe_write_perm, "wipeWritePerm")
+
+
+@admin_app.command("add-write-perm")
+def add_write_perm(broker_name: str = typer.Option(..., "-b", "--broker-name"),
+                   namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """Give a broker group's queues back to producers (after wipe-write-perm)."""
+    _write_perm(broker_name, namesrv, as_json, wipe=False)
+
+
+_alias(add_write_perm, "addWritePerm")
+
+
+@admin_app.command("update-broker-config")
+def update_broker_config(broker: str = typer.Option(..., "-b", "--broker",
+                                                    help="broker host:port"),
+                         key: str = typer.Option(..., "-k", "--key"),
+                         value: str = typer.Option(..., "-v", "--value"),
+                         namesrv: str = namesrv_option()) -> None:
+    """Change a setting of a running broker (the keys it can change at runtime, such as
+    brokerPermission or autoCreateTopicEnable); until it restarts."""
+    from ..client import open_admin
+
+    async def work() -> dict[str, str]:
+        async with open_admin(namesrv) as admin:
+            await admin.update_broker_config(broker, {key: value})
+            return await admin.broker_config(broker)
+
+    now = run_client(work)
+    print(f"{broker}: {key}={now.get(key)}")
+
+
+_alias(update_broker_config, "updateBrokerConfig")
+
+
+@admin_app.command("update-kv-config")
+def update_kv_config(namespace: str = typer.Option(..., "-s", "--namespace"),
+                     key: str = typer.Option(..., "-k", "--key"),
+                     value: str = typer.Option(..., "-v", "--value"),
+                     namesrv: str = namesrv_option()) -> None:
+    """Set a name-server KV config entry on every name server (ORDER_TOPIC_CONFIG holds the
+    ordered topics' queue layout)."""
+    from ..client import open_admin
+
+    async def work() -> None:
+        async with open_admin(namesrv) as admin:
+            await admin.put_kv_config(namespace, key, value)
+
+    run_client(work)
+    print(f"{namespace}: {key}={value}")
+
+
+_alias(update_kv_config, "updateKvConfig")
+
+
+@admin_app.command("delete-kv-config")
+def delete_kv_config(namespace: str = typer.Option(..., "-s", "--namespace"),
+                     key: str = typer.Option(..., "-k", "--key"),
+                     namesrv: str = namesrv_option()) -> None:
+    """Remove a name-server KV config entry from every name server."""
+    from ..client import open_admin
+
+    async def work() -> None:
+        async with open_admin(namesrv) as admin:
+            await admin.delete_kv_config(namespace, key)
+
+    run_client(work)
+    print(f"{namespace}: {key} deleted")
+
+
+_alias(delete_kv_config, "deleteKvConfig")
+
+
+@admin_app.command("kv-config")
+def kv_config(namespace: str = typer.Option(..., "-s", "--namespace"),
+              namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """A name-server KV config namespace's entries."""
+    from ..client import open_admin
+
+    async def work() -> dict[str, str]:
+        async with open_admin(namesrv) as admin:
+            return await admin.kv_config(namespace)
+
+    entries = run_client(work)
+    emit([{"key": k, "value": v} for k, v in sorted(entries.items())], as_json=as_json,
+         title=namespace)
+
+
+@admin_app.command("namesrv-config")
+def namesrv_config(namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
+    """Every setting of each name server."""
+    from ..client import open_admin
+
+    async def work() -> dict[str, dict[str, str]]:
+        async with open_admin(namesrv) as admin:
+            return await admin.namesrv_config()
+
+    configs = run_client(work)
+    emit([{"namesrv": address, "key": k, "value": v}
+          for address, table in configs.items() for k, v in sorted(table.items())],
+         as_json=as_json, title="name servers")
+
+
+_alias(namesrv_config, "getNamesrvConfig")

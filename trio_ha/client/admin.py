@@ -31,7 +31,7 @@ from ..wire.record import (
     peek_header,
 )
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
-from ..wire.route import ClusterInfo, KVTable, TopicRouteData
+from ..wire.route import ClusterInfo, KVTable, TopicList, TopicRouteData
 from ..wire.stats import ConsumeStats, TopicStats
 from .instance import (
     DEFAULT_TOPIC,
@@ -209,7 +209,89 @@ class Admin:
         return {data.broker_name: data.broker_addrs[MASTER_ID]
                 for data in route.broker_datas if MASTER_ID in data.broker_addrs}
 
+    # ---- name server writes (mqadmin sends them to every name server) ---------------------------
+
+    async def _on_every_namesrv(self, code: int, fields: dict[str, Any],
+                                body: bytes = b"") -> list[RemotingCommand]:
+        """``code`` to each name server in turn; their answers. Any failure is an error
+        naming that name server (the ones before it have the change)."""
+        answers = []
+        for address in self.instance.namesrv_addrs:
+            answers.append(await self._invoke(address, code, fields, body))
+        return answers
+
+    async def topics_by_cluster(self, cluster: str) -> list[str]:
+        """GET_TOPICS_BY_CLUSTER: the topics on the brokers of ``cluster``."""
+        response = await self.instance.invoke_namesrv(
+            self.instance.request(RequestCode.GET_TOPICS_BY_CLUSTER, {"cluster": cluster}))
+        if response.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(response.code, response.remark)
+        try:
+            return sorted(TopicList.decode(response.body).topic_list)
+        except RouteDecodeError as exc:
+            raise MQClientError(f"bad topic list: {exc}") from None
+
+    async def delete_topic(self, topic: str, cluster: str | None = None) -> dict[str, str]:
+        """mqadmin deleteTopic: DELETE_TOPIC_IN_BROKER on every master of ``cluster`` (all
+        clusters by default), then DELETE_TOPIC_IN_NAMESRV on every name server. Returns the
+        masters it was deleted on (broker name -> address)."""
+        masters = await self.masters(cluster)
+        for address in masters.values():
+            await self._invoke(address, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
+        fields: dict[str, Any] = {"topic": topic}
+        if cluster is not None:
+            fields["clusterName"] = cluster
+        await self._on_every_namesrv(RequestCode.DELETE_TOPIC_IN_NAMESRV, fields)
+        return masters
+
+    async def wipe_write_perm(self, broker_name: str) -> int:
+        """WIPE_WRITE_PERM_OF_BROKER on every name server: producers stop choosing the
+        broker's queues (before maintenance); the most topics any name server changed."""
+        answers = await self._on_every_namesrv(RequestCode.WIPE_WRITE_PERM_OF_BROKER,
+                                               {"brokerName": broker_name})
+        return max(int(a.ext_fields.get("wipeTopicCount", 0)) for a in answers)
+
+    async def add_write_perm(self, broker_name: str) -> int:
+        """ADD_WRITE_PERM_OF_BROKER on every name server: the reverse of wipe_write_perm."""
+        answers = await self._on_every_namesrv(RequestCode.ADD_WRITE_PERM_OF_BROKER,
+                                               {"brokerName": broker_name})
+        return max(int(a.ext_fields.get("addTopicCount", 0)) for a in answers)
+
+    async def put_kv_config(self, namespace: str, key: str, value: str) -> None:
+        """PUT_KV_CONFIG on every name server (e.g. ORDER_TOPIC_CONFIG, mqadmin updateOrderConf)."""
+        await self._on_every_namesrv(RequestCode.PUT_KV_CONFIG,
+                                     {"namespace": namespace, "key": key, "value": value})
+
+    async def delete_kv_config(self, namespace: str, key: str) -> None:
+        await self._on_every_namesrv(RequestCode.DELETE_KV_CONFIG,
+                                     {"namespace": namespace, "key": key})
+
+    async def kv_config(self, namespace: str) -> dict[str, str]:
+        """GET_KVLIST_BY_NAMESPACE: the namespace's entries ({} when it has none)."""
+        response = await self.instance.invoke_namesrv(self.instance.request(
+            RequestCode.GET_KVLIST_BY_NAMESPACE, {"namespace": namespace}))
+        if response.code == ResponseCode.QUERY_NOT_FOUND:
+            return {}
+        if response.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(response.code, response.remark)
+        try:
+            return dict(KVTable.decode(response.body).table)
+        except RouteDecodeError as exc:
+            raise MQClientError(f"bad KV list: {exc}") from None
+
+    async def namesrv_config(self) -> dict[str, dict[str, str]]:
+        """GET_NAMESRV_CONFIG of every name server, by address."""
+        answers = await self._on_every_namesrv(RequestCode.GET_NAMESRV_CONFIG, {})
+        return {address: parse_properties_body(answer.body)
+                for address, answer in zip(self.instance.namesrv_addrs, answers, strict=True)}
+
     # ---- brokers --------------------------------------------------------------------------------
+
+    async def update_broker_config(self, broker_addr: str, settings: dict[str, str]) -> None:
+        """UPDATE_BROKER_CONFIG: change settings of a running broker (the keys it can change
+        at runtime; all or nothing)."""
+        body = "".join(f"{k}={v}\n" for k, v in settings.items()).encode()
+        await self._invoke(broker_addr, RequestCode.UPDATE_BROKER_CONFIG, body=body)
 
     async def broker_config(self, broker_addr: str) -> dict[str, str]:
         """GET_BROKER_CONFIG: every setting of the broker, by RocketMQ's key names."""
