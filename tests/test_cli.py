@@ -407,3 +407,41 @@ def test_namesrv_conf_file_typos_print_config_and_metrics_endpoints(tmp_path):
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 proc.communicate(timeout=30)
+
+
+def test_broker_ip1_defaults_to_the_bound_address_or_this_hosts_own(tmp_path, caplog):
+    """A stock broker.conf without brokerIP1 registers an address other hosts can reach
+    (RocketMQ's choice of this host's first non-loopback address), not 127.0.0.1; a broker
+    bound to one address registers that one; an explicit brokerIP1 wins; and a broker that
+    has no name server to register with says so."""
+    from trio_ha._sockets import local_address
+    from trio_ha.broker import BrokerConfig
+
+    assert BrokerConfig.from_properties("listenPort=10911").broker_ip1 == local_address()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("203.0.113.1", 9))  # (no packet is sent) the way out, if any
+            outbound = probe.getsockname()[0]
+        except OSError:
+            outbound = None
+    if outbound is not None and not outbound.startswith("127."):
+        assert not local_address().startswith("127.")  # a host with a way out: not loopback
+    bound = BrokerConfig.from_properties("bindAddress=127.0.0.1")
+    assert bound.broker_ip1 == "127.0.0.1" and bound.store.store_host == "127.0.0.1:10911"
+    assert BrokerConfig.from_properties("brokerIP1=10.1.2.3").broker_ip1 == "10.1.2.3"
+    printed = run_cli("broker", "-c", str(_conf(tmp_path, "listenPort=10911\n")), "-m",
+                      cwd=tmp_path)
+    assert f"brokerIP1={local_address()}" in printed.stdout, printed.stdout
+
+    lonely = _conf(tmp_path, "listenPort=0\nbindAddress=127.0.0.1\nhaBindAddress=127.0.0.1\n"
+                             f"storePathRootDir={tmp_path / 'store'}\n")
+    broker = _start_broker(lonely, tmp_path, "--log-file", str(tmp_path / "broker.log"))
+    broker.send_signal(signal.SIGTERM)
+    broker.communicate(timeout=30)
+    assert "no namesrvAddr" in (tmp_path / "broker.log").read_text()
+
+
+def _conf(tmp_path, text: str):
+    path = tmp_path / f"conf{len(list(tmp_path.glob('conf*')))}.conf"
+    path.write_text(text)
+    return path

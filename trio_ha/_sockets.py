@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
+import struct
 from collections.abc import Sequence
 
 import trio
@@ -20,6 +22,38 @@ async def listen_named(port: int, host: str, what: str) -> list[trio.SocketListe
     except OSError as exc:
         raise OSError(exc.errno, f"cannot listen on {host}:{port}, {what}: "
                                  f"{exc.strerror or exc}") from exc
+
+
+#: SIOCGIFADDR (Linux): an interface's IPv4 address
+_SIOCGIFADDR = 0x8915
+
+
+def local_address() -> str:
+    """This host's address for others to reach it, chosen as RocketMQ's
+    ``RemotingUtil.getLocalAddress`` does: the IPv4 addresses of the interfaces that are not
+    loopback and not bridges, the first not in 127.0/192.168 if any, else the last; loopback
+    when there is none."""
+    found = []
+    try:
+        interfaces = socket.if_nameindex()
+    except OSError:  # pragma: no cover - no interface list on this platform
+        interfaces = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in interfaces:
+            if os.path.exists(f"/sys/class/net/{name}/bridge"):
+                continue
+            try:
+                request = struct.pack("256s", name.encode()[:15])
+                answer = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
+            except OSError:  # no IPv4 address on it, or down
+                continue
+            address = socket.inet_ntoa(answer[20:24])
+            if not address.startswith("127."):
+                found.append(address)
+    for address in found:
+        if not address.startswith(("127.0", "192.168")):
+            return address
+    return found[-1] if found else "127.0.0.1"
 
 
 def peer_name(sock: socket.socket | trio.socket.SocketType) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from .._sockets import local_address
 from ..config import (
     BrokerRole,
     ConfigError,
@@ -61,7 +62,9 @@ class BrokerConfig:
     broker_name: str = "broker-a"
     #: 0 for a master; a slave needs > 0
     broker_id: int = attrs.field(default=0, validator=in_range(0))
-    #: the address clients are given (and STOREHOST in records)
+    #: the address clients are given (and STOREHOST in records); from a broker.conf without
+    #: it: bindAddress when that is one address, else this host's first non-loopback one
+    #: (``local_address``, as RocketMQ picks it)
     broker_ip1: str = "127.0.0.1"
     #: the address slaves are given for HA (brokerIP1 when unset)
     broker_ip2: str | None = None
@@ -210,7 +213,10 @@ class BrokerConfig:
         # brokerRole says whether this is a master; RocketMQ forces a master's id to 0.
         store = StoreConfig.from_properties(properties)
         listen_port = values.get("listen_port", 10911)
-        broker_ip1 = values.get("broker_ip1", "127.0.0.1")
+        if "broker_ip1" not in values:
+            bind = values.get("bind_address", "0.0.0.0")
+            values["broker_ip1"] = bind if bind not in ("0.0.0.0", "::", "") else local_address()
+        broker_ip1 = values["broker_ip1"]
         derived: dict[str, Any] = {}
         if "haListenPort" not in properties:
             derived["ha_listen_port"] = 0 if listen_port == 0 else listen_port + HA_PORT_OFFSET

@@ -206,6 +206,10 @@ async def _serve(
                                         on_close=broker.connection_closed)
         await nursery.start(functools.partial(servers["vip"].serve, 0, listeners=vip_listeners))
     nursery.start_soon(broker.run_housekeeping)
+    if not config.namesrv_addresses:
+        log.warning("broker %s: no namesrvAddr (broker.conf, -n or $NAMESRV_ADDR): it registers "
+                    "nowhere, so clients find it only by its address %s", config.broker_name,
+                    broker.addresses.broker_addr)
     if config.namesrv_addresses:
         # Registered before "started": whoever started the broker finds it in the routes.
         await broker.registration.register_all()
