@@ -17,6 +17,8 @@ import pytest
 
 TOPIC = "CliOrders"
 GROUP = "cli_billing"
+#: each node's log file (--log-file), by role, filled by the cluster fixture
+LOGS: dict = {}
 
 
 def cli(*args, env_namesrv=None, timeout=120):
@@ -42,15 +44,16 @@ def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli_admin")
     procs: list[subprocess.Popen] = []
 
-    def start(*args):
+    def start(role, *args):
+        LOGS[role] = root / f"{role}.log"
         proc = subprocess.Popen([sys.executable, "-m", "trio_ha.cli", "--log-file",
-                                 str(root / f"{len(procs)}.log"), *args], cwd=root,
+                                 str(LOGS[role]), *args], cwd=root,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         procs.append(proc)
         return proc
 
     try:
-        namesrv = start("namesrv", "--port", "0", "--bind", "127.0.0.1")
+        namesrv = start("namesrv", "namesrv", "--port", "0", "--bind", "127.0.0.1")
         listening = re.fullmatch(r"name server listening on (\S+)\n", first_line(namesrv))
         assert listening
         namesrv_addr = listening[1]
@@ -63,7 +66,7 @@ def cluster(tmp_path_factory):
                 f"haBindAddress=127.0.0.1\nbrokerIP1=127.0.0.1\nvipChannelEnable=false\n"
                 f"storePathRootDir={root / role.lower()}\nmappedFileSizeCommitLog=1048576\n"
                 f"namesrvAddr={namesrv_addr}\n")
-            broker = start("broker", "-c", conf)
+            broker = start(role, "broker", "-c", conf)
             serving = re.search(r"serving on (\S+), HA", first_line(broker))
             assert serving, f"the {role} did not start"
             addresses.append(serving[1])
@@ -247,3 +250,21 @@ def test_cluster_changes_topics_permissions_kv_and_broker_config(cluster):
     done = cli("admin", "updateBrokerConfig", "-n", namesrv, "-b", master, "-k",
                "autoCreateTopicEnable", "-v", "true")
     assert done.returncode == 0, done.stderr
+
+
+def test_the_nodes_log_their_state_changes(cluster):
+    """One line per change an operator cares about, each with its time and level:
+    registration, the slave attaching, its master, connections, recovery."""
+    namesrv, master, slave = cluster
+    logs = {role: path.read_text() for role, path in LOGS.items()}
+    for role in ("SYNC_MASTER", "SLAVE"):
+        assert "recovered after a clean stop" in logs[role]
+        assert f"registered with name server {namesrv}" in logs[role]
+    assert re.search(r"INFO  trio_ha\.store\.ha\.master: HA: slave \S+ connected",
+                     logs["SYNC_MASTER"])
+    assert f"master of cli-broker is now {master}" in logs["SLAVE"]
+    assert "HA: replicating from" in logs["SLAVE"]
+    assert re.search(r"remoting: \S+ connected to", logs["namesrv"])
+    for line in logs["SYNC_MASTER"].splitlines():
+        assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO |WARNING|ERROR)",
+                        line), line

@@ -87,6 +87,8 @@ class Registration:
     _register_now: trio.Event = attrs.field(factory=trio.Event, init=False)
     #: whether a registration round has completed (the broker serves from then on)
     _started: bool = attrs.field(default=False, init=False)
+    #: the name servers whose last answer was a registration: the log says when that changes
+    _registered_with: set[str] = attrs.field(factory=set, init=False)
 
     @property
     def is_slave(self) -> bool:
@@ -138,6 +140,7 @@ class Registration:
             response = await self.pool.invoke(address, request, timeout)
         except RemotingError as exc:
             log.warning("broker: registering with name server %s failed: %s", address, exc)
+            self._registered_with.discard(address)
             self.pool.forget(address)
             return
         live_master = response.ext_fields.get("masterAddr")
@@ -150,7 +153,12 @@ class Registration:
         if response.code != ResponseCode.SUCCESS:
             log.warning("broker: name server %s refused the registration: %s", address,
                         response.remark)
+            self._registered_with.discard(address)
             return
+        if address not in self._registered_with:
+            self._registered_with.add(address)
+            log.info("broker: %s (%s, brokerId %d) registered with name server %s",
+                     self.config.broker_name, self.broker_addr, self.config.broker_id, address)
         if self.is_slave:
             self._follow_master(response.ext_fields.get("masterAddr"),
                                 response.ext_fields.get("haServerAddr"))
