@@ -310,18 +310,28 @@ def view_message_by_id(
 # ---- topics, groups, config --------------------------------------------------------------------
 
 
-def update_and_create_topic(
-    broker: Broker, request: RemotingCommand, connection: RemotingConnection
-) -> RemotingCommand:
+def _topic_change_refused(broker: Broker, request: RemotingCommand,
+                          topic: str) -> RemotingCommand | None:
+    """Why a client may not create, change or delete ``topic`` here (RocketMQ's answers: a
+    slave changes no topic, a bad name, a system topic), or None."""
     refused = refused_on_slave(broker, request)
     if refused is not None:
         return refused
-    topic = request.field_str("topic")
     problem = topic_problem(topic)
     if problem is not None:
         return error(request, problem)
     if broker.metadata.topics.is_system_topic(topic):
         return error(request, f"The topic[{topic}] is conflict with system topic.")
+    return None
+
+
+def update_and_create_topic(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand:
+    topic = request.field_str("topic")
+    refused = _topic_change_refused(broker, request, topic)
+    if refused is not None:
+        return refused
     try:
         config = TopicConfig(
             topic_name=topic,
@@ -567,15 +577,10 @@ def delete_topic(
     """DELETE_TOPIC_IN_BROKER (mqadmin deleteTopic, before the name servers): the topic's
     config, consume queues and consumer offsets. SUCCESS also for a topic the broker does not
     have, as RocketMQ; refused on a slave and for system topics."""
-    refused = refused_on_slave(broker, request)
+    topic = request.field_str("topic")
+    refused = _topic_change_refused(broker, request, topic)
     if refused is not None:
         return refused
-    topic = request.field_str("topic")
-    problem = topic_problem(topic)
-    if problem is not None:
-        return error(request, problem)
-    if broker.metadata.topics.is_system_topic(topic):
-        return error(request, f"The topic[{topic}] is conflict with system topic.")
     existed = broker.metadata.topics.delete(topic)
     groups = broker.metadata.offsets.remove_topic(topic)
     queues = remove_consume_queues(broker.store, topic)

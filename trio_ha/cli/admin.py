@@ -17,12 +17,15 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 import typer
 
 from ._app import app
+
+if TYPE_CHECKING:
+    from ..wire.route import ClusterInfo
 
 admin_app = typer.Typer(
     no_args_is_help=True,
@@ -99,28 +102,39 @@ def _alias(command: Callable, *names: str) -> None:
 # ---- cluster and topics ------------------------------------------------------------------------
 
 
+async def brokers_and_runtime(admin) -> tuple[ClusterInfo, list[tuple[str, str, int, str]],
+                                              dict[str, dict[str, str]]]:
+    """The name server's cluster info; every broker it knows, as (cluster, brokerName,
+    brokerId, address); and each one's runtime info, asked all at once (a broker that does
+    not answer has ``{"error": why}``, so one broker down hides none of the others)."""
+    from ..client import MQError
+
+    info = await admin.cluster_info()
+    brokers = [(cluster, name, broker_id, address)
+               for cluster, names in sorted(info.cluster_addr_table.items())
+               for name in sorted(names)
+               if (data := info.broker_addr_table.get(name)) is not None
+               for broker_id, address in sorted(data.broker_addrs.items())]
+    runtime: dict[str, dict[str, str]] = {}
+
+    async def fetch(address: str) -> None:
+        try:
+            runtime[address] = await admin.runtime_info(address)
+        except (MQError, OSError) as exc:
+            runtime[address] = {"error": str(exc)}
+
+    async with trio.open_nursery() as nursery:
+        for *_, address in brokers:
+            nursery.start_soon(fetch, address)
+    return info, brokers, runtime
+
+
 async def cluster_rows(namesrv: str) -> Rows:
     """A row per broker of every cluster, with what its runtime info says."""
     from ..client import open_admin
 
     async with open_admin(namesrv) as admin:
-        info = await admin.cluster_info()
-        brokers = [(cluster, name, broker_id, address)
-                   for cluster, names in sorted(info.cluster_addr_table.items())
-                   for name in sorted(names)
-                   if (data := info.broker_addr_table.get(name)) is not None
-                   for broker_id, address in sorted(data.broker_addrs.items())]
-        runtime: dict[str, dict[str, str]] = {}
-
-        async def fetch(address: str) -> None:
-            try:
-                runtime[address] = await admin.runtime_info(address)
-            except Exception as exc:  # one broker down must not hide the others
-                runtime[address] = {"error": str(exc)}
-
-        async with trio.open_nursery() as nursery:
-            for *_, address in brokers:
-                nursery.start_soon(fetch, address)
+        _, brokers, runtime = await brokers_and_runtime(admin)
     rows = []
     for cluster, name, broker_id, address in brokers:
         table = runtime.get(address, {})

@@ -19,7 +19,14 @@ import trio
 import typer
 
 from ._app import app
-from .admin import emit, format_ms, json_option, namesrv_option, run_client
+from .admin import (
+    brokers_and_runtime,
+    emit,
+    format_ms,
+    json_option,
+    namesrv_option,
+    run_client,
+)
 
 #: at most this many topics and groups are looked at (each costs a request per broker)
 MAX_LISTED = 50
@@ -61,23 +68,7 @@ async def cluster_status(namesrv: str) -> dict[str, Any]:
     from ..wire.record import encode_host, message_id, parse_host_port
 
     async with open_admin(namesrv) as admin:
-        info = await admin.cluster_info()
-        members = [(cluster, name, broker_id, address)
-                   for cluster, names in sorted(info.cluster_addr_table.items())
-                   for name in sorted(names)
-                   if (data := info.broker_addr_table.get(name)) is not None
-                   for broker_id, address in sorted(data.broker_addrs.items())]
-        runtime: dict[str, dict[str, str]] = {}
-
-        async def fetch(address: str) -> None:
-            try:
-                runtime[address] = await admin.runtime_info(address)
-            except (MQError, OSError) as exc:
-                runtime[address] = {"error": str(exc)}
-
-        async with trio.open_nursery() as nursery:
-            for *_, address in members:
-                nursery.start_soon(fetch, address)
+        info, members, runtime = await brokers_and_runtime(admin)
 
         async def age_of_offset(master: str, offset: int) -> float | None:
             """Seconds since the message at ``offset`` of the master's log was stored: how
