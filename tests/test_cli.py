@@ -445,3 +445,17 @@ def _conf(tmp_path, text: str):
     path = tmp_path / f"conf{len(list(tmp_path.glob('conf*')))}.conf"
     path.write_text(text)
     return path
+
+
+def test_a_store_directory_that_cannot_be_made_is_one_line(tmp_path):
+    """storePathRootDir under a file (the tests run as root here, so a permission cannot be
+    taken away; the path is what an operator mistypes): one line naming the path, exit 1,
+    nothing written."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    conf = _conf(tmp_path, "listenPort=0\nbindAddress=127.0.0.1\nhaBindAddress=127.0.0.1\n"
+                           f"storePathRootDir={blocker / 'store'}\n")
+    done = run_cli("broker", "-c", str(conf), cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == f"trio-ha: Not a directory: {blocker / 'store'}\n", done.stderr
+    assert blocker.read_text() == "not a directory\n"
