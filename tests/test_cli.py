@@ -459,3 +459,36 @@ def test_a_store_directory_that_cannot_be_made_is_one_line(tmp_path):
     assert done.returncode == 1, done.stderr
     assert done.stderr == f"trio-ha: Not a directory: {blocker / 'store'}\n", done.stderr
     assert blocker.read_text() == "not a directory\n"
+
+
+def test_a_second_signal_stops_a_node_whose_graceful_stop_hangs(tmp_path):
+    """The runner every node command uses: the first SIGTERM cancels the node for its
+    graceful stop; when that stop hangs (here: a shutdown step that never finishes), a second
+    signal ends the process at once, with 128 + the signal's number."""
+    script = tmp_path / "hanging_node.py"
+    script.write_text(
+        "import trio\n"
+        "from trio_ha.cli._app import run_until_interrupted\n"
+        "async def main():\n"
+        "    try:\n"
+        "        print('serving', flush=True)\n"
+        "        await trio.sleep_forever()\n"
+        "    finally:\n"
+        "        with trio.CancelScope(shield=True):\n"
+        "            await trio.sleep(600)  # a drain that never ends\n"
+        "run_until_interrupted(main)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert _first_line(proc) == "serving\n"
+        proc.send_signal(signal.SIGTERM)
+        assert _first_line(proc).startswith("shutting down")
+        assert proc.poll() is None  # still draining
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert "forced to stop" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
