@@ -1,0 +1,126 @@
+"""The fault-injection harness: a short run of the real thing in the suite (a longer one is
+``-m soak``), and the checker shown to fail on each kind of violation it looks for."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trio_ha.chaos.checker import StoreContents, check, log_prefix_problem
+from trio_ha.chaos.history import ConsumeEvent, History, SendEvent
+from trio_ha.chaos.plan import ChaosConfig, FaultKind, schedule
+
+
+def run_chaos_cli(tmp_path, *args, timeout=900):
+    return subprocess.run(
+        [sys.executable, "-m", "trio_ha.cli", "--log-level", "warning", "chaos", "run",
+         "--dir", str(tmp_path / "run"), "--json", *map(str, args)],
+        capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_short_run_under_faults_loses_nothing_acknowledged(tmp_path):
+    """SYNC_MASTER + SYNC_FLUSH, one slave, about a minute of load with a fault every 1.5 s
+    on average (kills, pauses longer than the HA housekeeping interval, cut, stalled and
+    slowed replication links): every check passes, and the run did face faults of several
+    kinds."""
+    done = run_chaos_cli(tmp_path, "--seconds", 60, "--fault-interval", 1.5, "--seed", 7)
+    verdict = json.loads(done.stdout.splitlines()[-1]) if done.stdout else None
+    assert verdict is not None, done.stderr[-3000:]
+    failed = [c for c in verdict["checks"] if not c["passed"]]
+    assert done.returncode == 0 and not failed, (failed, verdict["figures"])
+    figures = verdict["figures"]
+    assert figures["acknowledged"] > 100 and figures["lost acknowledged (master)"] == 0
+    assert sum(figures["faults"].values()) >= 15 and len(figures["faults"]) >= 4, figures
+    assert figures["consumed"] > 0
+    history = (tmp_path / "run" / "history.jsonl").read_text().splitlines()
+    assert {json.loads(line)["event"] for line in history} == {"send", "consume", "fault"}
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("role,flush", [("SYNC_MASTER", "SYNC_FLUSH"),
+                                        ("SYNC_MASTER", "ASYNC_FLUSH"),
+                                        ("ASYNC_MASTER", "ASYNC_FLUSH")])
+def test_a_long_run_per_configuration(tmp_path, role, flush):
+    minutes = float(os.environ.get("TRIO_HA_CHAOS_MINUTES", "10"))
+    done = run_chaos_cli(tmp_path, "--role", role, "--flush", flush, "--minutes", minutes,
+                         "--fault-interval", 2.5, "--seed", 11, timeout=minutes * 60 + 600)
+    verdict = json.loads(done.stdout.splitlines()[-1])
+    assert done.returncode == 0, [c for c in verdict["checks"] if not c["passed"]]
+
+
+def test_the_schedule_is_a_function_of_the_seed():
+    config = ChaosConfig(seconds=300, seed=5)
+    first, again = schedule(config), schedule(config)
+    assert first == again and len(first) > 20
+    assert schedule(ChaosConfig(seconds=300, seed=6)) != first
+    assert {f.kind for f in first} == set(FaultKind)
+    assert all(f.at < 300 * 0.9 for f in first)
+    assert all(a.at + a.duration <= b.at for a, b in zip(first, first[1:], strict=False))
+
+
+def _contents(path, queues: dict[int, list[str]], max_offset=0) -> StoreContents:
+    return StoreContents(str(path), max_offset,
+                         {q: list(enumerate(ids)) for q, ids in queues.items()})
+
+
+def _history(acked: list[str], consumed: list[tuple[str, int, int]], sent_only=()) -> History:
+    history = History()
+    for send_id in acked:
+        history.send(SendEvent(send_id, 1, 0.0, 0.1, "SEND_OK"))
+    for send_id in sent_only:
+        history.send(SendEvent(send_id, 1, 0.0, 9.9, None, error="MQClientError: timeout"))
+    for send_id, queue, offset in consumed:
+        history.consume(ConsumeEvent(send_id, 1.0, queue, offset, 0))
+    return history
+
+
+def test_the_checker_fails_on_each_violation(tmp_path):
+    config = ChaosConfig(seconds=60)
+    (tmp_path / "m" / "commitlog").mkdir(parents=True)
+    (tmp_path / "s" / "commitlog").mkdir(parents=True)
+    master = _contents(tmp_path / "m", {0: ["p1-1", "p1-2"]})
+    slave = _contents(tmp_path / "s", {0: ["p1-1", "p1-2"]})
+    good = check(config, _history(["p1-1", "p1-2"], [("p1-1", 0, 0), ("p1-2", 0, 1)]),
+                 master, [slave])
+    assert good.passed, good.report()
+
+    def failed(verdict) -> set[str]:
+        return {c.name for c in verdict.checks if not c.passed}
+
+    lost = check(config, _history(["p1-1", "p1-2", "p1-3"], []), master, [slave])
+    assert failed(lost) == {"acknowledged sends on the master", "acknowledged sends on slave 1"}
+    assert lost.figures["lost acknowledged (master)"] == 1
+    not_on_slave = check(config, _history(["p1-1", "p1-2"], []), master,
+                         [_contents(tmp_path / "s", {0: ["p1-1"]})])
+    assert failed(not_on_slave) == {"acknowledged sends on slave 1"}
+    relaxed = check(ChaosConfig(seconds=60, role="ASYNC_MASTER", flush="ASYNC_FLUSH"),
+                    _history(["p1-1", "p1-2"], []), master,
+                    [_contents(tmp_path / "s", {0: ["p1-1"]})])
+    assert relaxed.passed and relaxed.figures["acknowledged missing on slaves"] == {"slave1": 1}
+    invented = check(config, _history(["p1-1"], [("p9-9", 0, 0)]), master, [slave])
+    assert failed(invented) == {"every consumed message was sent"}
+    gap = check(config, _history(["p1-1", "p1-2"], [("p1-1", 0, 0), ("p1-2", 0, 2)]),
+                master, [slave])
+    assert failed(gap) == {"consumed offsets have no gaps"}
+    conflict = check(config, _history(["p1-1", "p1-2"], [("p1-1", 0, 0), ("p1-2", 0, 0)]),
+                     master, [slave])
+    assert failed(conflict) == {"an offset always held the same message"}
+    late = History()
+    late.send(SendEvent("p1-1", 1, 0.0, config.send_timeout + 5, None, error="x"))
+    assert failed(check(config, late, master, [slave])) == {"every send ended within 4 s"}
+
+
+def test_the_prefix_check_finds_the_first_differing_byte(tmp_path):
+    for name, data in (("m", b"abcdefgh" * 100), ("s", b"abcdefgh" * 50 + b"X")):
+        (tmp_path / name / "commitlog").mkdir(parents=True)
+        (tmp_path / name / "commitlog" / f"{0:020d}").write_bytes(data.ljust(1024, b"\0"))
+    master = _contents(tmp_path / "m", {}, max_offset=800)
+    assert log_prefix_problem(master, _contents(tmp_path / "s", {}, max_offset=400)) is None
+    assert log_prefix_problem(master, _contents(tmp_path / "s", {}, max_offset=401)) == (
+        "the logs differ at commitlog offset 400")
+    assert "past the master's" in log_prefix_problem(
+        master, _contents(tmp_path / "s", {}, max_offset=900))

@@ -1,0 +1,94 @@
+"""What happened in a chaos run, as the clients and the harness saw it.
+
+Every send (its body's id, when it started and ended, the answer or the error), every
+message consumed (queue, offset, body id) and every fault (what, when, how long) is one
+event, kept in memory for the checker and appended to ``history.jsonl`` in the run
+directory as it happens, so a run that dies still leaves what it saw.
+
+A message's body starts with its id (``p<producer>-<seq>``), unique per send attempt made
+by a producer: a body found twice in the log is a retry that stored twice (the client gave
+up waiting on an attempt the broker had stored), never two sends.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+
+__all__ = ["ConsumeEvent", "FaultEvent", "History", "SendEvent", "body_id"]
+
+
+def body_id(body: bytes) -> str:
+    """The send id a chaos body starts with (``p1-42 ...``)."""
+    return body.split(b" ", 1)[0].decode("ascii", "replace")
+
+
+@attrs.frozen
+class SendEvent:
+    id: str
+    producer: int
+    started: float
+    ended: float
+    #: SEND_OK, FLUSH_DISK_TIMEOUT, ... or None when the call raised
+    status: str | None
+    error: str | None = None
+    offset_msg_id: str | None = None
+    queue_id: int | None = None
+    queue_offset: int | None = None
+
+
+@attrs.frozen
+class ConsumeEvent:
+    id: str
+    at: float
+    #: (one broker group: a queue id names the queue)
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+
+
+@attrs.frozen
+class FaultEvent:
+    kind: str
+    target: int
+    started: float
+    ended: float
+    detail: str = ""
+
+
+@attrs.define(eq=False)
+class History:
+    sends: list[SendEvent] = attrs.field(factory=list)
+    consumed: list[ConsumeEvent] = attrs.field(factory=list)
+    faults: list[FaultEvent] = attrs.field(factory=list)
+    _out: IO[str] | None = attrs.field(default=None, alias="out")
+
+    @classmethod
+    def to_file(cls, path: Path) -> History:
+        return cls(out=path.open("a", encoding="utf-8"))
+
+    def _write(self, kind: str, event: Any) -> None:
+        if self._out is not None:
+            self._out.write(json.dumps({"event": kind, **attrs.asdict(event)}) + "\n")
+
+    def send(self, event: SendEvent) -> None:
+        self.sends.append(event)
+        self._write("send", event)
+
+    def consume(self, event: ConsumeEvent) -> None:
+        self.consumed.append(event)
+        self._write("consume", event)
+
+    def fault(self, event: FaultEvent) -> None:
+        self.faults.append(event)
+        self._write("fault", event)
+        if self._out is not None:
+            self._out.flush()
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None

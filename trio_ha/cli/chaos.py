@@ -1,0 +1,57 @@
+"""``trio-ha chaos ...``: fault-injection runs against real processes (see trio_ha.chaos)."""
+
+from __future__ import annotations
+
+import typer
+
+from ._app import app
+
+chaos_app = typer.Typer(
+    no_args_is_help=True,
+    help="Fault-injection runs: kill, pause and cut a real cluster under load and check that "
+         "nothing acknowledged is lost; attack its ports with hostile input.",
+)
+app.add_typer(chaos_app, name="chaos")
+
+
+@chaos_app.command("run")
+def chaos_run(
+    role: str = typer.Option("SYNC_MASTER", "--role", help="SYNC_MASTER or ASYNC_MASTER"),
+    flush: str = typer.Option("SYNC_FLUSH", "--flush", help="SYNC_FLUSH or ASYNC_FLUSH"),
+    slaves: int = typer.Option(1, "--slaves", min=1, max=2),
+    seconds: float = typer.Option(120, "--seconds", min=10, help="how long the load runs"),
+    minutes: float = typer.Option(None, "--minutes", min=0.2, help="the same, in minutes"),
+    seed: int = typer.Option(1, "--seed", help="the fault schedule's seed (to replay a run)"),
+    fault_interval: float = typer.Option(4.0, "--fault-interval", min=0.5,
+                                         help="mean seconds between faults"),
+    producers: int = typer.Option(2, "--producers", min=1, max=64),
+    rate: float = typer.Option(40.0, "--rate", min=0.1, help="sends per second per producer"),
+    dir: str = typer.Option(None, "--dir", help="run directory (a new temporary one by "
+                                                "default; it is kept)"),
+    as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
+) -> None:
+    """A cluster of trio-ha processes under load while faults are injected on a schedule
+    from the seed; then every node is SIGKILLed at once and the history is checked against
+    what the stores hold. Exit 0 only if every check passed."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from ..chaos.plan import ChaosConfig
+    from ..chaos.run import run_chaos
+
+    run_dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="trio-ha-chaos-"))
+    try:
+        config = ChaosConfig(role=role, flush=flush, slaves=slaves,
+                             seconds=minutes * 60 if minutes else seconds, seed=seed,
+                             fault_interval=fault_interval, producers=producers, rate=rate)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    verdict = run_chaos(config, run_dir)
+    if as_json:
+        print(json.dumps(verdict.as_dict()))
+    else:
+        print(verdict.report())
+        print(f"run directory: {run_dir}")
+    if not verdict.passed:
+        raise typer.Exit(1)
