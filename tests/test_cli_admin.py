@@ -169,8 +169,12 @@ def test_message_lookups_by_offset_id_client_id_and_key(cluster):
         assert len(found) == 1
         assert found[0]["body"] == "find me" and found[0]["keys"] == "needle"
         assert found[0]["offsetMsgId"] == last["offsetMsgId"] and found[0]["msgId"] == last["msgId"]
+    single = ok_json("admin", "sendMessage", "-n", namesrv, "-t", TOPIC, "-p", "hello", "-k",
+                     "needle")
+    assert single["sent"] == 1 and single["statuses"] == {"SEND_OK": 1}
     by_key = ok_json("admin", "query-msg-by-key", "-n", namesrv, "-t", TOPIC, "-k", "needle")
-    assert [m["offsetMsgId"] for m in by_key] == [last["offsetMsgId"]]
+    assert [m["offsetMsgId"] for m in by_key] == [last["offsetMsgId"],
+                                                  single["last"]["offsetMsgId"]]
     table = cli("message", "get", "-n", namesrv, last["offsetMsgId"])
     assert table.returncode == 0 and "find me" in table.stdout
 

@@ -44,6 +44,12 @@ async def produce(namesrv: str, config: ChaosConfig, producer_no: int, history: 
             except MQError as exc:
                 event = SendEvent(send_id, producer_no, started, clock(), None,
                                   error=f"{type(exc).__name__}: {exc}"[:300])
+            except trio.Cancelled:
+                # The run ended during the send: the broker may have stored it, so it is an
+                # attempt the checker must know of (a consumer may read it).
+                history.send(SendEvent(send_id, producer_no, started, clock(), None,
+                                       error="Cancelled: the run ended during the send"))
+                raise
             else:
                 event = SendEvent(send_id, producer_no, started, clock(),
                                   result.send_status.name, offset_msg_id=result.offset_msg_id,

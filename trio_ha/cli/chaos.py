@@ -26,6 +26,9 @@ def chaos_run(
                                          help="mean seconds between faults"),
     producers: int = typer.Option(2, "--producers", min=1, max=64),
     rate: float = typer.Option(40.0, "--rate", min=0.1, help="sends per second per producer"),
+    ha_housekeeping_ms: int = typer.Option(
+        3000, "--ha-housekeeping-ms", min=500,
+        help="the brokers' haHousekeepingInterval (pauses last 1.2-2x it)"),
     dir: str = typer.Option(None, "--dir", help="run directory (a new temporary one by "
                                                 "default; it is kept)"),
     as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
@@ -44,7 +47,8 @@ def chaos_run(
     try:
         config = ChaosConfig(role=role, flush=flush, slaves=slaves,
                              seconds=minutes * 60 if minutes else seconds, seed=seed,
-                             fault_interval=fault_interval, producers=producers, rate=rate)
+                             fault_interval=fault_interval, producers=producers, rate=rate,
+                             ha_housekeeping_ms=ha_housekeeping_ms)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     verdict = run_chaos(config, run_dir)

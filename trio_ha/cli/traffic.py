@@ -22,7 +22,7 @@ import trio
 import typer
 
 from ._app import app
-from .admin import json_option, message_row, namesrv_option, run_client
+from .admin import admin_app, json_option, message_row, namesrv_option, run_client
 
 
 @contextlib.contextmanager
@@ -151,3 +151,19 @@ def consume(
 
     received = run_client(work)
     print(f"consumed {received} messages of {topic} as {group}", file=sys.stderr)
+
+
+@admin_app.command("send-message")
+def send_message(
+    topic: str = typer.Option(..., "-t", "--topic"),
+    body: str = typer.Option(..., "-p", "--body"),
+    keys: str = typer.Option(None, "-k", "--keys"),
+    tags: str = typer.Option(None, "-c", "--tags"),
+    namesrv: str = namesrv_option(), as_json: bool = json_option(),
+) -> None:
+    """mqadmin sendMessage: one message (``trio-ha produce`` sends many)."""
+    produce(topic=topic, count=1, body=body, size=0, keys=keys, tags=tags,
+            group="trio-ha-cli-producer", namesrv=namesrv, as_json=as_json)
+
+
+admin_app.command("sendMessage", hidden=True)(send_message)
