@@ -909,7 +909,8 @@ size_t th_index_put(uint8_t *idx, uint32_t slot_num, uint32_t index_num, const u
 
 /*
  * Decode the record buf[pos, pos + size) (the caller checked pos + size <= limit and
- * size >= MIN_RECORD_SIZE) into *i. Returns 0 if its fields do not add up to TOTALSIZE.
+ * size >= MIN_RECORD_SIZE) into *i. Returns 0 if its fields do not add up to TOTALSIZE, -1
+ * if they do but the record is torn (see below).
  * Every read is at an offset below `size`, checked before it is made. The *_pos fields are
  * uint32 (th_record_info): buffers past 4 GiB would wrap them, segments are at most 1 GiB.
  */
@@ -975,6 +976,13 @@ static int parse_record(const uint8_t *buf, uint64_t pos, uint32_t size, uint32_
     p += props_len;
     if (p != end)
         return 0;
+    /* A whole record never ends in a 0 byte: its last byte is its properties' last (a value's
+       character or the 0x02 separator) or, without properties, its topic's last. A 0 there is
+       the tail of a record that never reached the file (zero-filled segment) while its header
+       did: a slave killed after a replication frame was cut inside the record, or a lost
+       page. BODYCRC cannot see it when only properties (or topic) bytes are missing. */
+    if (props_len ? r[end - 1] == 0 : (topic_len && r[props_off - 3] == 0))
+        return -1;
     i->phys_offset = add_wrap(base_offset, pos);
     i->tags_code = 0;
     if ((flags & TH_SCAN_TAGS) && props_len)
@@ -1020,8 +1028,11 @@ size_t th_scan(const uint8_t *buf, uint64_t limit, uint64_t pos, int64_t base_of
         if ((uint64_t)size > limit - pos)
             return scan_stop(res, n, pos, TH_STOP_PARTIAL, size);
         th_record_info *info = &out[n];
-        if (!parse_record(buf, pos, (uint32_t)size, magic, base_offset, flags, info))
+        int parsed = parse_record(buf, pos, (uint32_t)size, magic, base_offset, flags, info);
+        if (parsed == 0)
             return scan_stop(res, n, pos, TH_STOP_BAD_SIZE, size);
+        if (parsed < 0)
+            return scan_stop(res, n, pos, TH_STOP_TORN, size);
         if (info->crc_ok == 0) /* described in out[n] but not counted */
             return scan_stop(res, n, pos, TH_STOP_BAD_CRC, size);
         n++;
@@ -1103,7 +1114,7 @@ static int gather_verify(const uint8_t *seg, uint64_t at, uint32_t size, int64_t
     if (magic != MAGIC_V1 && magic != MAGIC_V2)
         return 0;
     th_record_info info;
-    if (!parse_record(seg, at, size, magic, base_offset, TH_SCAN_CHECK_CRC, &info))
+    if (parse_record(seg, at, size, magic, base_offset, TH_SCAN_CHECK_CRC, &info) <= 0)
         return 0;
     return info.crc_ok == 1 && rd_i64(r + 28) == add_wrap(base_offset, at) &&
            info.queue_id == queue_id && info.queue_offset == queue_offset &&

@@ -14,7 +14,7 @@
 #include <sys/types.h>
 
 /* Bumped whenever a signature or struct below changes; checked by trio_ha._backend. */
-#define TH_NATIVE_VERSION 4
+#define TH_NATIVE_VERSION 5
 
 /* ---- error codes of the encoders ------------------------------------------------------ */
 #define TH_ERR_NO_SPACE        -1  /* record(s) + the 8-byte blank do not fit before seg_size */
@@ -32,6 +32,7 @@
 #define TH_STOP_BAD_MAGIC  4  /* neither a message magic nor the blank magic (includes 0)    */
 #define TH_STOP_BAD_SIZE   5  /* TOTALSIZE out of range or fields disagree with it           */
 #define TH_STOP_BAD_CRC    6  /* body CRC mismatch (only with TH_SCAN_CHECK_CRC)             */
+#define TH_STOP_TORN       7  /* the record's last byte is 0: its tail never reached the file */
 
 #define TH_SCAN_CHECK_CRC  1  /* verify BODYCRC of every record                              */
 #define TH_SCAN_TAGS       2  /* fill tags_code from the TAGS property (Java String.hashCode) */

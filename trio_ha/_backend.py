@@ -35,14 +35,15 @@ __all__ = [
     "NATIVE_VERSION", "native_backend", "ERR_NO_SPACE", "ERR_BAD_ARGUMENT",
     "ERR_BATCH_FORMAT", "ERR_BODY_TOO_LARGE", "ERR_PROPS_TOO_LARGE", "ERR_TOO_MANY",
     "STOP_END", "STOP_PARTIAL", "STOP_BLANK", "STOP_FULL", "STOP_BAD_MAGIC", "STOP_BAD_SIZE",
-    "STOP_BAD_CRC", "SCAN_CHECK_CRC", "SCAN_TAGS", "RecordEngine", "Scanner", "ScanResult",
+    "STOP_BAD_CRC", "STOP_TORN", "SCAN_CHECK_CRC", "SCAN_TAGS", "RecordEngine", "Scanner",
+    "ScanResult",
     "RecordInfo", "Handle", "engine", "python_engine", "GATHER_FOUND", "GATHER_REMOVED",
     "GATHER_FILTERED", "GATHER_ABSENT", "GATHER_INVALID", "GATHER_END", "GATHER_COUNT",
     "GATHER_BYTES", "GATHER_SEGMENT", "GATHER_VERIFY", "GatherResult", "Gatherer",
 ]
 
 # Must equal TH_NATIVE_VERSION in native/trio_ha_native.h.
-NATIVE_VERSION = 4
+NATIVE_VERSION = 5
 
 ERR_NO_SPACE = -1
 ERR_BAD_ARGUMENT = -2
@@ -58,10 +59,13 @@ STOP_FULL = 3
 STOP_BAD_MAGIC = 4
 STOP_BAD_SIZE = 5
 STOP_BAD_CRC = 6
+#: the record's last byte is 0: its tail never reached the file (a torn record)
+STOP_TORN = 7
 STOP_NAMES = {
     STOP_END: "end", STOP_PARTIAL: "partial record", STOP_BLANK: "blank record",
     STOP_FULL: "output full", STOP_BAD_MAGIC: "bad magic", STOP_BAD_SIZE: "bad size",
     STOP_BAD_CRC: "body CRC mismatch",
+    STOP_TORN: "torn record (its last bytes are zero)",
 }
 
 #: the smallest SEND_BATCH_MESSAGE item: 20 bytes of header and body length, 2 of props length
@@ -904,8 +908,23 @@ def _serves(record: memoryview, phys: int, max_record: int,
         message = rec.decode_record(record, check_crc=True, max_size=max_record)
     except rec.RecordDecodeError:
         return False
+    info = PythonScanner._parse(record, 0, len(record), _magic(record), phys, 0)
+    if info is None or _torn(record, info):
+        return False
     return (message.size == len(record) and message.commitlog_offset == phys
             and (message.topic.encode(), message.queue_id, message.queue_offset) == expect)
+
+
+def _magic(record: memoryview) -> int:
+    return layout.RECORD_START.unpack_from(record, 0)[1]
+
+
+def _torn(buf: Handle, info: RecordInfo) -> bool:
+    """th_scan's torn-record test: a whole record never ends in a 0 byte (its properties'
+    last, or its topic's when it has no properties)."""
+    if info.props_len:
+        return buf[info.props_pos + info.props_len - 1] == 0
+    return bool(info.topic_len) and buf[info.topic_pos + info.topic_len - 1] == 0
 
 
 class PythonScanner:
@@ -936,6 +955,8 @@ class PythonScanner:
             info = self._parse(handle, pos, size, magic, base_offset, flags)
             if info is None:
                 return ScanResult(len(infos), pos, STOP_BAD_SIZE, size, infos)
+            if _torn(handle, info):
+                return ScanResult(len(infos), pos, STOP_TORN, size, infos)
             if info.crc_ok == 0:
                 return ScanResult(len(infos), pos, STOP_BAD_CRC, size, infos)
             infos.append(info)

@@ -453,6 +453,9 @@ def _stop_problem(segment: Segment, position: int, result: _backend.ScanResult,
     if stop == _backend.STOP_BAD_SIZE:
         return (f"bad size: TOTALSIZE {size} is outside [{rec.record_size(0, 0, 0)}, "
                 f"{max_record}] or the record's declared lengths do not add up to it")
+    if stop == _backend.STOP_TORN:
+        return (f"torn record: its last bytes are zero (TOTALSIZE {size}): its header reached "
+                "the file, the tail of its properties or topic did not")
     if stop == _backend.STOP_BAD_CRC:
         stored = layout.INT32.unpack_from(segment.read(position + layout.BODYCRC_AT, 4))[0]
         try:
