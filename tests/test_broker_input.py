@@ -16,6 +16,13 @@ import trio.testing
 from trio_ha.broker import BrokerConfig, admin, dispatch
 from trio_ha.broker.clients import ClientManager
 from trio_ha.broker.metadata import MetadataLimitError
+from trio_ha.chaos import hostile
+from trio_ha.chaos.hostile import BAD_TOPIC, LONG_TOPIC
+from trio_ha.chaos.hostile import commit_request as commit
+from trio_ha.chaos.hostile import create_topic_request as create_topic
+from trio_ha.chaos.hostile import heartbeat_request as heartbeat
+from trio_ha.chaos.hostile import pull_request as pull
+from trio_ha.chaos.hostile import send_request as send
 from trio_ha.client import Message, MQClientError, open_producer
 from trio_ha.remoting import RemotingConnection, open_remoting_client
 from trio_ha.testing import ClusterConfig, serve_cluster
@@ -26,56 +33,7 @@ from trio_ha.wire.metadata import (
     decode_topics_json,
 )
 from trio_ha.wire.permission import Permission
-from trio_ha.wire.remoting import PullSysFlag, RemotingCommand, RequestCode, ResponseCode
-
-#: the input of issue 9, point 11: a 250-character group name ending in "/"
-BAD_GROUP = "g" * 249 + "/"
-BAD_TOPIC = "../etc"
-LONG_TOPIC = "t" * 300
-
-
-def send(topic, body=b"x", *, queue=0, code=RequestCode.SEND_MESSAGE_V2, default="TBW102",
-         queue_nums=4):
-    fields = {"producerGroup": "pg", "topic": topic, "defaultTopic": default,
-              "defaultTopicQueueNums": queue_nums, "queueId": queue, "sysFlag": 0,
-              "bornTimestamp": 1, "flag": 0}
-    if code != RequestCode.SEND_MESSAGE:  # V2 and batches: the same fields, one letter each
-        fields = dict(zip("abcdefgh", fields.values(), strict=True))
-    return RemotingCommand.request(code, fields, body=body)
-
-
-def pull(topic="T", *, group="cg", queue=0, offset=0, commit=None):
-    flags = PullSysFlag.COMMIT_OFFSET if commit is not None else 0
-    return RemotingCommand.request(RequestCode.PULL_MESSAGE, {
-        "consumerGroup": group, "topic": topic, "queueId": queue, "queueOffset": offset,
-        "maxMsgNums": 32, "sysFlag": int(flags), "commitOffset": commit or 0,
-        "suspendTimeoutMillis": 0, "subVersion": 0,
-    })
-
-
-def commit(group, topic, queue=0, offset=1):
-    return RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
-        "consumerGroup": group, "topic": topic, "queueId": queue, "commitOffset": offset,
-    })
-
-
-def heartbeat(client_id, *, consumers=(), producers=(), topic="T"):
-    return RemotingCommand.request(RequestCode.HEART_BEAT, body=json.dumps({
-        "clientID": client_id,
-        "consumerDataSet": [{
-            "groupName": group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
-            "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
-            "subscriptionDataSet": [{"topic": topic, "subString": "*", "tagsSet": [],
-                                     "codeSet": [], "subVersion": 0, "classFilterMode": False}],
-        } for group in consumers],
-        "producerDataSet": [{"groupName": group} for group in producers],
-    }).encode())
-
-
-def create_topic(topic, queues=4, perm=Permission.READ | Permission.WRITE):
-    return RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
-        "topic": topic, "readQueueNums": queues, "writeQueueNums": queues, "perm": int(perm),
-    })
+from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 
 
 async def start_cluster(nursery, tmp_path, *, slaves=0, **properties):
@@ -115,43 +73,6 @@ def one_line(reply: RemotingCommand) -> str:
 # ---- point 11 -----------------------------------------------------------------------------------
 
 
-def hostile_requests() -> dict[str, RemotingCommand]:
-    """One request per handler path that takes a name or a number from the client."""
-    consumer = {"groupName": BAD_GROUP, "consumeType": "CONSUME_PASSIVELY",
-                "messageModel": "CLUSTERING", "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
-                "subscriptionDataSet": [], "unitMode": False}
-    return {
-        "pull with a bad group": pull(group=BAD_GROUP),
-        "pull committing for a bad group": pull(group=BAD_GROUP, commit=5),
-        "heartbeat with a bad consumer group": RemotingCommand.request(
-            RequestCode.HEART_BEAT, body=json.dumps(
-                {"clientID": "c", "consumerDataSet": [consumer], "producerDataSet": []}
-            ).encode()),
-        "heartbeat with a bad producer group": heartbeat("c", producers=[BAD_GROUP]),
-        "commit for a bad group": commit(BAD_GROUP, "T"),
-        "commit for a bad topic": commit("cg", BAD_TOPIC),
-        "commit to a negative queue": commit("cg", "T", queue=-1),
-        "commit of a negative offset": commit("cg", "T", offset=-1),
-        "commit to a queue the topic does not have": commit("cg", "T", queue=2**31 - 1),
-        "send to a bad topic": send(BAD_TOPIC),
-        "send to a too long topic": send(LONG_TOPIC),
-        "send to a blank topic": send(""),
-        "subscription group with a bad name": RemotingCommand.request(
-            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
-            body=json.dumps({"groupName": BAD_GROUP}).encode()),
-        "subscription group body that is not an object": RemotingCommand.request(
-            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=b"[]"),
-        "topic with a bad name": create_topic(BAD_GROUP),
-        "topic with too many queues": create_topic("Ok", 2**31 - 1),
-        "topic with a bad filter type": RemotingCommand.request(
-            RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "Ok", "readQueueNums": 4,
-                                                  "writeQueueNums": 4,
-                                                  "topicFilterType": "x\n" * 200}),
-        "consumer list of a bad group": RemotingCommand.request(
-            RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": BAD_GROUP}),
-    }
-
-
 async def test_point_11_invalid_client_input_is_a_one_line_answer_without_a_traceback(
     nursery, tmp_path, caplog
 ):
@@ -160,13 +81,14 @@ async def test_point_11_invalid_client_input_is_a_one_line_answer_without_a_trac
     async with open_remoting_client(addresses.master.broker_addr) as client:
         assert (await client.invoke(send("T"), 5)).code == ResponseCode.SUCCESS
         caplog.clear()
-        for name, request in hostile_requests().items():
-            reply = await client.invoke(request, 5)
-            assert reply.code != ResponseCode.SUCCESS, name
-            one_line(reply)
+        # One request per handler path that takes a name or a number from the client.
+        attack = await hostile.invalid_input(addresses.master.broker_addr)
+        assert sum(attack.answers.values()) == len(hostile.invalid_requests())
+        assert "SUCCESS" not in attack.answers
+        assert attack.note == ""  # no request that was not refused with one short line
         # The issue's flood, bounded: 500 pulls naming the 250-character group.
         for _ in range(500):
-            reply = await client.invoke(pull(group=BAD_GROUP), 5)
+            reply = await client.invoke(pull(group=hostile.BAD_GROUP), 5)
             assert reply.code == ResponseCode.SYSTEM_ERROR
             assert "group" in one_line(reply)
         # The broker still answers a well-formed pull.
@@ -273,22 +195,21 @@ async def test_point_13_a_flood_of_unknown_groups_and_topics_stays_within_the_ca
         assert (await client.invoke(send("T"), 5)).code == ResponseCode.SUCCESS
         good = await client.invoke(heartbeat("good", consumers=["good"]), 5)
         assert good.code == ResponseCode.SUCCESS
-        # 200 heartbeats, each naming 3 new consumer groups and 3 new producer groups
-        for i in range(200):
-            names = [f"flood{i}_{j}" for j in range(3)]
-            reply = await client.invoke(heartbeat(f"c{i}", consumers=names, producers=names), 5)
-            assert reply.code == ResponseCode.SUCCESS
-        # 300 pulls for new groups, and commits for new groups and topics that do not exist
-        for i in range(300):
-            await client.invoke(pull(group=f"puller{i}"), 5)
-            reply = await client.invoke(commit(f"flood{i}_0", f"NoSuchTopic{i}"), 5)
-            assert reply.code in (ResponseCode.TOPIC_NOT_EXIST,
-                                  ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST)
-            one_line(reply)
+        # 200 heartbeats, each naming 3 new consumer groups and 3 new producer groups; 300
+        # pulls for new groups, and commits for new groups and topics that do not exist
+        flood = await hostile.metadata_flood(addresses.master.broker_addr, heartbeats=200,
+                                             pulls=300, prefix="flood")
+        assert flood.answers["HEART_BEAT:SUCCESS"] == 200
+        commits = {key: n for key, n in flood.answers.items()
+                   if key.startswith("UPDATE_CONSUMER_OFFSET:")}
+        assert sum(commits.values()) == 300
+        assert set(commits) <= {"UPDATE_CONSUMER_OFFSET:TOPIC_NOT_EXIST",
+                                "UPDATE_CONSUMER_OFFSET:SUBSCRIPTION_GROUP_NOT_EXIST"}
+        assert flood.note == ""  # every refusal one short line
         groups = await groups_of(client)
         assert len(groups) <= 20 and "good" in groups
         offsets = await offsets_of(client)
-        assert not any(key.startswith("NoSuchTopic") for key in offsets)
+        assert not any(key.startswith("floodNoSuchTopic") for key in offsets)
         # commits for groups that exist, on every queue of the topic: bounded too
         existing = sorted(groups)
         for group in existing:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import signal
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -29,16 +28,16 @@ import trio
 
 from conftest import ha_of, ha_slave_of, wait_until
 from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
+from trio_ha.chaos import hostile
 from trio_ha.store import MessageStore
 from trio_ha.store.ha import SlaveConnectionStatistics
-from trio_ha.wire.ha import NEED_DATA, MasterProtocol, NeedData, SlaveReport
+from trio_ha.wire.ha import FRAME_HEADER as FRAME
+from trio_ha.wire.ha import NEED_DATA, REPORT, MasterProtocol, NeedData, SlaveReport
 from trio_ha.wire.layout import INT64_MAX
 
 SEGMENT = 64 * 1024
 OK = PutMessageStatus.PUT_OK
 NOT_REPLICATED = {PutMessageStatus.FLUSH_SLAVE_TIMEOUT, PutMessageStatus.SLAVE_NOT_AVAILABLE}
-REPORT = struct.Struct(">q")
-FRAME = struct.Struct(">qi")
 
 _CHILD_PATH = Path(__file__).with_name("ha_slave_process.py")
 _spec = importlib.util.spec_from_file_location("ha_slave_process", _CHILD_PATH)
@@ -78,34 +77,19 @@ def address_text(address) -> str:
     return f"{address[0]}:{address[1]}"
 
 
-async def connect(master: MessageStore) -> trio.SocketStream:
+def ha_address(master: MessageStore) -> str:
     assert master.ha_address is not None
-    return await trio.open_tcp_stream(*master.ha_address)
+    return address_text(master.ha_address)
+
+
+async def connect(master: MessageStore) -> trio.SocketStream:
+    return await hostile.connect_raw(ha_address(master))
 
 
 async def receive_exactly(stream: trio.SocketStream, n: int) -> bytes:
-    data = b""
-    with trio.fail_after(5):
-        while len(data) < n:
-            chunk = await stream.receive_some(n - len(data))
-            if not chunk:
-                break
-            data += chunk
+    data = await hostile.receive_exactly(stream, n, timeout=5)
+    assert len(data) == n, f"{len(data)} of {n} bytes before the master closed or 5 s passed"
     return data
-
-
-async def read_until_closed(stream: trio.SocketStream, timeout: float = 5.0) -> bytes:
-    received = bytearray()
-    with trio.fail_after(timeout):
-        while True:
-            try:
-                data = await stream.receive_some(65536)
-            except trio.BrokenResourceError:
-                break
-            if not data:
-                break
-            received += data
-    return bytes(received)
 
 
 @contextlib.asynccontextmanager
@@ -142,33 +126,21 @@ async def slave_process(store_dir: Path, master_address: str, log_path: Path):
 async def learn_the_end_from_a_refusal(master: MessageStore) -> int:
     """The old leak: ask for bytes far beyond the log; the refusal's heartbeat said where the
     log ends. Returns the offset the refusal carried."""
-    stream = await connect(master)
-    async with stream:
-        await stream.send_all(REPORT.pack(2**62))
-        answer = await read_until_closed(stream)
-    assert len(answer) == FRAME.size, answer
-    offset, size = FRAME.unpack(answer)
+    answer = await hostile.ask_beyond_the_log(ha_address(master))
+    assert answer.closed and len(answer.data) == FRAME.size, answer
+    offset, size = FRAME.unpack(answer.data)
     assert size == 0  # a heartbeat
     return offset
 
 
 async def present_the_end(master: MessageStore, end: int, *, from_just_below: bool) -> None:
     """A rogue that knows the log end ``end`` (a put's record ends there) tries to make that
-    put PUT_OK on a fresh connection: either it reports ``end`` as its first report and again
-    as an ack, or it asks for the last byte, receives it, and acks ``end``."""
-    stream = await connect(master)
-    async with stream:
-        if from_just_below:
-            await stream.send_all(REPORT.pack(end - 1))
-            header = await receive_exactly(stream, FRAME.size)
-            offset, size = FRAME.unpack(header)
-            assert (offset, size) == (end - 1, 1)
-            assert len(await receive_exactly(stream, 1)) == 1
-        else:
-            await stream.send_all(REPORT.pack(end))
-        for _ in range(3):
-            await stream.send_all(REPORT.pack(end))
-            await trio.sleep(0.05)
+    put PUT_OK on a fresh connection (``hostile.present_log_end``)."""
+    presented = await hostile.present_log_end(ha_address(master), end,
+                                              from_just_below=from_just_below)
+    if from_just_below:
+        assert presented.first_frame == (end - 1, 1) and presented.body_received == 1
+    assert presented.reports_sent == 4  # the master took them all (none was beyond its log)
 
 
 @attrs.define
@@ -310,23 +282,23 @@ async def test_point_9_a_report_flood_is_decoded_once_per_read(tmp_path, monkeyp
         async with open_store(slave_config):
             puts = Puts(master)
             await puts.until_ok()
-            flood = await connect(master)
+            here = max_offset(master)
+            flood = await hostile.open_ha_peer(ha_address(master), here)
             async with flood:
-                here = max_offset(master)
-                await flood.send_all(REPORT.pack(here))
                 await wait_until(lambda: any(c.requested_offset == here
                                              for c in connections(master).values()),
                                  "the flood's request")
                 decoded.clear()
                 reports = 131_072
-                block = REPORT.pack(here) * 8192
-                async with trio.open_nursery() as nursery:
-                    async def stream_reports():
-                        for _ in range(reports // 8192):
-                            await flood.send_all(block)
+                sent = []
 
+                async def stream_reports():
+                    sent.append(await hostile.stream_reports(flood, here, reports=reports))
+
+                async with trio.open_nursery() as nursery:
                     nursery.start_soon(stream_reports)
                     statuses = [(await puts.put(i)).status for i in range(1, 21)]
+                assert sent == [reports]
             # The master reads what is buffered, then the end, and drops the connection.
             await wait_until(lambda: all(c.requested_offset != here
                                          for c in connections(master).values()),
@@ -354,7 +326,7 @@ async def test_point_9_ha_connections_beyond_the_limit_are_closed_at_once(tmp_pa
             extra = [await connect(master) for _ in range(20)]
             for stream in extra:
                 # Closed at once, without a report: nothing to read, then the end.
-                assert await read_until_closed(stream) == b""
+                assert await hostile.read_until_closed(stream, 5) == hostile.NodeAnswer(b"", True)
             stats = ha_of(master)
             assert len(stats.connections) == limit
             assert stats.max_connections == limit and stats.refused_connections == 20
@@ -373,40 +345,16 @@ async def test_point_9_ha_connections_beyond_the_limit_are_closed_at_once(tmp_pa
 # ---- point 14 ----------------------------------------------------------------------------------
 
 
-@attrs.define(eq=False)
-class RogueMaster:
-    """A listener that plays master: answers a slave's first report with one data frame at
-    ``offset``."""
-
-    offset: int
-    accepted: int = 0
-    address: tuple[str, int] | None = None
-
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED):
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.address = listeners[0].socket.getsockname()[:2]
-        task_status.started(self.address)
-        await trio.serve_listeners(self._handle, listeners)
-
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        self.accepted += 1
-        async with stream:
-            await receive_exactly(stream, REPORT.size)
-            with contextlib.suppress(trio.BrokenResourceError):
-                await stream.send_all(FRAME.pack(self.offset, 100) + b"x" * 100)
-                await trio.sleep_forever()
-
-
 @pytest.mark.parametrize("offset", [
     INT64_MAX + 1 - SEGMENT,  # aligned, but its segment ends at 2^63: past the largest offset
     2**62 + SEGMENT // 2,  # off a segment boundary
     2**62 + 4096,
 ], ids=["segment-ends-past-2^63-1", "half-segment", "page"])
 async def test_point_14_an_empty_slave_refuses_a_start_where_no_log_can_begin(tmp_path, offset):
-    rogue = RogueMaster(offset)
+    rogue = hostile.RogueHAMaster(hostile.start_at(offset, 100))
     async with trio.open_nursery() as nursery:
-        await nursery.start(rogue.serve)
-        config = ha_slave_process.slave_config(str(tmp_path / "s"), address_text(rogue.address))
+        address = await nursery.start(rogue.serve)
+        config = ha_slave_process.slave_config(str(tmp_path / "s"), address)
         async with open_store(config) as slave:
             await wait_until(lambda: ha_slave_of(slave).state == "refused",
                              "the slave to refuse the master's start offset")
@@ -414,7 +362,7 @@ async def test_point_14_an_empty_slave_refuses_a_start_where_no_log_can_begin(tm
             stats = ha_slave_of(slave)
             assert stats.state == "refused" and stats.refusal is not None
             assert str(offset) in stats.refusal
-            assert rogue.accepted == 1
+            assert rogue.sessions == 1
             # Nothing written: at most the allocator's spare first segment exists.
             assert max_offset(slave) == 0
             files = {p.name for p in (tmp_path / "s" / "commitlog").iterdir()}
@@ -422,17 +370,17 @@ async def test_point_14_an_empty_slave_refuses_a_start_where_no_log_can_begin(tm
             # An operator who fixed things lets it try again (and it refuses again).
             assert slave.ha_client is not None
             slave.ha_client.clear_divergence()
-            await wait_until(lambda: rogue.accepted == 2, "another attempt")
+            await wait_until(lambda: rogue.sessions == 2, "another attempt")
             await wait_until(lambda: ha_slave_of(slave).state == "refused", "the refusal")
         nursery.cancel_scope.cancel()
 
 
 async def test_point_14_an_empty_slave_still_starts_at_the_highest_segment_that_fits(tmp_path):
     offset = INT64_MAX + 1 - 2 * SEGMENT  # its segment ends at 2^63 - SEGMENT
-    rogue = RogueMaster(offset)
+    rogue = hostile.RogueHAMaster(hostile.start_at(offset, 100))
     async with trio.open_nursery() as nursery:
-        await nursery.start(rogue.serve)
-        config = ha_slave_process.slave_config(str(tmp_path / "s"), address_text(rogue.address))
+        address = await nursery.start(rogue.serve)
+        config = ha_slave_process.slave_config(str(tmp_path / "s"), address)
         async with open_store(config) as slave:
             await wait_until(lambda: max_offset(slave) == offset + 100, "the frame to arrive")
             assert ha_slave_of(slave).state == "transfer"

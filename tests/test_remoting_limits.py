@@ -8,7 +8,6 @@ import re
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -18,6 +17,9 @@ import pytest
 import trio
 
 from conftest import wait_until
+from trio_ha.chaos import hostile
+from trio_ha.chaos.hostile import closed_by_node, connect_raw
+from trio_ha.chaos.hostile import request_frames as frames
 from trio_ha.remoting import (
     CloseReason,
     RemotingLimits,
@@ -106,25 +108,8 @@ async def serve(nursery, handlers, **limits) -> Served:
 
 
 async def raw_connect(address, *, rcvbuf=None) -> trio.SocketStream:
-    host, port = address.split(":")
-    sock = trio.socket.socket()
-    if rcvbuf is not None:  # before connecting: the window is settled in the handshake
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    await sock.connect((host, int(port)))
-    return trio.SocketStream(sock)
-
-
-async def send_quietly(stream, data):
-    """Send as an attacker does, until the server closes the connection."""
-    try:
-        await stream.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-
-
-def frames(code, count, **fields) -> bytes:
-    return b"".join(encode(RemotingCommand.request(code, fields, opaque=i + 1))
-                    for i in range(count))
+    """``hostile.connect_raw`` under the name test_remoting.py imports it by."""
+    return await connect_raw(address, receive_buffer=rcvbuf)
 
 
 class traced_memory:
@@ -147,18 +132,6 @@ async def sample_max(get, into: list, interval=0.005):
         await trio.sleep(interval)
 
 
-async def is_closed_by_server(stream, timeout=0.2) -> bool:
-    """True once the server has closed the connection (EOF or reset)."""
-    with trio.move_on_after(timeout):
-        try:
-            while await stream.receive_some(65536):
-                pass
-        except trio.BrokenResourceError:
-            pass
-        return True
-    return False
-
-
 async def good_round_trip(address):
     async with open_remoting_client(address) as client:
         response = await client.invoke(RemotingCommand.request(ECHO, body=b"ok"), timeout=5)
@@ -176,11 +149,12 @@ async def test_point_5_unread_replies_are_bounded_per_connection(nursery):
                          write_buffer_low_water_mark=16 * 1024, write_timeout=1.0)
     peak = [0]
     nursery.start_soon(sample_max, lambda: served.server.statistics().reply_bytes_pending, peak)
-    attacker = await raw_connect(served.address, rcvbuf=4096)
     requests = frames(BIG, 1500)
     with traced_memory() as memory:
-        nursery.start_soon(send_quietly, attacker, requests)
+        attack = await hostile.non_reading_clients(served.address, requests, clients=1,
+                                                   receive_buffer=4096, seconds=15)
         await wait_until(lambda: served.closed, "the server to close the connection", timeout=15)
+    assert attack.closed_by_node == 1
     assert served.reasons() == [CloseReason.WRITE_TIMEOUT]
     # What Python allocated at most meanwhile: 24 MiB of replies if they were all made.
     assert memory.peak < 2 * 1024 * 1024
@@ -190,7 +164,6 @@ async def test_point_5_unread_replies_are_bounded_per_connection(nursery):
     assert peak[0] <= 64 * 1024 + 3 * (REPLY + 64)
     assert served.server.statistics().reply_bytes_pending == 0
     await good_round_trip(served.address)
-    await attacker.aclose()
 
 
 async def test_held_requests_do_not_hold_back_the_requests_behind_them(nursery):
@@ -225,15 +198,13 @@ async def test_point_5_unread_replies_are_bounded_in_total(nursery):
                          write_timeout=1.0)
     peak = [0]
     nursery.start_soon(sample_max, lambda: served.server.statistics().reply_bytes_pending, peak)
-    attackers = [await raw_connect(served.address, rcvbuf=4096) for _ in range(3)]
-    for attacker in attackers:
-        nursery.start_soon(send_quietly, attacker, frames(BIG, 1500))
+    attack = await hostile.non_reading_clients(served.address, frames(BIG, 1500), clients=3,
+                                               receive_buffer=4096, seconds=15)
+    assert attack.connections == attack.closed_by_node == 3
     await wait_until(lambda: len(served.closed) == 3, "the three to be closed", timeout=15)
     assert set(served.reasons()) == {CloseReason.WRITE_TIMEOUT}
     assert peak[0] <= 128 * 1024 + 3 * 3 * (REPLY + 64)
     await good_round_trip(served.address)
-    for attacker in attackers:
-        await attacker.aclose()
 
 
 # ---- point 6: request bytes ----------------------------------------------------------------
@@ -247,44 +218,38 @@ async def test_point_6_partial_frames_are_bounded_in_total(nursery):
     peak = [0]
     nursery.start_soon(sample_max, lambda: served.server.statistics().request_bytes_buffered,
                        peak)
-    partial = struct.pack(">ii", 4 * 1024 * 1024, 20) + b'{"code":1,"flag":0} ' + b"x" * (
-        2 * 1024 * 1024)
-    attackers = [await raw_connect(served.address) for _ in range(6)]
-    with traced_memory() as memory:
-        for attacker in attackers:
-            nursery.start_soon(send_quietly, attacker, partial)
+
+    async def good_round_trip_meanwhile():
         await trio.sleep(0.3)
         await good_round_trip(served.address)
+
+    with traced_memory() as memory:
+        async with trio.open_nursery() as both:
+            both.start_soon(good_round_trip_meanwhile)
+            attack = await hostile.partial_frames(served.address, connections=6,
+                                                  declared=4 * 1024 * 1024,
+                                                  sent=2 * 1024 * 1024, seconds=15)
         await wait_until(lambda: served.reasons().count(CloseReason.REQUEST_TIMEOUT) == 6,
                          "the six to be closed", timeout=15)
-    # What Python allocated at most meanwhile: 12 MiB if all of it were buffered.
+    assert attack.connections == attack.closed_by_node == 6
+    # What Python allocated at most meanwhile: 12 MiB if all of it were buffered (the
+    # attack's own filler is one 64 KiB slice, sent again and again).
     assert memory.peak < 3 * 1024 * 1024
     assert 0 < peak[0] <= 512 * 1024
     assert served.server.statistics().request_bytes_buffered == 0
-    for attacker in attackers:
-        await attacker.aclose()
 
 
 async def test_point_6_a_slow_sender_is_closed_after_the_request_deadline(nursery):
     """One byte every 50 ms keeps a connection from ever being idle; the request timeout
     closes it all the same, and a good client is served throughout."""
     served = await serve(nursery, Handlers(), idle_timeout=30.0, request_timeout=0.5)
-    slow = await raw_connect(served.address)
     frame = frames(ECHO, 1, pad="x" * 200)
-    with trio.fail_after(10):
-        for i in range(len(frame)):
-            try:
-                await slow.send_all(frame[i:i + 1])
-            except trio.BrokenResourceError:
-                break
-            if served.closed:
-                break
-            await trio.sleep(0.05)
-        await wait_until(lambda: served.closed, "the slow sender to be closed")
+    attack = await hostile.slowloris(served.address, frame, interval=0.05, seconds=10)
+    assert attack.closed_by_node == 1 and attack.frames_sent == 0 and not attack.answers
+    assert 0 < attack.bytes_sent < len(frame)
+    await wait_until(lambda: served.closed, "the slow sender to be closed")
     assert served.reasons() == [CloseReason.REQUEST_TIMEOUT]
-    assert await is_closed_by_server(slow, timeout=2)
     await good_round_trip(served.address)
-    await slow.aclose()
 
 
 # ---- point 7: held requests of a peer that left --------------------------------------------
@@ -295,10 +260,18 @@ async def test_point_7_a_closed_connection_cancels_its_held_requests_promptly(nu
     although it is not reading, and cancels the held requests at once."""
     handlers = Handlers()
     served = await serve(nursery, handlers, max_in_flight=8, hangup_check_interval=0.1)
-    client = await raw_connect(served.address)
-    await client.send_all(frames(SLEEP, 20))
-    await wait_until(lambda: handlers.sleeping == 8, "eight requests held")
-    await client.aclose()
+    held = []
+
+    async def watch_held():
+        await wait_until(lambda: handlers.sleeping == 8, "eight requests held")
+        held.append(handlers.sleeping)
+
+    async with trio.open_nursery() as both:
+        both.start_soon(watch_held)
+        attack = await hostile.abandon_long_polls(served.address, frames(SLEEP, 20),
+                                                  hold_seconds=2.0, frames=20)
+    assert held == [8]  # they were held when the peer left
+    assert attack.frames_sent == 20 and not attack.answers and attack.closed_by_node == 0
     await wait_until(lambda: handlers.cancelled == 8, "the held requests to be cancelled",
                      timeout=5)
     assert handlers.sleeping == 0
@@ -312,10 +285,10 @@ async def test_point_8_shutdown_answers_held_requests_then_closes_within_the_dea
     does not read its replies is closed when the shutdown deadline passes."""
     handlers = Handlers()
     served = await serve(nursery, handlers, shutdown_timeout=0.5)
-    stuck = await raw_connect(served.address, rcvbuf=4096)
-    nursery.start_soon(send_quietly, stuck, frames(BIG, 1000))
+    stuck = await connect_raw(served.address, receive_buffer=4096)
+    nursery.start_soon(hostile.send_until_closed, stuck, frames(BIG, 1000))
     await wait_until(lambda: handlers.handled >= 100, "the stuck peer's replies to pile up")
-    good = await raw_connect(served.address)
+    good = await connect_raw(served.address)
     await good.send_all(frames(HOLD, 1))
     await wait_until(lambda: handlers.holding == 1, "the held request")
     served.scope.cancel()
@@ -424,11 +397,11 @@ async def test_point_10_connections_beyond_the_limit_are_refused(nursery):
     """Four connections per listener: the fifth and sixth are closed at once, the four are
     served, and once two leave, new connections are served again."""
     served = await serve(nursery, Handlers(), max_connections=4)
-    kept = [await raw_connect(served.address) for _ in range(4)]
+    kept = [await connect_raw(served.address) for _ in range(4)]
     await wait_until(lambda: served.server.statistics().connections == 4, "four connections")
-    extra = [await raw_connect(served.address) for _ in range(2)]
+    extra = [await connect_raw(served.address) for _ in range(2)]
     for stream in extra:
-        assert await is_closed_by_server(stream, timeout=5)
+        assert await closed_by_node(stream, timeout=5)
     assert served.server.statistics().refused == 2
     for stream in kept:
         await stream.send_all(frames(ECHO, 1))
@@ -576,11 +549,8 @@ async def test_point_11_bad_frames_from_many_connections_are_a_rate_limited_line
 ):
     caplog.set_level(logging.INFO, logger="trio_ha.remoting")
     served = await serve(nursery, Handlers())
-    for _ in range(50):
-        bad = await raw_connect(served.address)
-        await bad.send_all(struct.pack(">ii", 12, 8) + b"{not jso")
-        assert await is_closed_by_server(bad, timeout=5)
-        await bad.aclose()
+    attack = await hostile.bad_frames(served.address, connections=50, seconds=60)
+    assert attack.connections == attack.frames_sent == attack.closed_by_node == 50
     await wait_until(lambda: len(served.closed) == 50, "the fifty to be closed")
     assert set(served.reasons()) == {CloseReason.BAD_FRAME}
     lines = [r for r in caplog.records if "bad frame" in r.getMessage()]

@@ -12,7 +12,18 @@ from __future__ import annotations
 import sys
 
 # each registers its commands on the app
-from . import admin, bench, chaos, dev, nodes, spark, status, store_tools, traffic  # noqa: F401
+from . import (  # noqa: F401
+    admin,
+    bench,
+    chaos,
+    chaos_hostile,
+    dev,
+    nodes,
+    spark,
+    status,
+    store_tools,
+    traffic,
+)
 from ._app import app
 
 __all__ = ["app", "main"]
