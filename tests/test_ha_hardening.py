@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import signal
 import subprocess
 import sys
@@ -385,3 +386,30 @@ async def test_point_14_an_empty_slave_still_starts_at_the_highest_segment_that_
             await wait_until(lambda: max_offset(slave) == offset + 100, "the frame to arrive")
             assert ha_slave_of(slave).state == "transfer"
         nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_connects_and_misbehaves_in_a_loop_cannot_fill_the_masters_log(
+        tmp_path, caplog):
+    """Found by ``trio-ha chaos hostile``: every hostile HA connection cost the master a line
+    or two (connected, closed, asks beyond the log: 3,700 lines in 25 s). Now at most one line
+    per kind and peer host every 10 s, with the count of those left out."""
+    async with open_store(master_config(tmp_path / "m")) as master:
+        host, port = master.ha_address
+        with caplog.at_level(logging.INFO, logger="trio_ha.store.ha.master"):
+            for _ in range(60):
+                await hostile.ask_beyond_the_log(f"{host}:{port}", timeout=2.0)
+        lines = [r.getMessage() for r in caplog.records if r.name == "trio_ha.store.ha.master"]
+        assert sum("connected" in m for m in lines) == 1, lines
+        assert sum("asks for offset" in m for m in lines) == 1, lines
+        assert sum("closed" in m for m in lines) <= 2, lines
+        # and the master still replicates to a real slave from the same host
+        slave = StoreConfig(store_path_root_dir=str(tmp_path / "s"), broker_role=BrokerRole.SLAVE,
+                            ha_master_address=f"{host}:{port}", ha_reconnect_interval=100)
+        async with open_store(slave) as replica:
+            async def stored_on_both():  # (SLAVE_NOT_AVAILABLE until the slave has attached)
+                result = await master.put_message(Message("T", b"after the storm"), 0)
+                return result.status is PutMessageStatus.PUT_OK
+
+            await wait_until(stored_on_both, "a put acknowledged by the slave", timeout=20,
+                             interval=0.1)
+            await replica.commitlog.written.wait_for(master.max_commitlog_offset)

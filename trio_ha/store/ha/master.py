@@ -53,6 +53,7 @@ import trio
 
 from ..._sockets import listen_named
 from ...config import StoreConfig
+from ...ratelog import RateLimitedLog
 from ...watermark import Watermark
 from ...wire.ha import NEED_DATA, HAProtocolError, MasterProtocol
 from ..commitlog import CommitLog
@@ -114,6 +115,11 @@ class HAMasterStatistics:
     #: ha_max_connections, and the connections closed at once because it was reached
     max_connections: int = 0
     refused_connections: int = 0
+
+
+def _host(address: str) -> str:
+    """The host of ``host:port`` (a peer's lines are limited per host, not per connection)."""
+    return address.rsplit(":", 1)[0]
 
 
 @attrs.define(eq=False)
@@ -298,7 +304,8 @@ class HAConnection:
             else "beyond the master's log end (the master lost data the slave has)"
         )
         self.state = HAConnectionState.DIVERGED
-        log.error(
+        self.service.peer_log.log(
+            logging.ERROR, ("diverged", _host(self.address)),
             "HA: slave %s asks for offset %d, %s (master log [%d, %d)); replication to it "
             "stops. Fix: wipe the slave's store (or restore the master) and restart the slave.",
             self.address, requested, why, commitlog.min_offset, commitlog.max_offset,
@@ -347,6 +354,10 @@ class HAService:
     _positions: list[int] = attrs.field(factory=list)
     #: confirmed offsets of counted connections, sorted (``replicated``)
     _confirmed: list[int] = attrs.field(factory=list)
+    #: what peers make the master log (connections, closes, divergence): at most a line per
+    #: kind and peer host every 10 s, so a peer that connects and misbehaves in a loop cannot
+    #: fill the log (the hostile suite wrote 3,700 lines in 25 s before)
+    peer_log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
     _refused: int = 0
     _refused_unlogged: int = 0
     _refusal_logged_at: float = -REFUSAL_LOG_INTERVAL
@@ -387,13 +398,15 @@ class HAService:
             return
         connection = HAConnection(self, transport, address)
         self.connections[id(connection)] = connection
-        log.info("HA: slave %s connected", address)
+        self.peer_log.log(logging.INFO, ("connected", _host(address)),
+                          "HA: slave %s connected", address)
         try:
             await connection.run()
         except* (HAConnectionClosed, HAProtocolError, OSError, trio.BrokenResourceError,
                  trio.ClosedResourceError) as group:
             for exc in group.exceptions:
-                log.warning("HA: connection to slave %s closed: %s", address, exc)
+                self.peer_log.log(logging.WARNING, ("closed", _host(address), type(exc)),
+                                  "HA: connection to slave %s closed: %s", address, exc)
         finally:
             del self.connections[id(connection)]
             self._connection_dropped(connection)
