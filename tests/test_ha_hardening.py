@@ -394,6 +394,7 @@ async def test_a_peer_that_connects_and_misbehaves_in_a_loop_cannot_fill_the_mas
     or two (connected, closed, asks beyond the log: 3,700 lines in 25 s). Now at most one line
     per kind and peer host every 10 s, with the count of those left out."""
     async with open_store(master_config(tmp_path / "m")) as master:
+        assert master.ha_address is not None
         host, port = master.ha_address
         with caplog.at_level(logging.INFO, logger="trio_ha.store.ha.master"):
             for _ in range(60):
