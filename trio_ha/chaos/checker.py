@@ -20,6 +20,7 @@ work (a retry after a timeout the broker had already stored), not failures.
 
 from __future__ import annotations
 
+import bisect
 import collections
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,21 @@ def longest_unavailability(history: History) -> float:
     return round(max(b - a for a, b in zip(marks, marks[1:], strict=False)), 3)
 
 
+def longest_recovery(history: History) -> float | None:
+    """The longest time from a fault's end to the next acknowledged send, over the faults
+    that the cluster got over before the next began: how long it took to take writes again
+    once left alone (None: no such fault)."""
+    acked = sorted(s.ended for s in history.sends if s.status == "SEND_OK")
+    faults = sorted(history.faults, key=lambda f: f.started)
+    waits = []
+    for n, fault in enumerate(faults):
+        at = bisect.bisect_left(acked, fault.ended)
+        next_fault = faults[n + 1].started if n + 1 < len(faults) else float("inf")
+        if at < len(acked) and acked[at] <= next_fault:  # (else it was not left alone)
+            waits.append(acked[at] - fault.ended)
+    return round(max(waits), 3) if waits else None
+
+
 def check(config: ChaosConfig, history: History, master: StoreContents,
           slaves: list[StoreContents]) -> Verdict:
     """The verdict of a run (see the module's docstring)."""
@@ -224,5 +240,6 @@ def check(config: ChaosConfig, history: History, master: StoreContents,
         "consumed twice": sum(n - 1 for n in consumed_ids.values() if n > 1),
         "faults": dict(collections.Counter(f.kind for f in history.faults).most_common()),
         "longest unavailability s": longest_unavailability(history),
+        "longest recovery after a fault s": longest_recovery(history),
     }
     return Verdict(config, tuple(checks), figures)
