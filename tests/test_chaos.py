@@ -124,3 +124,17 @@ def test_the_prefix_check_finds_the_first_differing_byte(tmp_path):
         "the logs differ at commitlog offset 400")
     assert "past the master's" in str(log_prefix_problem(
         master, _contents(tmp_path / "s", {}, max_offset=900)))
+
+
+def test_recovery_is_measured_only_where_the_cluster_was_left_alone():
+    from trio_ha.chaos.checker import longest_recovery, longest_unavailability
+    from trio_ha.chaos.history import FaultEvent
+
+    history = History()
+    for send_id, started, ended in (("p1-1", 0.0, 0.1), ("p1-2", 5.0, 6.5), ("p1-3", 9.0, 9.2)):
+        history.send(SendEvent(send_id, 1, started, ended, "SEND_OK"))
+    history.fault(FaultEvent("kill-master", 0, 1.0, 2.0))   # next ack 6.5: 4.5 s to recover
+    history.fault(FaultEvent("pause-slave", 1, 7.0, 8.0))   # a fault at 8.5 comes first
+    history.fault(FaultEvent("cut-ha-link", 1, 8.5, 8.6))   # next ack 9.2: 0.6 s
+    assert longest_recovery(history) == 4.5
+    assert longest_unavailability(history) == 6.4  # 0.1 -> 6.5
