@@ -716,6 +716,11 @@ int64_t th_encode_batch(uint8_t *seg, uint64_t seg_size, uint64_t pos, int64_t b
                              (needs_separator(&it, batch_props_len) ? 1 : 0);
         if (props_len > MAX_PROPERTIES_LENGTH)
             return TH_ERR_PROPS_TOO_LARGE;
+        /* A record's properties never end in 0: recovery would take it for a torn one. */
+        uint8_t last = batch_props_len ? batch_props[batch_props_len - 1]
+                                       : (it.props_len ? it.props[it.props_len - 1] : 1);
+        if (last == 0)
+            return TH_ERR_BATCH_FORMAT;
         uint64_t size = v1_record_size(it.body_len, topic_len, props_len, born_host_len,
                                        store_host_len);
         if (size > (uint64_t)INT32_MAX)

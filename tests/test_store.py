@@ -22,6 +22,7 @@ from trio_ha import (
     PutMessageStatus,
     StoreConfig,
     StoreLockedError,
+    _backend,
     open_store,
 )
 from trio_ha.store import MessageStore, retention
@@ -577,3 +578,23 @@ async def test_raw_reads_are_views_of_the_mapping_and_outlive_retention(make_con
         assert again.status is GetMessageStatus.FOUND
         assert all(view.obj is not first.obj for view in again.records)
         assert b"".join(again.records) == b"".join(result.records[low:])
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+async def test_a_property_value_ending_in_nul_is_refused_not_stored_as_a_torn_record(
+        make_config, engine, monkeypatch):
+    """Recovery takes a record whose last byte is 0 for a torn one (its tail never reached
+    the file) and cuts the log there; so a record may not end in 0: a message whose
+    properties do is refused at put time (single and in a batch), and the store stays as it
+    was."""
+    if engine == "python":
+        monkeypatch.setattr(_backend, "engine", _backend.python_engine)
+    async with open_store(make_config()) as store:
+        bad = Message("T", b"body", properties={"trailer": "ends in\x00"})
+        single = await store.put_message(bad, 0)
+        assert single.status is PutMessageStatus.MESSAGE_ILLEGAL and "NUL" in single.remark
+        batch = await store.put_messages([Message("T", b"ok"), bad], 0)
+        assert batch.status is not PutMessageStatus.PUT_OK
+        assert store.max_commitlog_offset == 0
+        fine = await store.put_message(Message("T", b"body", properties={"k": "v"}), 0)
+        assert fine.status is PutMessageStatus.PUT_OK

@@ -751,6 +751,8 @@ class PythonEngine:
                 props += batch_props
             if len(props) > layout.MAX_PROPERTIES_LENGTH:
                 return ERR_PROPS_TOO_LARGE, []
+            if props.endswith(b"\0"):  # recovery would take the record for a torn one
+                return ERR_BATCH_FORMAT, []
             records.append((item, props, first_queue_offset + i))
         total = sum(
             rec.record_size(len(item.body), len(topic), len(props),

@@ -512,6 +512,9 @@ class MessageStore:
                 f"properties of {len(properties)} bytes exceed {rec.MAX_PROPERTIES_LENGTH}",
                 PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
             )
+        if properties[-1:] == b"\0":
+            # A record never ends in a 0 byte: recovery takes one that does for a torn record.
+            return self._illegal("the properties end in a NUL byte (a property value may not)")
         tx_type = sys_flag & layout.TRANSACTION_TYPE_MASK
         consumable = (
             tx_type != layout.TRANSACTION_PREPARED and tx_type != layout.TRANSACTION_ROLLBACK
