@@ -23,10 +23,10 @@ def run_chaos_cli(tmp_path, *args, timeout: float = 900):
 
 
 def test_a_short_run_under_faults_loses_nothing_acknowledged(tmp_path):
-    """SYNC_MASTER + SYNC_FLUSH, one slave, a minute of load with two dozen faults (kills,
+    """SYNC_MASTER + SYNC_FLUSH, one slave, 45 s of load with two dozen faults (kills,
     pauses longer than the HA housekeeping interval, cut, stalled and slowed replication
     links): every check passes, and the run did face faults of several kinds."""
-    done = run_chaos_cli(tmp_path, "--seconds", 60, "--fault-interval", 1.0,
+    done = run_chaos_cli(tmp_path, "--seconds", 45, "--fault-interval", 0.8,
                          "--ha-housekeeping-ms", 1500, "--seed", 7)
     verdict = json.loads(done.stdout.splitlines()[-1]) if done.stdout else None
     assert verdict is not None, done.stderr[-3000:]
