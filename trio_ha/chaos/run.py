@@ -109,7 +109,7 @@ async def _inject(fault: Fault, master: ChaosNode, slaves: list[ChaosNode],
         return f"{node.name} paused"
     proxy = proxies[fault.target - 1]
     if kind is FaultKind.CUT_HA_LINK:
-        with trio.move_on_after(5.0) as waited:
+        with trio.move_on_after(2.0) as waited:
             cut = await proxy.cut_mid_frame(rng.randint(1, 4096))
             return f"slave{fault.target}'s link cut at {cut}"
         if waited.cancelled_caught:
