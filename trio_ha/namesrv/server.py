@@ -338,23 +338,27 @@ class NameServer:
         self, request: RemotingCommand, connection: RemotingConnection
     ) -> RemotingCommand:
         """WIPE_WRITE_PERM_OF_BROKER: ``wipeTopicCount`` says how many topics lost write."""
-        await trio.lowlevel.checkpoint()
-        broker_name = request.field_str("brokerName")
-        count = self.routes.wipe_write_perm(broker_name)
-        log.info("namesrv: write permission of %s wiped (%d topics)", broker_name, count)
-        return RemotingCommand.response_to(request, ResponseCode.SUCCESS,
-                                           ext_fields={"wipeTopicCount": count})
+        return await self._change_write_perm(request, wipe=True)
 
     async def add_write_perm(
         self, request: RemotingCommand, connection: RemotingConnection
     ) -> RemotingCommand:
         """ADD_WRITE_PERM_OF_BROKER: ``addTopicCount`` says how many topics got it back."""
+        return await self._change_write_perm(request, wipe=False)
+
+    async def _change_write_perm(self, request: RemotingCommand, *, wipe: bool
+                                 ) -> RemotingCommand:
         await trio.lowlevel.checkpoint()
         broker_name = request.field_str("brokerName")
-        count = self.routes.add_write_perm(broker_name)
-        log.info("namesrv: write permission of %s added (%d topics)", broker_name, count)
+        if wipe:
+            count = self.routes.wipe_write_perm(broker_name)
+        else:
+            count = self.routes.add_write_perm(broker_name)
+        log.info("namesrv: write permission of %s %s (%d topics)", broker_name,
+                 "wiped" if wipe else "added", count)
+        field = "wipeTopicCount" if wipe else "addTopicCount"
         return RemotingCommand.response_to(request, ResponseCode.SUCCESS,
-                                           ext_fields={"addTopicCount": count})
+                                           ext_fields={field: count})
 
     # ---- KV config -----------------------------------------------------------------------------
 
