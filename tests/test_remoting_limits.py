@@ -261,15 +261,18 @@ async def test_point_7_a_closed_connection_cancels_its_held_requests_promptly(nu
     handlers = Handlers()
     served = await serve(nursery, handlers, max_in_flight=8, hangup_check_interval=0.1)
     held = []
+    all_held = trio.Event()
 
     async def watch_held():
         await wait_until(lambda: handlers.sleeping == 8, "eight requests held")
         held.append(handlers.sleeping)
+        all_held.set()
 
     async with trio.open_nursery() as both:
         both.start_soon(watch_held)
+        # (the peer leaves once the eight are held; 10 s is only the bound)
         attack = await hostile.abandon_long_polls(served.address, frames(SLEEP, 20),
-                                                  hold_seconds=2.0, frames=20)
+                                                  hold_seconds=10.0, frames=20, leave=all_held)
     assert held == [8]  # they were held when the peer left
     assert attack.frames_sent == 20 and not attack.answers and attack.closed_by_node == 0
     await wait_until(lambda: handlers.cancelled == 8, "the held requests to be cancelled",

@@ -71,6 +71,7 @@ from .hostile import (
     node_has_closed,
     receive_exactly,
     send_until_closed,
+    sorted_counts,
 )
 
 __all__ = [
@@ -102,9 +103,6 @@ class FuzzTarget:
     address: str
 
 
-def _counts(value: Mapping[str, int]) -> dict[str, int]:
-    return dict(sorted(value.items()))
-
 
 @attrs.frozen
 class FuzzOutcome:
@@ -122,9 +120,9 @@ class FuzzOutcome:
     #: the first frame went out (at its connection limit, or gone)
     refused: int = 0
     #: frames sent, by mutation
-    mutations: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
+    mutations: Mapping[str, int] = attrs.field(factory=dict, converter=sorted_counts)
     #: the node's answers: response code names, "undecodable", "bytes" (HA data)
-    answers: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
+    answers: Mapping[str, int] = attrs.field(factory=dict, converter=sorted_counts)
     seconds: float = 0.0
 
     def as_json(self) -> dict[str, object]:

@@ -88,7 +88,8 @@ _TCP_ESTABLISHED = 1
 # ---- outcomes --------------------------------------------------------------------------------
 
 
-def _counts(value: Mapping[str, int]) -> dict[str, int]:
+def sorted_counts(value: Mapping[str, int]) -> dict[str, int]:
+    """A tally as a dict in key order (the outcomes' converter: reports read the same)."""
     return dict(sorted(value.items()))
 
 
@@ -108,7 +109,7 @@ class AttackOutcome:
     #: connections the node closed at once, or never accepted (connection limits)
     refused: int = 0
     #: the node's answers, by what they were (response code names, "heartbeat"...)
-    answers: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
+    answers: Mapping[str, int] = attrs.field(factory=dict, converter=sorted_counts)
     seconds: float = 0.0
     note: str = ""
 
@@ -516,10 +517,11 @@ async def slowloris(address: str, frame: bytes, *, interval: float = 0.05,
 
 
 async def abandon_long_polls(address: str, requests: bytes, *, hold_seconds: float,
-                             frames: int = 0) -> AttackOutcome:
-    """Send requests the node holds (long-polled pulls), wait ``hold_seconds``, and go away:
-    the node must cancel them rather than keep them until their own timeout. ``answers``
-    counts what was answered before the peer left (held requests are not)."""
+                             frames: int = 0, leave: trio.Event | None = None) -> AttackOutcome:
+    """Send requests the node holds (long-polled pulls), wait ``hold_seconds`` (or until
+    ``leave`` is set, if sooner), and go away: the node must cancel them rather than keep
+    them until their own timeout. ``answers`` counts what was answered before the peer left
+    (held requests are not)."""
     tally = _Tally("abandoned long polls", address)
     try:
         stream = await connect_raw(address)
@@ -531,8 +533,17 @@ async def abandon_long_polls(address: str, requests: bytes, *, hold_seconds: flo
         if await _send_slices(stream, requests, tally):
             tally.frames_sent += frames
         with trio.move_on_after(hold_seconds):
-            if await _watch_answers(stream, tally):
-                tally.closed_by_node += 1
+            async with trio.open_nursery() as holding:
+
+                async def watch() -> None:
+                    if await _watch_answers(stream, tally):
+                        tally.closed_by_node += 1
+                    holding.cancel_scope.cancel()
+
+                holding.start_soon(watch)
+                if leave is not None:
+                    await leave.wait()
+                    holding.cancel_scope.cancel()
     finally:
         await close_quietly(stream)
     return tally.outcome()

@@ -129,19 +129,16 @@ class StoreVerdict:
     warnings: tuple[str, ...] = ()
 
 
-def _counts(value: Mapping[str, int]) -> dict[str, int]:
-    return dict(sorted(value.items()))
-
 
 @attrs.frozen
 class GoodClientOutcome:
     """What a well-behaved producer and consumer saw while the cluster was attacked."""
 
     #: answered sends by status (all stored), and failed sends by error
-    sends: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
-    send_failures: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
-    pulls: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
-    pull_failures: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
+    sends: Mapping[str, int] = attrs.field(factory=dict, converter=hostile.sorted_counts)
+    send_failures: Mapping[str, int] = attrs.field(factory=dict, converter=hostile.sorted_counts)
+    pulls: Mapping[str, int] = attrs.field(factory=dict, converter=hostile.sorted_counts)
+    pull_failures: Mapping[str, int] = attrs.field(factory=dict, converter=hostile.sorted_counts)
     #: distinct messages the consumer read, and acknowledged (SEND_OK) ones it never read
     received: int = 0
     lost: int = 0
