@@ -37,7 +37,7 @@ def _entry_valid(segment: Segment, index: int) -> bool:
     return offset >= 0 and size > 0
 
 
-def _valid_prefix(segment: Segment) -> int:
+def valid_prefix(segment: Segment) -> int:
     """How many entries at the start of ``segment`` are valid (they form a prefix)."""
     low, high = 0, segment.size // CQ_ENTRY_SIZE
     while low < high:
@@ -267,7 +267,7 @@ class ConsumeQueue:
                 break
         end = segments[index].base_offset
         for segment in segments[index:]:
-            valid = _valid_prefix(segment)
+            valid = valid_prefix(segment)
             end = segment.base_offset + valid * CQ_ENTRY_SIZE
             if valid * CQ_ENTRY_SIZE < segment.size:
                 if segment is not segments[-1]:

@@ -7,9 +7,9 @@ recovery cuts the log, fills damaged ranges, rebuilds consume queues and deletes
 
 So these functions read the files the way the store reads them at open, and say what its
 recovery would do by asking recovery's own rules instead of restating them: where its scan
-starts (``recovery._start_index``), whether it would find intact records past damage and
+starts (``recovery.start_index``), whether it would find intact records past damage and
 resume there (``holes.find_resume``), which consume-queue entries it takes for valid
-(``consume_queue._valid_prefix``), how a record is checked before it is served (the native
+(``consume_queue.valid_prefix``), how a record is checked before it is served (the native
 scanner and gatherer, ``RecordVerifier``). Records are checked in C, a batch per call; the
 Python work is per record or per entry, never per byte.
 
@@ -48,13 +48,13 @@ from . import index as index_files
 from .checkpoint import FILE_SIZE as CHECKPOINT_FILE_SIZE
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog
-from .consume_queue import ConsumeQueue, _valid_prefix, is_valid_topic
+from .consume_queue import ConsumeQueue, is_valid_topic, valid_prefix
 from .holes import find_resume
 from .lock import StoreLock, StoreLockedError
-from .recovery import _start_index
+from .recovery import start_index
 from .segment import Segment
 from .segments import SegmentQueue
-from .store import _max_record_size
+from .store import max_record_size
 from .verify import RecordVerifier
 
 __all__ = [
@@ -279,7 +279,7 @@ class _StoreDir:
 
     @property
     def max_record(self) -> int:
-        return _max_record_size(self.config)
+        return max_record_size(self.config)
 
     def relative(self, path: str) -> str:
         inside = os.path.relpath(path, self.root)
@@ -572,7 +572,7 @@ def _recovery_outcome(store: _StoreDir, segments: list[Segment], index: int, pos
     config = store.config
     segment = segments[index]
     offset = segment.base_offset + position
-    start = _start_index(_commitlog_of(store, segments, segment_size), checkpoint, abnormal,
+    start = start_index(_commitlog_of(store, segments, segment_size), checkpoint, abnormal,
                          store.max_record)
     how = "a crash (the abort file is present)" if abnormal else "a clean stop"
     if index < start:
@@ -674,7 +674,7 @@ def _verify_queue(store: _StoreDir, queue: _QueueDir, file_size: int, commitlog:
     with _mapped(files[:usable]) as segments:
         for number, segment in enumerate(segments):
             f = files[number]
-            valid = _valid_prefix(segment)
+            valid = valid_prefix(segment)
             entries = segment.pread(0, valid * CQ_ENTRY_SIZE)
             first_queue_offset = segment.base_offset // CQ_ENTRY_SIZE
             done = 0
@@ -712,7 +712,7 @@ def _verify_queue(store: _StoreDir, queue: _QueueDir, file_size: int, commitlog:
                     # Past the commitlog's first bad byte nothing can be checked; entries
                     # are in commitlog order, so neither can any later one.
                     unchecked += valid - done - i + sum(
-                        _valid_prefix(s) for s in segments[number + 1 :]
+                        valid_prefix(s) for s in segments[number + 1 :]
                     )
                     return _QueueCheck(checked, unchecked, None)
                 outcome = outcomes[i] if problem_at is not None else _backend.GATHER_ABSENT
@@ -977,12 +977,12 @@ def _queue_summary(queue: _QueueDir, file_size: int, commitlog_min: int) -> Queu
         return None
     with _mapped(files[:usable]) as segments:
         last = segments[-1]
-        max_offset = (last.base_offset + _valid_prefix(last) * CQ_ENTRY_SIZE) // CQ_ENTRY_SIZE
+        max_offset = (last.base_offset + valid_prefix(last) * CQ_ENTRY_SIZE) // CQ_ENTRY_SIZE
         first = segments[0]
         # The store's min offset: the first entry that is no filler and whose record the
         # commitlog still holds (ConsumeQueue.correct_min_offset).
         min_offset = max_offset
-        raw = first.pread(0, _valid_prefix(first) * CQ_ENTRY_SIZE)
+        raw = first.pread(0, valid_prefix(first) * CQ_ENTRY_SIZE)
         for i, (phys, size, _tags) in enumerate(CQ_ENTRY.iter_unpack(raw)):
             if size != CQ_BLANK_SIZE and phys >= commitlog_min:
                 min_offset = first.base_offset // CQ_ENTRY_SIZE + i
@@ -1168,7 +1168,7 @@ def _plan_queue_cut(queue: _QueueDir, file_size: int, offset: int) -> QueueCut |
         return None
     with _mapped(files[:usable]) as segments:
         last = segments[-1]
-        high = (last.base_offset + _valid_prefix(last) * CQ_ENTRY_SIZE) // CQ_ENTRY_SIZE
+        high = (last.base_offset + valid_prefix(last) * CQ_ENTRY_SIZE) // CQ_ENTRY_SIZE
         floor = segments[0].base_offset // CQ_ENTRY_SIZE
         # Entries follow the commitlog, so those past the cut are a suffix: bisect for it
         # (blank fillers at the head count as kept, as truncate_dirty keeps them).

@@ -72,8 +72,11 @@ def _first_record_timestamp(scanner, segment, max_record: int) -> int | None:
     return result.infos[0].store_timestamp
 
 
-def _start_index(commitlog: CommitLog, checkpoint: Checkpoint, abnormal: bool,
+def start_index(commitlog: CommitLog, checkpoint: Checkpoint, abnormal: bool,
                  max_record: int) -> int:
+    """The index of the segment recovery's scan starts at (the last three after a clean stop;
+    after a crash, the newest whose first record the checkpoint vouches for). Offline tools
+    ask it too, so they say what recovery would do."""
     segments = commitlog.segments.segments
     if not abnormal:
         return max(0, len(segments) - 3)
@@ -109,7 +112,7 @@ def recover(
         dispatcher.start_at(0)
         return RecoveryReport(abnormal, 0, 0, 0, "empty store")
 
-    index = _start_index(commitlog, checkpoint, abnormal, max_record)
+    index = start_index(commitlog, checkpoint, abnormal, max_record)
     start_offset = segments[index].base_offset
     flags = _backend.SCAN_CHECK_CRC if check_crc else 0
     if abnormal:

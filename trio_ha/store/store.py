@@ -173,7 +173,7 @@ class MessageStore:
         ha_service = HAService(config, commitlog) if config.ha_listen_port is not None else None
         store = cls(
             config, commitlog, queues,
-            Dispatcher(commitlog, queues, max_record_size=_max_record_size(config),
+            Dispatcher(commitlog, queues, max_record_size=max_record_size(config),
                        delay_levels=config.delay_levels),
             Checkpoint.load(os.path.join(root, "checkpoint")),
             root=root,
@@ -196,7 +196,7 @@ class MessageStore:
                 or config.broker_role is BrokerRole.SYNC_MASTER
             ),
             verifier=(
-                RecordVerifier(_max_record_size(config)) if config.check_crc_on_read
+                RecordVerifier(max_record_size(config)) if config.check_crc_on_read
                 else None
             ),
         )
@@ -215,7 +215,7 @@ class MessageStore:
         self.recovery = recover(
             self.commitlog, self.queues, self.dispatcher, self.checkpoint,
             abnormal=abnormal, check_crc=self.config.check_crc_on_recover,
-            max_record=_max_record_size(self.config),
+            max_record=max_record_size(self.config),
             skip_holes=self.config.skip_corrupt_records_on_recover,
             quarantine_dir=os.path.join(self._root, "corrupt"),
         )
@@ -227,7 +227,7 @@ class MessageStore:
             )
             # The index picks up where its files end, before dispatch goes on from its cursor.
             self.index.catch_up(self.commitlog, self.dispatcher.cursor,
-                                _max_record_size(self.config))
+                                max_record_size(self.config))
             self.dispatcher.indexer = self.index
         if not self.commitlog.segments.segments and self.config.broker_role is not BrokerRole.SLAVE:
             # A slave's log starts wherever its master starts it (HA creates that segment).
@@ -512,7 +512,7 @@ class MessageStore:
                 f"properties of {len(properties)} bytes exceed {rec.MAX_PROPERTIES_LENGTH}",
                 PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
             )
-        if properties[-1:] == b"\0":
+        if properties and properties[-1] == 0:  # (an index, not a slice: no copy per put)
             # A record never ends in a 0 byte: recovery takes one that does for a torn record.
             return self._illegal("the properties end in a NUL byte (a property value may not)")
         tx_type = sys_flag & layout.TRANSACTION_TYPE_MASK
@@ -998,7 +998,8 @@ def _encode_error(code: int, topic_len: int) -> str:
     }.get(code, f"encoder error {code}")
 
 
-def _max_record_size(config: StoreConfig) -> int:
+def max_record_size(config: StoreConfig) -> int:
+    """The largest record a store with ``config`` takes or accepts when it scans."""
     return min(config.max_message_size + RECORD_OVERHEAD_LIMIT, layout.INT32_MAX)
 
 
