@@ -132,6 +132,17 @@ class _Tally:
     answers: Counter[str] = attrs.field(factory=Counter)
     note: str = ""
 
+    async def connect(self, address: str, *, receive_buffer: int | None = None
+                      ) -> trio.SocketStream | None:
+        """A connection to ``address``, counted; None when the node refused it (counted too)."""
+        try:
+            stream = await connect_raw(address, receive_buffer=receive_buffer)
+        except OSError:
+            self.refused += 1
+            return None
+        self.connections += 1
+        return stream
+
     def outcome(self) -> AttackOutcome:
         return AttackOutcome(
             self.attack, self.target, self.connections, self.frames_sent, self.bytes_sent,
@@ -421,12 +432,9 @@ async def non_reading_clients(address: str, requests: bytes, *, clients: int = 1
     deadline = trio.current_time() + seconds
 
     async def one() -> None:
-        try:
-            stream = await connect_raw(address, receive_buffer=receive_buffer)
-        except OSError:
-            tally.refused += 1
+        stream = await tally.connect(address, receive_buffer=receive_buffer)
+        if stream is None:
             return
-        tally.connections += 1
         try:
             async with trio.open_nursery() as nursery:
                 async def send() -> None:
@@ -462,12 +470,9 @@ async def partial_frames(address: str, *, connections: int = 6, declared: int = 
             await _send_filler(stream, max(0, sent - len(head)), tally)
 
     async def one() -> None:
-        try:
-            stream = await connect_raw(address)
-        except OSError:
-            tally.refused += 1
+        stream = await tally.connect(address)
+        if stream is None:
             return
-        tally.connections += 1
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(send, stream)
@@ -490,12 +495,9 @@ async def slowloris(address: str, frame: bytes, *, interval: float = 0.05,
     answer means the whole frame arrived first)."""
     tally = _Tally("slowloris", address)
     deadline = trio.current_time() + seconds
-    try:
-        stream = await connect_raw(address)
-    except OSError:
-        tally.refused += 1
+    stream = await tally.connect(address)
+    if stream is None:
         return tally.outcome()
-    tally.connections += 1
     try:
         async with trio.open_nursery() as nursery:
             async def drip() -> None:
@@ -523,12 +525,9 @@ async def abandon_long_polls(address: str, requests: bytes, *, hold_seconds: flo
     them until their own timeout. ``answers`` counts what was answered before the peer left
     (held requests are not)."""
     tally = _Tally("abandoned long polls", address)
-    try:
-        stream = await connect_raw(address)
-    except OSError:
-        tally.refused += 1
+    stream = await tally.connect(address)
+    if stream is None:
         return tally.outcome()
-    tally.connections += 1
     try:
         if await _send_slices(stream, requests, tally):
             tally.frames_sent += frames
@@ -559,12 +558,9 @@ async def bad_frames(address: str, *, connections: int = 50, frame: bytes = BAD_
     for _ in range(connections):
         if trio.current_time() >= deadline:
             break
-        try:
-            stream = await connect_raw(address)
-        except OSError:
-            tally.refused += 1
+        stream = await tally.connect(address)
+        if stream is None:
             continue
-        tally.connections += 1
         try:
             if await send_until_closed(stream, frame):
                 tally.frames_sent += 1
@@ -837,12 +833,9 @@ async def rogue_slave(ha_address: str, *, seconds: float = 15.0, seed: int = 0,
         await trio.lowlevel.checkpoint()
         if trio.current_time() >= deadline:
             return
-        try:
-            stream = await connect_raw(ha_address)
-        except OSError:
-            tally.refused += 1
+        stream = await tally.connect(ha_address)
+        if stream is None:
             return
-        tally.connections += 1
         async with stream:
             if await send_until_closed(stream, data):
                 tally.frames_sent += 1
