@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import trio
 
-from ..config import BrokerRole, StoreConfig
+from ..config import StoreConfig
 from ..store import open_store
 from .history import History, body_id
 from .plan import ChaosConfig
@@ -55,13 +56,13 @@ class StoreContents:
                                    for _, send_id in entries)
 
 
-async def read_store(store_dir: Path, config: ChaosConfig, segment_size: int,
-                     role: BrokerRole) -> StoreContents:
-    """Open (recover) the store at ``store_dir`` as its broker would and list the chaos
-    topic's queues."""
-    store_config = StoreConfig(store_path_root_dir=str(store_dir),
-                               mapped_file_size_commit_log=segment_size, broker_role=role,
-                               message_index_enable=False)
+async def read_store(conf: Path, config: ChaosConfig) -> StoreContents:
+    """Open (recover) the store of the broker whose conf file is ``conf`` as that broker
+    would (its role, sizes and directory), and list the chaos topic's queues."""
+    # (no HA port nor master: this is a reading, not a node)
+    store_config = StoreConfig.from_properties(await trio.Path(conf).read_text(),
+                                               ha_listen_port=None, ha_master_address=None)
+    store_dir = Path(store_config.store_path_root_dir)
     queues: dict[int, list[tuple[int, str]]] = {}
     async with open_store(store_config) as store:
         await store.wait_dispatched()

@@ -53,30 +53,35 @@ class ChaosNode:
     addr: str
     #: the store directory (brokers only)
     store_dir: Path | None = None
+    #: what the command runs under: ``ip netns exec <host>`` on a test host
+    prefix: list[str] = attrs.field(factory=list)
+    #: variables added to the node's environment (the clock shim's)
+    env: dict[str, str] = attrs.field(factory=dict)
     process: subprocess.Popen | None = None
     paused: bool = False
     starts: int = 0
 
     @classmethod
     def broker(cls, run_dir: Path, name: str, properties: dict[str, str],
-               *, log_level: str = "info") -> ChaosNode:
-        """A broker from ``properties`` (RocketMQ keys; listenPort fixed): its conf file is
-        written under ``run_dir``."""
+               *, log_level: str = "info", prefix: list[str] | None = None) -> ChaosNode:
+        """A broker from ``properties`` (RocketMQ keys; listenPort and brokerIP1 fixed): its
+        conf file is written under ``run_dir``."""
         conf = run_dir / f"{name}.conf"
         conf.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
         log_path = run_dir / f"{name}.log"
         return cls(name, ["--log-level", log_level, "--log-file", str(log_path), "broker",
                           "-c", str(conf)], log_path,
-                   f"127.0.0.1:{properties['listenPort']}",
-                   store_dir=Path(properties["storePathRootDir"]))
+                   f"{properties['brokerIP1']}:{properties['listenPort']}",
+                   store_dir=Path(properties["storePathRootDir"]), prefix=prefix or [])
 
     @classmethod
-    def namesrv(cls, run_dir: Path, *, log_level: str = "info") -> ChaosNode:
+    def namesrv(cls, run_dir: Path, *, host: str = "127.0.0.1", log_level: str = "info",
+                prefix: list[str] | None = None) -> ChaosNode:
         port = free_broker_port()
         log_path = run_dir / "namesrv.log"
         return cls("namesrv", ["--log-level", log_level, "--log-file", str(log_path), "namesrv",
-                               "--port", str(port), "--bind", "127.0.0.1"], log_path,
-                   f"127.0.0.1:{port}")
+                               "--port", str(port), "--bind", host], log_path,
+                   f"{host}:{port}", prefix=prefix or [])
 
     @property
     def running(self) -> bool:
@@ -87,9 +92,12 @@ class ChaosNode:
         if self.running:
             raise RuntimeError(f"{self.name} is running")
         self.paused = False
+        # (``ip netns exec`` execs the node in its place: the pid, and so the process group
+        # the signals go to, is the node's)
         self.process = subprocess.Popen(
-            [*node_command(), *self.args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+            [*self.prefix, *node_command(), *self.args], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+            start_new_session=True, env={**os.environ, **self.env} if self.env else None)
         self.starts += 1
         deadline = time.monotonic() + timeout
         assert self.process.stdout is not None

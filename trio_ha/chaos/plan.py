@@ -13,7 +13,8 @@ import random
 
 import attrs
 
-__all__ = ["ChaosConfig", "Fault", "FaultKind", "schedule"]
+__all__ = ["CLOCK_KINDS", "DISK_KINDS", "NETWORK_KINDS", "ChaosConfig", "Fault", "FaultKind",
+           "schedule"]
 
 
 class FaultKind(enum.StrEnum):
@@ -30,6 +31,38 @@ class FaultKind(enum.StrEnum):
     STALL_HA_LINK = "stall-ha-link"
     #: forward a slave's replication link in small, late pieces for a while
     SLOW_HA_LINK = "slow-ha-link"
+    # -- on test hosts (network namespaces, ``testnet``) --
+    #: the master and a slave lose every packet between them, both ways
+    PARTITION_SLAVE = "partition-slave"
+    #: the packets one way between the master and a slave are lost (``amount`` > 0: master
+    #: to slave; < 0: slave to master), the other way flows
+    BLACKHOLE_SLAVE = "blackhole-slave"
+    #: the master loses every packet: clients, name server and slaves alike
+    ISOLATE_MASTER = "isolate-master"
+    #: a node drops ``amount`` % of its packets at random, both ways
+    LOSSY_NETWORK = "lossy-network"
+    #: a node's link is limited to ``amount`` kbit/s, both ways
+    SLOW_NETWORK = "slow-network"
+    # -- on small disks (``disk``) --
+    #: a node's store filesystem has no free byte left
+    DISK_FULL = "disk-full"
+    # -- under the clock shim (``clockshift``) --
+    #: a node's wall clock jumps by ``amount`` seconds, and back when the fault ends
+    CLOCK_JUMP = "clock-jump"
+
+
+#: the kinds that need test hosts, small disks, the clock shim
+NETWORK_KINDS = frozenset({FaultKind.PARTITION_SLAVE, FaultKind.BLACKHOLE_SLAVE,
+                           FaultKind.ISOLATE_MASTER, FaultKind.LOSSY_NETWORK,
+                           FaultKind.SLOW_NETWORK})
+DISK_KINDS = frozenset({FaultKind.DISK_FULL})
+CLOCK_KINDS = frozenset({FaultKind.CLOCK_JUMP})
+#: the kinds that hit the master (target 0) only
+_MASTER_KINDS = frozenset({FaultKind.KILL_MASTER, FaultKind.PAUSE_MASTER,
+                           FaultKind.ISOLATE_MASTER})
+#: the kinds that hit the master or a slave (target 0..slaves)
+_ANY_NODE_KINDS = frozenset({FaultKind.LOSSY_NETWORK, FaultKind.SLOW_NETWORK,
+                             FaultKind.DISK_FULL, FaultKind.CLOCK_JUMP})
 
 
 @attrs.frozen
@@ -41,6 +74,9 @@ class Fault:
     target: int
     #: how long the node is down, paused, stalled or slow
     duration: float
+    #: the kind's size: a loss in %, a rate in kbit/s, a clock jump in seconds, a
+    #: blackhole's direction (0 where a kind has none)
+    amount: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -67,6 +103,9 @@ class ChaosConfig:
     ha_housekeeping_ms: int = 3000
     #: the producers' send timeout (all retries included), seconds
     send_timeout: float = 3.0
+    #: whether a fault may start while others still last (each starts at its own time;
+    #: two that cannot be at once on one node, such as two kills, wait for each other)
+    overlap: bool = False
 
     @property
     def strict(self) -> bool:
@@ -87,17 +126,40 @@ def schedule(config: ChaosConfig) -> list[Fault]:
     faults = []
     at = config.fault_interval * rng.uniform(0.5, 1.5)
     end = config.seconds * 0.9
+    housekeeping = config.ha_housekeeping_ms / 1000
     while at < end:
         kind = rng.choice(config.kinds)
-        target = 0 if kind in (FaultKind.KILL_MASTER, FaultKind.PAUSE_MASTER) else (
-            rng.randint(1, config.slaves))
+        if kind in _MASTER_KINDS:
+            target = 0
+        elif kind in _ANY_NODE_KINDS:
+            target = rng.randint(0, config.slaves)
+        else:
+            target = rng.randint(1, config.slaves)
+        amount = 0.0
         if kind in (FaultKind.PAUSE_MASTER, FaultKind.PAUSE_SLAVE):
             # longer than the housekeeping interval: the other side gives up on the link
-            duration = config.ha_housekeeping_ms / 1000 * rng.uniform(1.2, 2.0)
+            duration = housekeeping * rng.uniform(1.2, 2.0)
         elif kind is FaultKind.CUT_HA_LINK:
             duration = 0.0
+        elif kind in (FaultKind.PARTITION_SLAVE, FaultKind.BLACKHOLE_SLAVE,
+                      FaultKind.ISOLATE_MASTER):
+            # shorter or longer than the housekeeping interval: a link that survives the
+            # loss, or one that is given up and made again
+            duration = housekeeping * rng.uniform(0.3, 2.0)
+            if kind is FaultKind.BLACKHOLE_SLAVE:
+                amount = rng.choice((1.0, -1.0))
+        elif kind is FaultKind.LOSSY_NETWORK:
+            duration, amount = rng.uniform(1.0, 4.0), float(rng.choice((5, 20, 50)))
+        elif kind is FaultKind.SLOW_NETWORK:
+            duration, amount = rng.uniform(1.0, 4.0), float(rng.choice((256, 1024, 8192)))
+        elif kind is FaultKind.CLOCK_JUMP:
+            # minutes to hours either way: past the checkpoint's timestamps, short of the
+            # retention time (72 h; a jump past it legitimately expires segments)
+            seconds = rng.uniform(60.0, 3 * 3600.0)
+            duration, amount = rng.uniform(1.0, 6.0), round(rng.choice((1, -1)) * seconds, 3)
         else:
             duration = rng.uniform(0.5, 3.0)
-        faults.append(Fault(round(at, 3), kind, target, round(duration, 3)))
-        at += duration + config.fault_interval * rng.uniform(0.5, 1.5)
+        faults.append(Fault(round(at, 3), kind, target, round(duration, 3), amount))
+        at += (0.0 if config.overlap else duration) + (
+            config.fault_interval * rng.uniform(0.5, 1.5))
     return faults

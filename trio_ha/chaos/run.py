@@ -20,47 +20,72 @@ import json
 import random
 from pathlib import Path
 
+import attrs
 import trio
 
 from ..client import MQError, open_admin
-from ..config import BrokerRole
-from ..testing import FaultProxy, free_broker_port, open_fault_proxy
+from ..testing import free_broker_port, open_fault_proxy
+from . import clockshift, disk, testnet
 from .checker import Verdict, check, read_store
 from .cluster import ChaosNode
+from .faults import Cluster, inject, start
 from .history import FaultEvent, History, SendEvent
-from .plan import ChaosConfig, Fault, FaultKind, schedule
+from .plan import CLOCK_KINDS, DISK_KINDS, NETWORK_KINDS, ChaosConfig, Fault, schedule
 from .workload import consume, monotonic_clock, produce
 
-__all__ = ["SEGMENT_SIZE", "run_chaos"]
+__all__ = ["SEGMENT_SIZE", "capabilities", "run_chaos"]
 
 #: commitlog segments of the run's brokers (small: faults land near segment ends too)
 SEGMENT_SIZE = 4 * 1024 * 1024
+#: the other store files small too, so they roll over (and are created) during a run:
+#: consume queue files of 3,000 entries, index files of 20,000
+STORE_SIZES = {"mappedFileSizeCommitLog": str(SEGMENT_SIZE),
+               "mappedFileSizeConsumeQueue": str(3000 * 20),
+               "maxIndexNum": "20000", "maxHashSlotNum": "5000"}
+#: each broker's small disk, when disk faults are on
+DISK_SIZE = 256 * 1024 * 1024
 #: how long the consumer may go on after the producers stop
 CONSUMER_GRACE = 8.0
 #: how long the cluster has to acknowledge its first send
 READY_TIMEOUT = 60.0
 
 
+def capabilities(config: ChaosConfig) -> tuple[ChaosConfig, dict[str, str]]:
+    """``config`` with only the fault kinds this machine can inject, and why each other
+    kind it asked for cannot be (test hosts, small disks and the clock shim need root, tools
+    and a compiler)."""
+    wanted = set(config.kinds)
+    missing: dict[str, str] = {}
+    for kinds, why_not in ((NETWORK_KINDS, testnet.unavailable),
+                           (DISK_KINDS, disk.unavailable),
+                           (CLOCK_KINDS, clockshift.available)):
+        asked = wanted & kinds
+        reason = why_not() if asked else None
+        if reason:
+            missing.update((kind.value, reason) for kind in asked)
+    kinds = tuple(kind for kind in config.kinds if kind.value not in missing)
+    if not kinds:
+        raise ValueError(f"none of the fault kinds asked for can be injected here: {missing}")
+    return attrs.evolve(config, kinds=kinds), missing
+
+
 def _broker_properties(config: ChaosConfig, run_dir: Path, name: str, broker_id: int,
-                       namesrv: str, port: int, ha_master: str | None) -> dict[str, str]:
+                       namesrv: str, host: str, port: int,
+                       ha_master: str | None) -> dict[str, str]:
     properties = {
         "brokerClusterName": "ChaosCluster", "brokerName": "chaos-broker",
         "brokerId": str(broker_id),
         "brokerRole": config.role if broker_id == 0 else "SLAVE",
         "flushDiskType": config.flush, "namesrvAddr": namesrv,
-        "listenPort": str(port), "haListenPort": str(port + 1), "bindAddress": "127.0.0.1",
-        "haBindAddress": "127.0.0.1", "brokerIP1": "127.0.0.1", "vipChannelEnable": "false",
-        "storePathRootDir": str(run_dir / name), "mappedFileSizeCommitLog": str(SEGMENT_SIZE),
+        "listenPort": str(port), "haListenPort": str(port + 1), "bindAddress": host,
+        "haBindAddress": host, "brokerIP1": host, "vipChannelEnable": "false",
+        "storePathRootDir": str(run_dir / name),
         "haHousekeepingInterval": str(config.ha_housekeeping_ms),
-        "autoCreateTopicEnable": "true",
+        "autoCreateTopicEnable": "true", **STORE_SIZES,
     }
     if ha_master is not None:
         properties["haMasterAddress"] = ha_master
     return properties
-
-
-async def _start(node: ChaosNode) -> None:
-    await trio.to_thread.run_sync(node.start)
 
 
 async def _wait_ready(namesrv: str, config: ChaosConfig, history: History) -> None:
@@ -89,131 +114,147 @@ async def _wait_ready(namesrv: str, config: ChaosConfig, history: History) -> No
             await trio.sleep(0.5)
 
 
-async def _inject(fault: Fault, master: ChaosNode, slaves: list[ChaosNode],
-                  proxies: list[FaultProxy], rng: random.Random) -> str:
-    """Apply ``fault`` and undo it after its duration; what happened, in a few words."""
-    kind = fault.kind
-    if kind in (FaultKind.KILL_MASTER, FaultKind.KILL_SLAVE):
-        node = master if kind is FaultKind.KILL_MASTER else slaves[fault.target - 1]
-        await trio.to_thread.run_sync(node.kill)
-        await trio.sleep(fault.duration)
-        await _start(node)
-        return f"{node.name} killed, restarted"
-    if kind in (FaultKind.PAUSE_MASTER, FaultKind.PAUSE_SLAVE):
-        node = master if kind is FaultKind.PAUSE_MASTER else slaves[fault.target - 1]
-        node.pause()
-        try:
-            await trio.sleep(fault.duration)
-        finally:
-            node.resume()
-        return f"{node.name} paused"
-    proxy = proxies[fault.target - 1]
-    if kind is FaultKind.CUT_HA_LINK:
-        with trio.move_on_after(2.0) as waited:
-            cut = await proxy.cut_mid_frame(rng.randint(1, 4096))
-            return f"slave{fault.target}'s link cut at {cut}"
-        if waited.cancelled_caught:
-            proxy.close_all("cut")
-        return f"slave{fault.target}'s link cut (no frame in flight)"
-    if kind is FaultKind.STALL_HA_LINK:
-        proxy.stall()
-        try:
-            await trio.sleep(fault.duration)
-        finally:
-            proxy.resume()
-        return f"slave{fault.target}'s link stalled"
-    proxy.set_delay(0.005, max_chunk=512)
-    try:
-        await trio.sleep(fault.duration)
-    finally:
-        proxy.set_delay(0)
-    return f"slave{fault.target}'s link slowed"
+async def _inject_all(faults: list[Fault], cluster: Cluster, history: History, clock,
+                      config: ChaosConfig) -> None:
+    """Each fault at its time: one after another, or (``overlap``) each in its own task."""
+    rng = random.Random(config.seed)
 
-
-async def _inject_all(faults: list[Fault], master: ChaosNode, slaves: list[ChaosNode],
-                      proxies: list[FaultProxy], history: History, clock, seed: int) -> None:
-    rng = random.Random(seed)
-    for fault in faults:
-        await trio.sleep(max(0.0, fault.at - clock()))
+    async def one(fault: Fault) -> None:
         started = clock()
-        detail = await _inject(fault, master, slaves, proxies, rng)
-        history.fault(FaultEvent(fault.kind.value, fault.target, started, clock(), detail))
+        detail = "cut short by the end of the run"
+        try:
+            detail = await inject(fault, cluster, rng)
+        finally:
+            history.fault(FaultEvent(fault.kind.value, fault.target, started, clock(),
+                                     detail))
+
+    async with trio.open_nursery() as nursery:
+        for fault in faults:
+            await trio.sleep(max(0.0, fault.at - clock()))
+            if config.overlap:
+                nursery.start_soon(one, fault)
+            else:
+                await one(fault)
 
 
 def run_chaos(config: ChaosConfig, run_dir: Path) -> Verdict:
     """Run ``config`` with everything under ``run_dir``; the verdict (also written there as
-    ``verdict.json`` and ``report.txt``, beside ``history.jsonl``)."""
+    ``verdict.json`` and ``report.txt``, beside ``history.jsonl``). Fault kinds this machine
+    cannot inject are left out, and the verdict says which and why."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    config, missing = capabilities(config)
     history = History.to_file(run_dir / "history.jsonl")
     try:
         verdict = trio.run(_run, config, run_dir, history)
     finally:
         history.close()
+    if missing:
+        verdict = attrs.evolve(verdict, figures={**verdict.figures,
+                                                 "kinds not injected here": missing})
     (run_dir / "verdict.json").write_text(json.dumps(verdict.as_dict(), indent=1))
     (run_dir / "report.txt").write_text(verdict.report() + "\n")
     return verdict
 
 
+@contextlib.contextmanager
+def _environment(config: ChaosConfig, run_dir: Path):
+    """The test network, small disks and clock shim the run's kinds need (each None or
+    empty when not needed), taken down afterwards."""
+    kinds = set(config.kinds)
+    brokers = ["master", *(f"slave{n}" for n in range(1, config.slaves + 1))]
+    with contextlib.ExitStack() as stack:
+        network = None
+        if kinds & NETWORK_KINDS:
+            network = testnet.TestNetwork.create(["namesrv", *brokers])
+            stack.callback(network.close)
+        disks = {}
+        if kinds & DISK_KINDS:
+            for name in brokers:
+                disks[name] = disk.SmallDisk.mount(run_dir / name, DISK_SIZE)
+                stack.callback(disks[name].unmount)
+        clocks = {}
+        if kinds & CLOCK_KINDS:
+            shift = clockshift.ClockShift.build(run_dir)
+            clocks = {name: shift.for_node(name) for name in brokers}
+        yield network, disks, clocks
+
+
 async def _run(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
-    namesrv = ChaosNode.namesrv(run_dir)
-    master_port = free_broker_port()
-    master = ChaosNode.broker(run_dir, "master", _broker_properties(
-        config, run_dir, "master", 0, namesrv.addr, master_port, None))
-    nodes = [namesrv, master]
-    slaves: list[ChaosNode] = []
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            proxies = [await stack.enter_async_context(
-                open_fault_proxy(("127.0.0.1", master_port + 1), seed=config.seed + n))
-                for n in range(config.slaves)]
-            for n, proxy in enumerate(proxies, 1):
-                slaves.append(ChaosNode.broker(run_dir, f"slave{n}", _broker_properties(
-                    config, run_dir, f"slave{n}", n, namesrv.addr, free_broker_port(),
-                    proxy.address_text)))
-            nodes.extend(slaves)
-            for node in nodes:
-                await _start(node)
-            await _wait_ready(namesrv.addr, config, history)
-            clock = monotonic_clock()
-            producers_scope = trio.CancelScope()
-            consumer_scope = trio.CancelScope()
+    with _environment(config, run_dir) as (network, disks, clocks):
+        def host(name: str) -> str:
+            return network.hosts[name].address if network else "127.0.0.1"
 
-            async def producers() -> None:
-                with producers_scope:
-                    async with trio.open_nursery() as nursery:
-                        for producer_no in range(1, config.producers + 1):
-                            nursery.start_soon(produce, namesrv.addr, config, producer_no,
-                                               history, clock)
+        def prefix(name: str) -> list[str]:
+            return network.hosts[name].command([]) if network else []
 
-            async def consumer() -> None:
-                with consumer_scope:
-                    await consume(namesrv.addr, config, history, clock)
-
-            async with trio.open_nursery() as load:
-                load.start_soon(producers)
-                load.start_soon(consumer)
-                with trio.move_on_after(config.seconds):
-                    await _inject_all(schedule(config), master, slaves, proxies, history,
-                                      clock, config.seed)
-                    await trio.sleep_forever()
-                producers_scope.cancel()
-                # Undo what a fault cut short (a node left down or paused), then let the
-                # consumer read what is left.
+        namesrv = ChaosNode.namesrv(run_dir, host=host("namesrv"), prefix=prefix("namesrv"))
+        master_port = free_broker_port()
+        master_conf = _broker_properties(config, run_dir, "master", 0, namesrv.addr,
+                                         host("master"), master_port, None)
+        master = ChaosNode.broker(run_dir, "master", master_conf, prefix=prefix("master"))
+        nodes = [namesrv, master]
+        slaves: list[ChaosNode] = []
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                proxies = [await stack.enter_async_context(open_fault_proxy(
+                    (host("master"), master_port + 1), seed=config.seed + n,
+                    host=network.add_gateway_address() if network else "127.0.0.1"))
+                    for n in range(config.slaves)]
+                for n, proxy in enumerate(proxies, 1):
+                    name = f"slave{n}"
+                    slaves.append(ChaosNode.broker(run_dir, name, _broker_properties(
+                        config, run_dir, name, n, namesrv.addr, host(name),
+                        free_broker_port(), proxy.address_text), prefix=prefix(name)))
+                nodes.extend(slaves)
                 for node in [master, *slaves]:
-                    if node.paused:
-                        node.resume()
-                    if not node.running:
-                        await _start(node)
-                await trio.sleep(CONSUMER_GRACE)
-                consumer_scope.cancel()
-    finally:
-        # Everything at once, as a crash of every machine would: what is checked is what
-        # survives that.
-        for node in nodes:
-            await trio.to_thread.run_sync(node.kill)
-    master_contents = await read_store(master.store_dir or run_dir, config, SEGMENT_SIZE,
-                                       BrokerRole(config.role))
-    slave_contents = [await read_store(s.store_dir or run_dir, config, SEGMENT_SIZE,
-                                       BrokerRole.SLAVE) for s in slaves]
-    return check(config, history, master_contents, slave_contents)
+                    if node.name in clocks:
+                        node.env = clocks[node.name].env()
+                cluster = Cluster(namesrv, master, slaves, proxies, network, disks, clocks)
+                for node in nodes:
+                    await start(node)
+                await _wait_ready(namesrv.addr, config, history)
+                await _load_and_faults(config, cluster, history)
+        finally:
+            # Everything at once, as a crash of every machine would: what is checked is
+            # what survives that.
+            for node in nodes:
+                await trio.to_thread.run_sync(node.kill)
+        # (while the small disks are still mounted: the checker reads the files too)
+        master_contents = await read_store(run_dir / "master.conf", config)
+        slave_contents = [await read_store(run_dir / f"{s.name}.conf", config)
+                          for s in slaves]
+        return check(config, history, master_contents, slave_contents)
 
+
+async def _load_and_faults(config: ChaosConfig, cluster: Cluster, history: History) -> None:
+    namesrv = cluster.namesrv.addr
+    clock = monotonic_clock()
+    producers_scope = trio.CancelScope()
+    consumer_scope = trio.CancelScope()
+
+    async def producers() -> None:
+        with producers_scope:
+            async with trio.open_nursery() as nursery:
+                for producer_no in range(1, config.producers + 1):
+                    nursery.start_soon(produce, namesrv, config, producer_no, history, clock)
+
+    async def consumer() -> None:
+        with consumer_scope:
+            await consume(namesrv, config, history, clock)
+
+    async with trio.open_nursery() as load:
+        load.start_soon(producers)
+        load.start_soon(consumer)
+        with trio.move_on_after(config.seconds):
+            await _inject_all(schedule(config), cluster, history, clock, config)
+            await trio.sleep_forever()
+        producers_scope.cancel()
+        # The faults healed as they were cancelled; start what a fault left down or
+        # paused, then let the consumer read what is left.
+        for node in [cluster.master, *cluster.slaves]:
+            if node.paused:
+                node.resume()
+            if not node.running:
+                await start(node)
+        await trio.sleep(CONSUMER_GRACE)
+        consumer_scope.cancel()

@@ -29,6 +29,14 @@ def chaos_run(
     ha_housekeeping_ms: int = typer.Option(
         3000, "--ha-housekeeping-ms", min=500,
         help="the brokers' haHousekeepingInterval (pauses last 1.2-2x it)"),
+    kinds: str = typer.Option(
+        None, "--kinds", help="the fault kinds, comma-separated (default: every kind this "
+                              "machine can inject; see --list-kinds)"),
+    overlap: bool = typer.Option(False, "--overlap",
+                                 help="let a fault start while others still last"),
+    list_kinds: bool = typer.Option(False, "--list-kinds",
+                                    help="list the fault kinds and whether each can be "
+                                         "injected here, then exit"),
     dir: str = typer.Option(None, "--dir", help="run directory (a new temporary one by "
                                                 "default; it is kept)"),
     as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
@@ -40,17 +48,27 @@ def chaos_run(
     import tempfile
     from pathlib import Path
 
-    from ..chaos.plan import ChaosConfig
-    from ..chaos.run import run_chaos
+    from ..chaos.plan import ChaosConfig, FaultKind
+    from ..chaos.run import capabilities, run_chaos
 
-    run_dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="trio-ha-chaos-"))
+    if list_kinds:
+        _, missing = capabilities(ChaosConfig())
+        for kind in FaultKind:
+            why_not = missing.get(kind.value)
+            print(f"{kind.value:16} {f'not here: {why_not}' if why_not else 'yes'}")
+        return
     try:
+        chosen = (tuple(FaultKind(k.strip()) for k in kinds.split(",")) if kinds
+                  else tuple(FaultKind))
         config = ChaosConfig(role=role, flush=flush, slaves=slaves,
                              seconds=minutes * 60 if minutes else seconds, seed=seed,
                              fault_interval=fault_interval, producers=producers, rate=rate,
-                             ha_housekeeping_ms=ha_housekeeping_ms)
+                             ha_housekeeping_ms=ha_housekeeping_ms, kinds=chosen,
+                             overlap=overlap)
+        capabilities(config)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    run_dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="trio-ha-chaos-"))
     verdict = run_chaos(config, run_dir)
     if as_json:
         print(json.dumps(verdict.as_dict()))

@@ -268,7 +268,10 @@ class FaultProxy:
             with trio.CancelScope() as scope:
                 connection._scope = scope
                 try:
-                    connection.server = await trio.open_tcp_stream(*self.target)
+                    # From the proxy's own address, so a test host's rules can tell the
+                    # proxied link from other traffic of the same machine.
+                    connection.server = await trio.open_tcp_stream(
+                        *self.target, local_address=self.host)
                     host, port = connection.server.socket.getsockname()[:2]
                     connection.server_address = f"{host}:{port}"
                 except OSError as exc:
@@ -381,9 +384,11 @@ class FaultProxy:
 
 
 @contextlib.asynccontextmanager
-async def open_fault_proxy(target: tuple[str, int], *, seed: int = 0):
-    """Run a :class:`FaultProxy` to ``target`` (``(host, port)``) for the block."""
-    proxy = FaultProxy(target, seed=seed)
+async def open_fault_proxy(target: tuple[str, int], *, seed: int = 0,
+                           host: str = "127.0.0.1"):
+    """Run a :class:`FaultProxy` to ``target`` (``(host, port)``) for the block, listening
+    and connecting on ``host``."""
+    proxy = FaultProxy(target, seed=seed, host=host)
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.serve)
         try:

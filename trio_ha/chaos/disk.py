@@ -1,0 +1,105 @@
+"""Small disks: a node's store on a filesystem of its own that the harness can fill.
+
+A full disk is a fault production stores meet (a neighbour's logs, a runaway retention
+setting), and the failure is in the details: a segment that cannot be created, a consume
+queue entry that cannot be written, a flush that fails, a write into a sparse mapping that
+becomes SIGBUS. None of that can be provoked on the machine's real disk without harming
+everything else on it, so each broker of a chaos run keeps its store on a tmpfs of its own
+(a few hundred MiB, mounted by the harness), and :meth:`SmallDisk.fill` takes every free
+byte with a ballast file (``posix_fallocate``, so the blocks are really taken, not promised)
+until :meth:`SmallDisk.release` deletes it.
+
+Mounting needs root; :func:`unavailable` says why not when it cannot be done, and the harness
+then runs without disk faults and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from pathlib import Path
+
+import attrs
+
+__all__ = ["SmallDisk", "SmallDiskError", "unavailable"]
+
+
+class SmallDiskError(RuntimeError):
+    """Mounting, filling or unmounting failed: the command and its words."""
+
+
+def unavailable() -> str | None:
+    """Why small disks cannot be mounted here, or None when they can."""
+    if os.geteuid() != 0:
+        return "mounting a tmpfs needs root"
+    probe = Path(f"/tmp/trioha-disk-probe-{secrets.token_hex(3)}")
+    probe.mkdir()
+    try:
+        disk = SmallDisk.mount(probe, 1 << 20)
+        disk.unmount()
+    except SmallDiskError as exc:
+        return str(exc)
+    finally:
+        probe.rmdir()
+    return None
+
+
+@attrs.define(eq=False)
+class SmallDisk:
+    """A tmpfs of ``size`` bytes mounted at ``path``."""
+
+    path: Path
+    size: int
+    ballast: Path | None = None
+
+    @classmethod
+    def mount(cls, path: Path, size: int) -> SmallDisk:
+        path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755",
+                               "trioha-chaos", str(path)], capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0:
+            raise SmallDiskError(f"mount -t tmpfs at {path}: {done.stderr.strip()}")
+        return cls(path, size)
+
+    @property
+    def free(self) -> int:
+        stat = os.statvfs(self.path)
+        return stat.f_bavail * stat.f_frsize
+
+    def fill(self, leave: int = 0) -> int:
+        """Take every free byte but ``leave`` (rounded to pages); the bytes taken."""
+        if self.ballast is not None:
+            raise SmallDiskError("the disk is already filled")
+        self.ballast = self.path / f".ballast-{secrets.token_hex(3)}"
+        taken = 0
+        fd = os.open(self.ballast, os.O_CREAT | os.O_WRONLY, 0o600)
+        try:
+            # Halve the request on ENOSPC: what the filesystem can give changes while the
+            # node writes, so one exact figure would race it.
+            want = max(0, self.free - leave)
+            while want >= 4096:
+                try:
+                    os.posix_fallocate(fd, taken, want)
+                except OSError:
+                    want //= 2
+                    continue
+                taken += want
+                want = max(0, self.free - leave)
+        finally:
+            os.close(fd)
+        return taken
+
+    def release(self) -> None:
+        """Give the ballast's bytes back."""
+        if self.ballast is not None:
+            self.ballast.unlink(missing_ok=True)
+            self.ballast = None
+
+    def unmount(self) -> None:
+        self.release()
+        done = subprocess.run(["umount", "-l", str(self.path)], capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0:
+            raise SmallDiskError(f"umount {self.path}: {done.stderr.strip()}")

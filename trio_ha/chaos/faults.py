@@ -1,0 +1,180 @@
+"""Injecting one fault into a running cluster, and taking it back.
+
+:class:`Cluster` holds what a chaos run breaks: the node processes, the fault proxies on the
+replication links, and, where this machine allows them, the test network, the small disks and
+the clocks of the nodes. :func:`inject` applies one :class:`~.plan.Fault` for its duration and
+undoes it (in a ``finally``: a run that ends mid-fault still heals), returning what happened
+in a few words for the history.
+
+Faults may overlap (``ChaosConfig.overlap``). Network rules, proxy faults and clock jumps
+compose; what cannot be twice at once on one node (a kill, a pause, a filled disk) takes that
+node's lock, so a kill waits for a pause of the same node to end rather than killing a frozen
+process whose SIGCONT would then go astray.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ..testing import FaultProxy
+from .cluster import ChaosNode
+from .disk import SmallDisk
+from .plan import Fault, FaultKind
+from .testnet import Rule, TestNetwork
+
+if TYPE_CHECKING:
+    from .clockshift import NodeClock
+
+__all__ = ["Cluster", "inject"]
+
+
+@attrs.define(eq=False)
+class Cluster:
+    namesrv: ChaosNode
+    master: ChaosNode
+    slaves: list[ChaosNode]
+    #: slave n's replication link goes through proxies[n - 1]
+    proxies: list[FaultProxy]
+    #: the test network, None on loopback
+    network: TestNetwork | None = None
+    #: node name -> the small disk its store is on
+    disks: dict[str, SmallDisk] = attrs.field(factory=dict)
+    #: node name -> its shifted clock
+    clocks: dict[str, NodeClock] = attrs.field(factory=dict)
+    _locks: collections.defaultdict[str, trio.Lock] = attrs.field(
+        factory=lambda: collections.defaultdict(trio.Lock))
+
+    def node(self, target: int) -> ChaosNode:
+        return self.master if target == 0 else self.slaves[target - 1]
+
+    def lock(self, node: ChaosNode, what: str = "process") -> trio.Lock:
+        """The lock of one of ``node``'s things (its process, its disk, its link's queue)."""
+        return self._locks[f"{node.name}:{what}"]
+
+    def link_addresses(self, target: int) -> tuple[list[str], list[str]]:
+        """The addresses the master knows slave ``target`` by (its own, its proxy's), and
+        those the slave knows the master by (the master's, the proxy's)."""
+        proxy = self.proxies[target - 1].host
+        slave = self.slaves[target - 1].addr.rsplit(":", 1)[0]
+        master = self.master.addr.rsplit(":", 1)[0]
+        return [slave, proxy], [master, proxy]
+
+
+async def start(node: ChaosNode) -> None:
+    await trio.to_thread.run_sync(node.start)
+
+
+async def inject(fault: Fault, cluster: Cluster, rng: random.Random) -> str:
+    """Apply ``fault``, hold it for its duration, undo it; what happened, in a few words."""
+    kind = fault.kind
+    node = cluster.node(fault.target)
+    if kind in (FaultKind.KILL_MASTER, FaultKind.KILL_SLAVE):
+        async with cluster.lock(node):
+            await trio.to_thread.run_sync(node.kill)
+            await trio.sleep(fault.duration)
+            await start(node)
+        return f"{node.name} killed, restarted"
+    if kind in (FaultKind.PAUSE_MASTER, FaultKind.PAUSE_SLAVE):
+        async with cluster.lock(node):
+            node.pause()
+            try:
+                await trio.sleep(fault.duration)
+            finally:
+                node.resume()
+        return f"{node.name} paused"
+    if kind in (FaultKind.CUT_HA_LINK, FaultKind.STALL_HA_LINK, FaultKind.SLOW_HA_LINK):
+        return await _proxy_fault(fault, cluster.proxies[fault.target - 1], rng)
+    if kind is FaultKind.DISK_FULL:
+        disk = cluster.disks[node.name]
+        async with cluster.lock(node, "disk"):
+            taken = await trio.to_thread.run_sync(disk.fill)
+            try:
+                await trio.sleep(fault.duration)
+            finally:
+                disk.release()
+        return f"{node.name}'s disk filled ({taken >> 20} MiB of ballast)"
+    if kind is FaultKind.CLOCK_JUMP:
+        clock = cluster.clocks[node.name]
+        clock.jump(fault.amount)
+        try:
+            await trio.sleep(fault.duration)
+        finally:
+            clock.jump(-fault.amount)
+        return f"{node.name}'s clock jumped {fault.amount:+.0f} s and back"
+    return await _network_fault(fault, cluster)
+
+
+async def _proxy_fault(fault: Fault, proxy: FaultProxy, rng: random.Random) -> str:
+    link = f"slave{fault.target}'s link"
+    if fault.kind is FaultKind.CUT_HA_LINK:
+        with trio.move_on_after(2.0) as waited:
+            cut = await proxy.cut_mid_frame(rng.randint(1, 4096))
+            return f"{link} cut at {cut}"
+        if waited.cancelled_caught:
+            proxy.close_all("cut")
+        return f"{link} cut (no frame in flight)"
+    if fault.kind is FaultKind.STALL_HA_LINK:
+        proxy.stall()
+        try:
+            await trio.sleep(fault.duration)
+        finally:
+            proxy.resume()
+        return f"{link} stalled"
+    proxy.set_delay(0.005, max_chunk=512)
+    try:
+        await trio.sleep(fault.duration)
+    finally:
+        proxy.set_delay(0)
+    return f"{link} slowed"
+
+
+async def _apply(change: Callable[..., Rule], *args: Any, **kwargs: Any) -> Rule:
+    """A change of the test network, run in a thread (it runs ``ip``/``nft``/``tc``)."""
+    return await trio.to_thread.run_sync(functools.partial(change, *args, **kwargs))
+
+
+async def _network_fault(fault: Fault, cluster: Cluster) -> str:
+    network = cluster.network
+    assert network is not None, f"{fault.kind} needs the test network"
+    kind = fault.kind
+    node = cluster.node(fault.target)
+    rules = []
+    if kind in (FaultKind.PARTITION_SLAVE, FaultKind.BLACKHOLE_SLAVE):
+        slave_side, master_side = cluster.link_addresses(fault.target)
+        if kind is FaultKind.PARTITION_SLAVE:
+            rules.append(await _apply(network.block, "master", slave_side))
+            rules.append(await _apply(network.block, node.name, master_side))
+        else:
+            # one way: the master's packets towards the slave vanish, or the slave's
+            # towards the master do; the other direction flows
+            towards_slave = fault.amount > 0
+            rules.append(await _apply(network.block, "master", slave_side,
+                                      inbound=not towards_slave, outbound=towards_slave))
+    elif kind is FaultKind.ISOLATE_MASTER:
+        rules.append(await _apply(network.isolate, "master"))
+    elif kind is FaultKind.LOSSY_NETWORK:
+        rules.append(await _apply(network.lose, node.name, int(fault.amount)))
+    elif kind is FaultKind.SLOW_NETWORK:
+        # one token bucket per link: a second throttle of the node waits for the first
+        async with cluster.lock(node, "link"):
+            rule = await _apply(network.throttle, node.name, int(fault.amount))
+            try:
+                await trio.sleep(fault.duration)
+            finally:
+                await trio.to_thread.run_sync(network.heal, rule)
+        return rule.label
+    else:  # pragma: no cover - every kind is handled above
+        raise AssertionError(kind)
+    try:
+        await trio.sleep(fault.duration)
+    finally:
+        for rule in rules:
+            await trio.to_thread.run_sync(network.heal, rule)
+    return "; ".join(rule.label for rule in rules)
