@@ -64,6 +64,20 @@ if [[ ",$extras," == *,dev,* ]] && ! { command -v javac && command -v mvn; } >/d
     fi
 fi
 
+if [[ ",$extras," == *,dev,* ]] && [ "$(id -u)" = 0 ] &&
+    ! { command -v nft && command -v ip && command -v tc; } >/dev/null 2>&1; then
+    # The chaos harness puts nodes on test hosts of their own (network namespaces) and
+    # breaks their network with nftables rules and tc; without these its network faults
+    # are left out (and their tests skip, or fail under TRIO_HA_REQUIRE_CHAOS=1: CI).
+    if command -v apt-get >/dev/null 2>&1; then
+        echo "installing nftables and iproute2 for the chaos harness ..." >&2
+        apt-get install -y -qq nftables iproute2 >/dev/null 2>&1 ||
+            { apt-get update -qq && apt-get install -y -qq nftables iproute2 >/dev/null; }
+    else
+        echo "warning: no nft/ip/tc on PATH: the chaos harness runs without network faults" >&2
+    fi
+fi
+
 # Reinstall when anything that shapes the install changed (dependencies, the C source).
 stamp="$venv/.trio-ha-install"
 want=$(cat "$root/pyproject.toml" "$root/setup.py" "$root"/native/* 2>/dev/null | sha256sum | cut -d' ' -f1)

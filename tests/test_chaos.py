@@ -140,3 +140,56 @@ def test_recovery_is_measured_only_where_the_cluster_was_left_alone():
     history.fault(FaultEvent("cut-ha-link", 1, 8.5, 8.6))   # next ack 9.2: 0.6 s
     assert longest_recovery(history) == 4.5
     assert longest_unavailability(history) == 6.4  # 0.1 -> 6.5
+
+
+def test_overlapping_schedules_draw_every_kind_with_its_own_size():
+    from trio_ha.chaos.plan import NETWORK_KINDS
+
+    config = ChaosConfig(seconds=600, seed=3, slaves=2, overlap=True, fault_interval=1.0)
+    faults = schedule(config)
+    assert {f.kind for f in faults} == set(FaultKind)
+    # faults start a fault interval apart whatever the one before lasts: some overlap
+    assert any(a.at + a.duration > b.at for a, b in zip(faults, faults[1:], strict=False))
+    for fault in faults:
+        if fault.kind in (FaultKind.KILL_MASTER, FaultKind.PAUSE_MASTER,
+                          FaultKind.ISOLATE_MASTER):
+            assert fault.target == 0
+        elif fault.kind in (FaultKind.DISK_FULL, FaultKind.CLOCK_JUMP,
+                            FaultKind.LOSSY_NETWORK, FaultKind.SLOW_NETWORK):
+            assert 0 <= fault.target <= 2
+        else:
+            assert 1 <= fault.target <= 2
+    amounts = {kind: {f.amount for f in faults if f.kind is kind} for kind in FaultKind}
+    assert amounts[FaultKind.LOSSY_NETWORK] <= {5.0, 20.0, 50.0}
+    assert amounts[FaultKind.SLOW_NETWORK] <= {256.0, 1024.0, 8192.0}
+    assert amounts[FaultKind.BLACKHOLE_SLAVE] == {1.0, -1.0}
+    jumps = amounts[FaultKind.CLOCK_JUMP]
+    assert all(60 <= abs(j) <= 3 * 3600 for j in jumps) and min(jumps) < 0 < max(jumps)
+    assert all(f.amount == 0 for f in faults if f.kind in (FaultKind.KILL_MASTER,
+                                                          FaultKind.CUT_HA_LINK))
+    network_only = schedule(ChaosConfig(seconds=120, kinds=tuple(NETWORK_KINDS)))
+    assert network_only and {f.kind for f in network_only} <= NETWORK_KINDS
+
+
+def test_a_config_and_a_history_read_back_as_written(tmp_path):
+    from trio_ha.chaos.history import FaultEvent
+
+    config = ChaosConfig(seconds=90, seed=4, slaves=2, overlap=True,
+                         kinds=(FaultKind.KILL_MASTER, FaultKind.CLOCK_JUMP))
+    assert ChaosConfig.from_dict(json.loads(json.dumps(config.as_dict()))) == config
+    with pytest.raises(ValueError, match="not chaos settings"):
+        ChaosConfig.from_dict({**config.as_dict(), "colour": "red"})
+    path = tmp_path / "history.jsonl"
+    written = History.to_file(path)
+    written.send(SendEvent("p1-1", 1, 0.0, 0.1, "SEND_OK", queue_id=2, queue_offset=7))
+    written.consume(ConsumeEvent("p1-1", 0.2, 2, 7, 4096))
+    written.fault(FaultEvent("clock-jump", 1, 0.5, 1.5, "slave1's clock jumped +90 s and back"))
+    written.close()
+    with path.open("a") as out:
+        out.write('{"event": "send", "id": "p1-2", "produ')  # the run died mid-line
+    read = History.read(path)
+    assert (read.sends, read.consumed, read.faults) == (
+        written.sends, written.consumed, written.faults)
+    path.write_text('{"event": "send"}\n{"event": "send", "id": "p1-1"}\n')
+    with pytest.raises(ValueError, match="history.jsonl:1"):
+        History.read(path)

@@ -14,7 +14,6 @@ import errno
 import os
 import resource
 import shutil
-import subprocess
 from pathlib import Path
 
 import attrs
@@ -23,6 +22,7 @@ import trio
 
 from conftest import wait_until
 from trio_ha import FlushDiskType, Message, PutMessageStatus, StoreConfig, _backend, open_store
+from trio_ha.chaos import disk
 from trio_ha.remoting import open_remoting_client
 from trio_ha.store import health
 from trio_ha.store.health import StoreResourceError
@@ -35,30 +35,21 @@ MiB = 1024 * 1024
 
 @attrs.define
 class SmallDisk:
-    """A filesystem the test can fill and free."""
+    """A filesystem the test can fill and free: a real tmpfs (the chaos harness's small
+    disk) when it could be mounted, else a flag the injected failures read."""
 
     root: Path
-    mounted: bool
-    _filler: Path | None = None
+    mounted: disk.SmallDisk | None
     _full: bool = False
 
     def fill(self) -> None:
-        if self.mounted:
-            self._filler = self.root / "filler"
-            fd = os.open(self._filler, os.O_WRONLY | os.O_CREAT, 0o644)
-            try:
-                while True:
-                    os.write(fd, b"\1" * 4096)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-            finally:
-                os.close(fd)
+        if self.mounted is not None:
+            self.mounted.fill()
         self._full = True
 
     def free(self) -> None:
-        if self._filler is not None:
-            self._filler.unlink()
-            self._filler = None
+        if self.mounted is not None:
+            self.mounted.release()
         self._full = False
 
     @property
@@ -69,30 +60,29 @@ class SmallDisk:
 @pytest.fixture
 def small_disk(tmp_path, monkeypatch):
     mount_point = tmp_path / "fs"
-    mount_point.mkdir()
-    mounted = False
-    if os.geteuid() == 0 and not os.environ.get("TRIO_HA_TEST_NO_MOUNT"):
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs",
-                               str(mount_point)], capture_output=True)
-        mounted = done.returncode == 0
-    disk = SmallDisk(mount_point, mounted)
-    if not mounted:
+    mounted = None
+    if not os.environ.get("TRIO_HA_TEST_NO_MOUNT") and disk.unavailable() is None:
+        mounted = disk.SmallDisk.mount(mount_point, 256 * MiB)
+    else:
+        mount_point.mkdir()
+    small = SmallDisk(mount_point, mounted)
+    if mounted is None:
         real_fallocate = _backend.engine.fallocate
         real_ratio = health.disk_used_ratio
 
         def fallocate(fd: int, offset: int, length: int) -> None:
-            if disk.full:
+            if small.full:
                 raise OSError(errno.ENOSPC, "fallocate: No space left on device")
             real_fallocate(fd, offset, length)
 
         monkeypatch.setattr(_backend.engine, "fallocate", fallocate)
         monkeypatch.setattr(health, "disk_used_ratio",
-                            lambda path: 0.999 if disk.full else real_ratio(path))
+                            lambda path: 0.999 if small.full else real_ratio(path))
     try:
-        yield disk
+        yield small
     finally:
-        if mounted:
-            subprocess.run(["umount", "-l", str(mount_point)], check=False)
+        if mounted is not None:
+            mounted.unmount()
 
 
 def disk_config(disk: SmallDisk, **overrides) -> StoreConfig:

@@ -128,8 +128,7 @@ class Verdict:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "config": {k: (list(v) if isinstance(v, tuple) else v)
-                       for k, v in attrs.asdict(self.config).items()},
+            "config": self.config.as_dict(),
             "passed": self.passed,
             "checks": [attrs.asdict(c) for c in self.checks],
             "figures": self.figures,
@@ -143,7 +142,8 @@ class Verdict:
             lines.append(f"  [{'pass' if c.passed else 'FAIL'}] {c.name}: {c.detail}")
         failed = sum(not c.passed for c in self.checks)
         lines.append(f"{len(self.checks) - failed} passed, {failed} failed "
-                     f"(replay: --seed {self.config.seed})")
+                     f"(replay: trio-ha chaos run --replay <run directory>; seed "
+                     f"{self.config.seed})")
         return "\n".join(lines)
 
 

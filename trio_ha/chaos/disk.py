@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -97,9 +98,18 @@ class SmallDisk:
             self.ballast.unlink(missing_ok=True)
             self.ballast = None
 
-    def unmount(self) -> None:
+    def unmount(self, *, keep_files: bool = False) -> None:
+        """Unmount; with ``keep_files``, what the disk held (the ballast aside) is copied to
+        the directory underneath first, so a run's stores outlive their disks."""
         self.release()
+        saved = None
+        if keep_files:
+            saved = self.path.with_name(f".{self.path.name}.saved-{secrets.token_hex(3)}")
+            shutil.copytree(self.path, saved, symlinks=True)
         done = subprocess.run(["umount", "-l", str(self.path)], capture_output=True, text=True,
                               check=False)
         if done.returncode != 0:
             raise SmallDiskError(f"umount {self.path}: {done.stderr.strip()}")
+        if saved is not None:
+            shutil.rmtree(self.path)
+            saved.rename(self.path)

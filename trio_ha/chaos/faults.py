@@ -71,30 +71,35 @@ async def start(node: ChaosNode) -> None:
     await trio.to_thread.run_sync(node.start)
 
 
-async def inject(fault: Fault, cluster: Cluster, rng: random.Random) -> str:
-    """Apply ``fault``, hold it for its duration, undo it; what happened, in a few words."""
+async def inject(fault: Fault, cluster: Cluster, rng: random.Random,
+                 applied: Callable[[], object] = lambda: None) -> str:
+    """Apply ``fault``, hold it for its duration, undo it; what happened, in a few words.
+    ``applied`` is called once the fault is in force (after a wait for a node's lock)."""
     kind = fault.kind
     node = cluster.node(fault.target)
     if kind in (FaultKind.KILL_MASTER, FaultKind.KILL_SLAVE):
         async with cluster.lock(node):
             await trio.to_thread.run_sync(node.kill)
+            applied()
             await trio.sleep(fault.duration)
             await start(node)
         return f"{node.name} killed, restarted"
     if kind in (FaultKind.PAUSE_MASTER, FaultKind.PAUSE_SLAVE):
         async with cluster.lock(node):
             node.pause()
+            applied()
             try:
                 await trio.sleep(fault.duration)
             finally:
                 node.resume()
         return f"{node.name} paused"
     if kind in (FaultKind.CUT_HA_LINK, FaultKind.STALL_HA_LINK, FaultKind.SLOW_HA_LINK):
-        return await _proxy_fault(fault, cluster.proxies[fault.target - 1], rng)
+        return await _proxy_fault(fault, cluster.proxies[fault.target - 1], rng, applied)
     if kind is FaultKind.DISK_FULL:
         disk = cluster.disks[node.name]
         async with cluster.lock(node, "disk"):
             taken = await trio.to_thread.run_sync(disk.fill)
+            applied()
             try:
                 await trio.sleep(fault.duration)
             finally:
@@ -103,17 +108,20 @@ async def inject(fault: Fault, cluster: Cluster, rng: random.Random) -> str:
     if kind is FaultKind.CLOCK_JUMP:
         clock = cluster.clocks[node.name]
         clock.jump(fault.amount)
+        applied()
         try:
             await trio.sleep(fault.duration)
         finally:
             clock.jump(-fault.amount)
         return f"{node.name}'s clock jumped {fault.amount:+.0f} s and back"
-    return await _network_fault(fault, cluster)
+    return await _network_fault(fault, cluster, applied)
 
 
-async def _proxy_fault(fault: Fault, proxy: FaultProxy, rng: random.Random) -> str:
+async def _proxy_fault(fault: Fault, proxy: FaultProxy, rng: random.Random,
+                       applied: Callable[[], object]) -> str:
     link = f"slave{fault.target}'s link"
     if fault.kind is FaultKind.CUT_HA_LINK:
+        applied()  # (armed: the cut itself comes with the next frame)
         with trio.move_on_after(2.0) as waited:
             cut = await proxy.cut_mid_frame(rng.randint(1, 4096))
             return f"{link} cut at {cut}"
@@ -122,12 +130,14 @@ async def _proxy_fault(fault: Fault, proxy: FaultProxy, rng: random.Random) -> s
         return f"{link} cut (no frame in flight)"
     if fault.kind is FaultKind.STALL_HA_LINK:
         proxy.stall()
+        applied()
         try:
             await trio.sleep(fault.duration)
         finally:
             proxy.resume()
         return f"{link} stalled"
     proxy.set_delay(0.005, max_chunk=512)
+    applied()
     try:
         await trio.sleep(fault.duration)
     finally:
@@ -140,7 +150,8 @@ async def _apply(change: Callable[..., Rule], *args: Any, **kwargs: Any) -> Rule
     return await trio.to_thread.run_sync(functools.partial(change, *args, **kwargs))
 
 
-async def _network_fault(fault: Fault, cluster: Cluster) -> str:
+async def _network_fault(fault: Fault, cluster: Cluster,
+                         applied: Callable[[], object]) -> str:
     network = cluster.network
     assert network is not None, f"{fault.kind} needs the test network"
     kind = fault.kind
@@ -165,6 +176,7 @@ async def _network_fault(fault: Fault, cluster: Cluster) -> str:
         # one token bucket per link: a second throttle of the node waits for the first
         async with cluster.lock(node, "link"):
             rule = await _apply(network.throttle, node.name, int(fault.amount))
+            applied()
             try:
                 await trio.sleep(fault.duration)
             finally:
@@ -172,6 +184,7 @@ async def _network_fault(fault: Fault, cluster: Cluster) -> str:
         return rule.label
     else:  # pragma: no cover - every kind is handled above
         raise AssertionError(kind)
+    applied()
     try:
         await trio.sleep(fault.duration)
     finally:

@@ -70,6 +70,27 @@ class History:
     def to_file(cls, path: Path) -> History:
         return cls(out=path.open("a", encoding="utf-8"))
 
+    @classmethod
+    def read(cls, path: Path) -> History:
+        """The history a run wrote to ``path`` (a last line cut short by the run's death is
+        left out; any other damage is an error)."""
+        history = cls()
+        kinds = {"send": (SendEvent, history.sends), "consume": (ConsumeEvent, history.consumed),
+                 "fault": (FaultEvent, history.faults)}
+        lines = path.read_text(encoding="utf-8").split("\n")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                fields = json.loads(line)
+                event_type, into = kinds[fields.pop("event")]
+                into.append(event_type(**fields))
+            except (ValueError, KeyError, TypeError) as exc:
+                if number == len(lines):  # (no newline yet: the line being written)
+                    break
+                raise ValueError(f"{path}:{number}: not a history event ({exc})") from None
+        return history
+
     def _write(self, kind: str, event: Any) -> None:
         if self._out is not None:
             self._out.write(json.dumps({"event": kind, **attrs.asdict(event)}) + "\n")

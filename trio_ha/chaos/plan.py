@@ -114,6 +114,20 @@ class ChaosConfig:
         page caches)."""
         return self.role == "SYNC_MASTER" and self.flush == "SYNC_FLUSH"
 
+    def as_dict(self) -> dict[str, object]:
+        """The configuration as JSON values (``from_dict`` reads it back)."""
+        return {k: (list(v) if isinstance(v, tuple) else v)
+                for k, v in attrs.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, object]) -> ChaosConfig:
+        known = attrs.fields_dict(cls)
+        unknown = set(values) - set(known)
+        if unknown:
+            raise ValueError(f"not chaos settings: {sorted(unknown)}")
+        return cls(**{k: (tuple(FaultKind(kind) for kind in v)  # type: ignore[union-attr]
+                          if k == "kinds" else v) for k, v in values.items()})
+
     def describe(self) -> str:
         return (f"{self.role}+{self.flush}, {self.slaves} slave(s), {self.seconds:g} s, "
                 f"seed {self.seed}")

@@ -1,16 +1,20 @@
 """A chaos run from start to verdict (``trio-ha chaos run``).
 
-1. Start the cluster from the ``trio-ha`` executable: a name server, a master, its slaves
+1. Make what the run's fault kinds need (``capabilities`` leaves out the kinds this machine
+   cannot inject, and the verdict names them): test hosts for network faults, a small disk
+   per broker for disk faults, the clock shim for clock jumps.
+2. Start the cluster from the ``trio-ha`` executable: a name server, a master, its slaves
    (each through a fault proxy to the master's HA port); create the topic; wait until a
    send is acknowledged (a SYNC_MASTER's slave has attached).
-2. Run the producers and the consumer group, and inject the schedule's faults one after
-   another, each recorded with its start and end.
-3. When the time is up: stop the producers, give the consumer a few seconds to catch up,
-   undo what is still undone (a paused node, a stalled link, a node still down), then
+3. Run the producers and the consumer group, and inject the schedule's faults (one after
+   another, or overlapping), each recorded with the time it was in force and its end.
+4. When the time is up: stop the producers, heal what is still in force (the faults'
+   ``finally``), start a node left down, give the consumer a few seconds to catch up, then
    SIGKILL every node at once: the final state is what a crash of everything leaves.
-4. Open each store in this process (recovery runs as at a broker's start) and check the
-   history against them (``checker``). The history, the verdict as JSON and the report are
-   written to the run directory.
+5. Open each store in this process (recovery runs as at a broker's start) and check the
+   history against them (``checker``). The configuration, the history, the verdict as JSON
+   and the report are written to the run directory, and the stores stay there, so
+   ``check_run`` can judge the run again and ``replay_config`` run it again.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from .history import FaultEvent, History, SendEvent
 from .plan import CLOCK_KINDS, DISK_KINDS, NETWORK_KINDS, ChaosConfig, Fault, schedule
 from .workload import consume, monotonic_clock, produce
 
-__all__ = ["SEGMENT_SIZE", "capabilities", "run_chaos"]
+__all__ = ["SEGMENT_SIZE", "capabilities", "check_run", "replay_config", "run_chaos"]
 
 #: commitlog segments of the run's brokers (small: faults land near segment ends too)
 SEGMENT_SIZE = 4 * 1024 * 1024
@@ -120,13 +124,15 @@ async def _inject_all(faults: list[Fault], cluster: Cluster, history: History, c
     rng = random.Random(config.seed)
 
     async def one(fault: Fault) -> None:
-        started = clock()
+        started: list[float] = []
         detail = "cut short by the end of the run"
         try:
-            detail = await inject(fault, cluster, rng)
+            detail = await inject(fault, cluster, rng, lambda: started.append(clock()))
         finally:
-            history.fault(FaultEvent(fault.kind.value, fault.target, started, clock(),
-                                     detail))
+            # (a fault cut short before it was in force is no fault)
+            if started:
+                history.fault(FaultEvent(fault.kind.value, fault.target, started[0],
+                                         clock(), detail))
 
     async with trio.open_nursery() as nursery:
         for fault in faults:
@@ -143,6 +149,7 @@ def run_chaos(config: ChaosConfig, run_dir: Path) -> Verdict:
     cannot inject are left out, and the verdict says which and why."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config, missing = capabilities(config)
+    (run_dir / "config.json").write_text(json.dumps(config.as_dict(), indent=1) + "\n")
     history = History.to_file(run_dir / "history.jsonl")
     try:
         verdict = trio.run(_run, config, run_dir, history)
@@ -154,6 +161,29 @@ def run_chaos(config: ChaosConfig, run_dir: Path) -> Verdict:
     (run_dir / "verdict.json").write_text(json.dumps(verdict.as_dict(), indent=1))
     (run_dir / "report.txt").write_text(verdict.report() + "\n")
     return verdict
+
+
+def check_run(run_dir: Path) -> Verdict:
+    """The verdict on a finished (or dead) run, from what its directory holds: the
+    configuration, the history and the stores (recovered again, as a broker's start
+    would). The same checks as at the end of the run; useful after a run died, or after a
+    fix to the checker."""
+    config = replay_config(run_dir)
+    history = History.read(run_dir / "history.jsonl")
+
+    async def read_all() -> Verdict:
+        master = await read_store(run_dir / "master.conf", config)
+        slaves = [await read_store(run_dir / f"slave{n}.conf", config)
+                  for n in range(1, config.slaves + 1)]
+        return check(config, history, master, slaves)
+
+    return trio.run(read_all)
+
+
+def replay_config(run_dir: Path) -> ChaosConfig:
+    """The configuration of an earlier run (its seed, kinds, timing): run it again to
+    inject the same faults at the same times."""
+    return ChaosConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
 
 
 @contextlib.contextmanager
@@ -171,7 +201,8 @@ def _environment(config: ChaosConfig, run_dir: Path):
         if kinds & DISK_KINDS:
             for name in brokers:
                 disks[name] = disk.SmallDisk.mount(run_dir / name, DISK_SIZE)
-                stack.callback(disks[name].unmount)
+                # (the stores stay in the run directory, for ``chaos check`` and a look)
+                stack.callback(disks[name].unmount, keep_files=True)
         clocks = {}
         if kinds & CLOCK_KINDS:
             shift = clockshift.ClockShift.build(run_dir)

@@ -105,6 +105,8 @@ class TestNetwork:
     harness: the names carry a tag, and :meth:`close` tolerates what is already gone).
     """
 
+    __test__ = False  # (a name pytest would otherwise take for a test class)
+
     tag: str
     bridge: str
     #: the harness's address on the test network (clients and fault proxies bind here)

@@ -34,6 +34,9 @@ def chaos_run(
                               "machine can inject; see --list-kinds)"),
     overlap: bool = typer.Option(False, "--overlap",
                                  help="let a fault start while others still last"),
+    replay: str = typer.Option(None, "--replay", metavar="RUN_DIR",
+                               help="run an earlier run's configuration again (its seed, "
+                                    "kinds and timing: the same faults at the same times)"),
     list_kinds: bool = typer.Option(False, "--list-kinds",
                                     help="list the fault kinds and whether each can be "
                                          "injected here, then exit"),
@@ -44,12 +47,11 @@ def chaos_run(
     """A cluster of trio-ha processes under load while faults are injected on a schedule
     from the seed; then every node is SIGKILLed at once and the history is checked against
     what the stores hold. Exit 0 only if every check passed."""
-    import json
     import tempfile
     from pathlib import Path
 
     from ..chaos.plan import ChaosConfig, FaultKind
-    from ..chaos.run import capabilities, run_chaos
+    from ..chaos.run import capabilities, replay_config, run_chaos
 
     if list_kinds:
         _, missing = capabilities(ChaosConfig())
@@ -58,18 +60,26 @@ def chaos_run(
             print(f"{kind.value:16} {f'not here: {why_not}' if why_not else 'yes'}")
         return
     try:
-        chosen = (tuple(FaultKind(k.strip()) for k in kinds.split(",")) if kinds
-                  else tuple(FaultKind))
-        config = ChaosConfig(role=role, flush=flush, slaves=slaves,
-                             seconds=minutes * 60 if minutes else seconds, seed=seed,
-                             fault_interval=fault_interval, producers=producers, rate=rate,
-                             ha_housekeeping_ms=ha_housekeeping_ms, kinds=chosen,
-                             overlap=overlap)
+        if replay:
+            config = replay_config(Path(replay))
+        else:
+            chosen = (tuple(FaultKind(k.strip()) for k in kinds.split(",")) if kinds
+                      else tuple(FaultKind))
+            config = ChaosConfig(role=role, flush=flush, slaves=slaves,
+                                 seconds=minutes * 60 if minutes else seconds, seed=seed,
+                                 fault_interval=fault_interval, producers=producers,
+                                 rate=rate, ha_housekeeping_ms=ha_housekeeping_ms,
+                                 kinds=chosen, overlap=overlap)
         capabilities(config)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
     run_dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="trio-ha-chaos-"))
-    verdict = run_chaos(config, run_dir)
+    _show(run_chaos(config, run_dir), run_dir, as_json)
+
+
+def _show(verdict, run_dir, as_json: bool) -> None:
+    import json
+
     if as_json:
         print(json.dumps(verdict.as_dict()))
     else:
@@ -77,3 +87,22 @@ def chaos_run(
         print(f"run directory: {run_dir}")
     if not verdict.passed:
         raise typer.Exit(1)
+
+
+@chaos_app.command("check")
+def chaos_check(
+    run_dir: str = typer.Argument(..., help="the directory of an earlier run"),
+    as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
+) -> None:
+    """Check an earlier run again from its directory: its history against its stores
+    (recovered again). For a run that died before its verdict, or a checker that
+    changed. Exit 0 only if every check passed."""
+    from pathlib import Path
+
+    from ..chaos.run import check_run
+
+    path = Path(run_dir)
+    for needed in ("config.json", "history.jsonl", "master.conf"):
+        if not (path / needed).is_file():
+            raise typer.BadParameter(f"{path} has no {needed}: not a chaos run directory")
+    _show(check_run(path), path, as_json)
