@@ -48,6 +48,8 @@ class Cluster:
     disks: dict[str, SmallDisk] = attrs.field(factory=dict)
     #: node name -> its shifted clock
     clocks: dict[str, NodeClock] = attrs.field(factory=dict)
+    #: on loopback, the proxy in front of each broker's client port (0: the master's)
+    client_proxies: list[FaultProxy] = attrs.field(factory=list)
     _locks: collections.defaultdict[str, trio.Lock] = attrs.field(
         factory=lambda: collections.defaultdict(trio.Lock))
 
@@ -94,7 +96,12 @@ async def inject(fault: Fault, cluster: Cluster, rng: random.Random,
                 node.resume()
         return f"{node.name} paused"
     if kind in (FaultKind.CUT_HA_LINK, FaultKind.STALL_HA_LINK, FaultKind.SLOW_HA_LINK):
-        return await _proxy_fault(fault, cluster.proxies[fault.target - 1], rng, applied)
+        return await _proxy_fault(fault, cluster.proxies[fault.target - 1],
+                                  f"{node.name}'s replication link", rng, applied)
+    if kind in (FaultKind.CUT_CLIENT_LINK, FaultKind.STALL_CLIENT_LINK,
+                FaultKind.SLOW_CLIENT_LINK):
+        return await _proxy_fault(fault, cluster.client_proxies[fault.target],
+                                  f"{node.name}'s client links", rng, applied)
     if kind is FaultKind.DISK_FULL:
         disk = cluster.disks[node.name]
         async with cluster.lock(node, "disk"):
@@ -117,18 +124,23 @@ async def inject(fault: Fault, cluster: Cluster, rng: random.Random,
     return await _network_fault(fault, cluster, applied)
 
 
-async def _proxy_fault(fault: Fault, proxy: FaultProxy, rng: random.Random,
+async def _proxy_fault(fault: Fault, proxy: FaultProxy, link: str, rng: random.Random,
                        applied: Callable[[], object]) -> str:
-    link = f"slave{fault.target}'s link"
-    if fault.kind is FaultKind.CUT_HA_LINK:
+    if fault.kind in (FaultKind.CUT_HA_LINK, FaultKind.CUT_CLIENT_LINK):
         applied()  # (armed: the cut itself comes with the next frame)
         with trio.move_on_after(2.0) as waited:
-            cut = await proxy.cut_mid_frame(rng.randint(1, 4096))
-            return f"{link} cut at {cut}"
+            if fault.kind is FaultKind.CUT_HA_LINK:
+                cut = await proxy.cut_mid_frame(rng.randint(1, 4096))
+                return (f"{link} cut {cut.body_bytes} bytes into the body of the frame at "
+                        f"log offset {cut.frame_offset}")
+            # answers are remoting frames of a few hundred bytes: a cut a little way into
+            # the stream lands inside one (its length, header or body)
+            cut = await proxy.cut_after(rng.randint(1, 600))
+            return f"{link} cut after {cut.stream_offset} bytes of a connection's answers"
         if waited.cancelled_caught:
             proxy.close_all("cut")
-        return f"{link} cut (no frame in flight)"
-    if fault.kind is FaultKind.STALL_HA_LINK:
+        return f"{link} cut (nothing in flight)"
+    if fault.kind in (FaultKind.STALL_HA_LINK, FaultKind.STALL_CLIENT_LINK):
         proxy.stall()
         applied()
         try:

@@ -13,8 +13,8 @@ import random
 
 import attrs
 
-__all__ = ["CLOCK_KINDS", "DISK_KINDS", "NETWORK_KINDS", "ChaosConfig", "Fault", "FaultKind",
-           "schedule"]
+__all__ = ["CLIENT_LINK_KINDS", "CLOCK_KINDS", "DISK_KINDS", "NETWORK_KINDS", "ChaosConfig",
+           "Fault", "FaultKind", "schedule"]
 
 
 class FaultKind(enum.StrEnum):
@@ -31,6 +31,13 @@ class FaultKind(enum.StrEnum):
     STALL_HA_LINK = "stall-ha-link"
     #: forward a slave's replication link in small, late pieces for a while
     SLOW_HA_LINK = "slow-ha-link"
+    # -- on loopback: a fault proxy in front of each broker's client port --
+    #: cut every client connection of a broker inside a frame of its answers
+    CUT_CLIENT_LINK = "cut-client-link"
+    #: stop forwarding on a broker's client connections for a while, both ways
+    STALL_CLIENT_LINK = "stall-client-link"
+    #: forward a broker's client connections in small, late pieces for a while
+    SLOW_CLIENT_LINK = "slow-client-link"
     # -- on test hosts (network namespaces, ``testnet``) --
     #: the master and a slave lose every packet between them, both ways
     PARTITION_SLAVE = "partition-slave"
@@ -51,7 +58,10 @@ class FaultKind(enum.StrEnum):
     CLOCK_JUMP = "clock-jump"
 
 
-#: the kinds that need test hosts, small disks, the clock shim
+#: the kinds that need the client-link proxies (loopback), test hosts, small disks, the
+#: clock shim
+CLIENT_LINK_KINDS = frozenset({FaultKind.CUT_CLIENT_LINK, FaultKind.STALL_CLIENT_LINK,
+                               FaultKind.SLOW_CLIENT_LINK})
 NETWORK_KINDS = frozenset({FaultKind.PARTITION_SLAVE, FaultKind.BLACKHOLE_SLAVE,
                            FaultKind.ISOLATE_MASTER, FaultKind.LOSSY_NETWORK,
                            FaultKind.SLOW_NETWORK})
@@ -62,7 +72,7 @@ _MASTER_KINDS = frozenset({FaultKind.KILL_MASTER, FaultKind.PAUSE_MASTER,
                            FaultKind.ISOLATE_MASTER})
 #: the kinds that hit the master or a slave (target 0..slaves)
 _ANY_NODE_KINDS = frozenset({FaultKind.LOSSY_NETWORK, FaultKind.SLOW_NETWORK,
-                             FaultKind.DISK_FULL, FaultKind.CLOCK_JUMP})
+                             FaultKind.DISK_FULL, FaultKind.CLOCK_JUMP, *CLIENT_LINK_KINDS})
 
 
 @attrs.frozen
@@ -103,6 +113,11 @@ class ChaosConfig:
     ha_housekeeping_ms: int = 3000
     #: the producers' send timeout (all retries included), seconds
     send_timeout: float = 3.0
+    #: where the nodes live: ``hosts`` (a test host each: real network faults), ``loopback``
+    #: (127.0.0.x, with a fault proxy in front of each broker's client port), or ``auto``
+    #: (hosts where they can be made)
+    network: str = attrs.field(default="auto",
+                               validator=attrs.validators.in_(("auto", "hosts", "loopback")))
     #: whether a fault may start while others still last (each starts at its own time;
     #: two that cannot be at once on one node, such as two kills, wait for each other)
     overlap: bool = False
@@ -153,7 +168,7 @@ def schedule(config: ChaosConfig) -> list[Fault]:
         if kind in (FaultKind.PAUSE_MASTER, FaultKind.PAUSE_SLAVE):
             # longer than the housekeeping interval: the other side gives up on the link
             duration = housekeeping * rng.uniform(1.2, 2.0)
-        elif kind is FaultKind.CUT_HA_LINK:
+        elif kind in (FaultKind.CUT_HA_LINK, FaultKind.CUT_CLIENT_LINK):
             duration = 0.0
         elif kind in (FaultKind.PARTITION_SLAVE, FaultKind.BLACKHOLE_SLAVE,
                       FaultKind.ISOLATE_MASTER):

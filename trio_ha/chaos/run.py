@@ -34,7 +34,15 @@ from .checker import Verdict, check, read_store
 from .cluster import ChaosNode
 from .faults import Cluster, inject, start
 from .history import FaultEvent, History, SendEvent
-from .plan import CLOCK_KINDS, DISK_KINDS, NETWORK_KINDS, ChaosConfig, Fault, schedule
+from .plan import (
+    CLIENT_LINK_KINDS,
+    CLOCK_KINDS,
+    DISK_KINDS,
+    NETWORK_KINDS,
+    ChaosConfig,
+    Fault,
+    schedule,
+)
 from .workload import consume, monotonic_clock, produce
 
 __all__ = ["SEGMENT_SIZE", "capabilities", "check_run", "replay_config", "run_chaos"]
@@ -55,14 +63,25 @@ READY_TIMEOUT = 60.0
 
 
 def capabilities(config: ChaosConfig) -> tuple[ChaosConfig, dict[str, str]]:
-    """``config`` with only the fault kinds this machine can inject, and why each other
-    kind it asked for cannot be (test hosts, small disks and the clock shim need root, tools
-    and a compiler)."""
+    """``config`` with its network settled (``auto``: test hosts where they can be made)
+    and only the fault kinds this machine can inject, and why each other kind it asked for
+    cannot be (test hosts, small disks and the clock shim need root, tools and a compiler;
+    client-link proxies need loopback)."""
     wanted = set(config.kinds)
     missing: dict[str, str] = {}
-    for kinds, why_not in ((NETWORK_KINDS, testnet.unavailable),
-                           (DISK_KINDS, disk.unavailable),
-                           (CLOCK_KINDS, clockshift.available)):
+    network = config.network
+    hosts_unavailable = testnet.unavailable() if network != "loopback" else "--network loopback"
+    if network == "hosts" and hosts_unavailable:
+        raise ValueError(f"--network hosts: {hosts_unavailable}")
+    network = "loopback" if hosts_unavailable else "hosts"
+    if network == "hosts":
+        why_not_here = ("the nodes are on test hosts, whose network faults reach the client "
+                        "links too (--network loopback puts proxies on them)")
+        missing.update((kind.value, why_not_here) for kind in wanted & CLIENT_LINK_KINDS)
+    else:
+        missing.update((kind.value, f"no test hosts: {hosts_unavailable}")
+                       for kind in wanted & NETWORK_KINDS)
+    for kinds, why_not in ((DISK_KINDS, disk.unavailable), (CLOCK_KINDS, clockshift.available)):
         asked = wanted & kinds
         reason = why_not() if asked else None
         if reason:
@@ -70,11 +89,11 @@ def capabilities(config: ChaosConfig) -> tuple[ChaosConfig, dict[str, str]]:
     kinds = tuple(kind for kind in config.kinds if kind.value not in missing)
     if not kinds:
         raise ValueError(f"none of the fault kinds asked for can be injected here: {missing}")
-    return attrs.evolve(config, kinds=kinds), missing
+    return attrs.evolve(config, kinds=kinds, network=network), missing
 
 
 def _broker_properties(config: ChaosConfig, run_dir: Path, name: str, broker_id: int,
-                       namesrv: str, host: str, port: int,
+                       namesrv: str, host: str, advertised: str, port: int,
                        ha_master: str | None) -> dict[str, str]:
     properties = {
         "brokerClusterName": "ChaosCluster", "brokerName": "chaos-broker",
@@ -82,7 +101,7 @@ def _broker_properties(config: ChaosConfig, run_dir: Path, name: str, broker_id:
         "brokerRole": config.role if broker_id == 0 else "SLAVE",
         "flushDiskType": config.flush, "namesrvAddr": namesrv,
         "listenPort": str(port), "haListenPort": str(port + 1), "bindAddress": host,
-        "haBindAddress": host, "brokerIP1": host, "vipChannelEnable": "false",
+        "haBindAddress": host, "brokerIP1": advertised, "vipChannelEnable": "false",
         "storePathRootDir": str(run_dir / name),
         "haHousekeepingInterval": str(config.ha_housekeeping_ms),
         "autoCreateTopicEnable": "true", **STORE_SIZES,
@@ -194,7 +213,7 @@ def _environment(config: ChaosConfig, run_dir: Path):
     brokers = ["master", *(f"slave{n}" for n in range(1, config.slaves + 1))]
     with contextlib.ExitStack() as stack:
         network = None
-        if kinds & NETWORK_KINDS:
+        if config.network == "hosts":
             network = testnet.TestNetwork.create(["namesrv", *brokers])
             stack.callback(network.close)
         disks = {}
@@ -211,36 +230,45 @@ def _environment(config: ChaosConfig, run_dir: Path):
 
 
 async def _run(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
+    brokers = ["master", *(f"slave{n}" for n in range(1, config.slaves + 1))]
     with _environment(config, run_dir) as (network, disks, clocks):
         def host(name: str) -> str:
-            return network.hosts[name].address if network else "127.0.0.1"
+            """Where a node listens: its test host, or an address of its own on loopback
+            (127.0.0.1 is the harness's: the client-link proxies listen there)."""
+            if network is not None:
+                return network.hosts[name].address
+            return "127.0.0.1" if name == "namesrv" else f"127.0.0.{2 + brokers.index(name)}"
 
         def prefix(name: str) -> list[str]:
             return network.hosts[name].command([]) if network else []
 
         namesrv = ChaosNode.namesrv(run_dir, host=host("namesrv"), prefix=prefix("namesrv"))
-        master_port = free_broker_port()
-        master_conf = _broker_properties(config, run_dir, "master", 0, namesrv.addr,
-                                         host("master"), master_port, None)
-        master = ChaosNode.broker(run_dir, "master", master_conf, prefix=prefix("master"))
-        nodes = [namesrv, master]
-        slaves: list[ChaosNode] = []
+        ports = {name: free_broker_port() for name in brokers}
+        # On loopback, a broker registers (brokerIP1) the harness's address, where the
+        # client-link proxy in front of its port listens.
+        advertised = {name: host(name) if network else "127.0.0.1" for name in brokers}
+        nodes = [namesrv]
         try:
             async with contextlib.AsyncExitStack() as stack:
-                proxies = [await stack.enter_async_context(open_fault_proxy(
-                    (host("master"), master_port + 1), seed=config.seed + n,
+                client_proxies = []
+                if network is None:
+                    client_proxies = [await stack.enter_async_context(open_fault_proxy(
+                        (host(name), ports[name]), seed=config.seed + 100 + n,
+                        host="127.0.0.1", port=ports[name])) for n, name in enumerate(brokers)]
+                ha_proxies = [await stack.enter_async_context(open_fault_proxy(
+                    (host("master"), ports["master"] + 1), seed=config.seed + n,
                     host=network.add_gateway_address() if network else "127.0.0.1"))
                     for n in range(config.slaves)]
-                for n, proxy in enumerate(proxies, 1):
-                    name = f"slave{n}"
-                    slaves.append(ChaosNode.broker(run_dir, name, _broker_properties(
-                        config, run_dir, name, n, namesrv.addr, host(name),
-                        free_broker_port(), proxy.address_text), prefix=prefix(name)))
-                nodes.extend(slaves)
-                for node in [master, *slaves]:
-                    if node.name in clocks:
-                        node.env = clocks[node.name].env()
-                cluster = Cluster(namesrv, master, slaves, proxies, network, disks, clocks)
+                for n, name in enumerate(brokers):
+                    ha_master = ha_proxies[n - 1].address_text if n else None
+                    node = ChaosNode.broker(run_dir, name, _broker_properties(
+                        config, run_dir, name, n, namesrv.addr, host(name), advertised[name],
+                        ports[name], ha_master), prefix=prefix(name))
+                    if name in clocks:
+                        node.env = clocks[name].env()
+                    nodes.append(node)
+                cluster = Cluster(namesrv, nodes[1], nodes[2:], ha_proxies, network, disks,
+                                  clocks, client_proxies)
                 for node in nodes:
                     await start(node)
                 await _wait_ready(namesrv.addr, config, history)
@@ -252,8 +280,8 @@ async def _run(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
                 await trio.to_thread.run_sync(node.kill)
         # (while the small disks are still mounted: the checker reads the files too)
         master_contents = await read_store(run_dir / "master.conf", config)
-        slave_contents = [await read_store(run_dir / f"{s.name}.conf", config)
-                          for s in slaves]
+        slave_contents = [await read_store(run_dir / f"{name}.conf", config)
+                          for name in brokers[1:]]
         return check(config, history, master_contents, slave_contents)
 
 

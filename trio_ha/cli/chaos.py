@@ -32,6 +32,10 @@ def chaos_run(
     kinds: str = typer.Option(
         None, "--kinds", help="the fault kinds, comma-separated (default: every kind this "
                               "machine can inject; see --list-kinds)"),
+    network: str = typer.Option(
+        "auto", "--network", help="hosts (a network namespace per node: partitions, loss), "
+                                  "loopback (proxies on client links), or auto (hosts where "
+                                  "they can be made)"),
     overlap: bool = typer.Option(False, "--overlap",
                                  help="let a fault start while others still last"),
     replay: str = typer.Option(None, "--replay", metavar="RUN_DIR",
@@ -54,10 +58,10 @@ def chaos_run(
     from ..chaos.run import capabilities, replay_config, run_chaos
 
     if list_kinds:
-        _, missing = capabilities(ChaosConfig())
+        _, missing = capabilities(ChaosConfig(network=network))
         for kind in FaultKind:
             why_not = missing.get(kind.value)
-            print(f"{kind.value:16} {f'not here: {why_not}' if why_not else 'yes'}")
+            print(f"{kind.value:18} {f'not here: {why_not}' if why_not else 'yes'}")
         return
     try:
         if replay:
@@ -69,7 +73,7 @@ def chaos_run(
                                  seconds=minutes * 60 if minutes else seconds, seed=seed,
                                  fault_interval=fault_interval, producers=producers,
                                  rate=rate, ha_housekeeping_ms=ha_housekeeping_ms,
-                                 kinds=chosen, overlap=overlap)
+                                 kinds=chosen, overlap=overlap, network=network)
         capabilities(config)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None

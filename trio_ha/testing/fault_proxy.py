@@ -165,9 +165,11 @@ class FaultProxy:
     ``accepted`` counts the connections made to the proxy; ``connections`` keeps them all.
     """
 
-    def __init__(self, target: tuple[str, int], *, seed: int = 0, host: str = "127.0.0.1") -> None:
+    def __init__(self, target: tuple[str, int], *, seed: int = 0, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
         self.target = (target[0], target[1])
         self.host = host
+        self.port = port
         self.address: tuple[str, int] | None = None
         self.accepted = 0
         self.connections: list[ProxyConnection] = []
@@ -254,7 +256,7 @@ class FaultProxy:
     # ---- serving -------------------------------------------------------------------------
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host=self.host)
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
         sockname = listeners[0].socket.getsockname()
         self.address = (sockname[0], sockname[1])
         task_status.started(self.address)
@@ -385,10 +387,10 @@ class FaultProxy:
 
 @contextlib.asynccontextmanager
 async def open_fault_proxy(target: tuple[str, int], *, seed: int = 0,
-                           host: str = "127.0.0.1"):
+                           host: str = "127.0.0.1", port: int = 0):
     """Run a :class:`FaultProxy` to ``target`` (``(host, port)``) for the block, listening
-    and connecting on ``host``."""
-    proxy = FaultProxy(target, seed=seed, host=host)
+    on ``host``:``port`` (0: any free port) and connecting from ``host``."""
+    proxy = FaultProxy(target, seed=seed, host=host, port=port)
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.serve)
         try:
