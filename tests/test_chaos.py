@@ -128,6 +128,8 @@ def _history(acked: list[str], consumed: list[tuple[str, int, int]], sent_only=(
 
 
 def test_the_checker_fails_on_each_violation(tmp_path):
+    from trio_ha.chaos.history import FaultEvent
+
     config = ChaosConfig(seconds=60)
     (tmp_path / "m" / "commitlog").mkdir(parents=True)
     (tmp_path / "s" / "commitlog").mkdir(parents=True)
@@ -146,6 +148,11 @@ def test_the_checker_fails_on_each_violation(tmp_path):
     not_on_slave = check(config, _history(["p1-1", "p1-2"], []), master,
                          [_contents(tmp_path / "s", {0: ["p1-1"]})])
     assert failed(not_on_slave) == {"acknowledged sends on slave 1"}
+    # (a SYNC_MASTER owes it in either flush mode: the crashes are of processes)
+    async_flush = check(ChaosConfig(seconds=60, flush="ASYNC_FLUSH"),
+                        _history(["p1-1", "p1-2"], []), master,
+                        [_contents(tmp_path / "s", {0: ["p1-1"]})])
+    assert failed(async_flush) == {"acknowledged sends on slave 1"}
     relaxed = check(ChaosConfig(seconds=60, role="ASYNC_MASTER", flush="ASYNC_FLUSH"),
                     _history(["p1-1", "p1-2"], []), master,
                     [_contents(tmp_path / "s", {0: ["p1-1"]})])
@@ -161,6 +168,11 @@ def test_the_checker_fails_on_each_violation(tmp_path):
     late = History()
     late.send(SendEvent("p1-1", 1, 0.0, config.send_timeout + 5, None, error="x"))
     assert failed(check(config, late, master, [slave])) == {"every send ended within 4 s"}
+    botched = _history(["p1-1", "p1-2"], [])
+    botched.fault(FaultEvent("kill-master", 0, 1.0, 61.0,
+                             "failed: NodeStartError('master did not start')"))
+    assert failed(check(config, botched, master, [slave])) == {
+        "every fault was injected and undone"}
 
 
 def test_the_prefix_check_finds_the_first_differing_byte(tmp_path):

@@ -6,10 +6,10 @@ the clocks of the nodes. :func:`inject` applies one :class:`~.plan.Fault` for it
 undoes it (in a ``finally``: a run that ends mid-fault still heals), returning what happened
 in a few words for the history.
 
-Faults may overlap (``ChaosConfig.overlap``). Network rules, proxy faults and clock jumps
-compose; what cannot be twice at once on one node (a kill, a pause, a filled disk) takes that
-node's lock, so a kill waits for a pause of the same node to end rather than killing a frozen
-process whose SIGCONT would then go astray.
+Faults may overlap (``ChaosConfig.overlap``). Network rules and clock jumps compose; what
+cannot be twice at once on one node (a kill or a pause, a filled disk, a throttle, a fault of
+one proxy) takes that node's lock for it, so a kill waits for a pause of the same node to end
+rather than killing a frozen process whose SIGCONT would then go astray.
 """
 
 from __future__ import annotations
@@ -89,39 +89,42 @@ async def inject(fault: Fault, cluster: Cluster, rng: random.Random,
     if kind in (FaultKind.PAUSE_MASTER, FaultKind.PAUSE_SLAVE):
         async with cluster.lock(node):
             node.pause()
-            applied()
-            try:
-                await trio.sleep(fault.duration)
-            finally:
-                node.resume()
+            await _hold(fault, applied, node.resume)
         return f"{node.name} paused"
+    # One proxy fault at a time per proxy: a cut waits for the frame it is armed for, and
+    # the end of one stall or slowdown would end another's early.
     if kind in (FaultKind.CUT_HA_LINK, FaultKind.STALL_HA_LINK, FaultKind.SLOW_HA_LINK):
-        return await _proxy_fault(fault, cluster.proxies[fault.target - 1],
-                                  f"{node.name}'s replication link", rng, applied)
+        async with cluster.lock(node, "replication proxy"):
+            return await _proxy_fault(fault, cluster.proxies[fault.target - 1],
+                                      f"{node.name}'s replication link", rng, applied)
     if kind in (FaultKind.CUT_CLIENT_LINK, FaultKind.STALL_CLIENT_LINK,
                 FaultKind.SLOW_CLIENT_LINK):
-        return await _proxy_fault(fault, cluster.client_proxies[fault.target],
-                                  f"{node.name}'s client links", rng, applied)
+        async with cluster.lock(node, "client proxy"):
+            return await _proxy_fault(fault, cluster.client_proxies[fault.target],
+                                      f"{node.name}'s client links", rng, applied)
     if kind is FaultKind.DISK_FULL:
         disk = cluster.disks[node.name]
         async with cluster.lock(node, "disk"):
             taken = await trio.to_thread.run_sync(disk.fill)
-            applied()
-            try:
-                await trio.sleep(fault.duration)
-            finally:
-                disk.release()
+            await _hold(fault, applied, disk.release)
         return f"{node.name}'s disk filled ({taken >> 20} MiB of ballast)"
     if kind is FaultKind.CLOCK_JUMP:
         clock = cluster.clocks[node.name]
         clock.jump(fault.amount)
-        applied()
-        try:
-            await trio.sleep(fault.duration)
-        finally:
-            clock.jump(-fault.amount)
+        await _hold(fault, applied, lambda: clock.jump(-fault.amount))
         return f"{node.name}'s clock jumped {fault.amount:+.0f} s and back"
     return await _network_fault(fault, cluster, applied)
+
+
+async def _hold(fault: Fault, applied: Callable[[], object],
+                undo: Callable[[], object]) -> None:
+    """The fault is in force: say so, hold it for its duration, then undo it (cancelled
+    too: a run that ends mid-fault leaves nothing broken)."""
+    applied()
+    try:
+        await trio.sleep(fault.duration)
+    finally:
+        undo()
 
 
 async def _proxy_fault(fault: Fault, proxy: FaultProxy, link: str, rng: random.Random,
@@ -142,18 +145,10 @@ async def _proxy_fault(fault: Fault, proxy: FaultProxy, link: str, rng: random.R
         return f"{link} cut (nothing in flight)"
     if fault.kind in (FaultKind.STALL_HA_LINK, FaultKind.STALL_CLIENT_LINK):
         proxy.stall()
-        applied()
-        try:
-            await trio.sleep(fault.duration)
-        finally:
-            proxy.resume()
+        await _hold(fault, applied, proxy.resume)
         return f"{link} stalled"
     proxy.set_delay(0.005, max_chunk=512)
-    applied()
-    try:
-        await trio.sleep(fault.duration)
-    finally:
-        proxy.set_delay(0)
+    await _hold(fault, applied, lambda: proxy.set_delay(0))
     return f"{link} slowed"
 
 

@@ -30,7 +30,7 @@ import trio
 from ..client import MQError, open_admin
 from ..testing import free_broker_port, open_fault_proxy
 from . import clockshift, disk, testnet
-from .checker import Verdict, check, read_store
+from .checker import NOT_INJECTED, Verdict, check, read_store
 from .cluster import ChaosNode
 from .faults import Cluster, inject, start
 from .history import FaultEvent, History, SendEvent
@@ -147,6 +147,11 @@ async def _inject_all(faults: list[Fault], cluster: Cluster, history: History, c
         detail = "cut short by the end of the run"
         try:
             detail = await inject(fault, cluster, rng, lambda: started.append(clock()))
+        except Exception as exc:
+            # A fault the harness could not make or undo (a tool that failed, a node that
+            # would not start again) is recorded and fails the verdict; the run goes on.
+            detail = f"{NOT_INJECTED}: {exc!r}"[:500]
+            started.append(started[0] if started else clock())
         finally:
             # (a fault cut short before it was in force is no fault)
             if started:
