@@ -272,3 +272,21 @@ def test_the_nodes_log_their_state_changes(cluster):
     for line in logs["SYNC_MASTER"].splitlines():
         assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO |WARNING|ERROR)",
                         line), line
+
+
+def test_a_sync_master_without_an_attached_slave_is_not_ready():
+    """The README's tour once went on from ``status --wait-ready`` before the slave had
+    registered: the master alone looked ready, and the next 1000 sends answered
+    SLAVE_NOT_AVAILABLE. A SYNC_MASTER is ready once its own report lists a slave."""
+    from trio_ha.cli.status import not_ready
+
+    master = {"brokerName": "broker-a", "brokerId": 0, "role": "SYNC_MASTER"}
+    slave = {"brokerName": "broker-a", "brokerId": 1, "role": "SLAVE", "haState": "transfer",
+             "lagBytes": 0}
+    assert "without an attached slave" in not_ready({"brokers": [master]})
+    assert "without an attached slave" in not_ready({"brokers": [master, slave]})
+    attached = {**master, "slaves": [{"address": "127.0.0.1:1", "ackedOffset": 0,
+                                      "lagBytes": 0}]}
+    assert not_ready({"brokers": [attached, slave]}) is None
+    assert not_ready({"brokers": [{**master, "role": "ASYNC_MASTER"}]}) is None
+    assert "not caught up" in not_ready({"brokers": [attached, {**slave, "lagBytes": 9}]})

@@ -163,7 +163,8 @@ def puts_per_second(broker: dict) -> str:
 
 def not_ready(status: dict[str, Any]) -> str | None:
     """Why the cluster is not ready to take SYNC_MASTER sends, or None: every broker group
-    needs its master up and every slave copying (HA transfer) with nothing left to copy."""
+    needs its master up, a SYNC_MASTER a slave attached, and every slave copying (HA
+    transfer) with nothing left to copy."""
     if not status["brokers"]:
         return "no broker has registered"
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -175,6 +176,11 @@ def not_ready(status: dict[str, Any]) -> str | None:
         for b in members:
             if b.get("error"):
                 return f"{name}/{b['brokerId']} does not answer: {b['error']}"
+            if b.get("role") == "SYNC_MASTER" and not b.get("slaves"):
+                # (a slave that has not registered yet is not listed at all: the master's
+                # own word is what counts)
+                return (f"{name}/{b['brokerId']} is a SYNC_MASTER without an attached slave "
+                        f"(its sends would answer SLAVE_NOT_AVAILABLE)")
             if "haState" in b and (b["haState"] != "transfer" or b.get("lagBytes") != 0):
                 return (f"{name}/{b['brokerId']} is not caught up (HA {b['haState']}, "
                         f"lag {b.get('lagBytes')} B)")
