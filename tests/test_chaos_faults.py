@@ -8,13 +8,20 @@ or fail under TRIO_HA_REQUIRE_CHAOS=1 (CI), which bin/test's set-up provides for
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import trio
 
 from trio_ha.chaos import disk, testnet
+from trio_ha.chaos.cluster import ChaosNode
+from trio_ha.chaos.faults import Cluster, inject
+from trio_ha.chaos.plan import Fault, FaultKind
 from trio_ha.chaos.testnet import TestNetwork
+from trio_ha.testing import FaultProxy
 
 
 def _require(reason: str | None, what: str) -> None:
@@ -40,6 +47,7 @@ def network():
 _ECHO = """
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
 s.bind((sys.argv[1], 9000))
 seen = 0
 while True:
@@ -53,11 +61,14 @@ while True:
 """
 
 _PROBE = """
-import socket, sys
+import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.settimeout(0.3)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+s.settimeout(0.6)
 n = int(sys.argv[2])
 for i in range(n):
+    if i % 20 == 19:
+        time.sleep(0.002)  # (paced: no socket buffer on the way overflows)
     try:
         s.sendto(b"x", (sys.argv[1], 9000))
     except OSError:  # (EPERM: an output rule dropped it)
@@ -75,7 +86,7 @@ print(back)
 _COUNT = """
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.settimeout(1.0)
+s.settimeout(2.0)
 s.sendto(b"count", (sys.argv[1], 9000))
 try:
     print(int(s.recv(100)))
@@ -251,3 +262,35 @@ def test_a_small_disk_fills_to_the_last_page_and_gives_it_back(tmp_path):
     finally:
         small.unmount()
     assert not os.path.ismount(tmp_path / "fs")
+
+
+async def test_a_network_fault_cut_short_by_the_end_of_a_run_is_healed():
+    """A run's end cancels the faults in force; each must still take its rules away (the
+    heal runs shielded: an unshielded thread call would be cancelled before it began)."""
+    _require(testnet.unavailable(), "test hosts")
+    network = await trio.to_thread.run_sync(TestNetwork.create, ["master", "slave1"])
+    try:
+        def node(name: str) -> ChaosNode:
+            return ChaosNode(name, [], Path(os.devnull), f"{network.hosts[name].address}:1")
+
+        # (the replication proxy is not served: only its address goes into the rules)
+        proxy = FaultProxy(("127.0.0.1", 1), host=network.add_gateway_address())
+        cluster = Cluster(node("master"), node("master"), [node("slave1")], [proxy], network)
+        for fault in (Fault(0.0, FaultKind.ISOLATE_MASTER, 0, 60.0),
+                      Fault(0.0, FaultKind.PARTITION_SLAVE, 1, 60.0),
+                      Fault(0.0, FaultKind.SLOW_NETWORK, 1, 60.0, 256.0)):
+            in_force = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(inject, fault, cluster, random.Random(0), in_force.set)
+                await in_force.wait()
+                nursery.cancel_scope.cancel()
+        for host in network.hosts.values():
+            rules = await trio.run_process(
+                host.command(["nft", "list", "table", "inet", testnet.TABLE]),
+                capture_stdout=True)
+            assert b"chain" not in rules.stdout, rules.stdout
+            qdiscs = await trio.run_process(host.command(["tc", "qdisc", "show", "dev", "eth0"]),
+                                            capture_stdout=True)
+            assert b"tbf" not in qdiscs.stdout, qdiscs.stdout
+    finally:
+        await trio.to_thread.run_sync(network.close)

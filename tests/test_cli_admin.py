@@ -283,10 +283,10 @@ def test_a_sync_master_without_an_attached_slave_is_not_ready():
     master = {"brokerName": "broker-a", "brokerId": 0, "role": "SYNC_MASTER"}
     slave = {"brokerName": "broker-a", "brokerId": 1, "role": "SLAVE", "haState": "transfer",
              "lagBytes": 0}
-    assert "without an attached slave" in not_ready({"brokers": [master]})
-    assert "without an attached slave" in not_ready({"brokers": [master, slave]})
+    assert "without an attached slave" in str(not_ready({"brokers": [master]}))
+    assert "without an attached slave" in str(not_ready({"brokers": [master, slave]}))
     attached = {**master, "slaves": [{"address": "127.0.0.1:1", "ackedOffset": 0,
                                       "lagBytes": 0}]}
     assert not_ready({"brokers": [attached, slave]}) is None
     assert not_ready({"brokers": [{**master, "role": "ASYNC_MASTER"}]}) is None
-    assert "not caught up" in not_ready({"brokers": [attached, {**slave, "lagBytes": 9}]})
+    assert "not caught up" in str(not_ready({"brokers": [attached, {**slave, "lagBytes": 9}]}))

@@ -34,7 +34,7 @@ MiB = 1024 * 1024
 
 
 @attrs.define
-class SmallDisk:
+class FillableDisk:
     """A filesystem the test can fill and free: a real tmpfs (the chaos harness's small
     disk) when it could be mounted, else a flag the injected failures read."""
 
@@ -65,7 +65,7 @@ def small_disk(tmp_path, monkeypatch):
         mounted = disk.SmallDisk.mount(mount_point, 256 * MiB)
     else:
         mount_point.mkdir()
-    small = SmallDisk(mount_point, mounted)
+    small = FillableDisk(mount_point, mounted)
     if mounted is None:
         real_fallocate = _backend.engine.fallocate
         real_ratio = health.disk_used_ratio
@@ -85,7 +85,7 @@ def small_disk(tmp_path, monkeypatch):
             mounted.unmount()
 
 
-def disk_config(disk: SmallDisk, **overrides) -> StoreConfig:
+def disk_config(disk: FillableDisk, **overrides) -> StoreConfig:
     values: dict = dict(
         store_path_root_dir=str(disk.root / "store"),
         mapped_file_size_commit_log=2 * MiB,

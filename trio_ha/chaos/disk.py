@@ -37,12 +37,12 @@ def unavailable() -> str | None:
     probe = Path(f"/tmp/trioha-disk-probe-{secrets.token_hex(3)}")
     probe.mkdir()
     try:
-        disk = SmallDisk.mount(probe, 1 << 20)
-        disk.unmount()
+        SmallDisk.mount(probe, 1 << 20).unmount()
     except SmallDiskError as exc:
         return str(exc)
     finally:
-        probe.rmdir()
+        if not os.path.ismount(probe):
+            probe.rmdir()
     return None
 
 
@@ -73,9 +73,10 @@ class SmallDisk:
         """Take every free byte but ``leave`` (rounded to pages); the bytes taken."""
         if self.ballast is not None:
             raise SmallDiskError("the disk is already filled")
-        self.ballast = self.path / f".ballast-{secrets.token_hex(3)}"
+        ballast = self.path / f".ballast-{secrets.token_hex(3)}"
+        fd = os.open(ballast, os.O_CREAT | os.O_WRONLY, 0o600)
+        self.ballast = ballast
         taken = 0
-        fd = os.open(self.ballast, os.O_CREAT | os.O_WRONLY, 0o600)
         try:
             # Halve the request on ENOSPC: what the filesystem can give changes while the
             # node writes, so one exact figure would race it.
@@ -90,6 +91,9 @@ class SmallDisk:
                 want = max(0, self.free - leave)
         finally:
             os.close(fd)
+        if self.free > leave + 1024 * 1024:  # (a fill that did not fill is no fault)
+            raise SmallDiskError(f"{self.path} still has {self.free} bytes free after "
+                                 f"taking {taken}")
         return taken
 
     def release(self) -> None:
@@ -100,14 +104,17 @@ class SmallDisk:
 
     def unmount(self, *, keep_files: bool = False) -> None:
         """Unmount; with ``keep_files``, what the disk held (the ballast aside) is copied to
-        the directory underneath first, so a run's stores outlive their disks."""
+        the directory underneath first, so a run's stores outlive their disks. The disk is
+        unmounted even when the copy fails."""
         self.release()
         saved = None
-        if keep_files:
-            saved = self.path.with_name(f".{self.path.name}.saved-{secrets.token_hex(3)}")
-            shutil.copytree(self.path, saved, symlinks=True)
-        done = subprocess.run(["umount", "-l", str(self.path)], capture_output=True, text=True,
-                              check=False)
+        try:
+            if keep_files:
+                saved = self.path.with_name(f".{self.path.name}.saved-{secrets.token_hex(3)}")
+                shutil.copytree(self.path, saved, symlinks=True)
+        finally:
+            done = subprocess.run(["umount", "-l", str(self.path)], capture_output=True,
+                                  text=True, check=False)
         if done.returncode != 0:
             raise SmallDiskError(f"umount {self.path}: {done.stderr.strip()}")
         if saved is not None:

@@ -15,10 +15,11 @@ rather than killing a frozen process whose SIGCONT would then go astray.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -27,7 +28,7 @@ from ..testing import FaultProxy
 from .cluster import ChaosNode
 from .disk import SmallDisk
 from .plan import Fault, FaultKind
-from .testnet import Rule, TestNetwork
+from .testnet import Rule, TestNetwork, TestNetworkError
 
 if TYPE_CHECKING:
     from .clockshift import NodeClock
@@ -124,7 +125,7 @@ async def _hold(fault: Fault, applied: Callable[[], object],
     try:
         await trio.sleep(fault.duration)
     finally:
-        undo()
+        undo()  # (no checkpoint: undone even when the run ends mid-fault)
 
 
 async def _proxy_fault(fault: Fault, proxy: FaultProxy, link: str, rng: random.Random,
@@ -152,49 +153,55 @@ async def _proxy_fault(fault: Fault, proxy: FaultProxy, link: str, rng: random.R
     return f"{link} slowed"
 
 
-async def _apply(change: Callable[..., Rule], *args: Any, **kwargs: Any) -> Rule:
-    """A change of the test network, run in a thread (it runs ``ip``/``nft``/``tc``)."""
-    return await trio.to_thread.run_sync(functools.partial(change, *args, **kwargs))
-
-
 async def _network_fault(fault: Fault, cluster: Cluster,
                          applied: Callable[[], object]) -> str:
     network = cluster.network
     assert network is not None, f"{fault.kind} needs the test network"
     kind = fault.kind
     node = cluster.node(fault.target)
-    rules = []
+    changes: list[functools.partial[Rule]] = []
     if kind in (FaultKind.PARTITION_SLAVE, FaultKind.BLACKHOLE_SLAVE):
         slave_side, master_side = cluster.link_addresses(fault.target)
         if kind is FaultKind.PARTITION_SLAVE:
-            rules.append(await _apply(network.block, "master", slave_side))
-            rules.append(await _apply(network.block, node.name, master_side))
+            changes.append(functools.partial(network.block, "master", slave_side))
+            changes.append(functools.partial(network.block, node.name, master_side))
         else:
             # one way: the master's packets towards the slave vanish, or the slave's
             # towards the master do; the other direction flows
             towards_slave = fault.amount > 0
-            rules.append(await _apply(network.block, "master", slave_side,
-                                      inbound=not towards_slave, outbound=towards_slave))
+            changes.append(functools.partial(network.block, "master", slave_side,
+                                             inbound=not towards_slave,
+                                             outbound=towards_slave))
     elif kind is FaultKind.ISOLATE_MASTER:
-        rules.append(await _apply(network.isolate, "master"))
+        changes.append(functools.partial(network.isolate, "master"))
     elif kind is FaultKind.LOSSY_NETWORK:
-        rules.append(await _apply(network.lose, node.name, int(fault.amount)))
+        changes.append(functools.partial(network.lose, node.name, int(fault.amount)))
     elif kind is FaultKind.SLOW_NETWORK:
-        # one token bucket per link: a second throttle of the node waits for the first
-        async with cluster.lock(node, "link"):
-            rule = await _apply(network.throttle, node.name, int(fault.amount))
-            applied()
-            try:
-                await trio.sleep(fault.duration)
-            finally:
-                await trio.to_thread.run_sync(network.heal, rule)
-        return rule.label
+        changes.append(functools.partial(network.throttle, node.name, int(fault.amount)))
     else:  # pragma: no cover - every kind is handled above
         raise AssertionError(kind)
-    applied()
-    try:
-        await trio.sleep(fault.duration)
-    finally:
-        for rule in rules:
-            await trio.to_thread.run_sync(network.heal, rule)
+    # (one token bucket per link: a second throttle of the node waits for the first)
+    one_at_a_time = (cluster.lock(node, "link") if kind is FaultKind.SLOW_NETWORK
+                     else contextlib.nullcontext())
+    rules: list[Rule] = []
+    async with one_at_a_time:
+        try:
+            for change in changes:  # (each rule is kept as soon as it is made)
+                rules.append(await trio.to_thread.run_sync(change))
+            await _hold(fault, applied, lambda: None)
+        finally:
+            with trio.CancelScope(shield=True):
+                await _heal(network, rules)
     return "; ".join(rule.label for rule in rules)
+
+
+async def _heal(network: TestNetwork, rules: list[Rule]) -> None:
+    """Heal every rule (all are tried; the first failure is raised after)."""
+    failures = []
+    for rule in rules:
+        try:
+            await trio.to_thread.run_sync(network.heal, rule)
+        except TestNetworkError as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]

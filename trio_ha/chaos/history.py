@@ -57,6 +57,8 @@ class FaultEvent:
     started: float
     ended: float
     detail: str = ""
+    #: the harness could not make or undo it (``detail`` says why)
+    failed: bool = False
 
 
 @attrs.define(eq=False)

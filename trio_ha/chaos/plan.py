@@ -89,6 +89,11 @@ class Fault:
     amount: float = 0.0
 
 
+def _within_slaves(slaves: int, sync_acks: int) -> None:
+    if not 1 <= sync_acks <= slaves:
+        raise ValueError(f"sync_acks must be within 1..slaves ({slaves}), not {sync_acks}")
+
+
 @attrs.frozen(kw_only=True)
 class ChaosConfig:
     """One run: the cluster, the load and the faults."""
@@ -98,6 +103,9 @@ class ChaosConfig:
     flush: str = attrs.field(default="SYNC_FLUSH",
                              validator=attrs.validators.in_(("SYNC_FLUSH", "ASYNC_FLUSH")))
     slaves: int = attrs.field(default=1, validator=attrs.validators.in_((1, 2)))
+    #: the master's haSyncAcks: how many slaves a SYNC_MASTER's SEND_OK waits for
+    sync_acks: int = attrs.field(default=1, validator=lambda config, _, value:
+                                 _within_slaves(config.slaves, value))
     seconds: float = attrs.field(default=120.0, validator=attrs.validators.ge(10))
     seed: int = 1
     #: mean seconds between fault starts (each is drawn uniformly in [0.5, 1.5] times it)
@@ -124,8 +132,9 @@ class ChaosConfig:
 
     @property
     def strict(self) -> bool:
-        """Whether an acknowledged send must be on every slave too: with SYNC_MASTER a
-        SEND_OK means a slave had the bytes (in its page cache at least), and the run's
+        """Whether an acknowledged send must be on ``sync_acks`` slaves too: with
+        SYNC_MASTER a SEND_OK means that many slaves had the bytes (in their page caches at
+        least), and the run's
         crashes are of processes, which page caches outlive, so either flush mode owes it.
         (A power loss could take an ASYNC_FLUSH slave's unflushed tail; the harness does
         not cut power.) An ASYNC_MASTER's slave may lack the newest acknowledged sends."""

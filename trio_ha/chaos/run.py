@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import socket
 from pathlib import Path
 
 import attrs
@@ -30,7 +31,7 @@ import trio
 from ..client import MQError, open_admin
 from ..testing import free_broker_port, open_fault_proxy
 from . import clockshift, disk, testnet
-from .checker import NOT_INJECTED, Verdict, check, read_store
+from .checker import Verdict, check, read_store
 from .cluster import ChaosNode
 from .faults import Cluster, inject, start
 from .history import FaultEvent, History, SendEvent
@@ -104,7 +105,7 @@ def _broker_properties(config: ChaosConfig, run_dir: Path, name: str, broker_id:
         "haBindAddress": host, "brokerIP1": advertised, "vipChannelEnable": "false",
         "storePathRootDir": str(run_dir / name),
         "haHousekeepingInterval": str(config.ha_housekeeping_ms),
-        "autoCreateTopicEnable": "true", **STORE_SIZES,
+        "autoCreateTopicEnable": "true", "haSyncAcks": str(config.sync_acks), **STORE_SIZES,
     }
     if ha_master is not None:
         properties["haMasterAddress"] = ha_master
@@ -140,37 +141,43 @@ async def _wait_ready(namesrv: str, config: ChaosConfig, history: History) -> No
 async def _inject_all(faults: list[Fault], cluster: Cluster, history: History, clock,
                       config: ChaosConfig) -> None:
     """Each fault at its time: one after another, or (``overlap``) each in its own task."""
-    rng = random.Random(config.seed)
-
-    async def one(fault: Fault) -> None:
+    async def one(index: int, fault: Fault) -> None:
+        # (each fault draws from its own generator: overlapping faults in any order make
+        # the same choices, such as where a cut falls, as on the run being replayed)
+        rng = random.Random(config.seed * 1_000_003 + index)
         started: list[float] = []
-        detail = "cut short by the end of the run"
+        detail, failed = "cut short by the end of the run", False
         try:
             detail = await inject(fault, cluster, rng, lambda: started.append(clock()))
         except Exception as exc:
             # A fault the harness could not make or undo (a tool that failed, a node that
             # would not start again) is recorded and fails the verdict; the run goes on.
-            detail = f"{NOT_INJECTED}: {exc!r}"[:500]
+            detail, failed = repr(exc)[:500], True
             started.append(started[0] if started else clock())
         finally:
             # (a fault cut short before it was in force is no fault)
             if started:
                 history.fault(FaultEvent(fault.kind.value, fault.target, started[0],
-                                         clock(), detail))
+                                         clock(), detail, failed))
 
     async with trio.open_nursery() as nursery:
-        for fault in faults:
+        for index, fault in enumerate(faults):
             await trio.sleep(max(0.0, fault.at - clock()))
             if config.overlap:
-                nursery.start_soon(one, fault)
+                nursery.start_soon(one, index, fault)
             else:
-                await one(fault)
+                await one(index, fault)
 
 
 def run_chaos(config: ChaosConfig, run_dir: Path) -> Verdict:
     """Run ``config`` with everything under ``run_dir``; the verdict (also written there as
     ``verdict.json`` and ``report.txt``, beside ``history.jsonl``). Fault kinds this machine
-    cannot inject are left out, and the verdict says which and why."""
+    cannot inject are left out, and the verdict says which and why. ``run_dir`` must be new
+    or empty: a run's history and stores are its own."""
+    run_dir = run_dir.resolve()  # (the conf files name it: ``chaos check`` runs anywhere)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise FileExistsError(f"{run_dir} is not empty: a chaos run needs a directory of "
+                              f"its own")
     run_dir.mkdir(parents=True, exist_ok=True)
     config, missing = capabilities(config)
     (run_dir / "config.json").write_text(json.dumps(config.as_dict(), indent=1) + "\n")
@@ -234,6 +241,22 @@ def _environment(config: ChaosConfig, run_dir: Path):
         yield network, disks, clocks
 
 
+def _free_port(host: str, proxied: bool) -> int:
+    """A broker's port, free on its own address and (``proxied``: the client-link proxy
+    listens there) on 127.0.0.1 too."""
+    for _ in range(20):
+        port = free_broker_port(host)
+        if not proxied:
+            return port
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no port free on both {host} and 127.0.0.1")
+
+
 async def _run(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
     brokers = ["master", *(f"slave{n}" for n in range(1, config.slaves + 1))]
     with _environment(config, run_dir) as (network, disks, clocks):
@@ -248,7 +271,7 @@ async def _run(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
             return network.hosts[name].command([]) if network else []
 
         namesrv = ChaosNode.namesrv(run_dir, host=host("namesrv"), prefix=prefix("namesrv"))
-        ports = {name: free_broker_port() for name in brokers}
+        ports = {name: _free_port(host(name), network is None) for name in brokers}
         # On loopback, a broker registers (brokerIP1) the harness's address, where the
         # client-link proxy in front of its port listens.
         advertised = {name: host(name) if network else "127.0.0.1" for name in brokers}
@@ -280,9 +303,16 @@ async def _run(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
                 await _load_and_faults(config, cluster, history)
         finally:
             # Everything at once, as a crash of every machine would: what is checked is
-            # what survives that.
-            for node in nodes:
-                await trio.to_thread.run_sync(node.kill)
+            # what survives that. (Each is killed even if another's kill fails.)
+            with trio.CancelScope(shield=True):
+                failures = []
+                for node in nodes:
+                    try:
+                        await trio.to_thread.run_sync(node.kill)
+                    except OSError as exc:
+                        failures.append(exc)
+                if failures:
+                    raise failures[0]
         # (while the small disks are still mounted: the checker reads the files too)
         master_contents = await read_store(run_dir / "master.conf", config)
         slave_contents = [await read_store(run_dir / f"{name}.conf", config)

@@ -101,8 +101,10 @@ class Rule:
 class TestNetwork:
     """A bridge, a gateway address on it, and test hosts hanging on it.
 
-    Made with :meth:`create`, taken down with :meth:`close` (also after a crash of the
-    harness: the names carry a tag, and :meth:`close` tolerates what is already gone).
+    Made with :meth:`create`, taken down with :meth:`close` (which tolerates what is
+    already gone). The names carry a random tag, so runs side by side do not meet; a
+    harness killed outright leaves its ``trioha-<tag>-*`` namespaces and ``thb<tag>``
+    bridge behind for ``ip netns del`` / ``ip link del``.
     """
 
     __test__ = False  # (a name pytest would otherwise take for a test class)
@@ -234,9 +236,14 @@ class TestNetwork:
         burst = max(1600, kbit * 1000 // 8 // 50)  # 20 ms of tokens, at least a packet
         limit = max(burst * 2, kbit * 1000 // 8)  # about a second's worth of queue
         tbf = ["root", "tbf", "rate", f"{kbit}kbit", "burst", str(burst), "limit", str(limit)]
+        rule = Rule(f"{host} throttled to {kbit} kbit/s", throttled=(host,))
         _run(["tc", "qdisc", "replace", "dev", target.outer_link, *tbf])
-        _run(target.command(["tc", "qdisc", "replace", "dev", "eth0", *tbf]))
-        return Rule(f"{host} throttled to {kbit} kbit/s", throttled=(host,))
+        try:
+            _run(target.command(["tc", "qdisc", "replace", "dev", "eth0", *tbf]))
+        except TestNetworkError:
+            self.heal(rule)  # (not half a throttle)
+            raise
+        return rule
 
     def heal(self, rule: Rule) -> None:
         """Take ``rule`` away (its own chains and throttles only)."""

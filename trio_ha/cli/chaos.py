@@ -19,6 +19,8 @@ def chaos_run(
     role: str = typer.Option("SYNC_MASTER", "--role", help="SYNC_MASTER or ASYNC_MASTER"),
     flush: str = typer.Option("SYNC_FLUSH", "--flush", help="SYNC_FLUSH or ASYNC_FLUSH"),
     slaves: int = typer.Option(1, "--slaves", min=1, max=2),
+    sync_acks: int = typer.Option(1, "--sync-acks", min=1, max=2,
+                                  help="the master's haSyncAcks (slaves a SEND_OK waits for)"),
     seconds: float = typer.Option(120, "--seconds", min=10, help="how long the load runs"),
     minutes: float = typer.Option(None, "--minutes", min=0.2, help="the same, in minutes"),
     seed: int = typer.Option(1, "--seed", help="the fault schedule's seed (to replay a run)"),
@@ -58,7 +60,10 @@ def chaos_run(
     from ..chaos.run import capabilities, replay_config, run_chaos
 
     if list_kinds:
-        _, missing = capabilities(ChaosConfig(network=network))
+        try:
+            _, missing = capabilities(ChaosConfig(network=network))
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
         for kind in FaultKind:
             why_not = missing.get(kind.value)
             print(f"{kind.value:18} {f'not here: {why_not}' if why_not else 'yes'}")
@@ -69,7 +74,7 @@ def chaos_run(
         else:
             chosen = (tuple(FaultKind(k.strip()) for k in kinds.split(",")) if kinds
                       else tuple(FaultKind))
-            config = ChaosConfig(role=role, flush=flush, slaves=slaves,
+            config = ChaosConfig(role=role, flush=flush, slaves=slaves, sync_acks=sync_acks,
                                  seconds=minutes * 60 if minutes else seconds, seed=seed,
                                  fault_interval=fault_interval, producers=producers,
                                  rate=rate, ha_housekeeping_ms=ha_housekeeping_ms,
@@ -78,7 +83,10 @@ def chaos_run(
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
     run_dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="trio-ha-chaos-"))
-    _show(run_chaos(config, run_dir), run_dir, as_json)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise typer.BadParameter(f"{run_dir} is not empty: a run needs a directory of its "
+                                 f"own", param_hint="--dir")
+    _show(run_chaos(config, run_dir), run_dir.resolve(), as_json)
 
 
 def _show(verdict, run_dir, as_json: bool) -> None:
