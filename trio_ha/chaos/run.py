@@ -271,7 +271,9 @@ async def _run(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
             return network.hosts[name].command([]) if network else []
 
         namesrv = ChaosNode.namesrv(run_dir, host=host("namesrv"), prefix=prefix("namesrv"))
-        ports = {name: _free_port(host(name), network is None) for name in brokers}
+        # (on test hosts every port is free inside the host: any free here will do)
+        ports = {name: _free_port("127.0.0.1" if network else host(name), network is None)
+                 for name in brokers}
         # On loopback, a broker registers (brokerIP1) the harness's address, where the
         # client-link proxy in front of its port listens.
         advertised = {name: host(name) if network else "127.0.0.1" for name in brokers}
