@@ -203,7 +203,7 @@ def test_the_prefix_check_finds_the_first_differing_byte(tmp_path):
 
 
 def test_recovery_is_measured_only_where_the_cluster_was_left_alone():
-    from trio_ha.chaos.checker import longest_recovery, longest_unavailability
+    from trio_ha.chaos.checker import longest_recovery, longest_unavailability, recovery_by_kind
     from trio_ha.chaos.history import FaultEvent
 
     history = History()
@@ -214,6 +214,15 @@ def test_recovery_is_measured_only_where_the_cluster_was_left_alone():
     history.fault(FaultEvent("cut-ha-link", 1, 8.5, 8.6))   # next ack 9.2: 0.6 s
     assert longest_recovery(history) == 4.5
     assert longest_unavailability(history) == 6.4  # 0.1 -> 6.5
+    assert recovery_by_kind(history) == {
+        "kill-master": {"injected": 1, "left alone": 1, "longest recovery s": 4.5,
+                        "median recovery s": 4.5},
+        "pause-slave": {"injected": 1, "left alone": 0},  # (the cut came before an ack)
+        "cut-ha-link": {"injected": 1, "left alone": 1, "longest recovery s": 0.6,
+                        "median recovery s": 0.6}}
+    # Overlapping faults: one still in force when another ends leaves neither alone.
+    history.fault(FaultEvent("pause-master", 0, 1.5, 7.0))
+    assert recovery_by_kind(history)["kill-master"]["left alone"] == 0
 
 
 def test_overlapping_schedules_draw_every_kind_with_its_own_size():

@@ -33,7 +33,7 @@ import trio
 
 from ..config import StoreConfig
 from ..store import open_store
-from .history import History, body_id
+from .history import FaultEvent, History, body_id
 from .plan import ChaosConfig
 
 __all__ = ["Check", "StoreContents", "Verdict", "check", "read_store"]
@@ -140,7 +140,13 @@ class Verdict:
     def report(self) -> str:
         lines = [f"chaos run {self.config.describe()}"]
         for key, value in self.figures.items():
-            lines.append(f"  {key}: {value}")
+            if isinstance(value, dict) and value and all(isinstance(v, dict)
+                                                         for v in value.values()):
+                lines.append(f"  {key}:")
+                lines.extend(f"    {name}: " + ", ".join(f"{k} {v}" for k, v in row.items())
+                             for name, row in value.items())
+            else:
+                lines.append(f"  {key}: {value}")
         for c in self.checks:
             lines.append(f"  [{'pass' if c.passed else 'FAIL'}] {c.name}: {c.detail}")
         failed = sum(not c.passed for c in self.checks)
@@ -166,19 +172,45 @@ def longest_unavailability(history: History) -> float:
     return round(max(b - a for a, b in zip(marks, marks[1:], strict=False)), 3)
 
 
-def longest_recovery(history: History) -> float | None:
-    """The longest time from a fault's end to the next acknowledged send, over the faults
-    that the cluster got over before the next began: how long it took to take writes again
-    once left alone (None: no such fault)."""
+def recoveries(history: History) -> list[tuple[FaultEvent, float]]:
+    """Each fault the cluster was left alone to get over, with the time from its end to the
+    next acknowledged send: how long it took to take writes again. Left alone means no other
+    fault was in force between the two (with overlapping faults, many never are)."""
     acked = sorted(s.ended for s in history.sends if s.status == "SEND_OK")
     faults = sorted(history.faults, key=lambda f: f.started)
-    waits = []
-    for n, fault in enumerate(faults):
+    found = []
+    for fault in faults:
         at = bisect.bisect_left(acked, fault.ended)
-        next_fault = faults[n + 1].started if n + 1 < len(faults) else float("inf")
-        if at < len(acked) and acked[at] <= next_fault:  # (else it was not left alone)
-            waits.append(acked[at] - fault.ended)
+        if at == len(acked):
+            continue
+        others = (f for f in faults if f is not fault and f.started <= acked[at]
+                  and f.ended >= fault.ended)
+        if next(others, None) is None:
+            found.append((fault, acked[at] - fault.ended))
+    return found
+
+
+def longest_recovery(history: History) -> float | None:
+    """The longest of :func:`recoveries` (None: no fault was left alone)."""
+    waits = [wait for _, wait in recoveries(history)]
     return round(max(waits), 3) if waits else None
+
+
+def recovery_by_kind(history: History) -> dict[str, dict[str, float | int]]:
+    """Per fault kind: how many were injected, how many the cluster was left alone to get
+    over, and the longest and median time it took to take writes again after them."""
+    waits: dict[str, list[float]] = collections.defaultdict(list)
+    for fault, wait in recoveries(history):
+        waits[fault.kind].append(wait)
+    counts = collections.Counter(f.kind for f in history.faults)
+    report: dict[str, dict[str, float | int]] = {}
+    for kind, count in counts.most_common():
+        mine = sorted(waits.get(kind, []))
+        report[kind] = {"injected": count, "left alone": len(mine)}
+        if mine:
+            report[kind].update({"longest recovery s": round(mine[-1], 3),
+                                 "median recovery s": round(mine[len(mine) // 2], 3)})
+    return report
 
 
 def check(config: ChaosConfig, history: History, master: StoreContents,
@@ -252,5 +284,6 @@ def check(config: ChaosConfig, history: History, master: StoreContents,
         "faults": dict(collections.Counter(f.kind for f in history.faults).most_common()),
         "longest unavailability s": longest_unavailability(history),
         "longest recovery after a fault s": longest_recovery(history),
+        "by kind": recovery_by_kind(history),
     }
     return Verdict(config, tuple(checks), figures)
