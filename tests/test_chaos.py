@@ -42,7 +42,7 @@ def _injectable(kinds: set[str], network: str) -> set[str]:
 
 def _short_run(tmp_path, network: str, kinds: set[str], seconds: int, seed: int):
     kinds = _injectable(kinds, network)
-    done = run_chaos_cli(tmp_path, "--seconds", seconds, "--fault-interval", 0.8,
+    done = run_chaos_cli(tmp_path, "--seconds", seconds, "--fault-interval", 0.6,
                          "--ha-housekeeping-ms", 1500, "--seed", seed, "--slaves", 2,
                          "--overlap", "--network", network, "--kinds", ",".join(sorted(kinds)))
     verdict = json.loads(done.stdout.splitlines()[-1]) if done.stdout else None
@@ -64,25 +64,25 @@ def _short_run(tmp_path, network: str, kinds: set[str], seconds: int, seed: int)
 
 
 def test_a_short_run_on_loopback_loses_nothing_acknowledged(tmp_path):
-    """SYNC_MASTER + SYNC_FLUSH, two slaves, on loopback, 40 s of load under overlapping
+    """SYNC_MASTER + SYNC_FLUSH, two slaves, on loopback, 30 s of load under overlapping
     faults: kills, pauses longer than the HA housekeeping interval, replication links and
     client links cut mid-frame, stalled and slowed, full disks and clock jumps. Every check
     passes, and the run did face faults of most kinds."""
     kinds = {"kill-master", "kill-slave", "pause-master", "pause-slave", "cut-ha-link",
              "stall-ha-link", "slow-ha-link", "cut-client-link", "stall-client-link",
              "slow-client-link", "disk-full", "clock-jump"}
-    faults = _short_run(tmp_path, "loopback", kinds, 40, 7)
+    faults = _short_run(tmp_path, "loopback", kinds, 30, 7)
     # (about 45 are scheduled; the count is what was injected, from the history)
     assert sum(faults.values()) >= 25 and len(faults) >= 8, faults
 
 
 def test_a_short_run_on_test_hosts_loses_nothing_acknowledged(tmp_path):
-    """The same on test hosts (a network namespace per node), 50 s: partitions between the
+    """The same on test hosts (a network namespace per node), 40 s: partitions between the
     master and a slave, one-way blackholes, the master isolated from everyone, random packet
     loss, throttled links, with kills, full disks and clock jumps among them."""
     kinds = {"partition-slave", "blackhole-slave", "isolate-master", "lossy-network",
              "slow-network", "kill-master", "kill-slave", "disk-full", "clock-jump"}
-    faults = _short_run(tmp_path, "hosts", kinds, 50, 8)
+    faults = _short_run(tmp_path, "hosts", kinds, 40, 8)
     assert sum(faults.values()) >= 30 and len(faults) >= 8, faults
     assert {"partition-slave", "blackhole-slave", "isolate-master"} <= set(faults)
 
