@@ -693,6 +693,24 @@ async def test_torn_first_record_of_last_segment_drops_that_segment(tmp_path, ab
 
 
 @pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
+async def test_a_blank_closing_the_last_segment_ends_the_log_at_the_segment_end(
+    tmp_path, abnormal
+):
+    """As above, but an earlier recovery already deleted the torn segment and was killed
+    before anything else: the last file now ends in a blank. The log still ends at that
+    segment's end, as it did for the recovery that deleted the file, not at the blank's
+    offset (the crash suite caught two recoveries disagreeing: the second left the blank's
+    bytes past its end)."""
+    config = torn_config(tmp_path)
+    written = await write_torn_store(config, 40)
+    first = max(i for i, w in enumerate(written) if w.ack.offset % TORN_SEGMENT == 0)
+    written = written[: first + 1]
+    path, _ = segment_file(config, written[first].ack.offset)
+    path.unlink()
+    await check_recovered_before(config, written, first, abnormal=abnormal)
+
+
+@pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
 async def test_nothing_after_the_first_invalid_record_is_served_even_if_it_looks_valid(
     tmp_path, abnormal
 ):

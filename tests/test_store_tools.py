@@ -417,14 +417,17 @@ async def test_truncate_to_a_segment_start_drops_whole_queues_and_files(tmp_path
     assert len(outcome.plan.segments_deleted) >= 1
     assert any(c.topic == "Late" and c.removed for c in outcome.plan.queue_cuts)
     assert not (Path(config.store_path_root_dir) / "consumequeue" / "Late" / "0").exists()
-    # The first segment is full: the log ends at its blank record, as recovery ends it.
+    # The first segment is full (its records, then its blank): the log ends at the cut,
+    # the segment's end, as recovery ends it (not at the blank: see docs/differences.md).
     kept = [p for p in early if p.result.commitlog_offset < boundary]
-    records_end = kept[-1].result.commitlog_offset + kept[-1].result.size
     inventory = inspect_store(config.store_path_root_dir)
-    assert inventory.max_offset == records_end and inventory.segments[-1].state == "full"
+    assert inventory.max_offset == boundary and inventory.segments[-1].state == "full"
     assert [s.name for s in inventory.segments] == [f"{0:020d}"]
     async with open_store(config) as store:
-        assert store.max_commitlog_offset == records_end
+        assert store.max_commitlog_offset == boundary
+        # and the next record opens the second segment
+        again = await store.put_message(Message("Late", b"after the cut"), queue_id=0)
+        assert again.commitlog_offset == boundary
         for (topic, queue_id), n in per_queue(kept).items():
             assert store.max_queue_offset(topic, queue_id) == n
         assert store.max_queue_offset("Late", 0) == 0

@@ -522,6 +522,7 @@ def _walk_log(store: _StoreDir, segments: list[Segment], checkpoint: Checkpoint,
             result.stop == _backend.STOP_END and position == segment.size
         ):
             progress.advance(segment.size - position)
+            end = segment.base_offset + segment.size  # (as recovery: see recover())
             continue
         zeros = result.stop == _backend.STOP_BAD_MAGIC and result.size == 0
         last = index == len(segments) - 1
@@ -1008,7 +1009,8 @@ def inspect_store(store_dir: str, *, config: StoreConfig | None = None) -> Store
             with _mapped(files[usable - 1 : usable]) as (last,):
                 position, full = _records_end(last, store.max_record)
             state = "full" if full else ("empty" if position == 0 else "active")
-            end = last.base_offset + position
+            # (a full segment's log ends at its end, its blank included, as recovery says)
+            end = last.base_offset + (last.size if full else position)
             summaries[-1] = attrs.evolve(summaries[-1], written_end=end, state=state)
             min_offset, max_offset = files[0].base, end
     checkpoint, present, _size = _read_checkpoint(store)

@@ -142,10 +142,14 @@ def recover(
         if result.stop == _backend.STOP_BLANK or (
             result.stop == _backend.STOP_END and position == segment.size
         ):
+            # The segment is done (its blank says the next record did not fit): the log
+            # goes on at the next segment's base, whether or not that file exists. (It may
+            # not: a recovery that deleted an empty or torn last segment, then died, left
+            # a blank closing the last file; the end is still the segment's end, as it was
+            # for the recovery that deleted it, not the blank's offset.)
+            end = segment.base_offset + segment.size
             index += 1
             position = 0
-            if index < len(segments):
-                end = segments[index].base_offset
             continue
         zeros = result.stop == _backend.STOP_BAD_MAGIC and result.size == 0
         if zeros:
