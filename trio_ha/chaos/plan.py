@@ -121,6 +121,9 @@ class ChaosConfig:
     ha_housekeeping_ms: int = 3000
     #: the producers' send timeout (all retries included), seconds
     send_timeout: float = 3.0
+    #: how long the consumer (and the slaves) may go on after the producers stop, before
+    #: every node is killed
+    settle_seconds: float = attrs.field(default=8.0, validator=attrs.validators.ge(0))
     #: where the nodes live: ``hosts`` (a test host each: real network faults), ``loopback``
     #: (127.0.0.x, with a fault proxy in front of each broker's client port), or ``auto``
     #: (hosts where they can be made)

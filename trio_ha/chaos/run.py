@@ -57,8 +57,6 @@ STORE_SIZES = {"mappedFileSizeCommitLog": str(SEGMENT_SIZE),
                "maxIndexNum": "20000", "maxHashSlotNum": "5000"}
 #: each broker's small disk, when disk faults are on
 DISK_SIZE = 256 * 1024 * 1024
-#: how long the consumer may go on after the producers stop
-CONSUMER_GRACE = 8.0
 #: how long the cluster has to acknowledge its first send
 READY_TIMEOUT = 60.0
 
@@ -299,8 +297,10 @@ async def _run(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
                     nodes.append(node)
                 cluster = Cluster(namesrv, nodes[1], nodes[2:], ha_proxies, network, disks,
                                   clocks, client_proxies)
-                for node in nodes:
-                    await start(node)
+                await start(namesrv)
+                async with trio.open_nursery() as starting:  # (the brokers side by side)
+                    for node in nodes[1:]:
+                        starting.start_soon(start, node)
                 await _wait_ready(namesrv.addr, config, history)
                 await _load_and_faults(config, cluster, history)
         finally:
@@ -352,5 +352,5 @@ async def _load_and_faults(config: ChaosConfig, cluster: Cluster, history: Histo
                 node.resume()
             if not node.running:
                 await start(node)
-        await trio.sleep(CONSUMER_GRACE)
+        await trio.sleep(config.settle_seconds)
         consumer_scope.cancel()

@@ -38,6 +38,8 @@ def chaos_run(
         "auto", "--network", help="hosts (a network namespace per node: partitions, loss), "
                                   "loopback (proxies on client links), or auto (hosts where "
                                   "they can be made)"),
+    settle: float = typer.Option(8.0, "--settle", min=0,
+                                 help="seconds the consumer goes on after the producers stop"),
     overlap: bool = typer.Option(False, "--overlap",
                                  help="let a fault start while others still last"),
     replay: str = typer.Option(None, "--replay", metavar="RUN_DIR",
@@ -78,7 +80,8 @@ def chaos_run(
                                  seconds=minutes * 60 if minutes else seconds, seed=seed,
                                  fault_interval=fault_interval, producers=producers,
                                  rate=rate, ha_housekeeping_ms=ha_housekeeping_ms,
-                                 kinds=chosen, overlap=overlap, network=network)
+                                 kinds=chosen, overlap=overlap, network=network,
+                                 settle_seconds=settle)
         capabilities(config)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
