@@ -15,6 +15,7 @@ then runs without disk faults and says so.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import shutil
@@ -30,8 +31,10 @@ class SmallDiskError(RuntimeError):
     """Mounting, filling or unmounting failed: the command and its words."""
 
 
+@functools.cache
 def unavailable() -> str | None:
-    """Why small disks cannot be mounted here, or None when they can."""
+    """Why small disks cannot be mounted here, or None when they can (asked once per
+    process: the probe mounts and unmounts a tmpfs)."""
     if os.geteuid() != 0:
         return "mounting a tmpfs needs root"
     probe = Path(f"/tmp/trioha-disk-probe-{secrets.token_hex(3)}")

@@ -134,6 +134,11 @@ class ChaosConfig:
     overlap: bool = False
 
     @property
+    def brokers(self) -> list[str]:
+        """The brokers' names, master first: their conf files, stores and test hosts."""
+        return ["master", *(f"slave{n}" for n in range(1, self.slaves + 1))]
+
+    @property
     def strict(self) -> bool:
         """Whether an acknowledged send must be on ``sync_acks`` slaves too: with
         SYNC_MASTER a SEND_OK means that many slaves had the bytes (in their page caches at

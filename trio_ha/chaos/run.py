@@ -200,13 +200,14 @@ def check_run(run_dir: Path) -> Verdict:
     config = replay_config(run_dir)
     history = History.read(run_dir / "history.jsonl")
 
-    async def read_all() -> Verdict:
-        master = await read_store(run_dir / "master.conf", config)
-        slaves = [await read_store(run_dir / f"slave{n}.conf", config)
-                  for n in range(1, config.slaves + 1)]
-        return check(config, history, master, slaves)
+    return trio.run(_judge, config, history, run_dir)
 
-    return trio.run(read_all)
+
+async def _judge(config: ChaosConfig, history: History, run_dir: Path) -> Verdict:
+    """Recover each broker's store from its conf file and check the history against them."""
+    master, *slaves = [await read_store(run_dir / f"{name}.conf", config)
+                       for name in config.brokers]
+    return check(config, history, master, slaves)
 
 
 def replay_config(run_dir: Path) -> ChaosConfig:
@@ -220,7 +221,7 @@ def _environment(config: ChaosConfig, run_dir: Path):
     """The test network, small disks and clock shim the run's kinds need (each None or
     empty when not needed), taken down afterwards."""
     kinds = set(config.kinds)
-    brokers = ["master", *(f"slave{n}" for n in range(1, config.slaves + 1))]
+    brokers = config.brokers
     with contextlib.ExitStack() as stack:
         network = None
         if config.network == "hosts":
@@ -256,7 +257,7 @@ def _free_port(host: str, proxied: bool) -> int:
 
 
 async def _run(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
-    brokers = ["master", *(f"slave{n}" for n in range(1, config.slaves + 1))]
+    brokers = config.brokers
     with _environment(config, run_dir) as (network, disks, clocks):
         def host(name: str) -> str:
             """Where a node listens: its test host, or an address of its own on loopback
@@ -316,10 +317,7 @@ async def _run(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
                 if failures:
                     raise failures[0]
         # (while the small disks are still mounted: the checker reads the files too)
-        master_contents = await read_store(run_dir / "master.conf", config)
-        slave_contents = [await read_store(run_dir / f"{name}.conf", config)
-                          for name in brokers[1:]]
-        return check(config, history, master_contents, slave_contents)
+        return await _judge(config, history, run_dir)
 
 
 async def _load_and_faults(config: ChaosConfig, cluster: Cluster, history: History) -> None:

@@ -29,6 +29,7 @@ says why not when one is missing, and the harness then runs without these faults
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import secrets
@@ -47,8 +48,10 @@ class TestNetworkError(RuntimeError):
     """A command that builds or changes the test network failed: the command and its words."""
 
 
+@functools.cache
 def unavailable() -> str | None:
-    """Why test hosts cannot be made here, or None when they can."""
+    """Why test hosts cannot be made here, or None when they can (asked once per process:
+    the probe makes and deletes a namespace)."""
     if os.geteuid() != 0:
         return "network namespaces need root"
     for tool, package in (("ip", "iproute2"), ("nft", "nftables")):
