@@ -66,6 +66,9 @@ async def test_handle_ha_slave_copies_master_byte_for_byte(tmp_path):
                 results.append(await master.put_message(Message("HA", body(i), tags=f"t{i % 2}", keys=f"k{i}"), queue_id=i % 4))
             assert {r.status for r in results} == {PutMessageStatus.PUT_OK}
             assert master.statistics().segments > 3
+            # (a put's answer does not wait for its consume-queue entry: the master
+            # dispatches in the background too, so both sides are waited for)
+            await master.wait_dispatched()
             await slave.wait_dispatched(master.max_commitlog_offset)
             for queue_id in range(4):
                 a = await master.get_messages("HA", queue_id, 0, 200)
