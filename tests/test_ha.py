@@ -313,3 +313,82 @@ async def test_frames_carry_what_is_ready_up_to_1_mib_by_default_or_the_configur
     sizes = await frame_sizes(master_config(tmp_path / "small", **common,
                                             ha_transfer_batch_size=32 * 1024))
     assert max(sizes) == 32 * 1024 and len(sizes) > 3000 * 1000 // (32 * 1024)
+
+
+class _TaskSteps(trio.abc.Instrument):
+    """Counts the steps (scheduling rounds run) of tasks by name, while ``counting``."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.steps: dict[str, int] = {}
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self.counting:
+            self.steps[task.name] = self.steps.get(task.name, 0) + 1
+
+
+async def test_a_sync_master_put_costs_the_ha_tasks_one_round_each_and_wakes_no_reporter(tmp_path):
+    """Issue 11: the slave takes a frame's header and body and reports, all in the round the
+    frame arrived in (trio's socket yields after every receive that found bytes: that was
+    three rounds and a wake of the reporter task per ack), and the master's writer sends a
+    frame the socket takes at once without a round of its own after it. Counted with an
+    instrument over sequential SYNC_MASTER puts on real sockets."""
+    steps = _TaskSteps()
+    async with open_store(master_config(tmp_path / "m")) as master:
+        async with open_store(slave_config(tmp_path / "s", master)) as slave:
+            await wait_until(lambda: slave_count(master) == 1, "one slave to ack")
+            for i in range(20):
+                assert (await master.put_message(Message("Rounds", body(i)))).status is PutMessageStatus.PUT_OK
+            trio.lowlevel.add_instrument(steps)
+            try:
+                steps.counting = True
+                puts = 50
+                for i in range(puts):
+                    result = await master.put_message(Message("Rounds", body(i)))
+                    assert result.status is PutMessageStatus.PUT_OK
+                steps.counting = False
+            finally:
+                trio.lowlevel.remove_instrument(steps)
+            assert slave.max_commitlog_offset == master.max_commitlog_offset
+
+    def of(suffix: str) -> int:
+        return sum(n for name, n in steps.steps.items() if name.endswith(suffix))
+
+    assert of("slave.HAClient.run") <= puts  # the receiver: one wake per frame
+    assert of("slave._Reports.run") == 0  # every ack went out from the receiver
+    assert of("master.HAConnection._write_log") <= puts
+    assert of("master.HAConnection._read_acks") <= puts
+
+
+async def test_a_report_the_socket_takes_only_part_of_is_finished_by_the_reporter_task():
+    """The receiver's non-blocking report can be cut short by a full socket; the reporter
+    task sends the rest before anything else, so the master reads one whole report."""
+    from trio_ha.store.ha.slave import _Reports
+    from trio_ha.watermark import Watermark
+    from trio_ha.wire.ha import REPORT, SlaveProtocol
+
+    class HalfTakingTransport:
+        def __init__(self) -> None:
+            self.wire = bytearray()
+
+        def send_nowait(self, data: bytes) -> int:
+            self.wire += data[:3]
+            return 3
+
+        async def send_all(self, data: bytes) -> None:
+            await trio.lowlevel.checkpoint()
+            self.wire += data
+
+    transport = HalfTakingTransport()
+    written = Watermark(100)
+    reports = _Reports(transport, SlaveProtocol(expected=100), written, 100, 5.0)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reports.run)
+        written.raise_to(250)
+        reports.before_wait()
+        assert bytes(transport.wire) == REPORT.pack(250)[:3]
+        written.raise_to(400)
+        reports.before_wait()  # the tail is pending: this leaves the new end to the task
+        await wait_until(lambda: len(transport.wire) == 16, "the task to send the rest")
+        nursery.cancel_scope.cancel()
+    assert bytes(transport.wire) == REPORT.pack(250) + REPORT.pack(400)

@@ -497,10 +497,23 @@ class MessageStore:
         """Append one message whose PROPERTIES field is already encoded (the broker's path:
         it forwards what the producer sent).
 
-        The one checkpoint comes first, before anything is written: a cancelled put has not
+        Cancellation is looked at first, before anything is written: a cancelled put has not
         happened, and a put that happened is never turned into a Cancelled exception (except
-        while it waits for SYNC_FLUSH or slaves, where the caller chose to stop waiting)."""
-        await trio.lowlevel.checkpoint()
+        while it waits for SYNC_FLUSH or slaves, where the caller chose to stop waiting). The
+        put yields once, after its append (``_finish``): a SYNC_MASTER put appends in the
+        round its request is read and its bytes go to the slave in the next (issue 11)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return await self._finish(await self._append_encoded(
+            topic, queue_id, body, properties, flag, sys_flag, born_timestamp, born_host,
+            reconsume_times, prepared_transaction_offset,
+        ), wait_store_msg_ok)
+
+    async def _append_encoded(
+        self, topic: str, queue_id: int, body: bytes, properties: bytes, flag: int,
+        sys_flag: int, born_timestamp: int | None, born_host: str | None, reconsume_times: int,
+        prepared_transaction_offset: int,
+    ) -> PutMessageResult:
+        """``put_encoded``'s append: awaits only for a new segment."""
         topic_bytes = self._accepts(topic, queue_id, len(body))
         if topic_bytes is None:
             admitted = self._admit(topic, queue_id, len(body))
@@ -534,9 +547,15 @@ class MessageStore:
                 _encode_error(appended, len(topic_bytes)), _encode_status(appended)
             )
         self._puts += 1
-        if self._waits and wait_store_msg_ok:
-            return await self._wait_guarantees(appended)
         return appended
+
+    async def _finish(self, result: PutMessageResult, wait: bool) -> PutMessageResult:
+        """The end of a put: wait for what the store promises (that wait is the put's
+        yield), or yield once without a cancellation point (the put happened)."""
+        if wait and self._waits and result.status is PutMessageStatus.PUT_OK:
+            return await self._wait_guarantees(result)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return result
 
     async def put_messages(
         self, messages: Sequence[rec.Message], queue_id: int = 0
@@ -578,8 +597,18 @@ class MessageStore:
         wait_store_msg_ok: bool = True,
     ) -> PutMessageResult:
         """Append an already-encoded SEND_BATCH_MESSAGE body (the broker's path: no
-        per-message Python work, the native encoder converts every item)."""
-        await trio.lowlevel.checkpoint()
+        per-message Python work, the native encoder converts every item). Cancellation and
+        the yield as in ``put_encoded``."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return await self._finish(await self._append_batch(
+            topic, queue_id, body, batch_properties, sys_flag, born_host, born_timestamp,
+        ), wait_store_msg_ok)
+
+    async def _append_batch(
+        self, topic: str, queue_id: int, body: bytes, batch_properties: bytes, sys_flag: int,
+        born_host: str | None, born_timestamp: int | None,
+    ) -> PutMessageResult:
+        """``put_batch``'s append: awaits only for a new segment."""
         topic_bytes = self._accepts(topic, queue_id, len(body))
         if topic_bytes is None:
             # The whole body counts against maxMessageSize, as RocketMQ checks a batch.
@@ -602,8 +631,6 @@ class MessageStore:
                 _encode_error(appended, len(topic_bytes)), _encode_status(appended)
             )
         self._puts += appended.count
-        if self._waits and wait_store_msg_ok:
-            return await self._wait_guarantees(appended)
         return appended
 
     async def _wait_guarantees(self, appended: PutMessageResult) -> PutMessageResult:

@@ -63,6 +63,8 @@ from .transfer import HATransport, transport_for
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 64 * 1024
+#: a writer whose frames the socket keeps taking at once yields every this many bytes
+YIELD_BYTES = 1024 * 1024
 DIFF_LOG_INTERVAL = 60.0
 #: at most one line per this many seconds about connections refused at the cap
 REFUSAL_LOG_INTERVAL = 10.0
@@ -263,6 +265,7 @@ class HAConnection:
         batch = config.ha_transfer_batch_size
         heartbeat = config.ha_send_heartbeat_interval / 1000
         last_send = trio.current_time()
+        unyielded = 0  # bytes sent since this task last let others run
         while True:
             if offset < commitlog.max_offset:
                 # No waiting for more puts here: the remoting server starts the requests of one
@@ -284,7 +287,15 @@ class HAConnection:
                 self.next_offset = offset
                 self.bytes_sent += end - start
                 last_send = trio.current_time()
+                # A frame the socket takes at once costs no scheduling round: a writer that
+                # keeps a fast slave's socket fed lets the ack reader and the puts run every
+                # so often.
+                unyielded += end - start
+                if unyielded >= YIELD_BYTES:
+                    unyielded = 0
+                    await trio.lowlevel.checkpoint()
                 continue
+            unyielded = 0
             with trio.move_on_at(last_send + heartbeat):
                 await commitlog.written.wait_for(offset + 1)
                 continue

@@ -3,8 +3,9 @@
 A session is one connection: report the local log end at once (RocketMQ waits 5 s before
 its first report, and the master sends nothing until it has one), then a reader task that
 receives frame bodies straight into the active segment's mapping (``recv_into`` on a view of
-the mmap: the bytes never become a Python object) and a reporter task that sends the new log
-end whenever it grows, or every haSendHeartbeatInterval. Either failing ends the session,
+the mmap: the bytes never become a Python object) and reports the new log end whenever the
+socket is empty (``_Reports``: no task switch between a frame and its ack), and a reporter
+task for heartbeats and what the socket would not take at once. Either failing ends the session,
 and the client connects again after a back-off: ha_reconnect_min_interval (20 ms) after a
 session that had frames from its master, doubling after each attempt that had none, up to
 ha_reconnect_interval (160 ms). RocketMQ waits a fixed 5 s, so a SYNC_MASTER that restarts in a
@@ -39,6 +40,7 @@ import attrs
 import trio
 
 from ...config import StoreConfig
+from ...watermark import Watermark
 from ...wire.ha import (
     NEED_DATA,
     FrameData,
@@ -55,9 +57,8 @@ from .transfer import HATransport, SocketTransport
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5.0
-#: a catching-up slave reports after at most this many rounds or this many new bytes
-REPORT_COALESCE_ROUNDS = 16
-REPORT_COALESCE_BYTES = 4 * 1024 * 1024
+#: a slave whose socket never empties (catching up) reports and yields every this many bytes
+YIELD_BYTES = 1024 * 1024
 
 _E = TypeVar("_E", bound=Exception)
 
@@ -230,36 +231,22 @@ class HAClient:
             self.state = HAClientState.TRANSFER
             self.connected_since = time.time()
             log.info("HA: replicating from %s, local log ends at %d", address, local_end)
+            reports = _Reports(transport, protocol, commitlog.written, local_end,
+                               self.config.ha_send_heartbeat_interval / 1000)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._report, transport, protocol, local_end)
-                await self._receive(transport, protocol)
+                nursery.start_soon(reports.run)
+                await self._receive(transport, protocol, reports)
         finally:
             with trio.CancelScope(shield=True):
                 await transport.aclose()
 
-    async def _report(self, transport: HATransport, protocol: SlaveProtocol, reported: int) -> None:
-        """Tell the master the log end whenever it grows, and at least every heartbeat.
-
-        While the receiver keeps advancing (catching up, frame after frame), the report waits
-        a few scheduling rounds so one report covers several frames; an idle slave reports
-        after a single round, so a SYNC_MASTER put is acknowledged without delay."""
-        interval = self.config.ha_send_heartbeat_interval / 1000
-        written = self.commitlog.written
-        while True:
-            with trio.move_on_after(interval):
-                await written.wait_for(reported + 1)
-            for _ in range(REPORT_COALESCE_ROUNDS):
-                before = written.value
-                await trio.lowlevel.checkpoint()
-                if written.value == before or written.value - reported >= REPORT_COALESCE_BYTES:
-                    break
-            reported = max(reported, written.value)
-            await transport.send_all(protocol.send_report(reported))
-
-    async def _receive(self, transport: HATransport, protocol: SlaveProtocol) -> None:
+    async def _receive(self, transport: HATransport, protocol: SlaveProtocol,
+                       reports: _Reports) -> None:
         commitlog = self.commitlog
         silence = self.config.ha_housekeeping_interval / 1000
         body_offset = 0  # log offset of the next body byte
+        report = reports.before_wait
+        unyielded = 0  # bytes received since this task last let others run
         # One deadline for the session, moved on after every read (a scope per read cost
         # more than the read on a catching-up slave).
         with trio.CancelScope(deadline=trio.current_time() + silence) as quiet:
@@ -270,7 +257,7 @@ class HAClient:
                     start = segment.wrote_position
                     view = segment.view(start, start + min(wanted, segment.size - start))
                     try:
-                        n = await transport.receive_into(view)
+                        n = await transport.receive_into_eagerly(view, report)
                     finally:
                         del view
                     if n == 0:
@@ -279,9 +266,10 @@ class HAClient:
                     protocol.body_received(n)
                     body_offset += n
                 else:
-                    data = await transport.receive_some(wanted)
+                    data = await transport.receive_eagerly(wanted, report)
                     if not data:
                         raise MasterConnectionLost("master closed the connection")
+                    n = len(data)
                     protocol.receive_data(data)
                 quiet.deadline = trio.current_time() + silence
                 while (event := protocol.next_event()) is not NEED_DATA:
@@ -293,6 +281,17 @@ class HAClient:
                         body_offset = await commitlog.append_replica(body_offset, event.data)
                     elif isinstance(event, FrameEnd):
                         self.bytes_received += event.size
+                if reports.drained:  # this receive waited: others ran meanwhile
+                    reports.drained = False
+                    unyielded = n
+                else:
+                    # The receives do not yield while bytes keep coming (a catching-up
+                    # slave): report and let the dispatcher run every so often.
+                    unyielded += n
+                    if unyielded >= YIELD_BYTES:
+                        unyielded = 0
+                        reports.report_now()
+                        await trio.lowlevel.checkpoint()
         raise MasterConnectionLost(f"master silent for {silence:g} s")
 
     def statistics(self) -> HASlaveStatistics:
@@ -307,6 +306,75 @@ class HAClient:
             last_error=self.last_error,
             refusal=self.refusal,
         )
+
+
+@attrs.define(eq=False)
+class _Reports:
+    """How a session tells the master where the slave's log ends.
+
+    The receiver reports itself, with one non-blocking write, whenever it has taken every
+    byte the socket held (``before_wait``, just before it waits for more) and the log grew:
+    a SYNC_MASTER put's frame is acknowledged in the scheduling round it arrives in, with
+    no task switch. A catching-up slave, whose socket is never empty, reports every
+    YIELD_BYTES instead. The task (``run``) sends what the receiver could not (the socket
+    was full, or the transport cannot write without waiting) and a report every
+    haSendHeartbeatInterval when nothing else went, so the master hears from its slave."""
+
+    transport: HATransport
+    protocol: SlaveProtocol
+    written: Watermark
+    #: the last log end sent (or being sent)
+    reported: int
+    #: seconds between reports at the least (haSendHeartbeatInterval)
+    interval: float
+    #: the receiver waited since it last looked (it yielded; set by ``before_wait``)
+    drained: bool = False
+    _last_sent: float = attrs.field(factory=trio.current_time)
+    #: the tail of a report the socket took only part of: the task sends it
+    _unsent: bytes = b""
+    _sending: bool = False
+    _due: trio.Event = attrs.field(factory=trio.Event)
+
+    def before_wait(self) -> None:
+        self.drained = True
+        self.report_now()
+
+    def report_now(self) -> None:
+        """Report the log end now if it grew (the task does it if this cannot)."""
+        end = self.written.value
+        if end <= self.reported:
+            return
+        if self._sending or self._unsent:
+            self._due.set()
+            return
+        data = self.protocol.send_report(end)
+        sent = self.transport.send_nowait(data)
+        if not sent:
+            self._due.set()
+            return
+        self.reported = end
+        self._last_sent = trio.current_time()
+        if sent < len(data):
+            self._unsent = data[sent:]
+            self._due.set()
+
+    async def run(self) -> None:
+        while True:
+            with trio.move_on_at(self._last_sent + self.interval):
+                await self._due.wait()
+            self._due = trio.Event()
+            self._sending = True
+            try:
+                if self._unsent:
+                    unsent, self._unsent = self._unsent, b""
+                    await self.transport.send_all(unsent)
+                end = max(self.reported, self.written.value)
+                if end > self.reported or trio.current_time() >= self._last_sent + self.interval:
+                    self.reported = end
+                    self._last_sent = trio.current_time()
+                    await self.transport.send_all(self.protocol.send_report(end))
+            finally:
+                self._sending = False
 
 
 def _first_of(group: ExceptionGroup[_E]) -> _E:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from typing import Protocol
 
 import trio
 
 from ... import _backend
-from ..._sockets import peer_name, unsent
+from ..._sockets import peer_name, unsent, write_now
 from ..segment import Segment
 
 #: frames smaller than this are sent with one sendmsg even when the method is sendfile
@@ -45,6 +46,24 @@ class HATransport(Protocol):
         """Receive into ``view`` (a slave's segment mapping); 0 when the peer closed."""
         ...
 
+    async def receive_eagerly(
+        self, max_bytes: int, before_wait: Callable[[], None]
+    ) -> bytes | bytearray:
+        """``receive_some``, but bytes that are ready come back without a scheduling round,
+        and ``before_wait()`` runs before it waits for more. Cancellation is looked at
+        first; the caller yields on its own now and then (see ``SocketTransport``)."""
+        ...
+
+    async def receive_into_eagerly(self, view: memoryview,
+                                   before_wait: Callable[[], None]) -> int:
+        """``receive_into`` as ``receive_eagerly`` receives."""
+        ...
+
+    def send_nowait(self, data: bytes) -> int:
+        """Write what the socket takes of ``data`` now, without waiting: the bytes taken (0:
+        none, or this transport cannot write without waiting)."""
+        ...
+
     async def send_all(self, data: bytes) -> None: ...
 
     async def send_frame(self, header: bytes, segment: Segment, start: int, end: int) -> None:
@@ -61,6 +80,7 @@ class SocketTransport:
         self.stream = stream
         self.sock = stream.socket
         self.method = method
+        self._fd = self.sock.fileno()
 
     @property
     def peer(self) -> str:
@@ -72,6 +92,36 @@ class SocketTransport:
     async def receive_into(self, view: memoryview) -> int:
         return await self.sock.recv_into(view)
 
+    # trio's socket yields a scheduling round after every receive that found bytes ready (so
+    # every receive is a checkpoint). The slave receives a frame's header, then its body,
+    # then reports: three rounds on the path of every SYNC_MASTER ack, for a frame that was
+    # whole in the socket. These read with plain non-blocking syscalls and wait only when
+    # nothing is there; the slave's receive loop yields by itself every so many bytes.
+
+    async def receive_eagerly(
+        self, max_bytes: int, before_wait: Callable[[], None]
+    ) -> bytes | bytearray:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            try:
+                return os.read(self._fd, max_bytes)
+            except BlockingIOError:
+                before_wait()
+                await trio.lowlevel.wait_readable(self.sock)
+
+    async def receive_into_eagerly(self, view: memoryview,
+                                   before_wait: Callable[[], None]) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            try:
+                return os.readv(self._fd, (view,))
+            except BlockingIOError:
+                before_wait()
+                await trio.lowlevel.wait_readable(self.sock)
+
+    def send_nowait(self, data: bytes) -> int:
+        return write_now(self._fd, (data,))
+
     async def send_all(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
@@ -81,7 +131,9 @@ class SocketTransport:
         """Send ``header`` then ``segment[start:end)``; the caller holds the segment.
 
         Small frames (a SYNC_MASTER put's record, typically) go out as one sendmsg of header
-        and body whatever the method: sendfile would cost a second syscall for the header."""
+        and body whatever the method: sendfile would cost a second syscall for the header.
+        A frame the socket takes whole at once returns without a scheduling round (trio's
+        sendmsg yields after every send); the caller yields on its own now and then."""
         if self.method == "sendfile" and end - start >= SENDFILE_MIN_BYTES:
             await self.send_all(header)
             position = start
@@ -99,8 +151,10 @@ class SocketTransport:
                     position += sent
             await trio.lowlevel.checkpoint()
             return
+        await trio.lowlevel.checkpoint_if_cancelled()
         parts = [header, segment.view(start, end)]
         try:
+            parts = unsent(parts, write_now(self._fd, parts))
             while parts:
                 parts = unsent(parts, await self.sock.sendmsg(parts))
         finally:
@@ -129,6 +183,20 @@ class StreamTransport:
         data = await self.stream.receive_some(len(view))
         view[: len(data)] = data
         return len(data)
+
+    async def receive_eagerly(
+        self, max_bytes: int, before_wait: Callable[[], None]
+    ) -> bytes | bytearray:
+        before_wait()  # a stream cannot say whether bytes are ready: as if none were
+        return await self.stream.receive_some(max_bytes)
+
+    async def receive_into_eagerly(self, view: memoryview,
+                                   before_wait: Callable[[], None]) -> int:
+        before_wait()
+        return await self.receive_into(view)
+
+    def send_nowait(self, data: bytes) -> int:
+        return 0
 
     async def send_all(self, data: bytes) -> None:
         await self.stream.send_all(data)
