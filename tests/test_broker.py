@@ -104,6 +104,48 @@ async def test_send_then_pull_from_master_and_slave(cluster):
         assert refused.remark is not None and "SLAVE" in refused.remark
 
 
+class _Spawns(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task) -> None:
+        self.names.append(task.name)
+
+
+async def test_sync_sends_and_heartbeats_are_served_without_a_task_each(cluster):
+    """Issue 11: the broker appends a send in the round its request is read and answers a
+    SYNC_MASTER send from the round its slave's ack arrives in (a ``PendingReply``); sends
+    and admin verbs get no task of their own, pulls (which may be held) do. Counted with an
+    instrument; every reply matches its request."""
+    namesrv, master, slave = cluster
+    spawned = _Spawns()
+    async with open_remoting_client(master.broker_addr) as client:
+        await send_until_replicated(client, "NoTasks")
+        trio.lowlevel.add_instrument(spawned)
+        try:
+            async with trio.open_nursery() as nursery:
+                offsets: list[int] = []
+
+                async def send(i):
+                    reply = await client.invoke(send_request("NoTasks", b"m%d" % i), 5)
+                    assert reply.code == ResponseCode.SUCCESS, reply.remark
+                    offsets.append(int(reply.ext_fields["queueOffset"]))
+
+                for i in range(40):
+                    nursery.start_soon(send, i)
+            heartbeat = await client.invoke(RemotingCommand.request(
+                RequestCode.HEART_BEAT, body=HeartbeatData("fast-client").encode()), 5)
+            assert heartbeat.code == ResponseCode.SUCCESS
+            broker_tasks = [name for name in spawned.names if name.endswith("_process")]
+            assert broker_tasks == []
+            await client.invoke(pull_request("NoTasks", 0, 0), 5)
+            assert [name for name in spawned.names if name.endswith("_process")]
+        finally:
+            trio.lowlevel.remove_instrument(spawned)
+        # (an attempt before the slave attached may have been stored unreplicated)
+        assert sorted(offsets) == list(range(min(offsets), min(offsets) + 40))
+
+
 async def test_pull_statuses_follow_the_reference_table(cluster):
     _, master, slave = cluster
     async with open_remoting_client(master.broker_addr) as client:

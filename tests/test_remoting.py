@@ -403,3 +403,138 @@ async def test_a_flushed_call_is_written_by_its_caller_and_never_inside_another_
         calls.cancel_scope.cancel()
     await client.aclose()
     theirs.close()
+
+
+class ManualPending:
+    """A PendingReply the test completes by hand (``finish``); with ``task=True`` it asks to
+    be waited for in a task instead of calling back."""
+
+    def __init__(self, request, task: bool = False) -> None:
+        self.request = request
+        self.task = task
+        self.callback = None
+        self.done = trio.Event()
+
+    def when_done(self, callback) -> bool:
+        if self.task:
+            return False
+        self.callback = callback
+        return True
+
+    async def wait(self):
+        await self.done.wait()
+        return self._reply()
+
+    def finish(self) -> None:
+        if self.callback is not None:
+            self.callback(self._reply())
+        self.done.set()
+
+    def _reply(self):
+        return RemotingCommand.response_to(self.request, ResponseCode.SUCCESS, remark="later")
+
+
+LATER, LATER_IN_TASK = 9010, 9011
+
+
+class FastHandler:
+    def __init__(self) -> None:
+        self.pending: list[ManualPending] = []
+
+    def __call__(self, request, connection):
+        from trio_ha.remoting import RUN_IN_TASK
+
+        if request.code == ECHO:
+            return RemotingCommand.response_to(request, ResponseCode.SUCCESS, ext_fields=request.ext_fields)
+        if request.code in (LATER, LATER_IN_TASK):
+            pending = ManualPending(request, task=request.code == LATER_IN_TASK)
+            self.pending.append(pending)
+            return pending
+        if request.code == FAIL:
+            raise ValueError("fast processor bug")
+        return RUN_IN_TASK
+
+
+class SpawnCounter(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task) -> None:
+        self.names.append(task.name)
+
+
+async def test_a_fast_handler_serves_a_read_without_tasks_and_answers_it_in_one_write(nursery):
+    """Issue 11: requests that never wait are served in the reader's round (no task each),
+    and the replies of one read leave in one write, each matching its request's opaque; a
+    request the fast handler leaves (RUN_IN_TASK) runs in a task, and a fast handler's bug
+    is answered SYSTEM_ERROR like a task's."""
+    from trio_ha.remoting import serve_connection
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    counting = CountingStream(ours)
+    nursery.start_soon(lambda: serve_connection(counting, handler, fast=FastHandler()))
+    await theirs.send_all(encode(RemotingCommand.request(ECHO, opaque=1)))
+    await read_commands(theirs, 1)
+    counting.writes.clear()
+    spawned = SpawnCounter()
+    trio.lowlevel.add_instrument(spawned)
+    try:
+        await theirs.send_all(b"".join(
+            encode(RemotingCommand.request(ECHO, {"i": i}, opaque=100 + i)) for i in range(32)))
+        replies = await read_commands(theirs, 32)
+    finally:
+        trio.lowlevel.remove_instrument(spawned)
+    assert [(r.opaque, r.ext_fields["i"]) for r in replies] == [(100 + i, str(i)) for i in range(32)]
+    assert len(counting.writes) == 1
+    assert not [name for name in spawned.names if name.endswith("_process")]
+    await theirs.send_all(encode(RemotingCommand.request(SLOW, {"sleep": "0"}, opaque=7))
+                          + encode(RemotingCommand.request(FAIL, opaque=8)))
+    replies = {r.opaque: r for r in await read_commands(theirs, 2)}
+    assert replies[7].remark == "0" and replies[8].code == ResponseCode.SYSTEM_ERROR
+    assert "fast processor bug" in replies[8].remark
+    await theirs.aclose()
+
+
+async def test_pending_replies_are_answered_when_done_and_dropped_once_the_connection_closed(nursery):
+    """A PendingReply (a SYNC_MASTER send waiting for its slave) is answered from whichever
+    task completes it, with its request's opaque, while other requests are answered
+    meanwhile; one that asks for a task is waited for in one; one completed after its
+    connection closed is dropped without a write or an error, and what it promised of the
+    reply budget is given back at the close."""
+    from trio_ha.remoting import RemotingConnection
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    counting = CountingStream(ours)
+    connection = RemotingConnection(counting, "memory")
+    fast = FastHandler()
+    closed = trio.Event()
+
+    async def serve():
+        await connection.serve(handler, fast=fast)
+        closed.set()
+
+    nursery.start_soon(serve)
+    await theirs.send_all(encode(RemotingCommand.request(ECHO, opaque=1)))
+    await read_commands(theirs, 1)  # replies have a size now: requests promise one
+    await theirs.send_all(encode(RemotingCommand.request(LATER, opaque=2))
+                          + encode(RemotingCommand.request(LATER_IN_TASK, opaque=3))
+                          + encode(RemotingCommand.request(ECHO, opaque=4)))
+    assert [r.opaque for r in await read_commands(theirs, 1)] == [4]
+    assert connection.in_flight == 2
+    fast.pending[1].finish()
+    fast.pending[0].finish()
+    replies = await read_commands(theirs, 2)
+    assert sorted((r.opaque, r.remark) for r in replies) == [(2, "later"), (3, "later")]
+    await wait_until(lambda: connection.in_flight == 0, "both pending replies to finish")
+
+    await theirs.send_all(encode(RemotingCommand.request(LATER, opaque=5)))
+    await wait_until(lambda: len(fast.pending) == 3, "the third pending reply")
+    assert connection.budgets.replies.promised > 0
+    writes = len(counting.writes)
+    await theirs.aclose()
+    with trio.fail_after(3):
+        await closed.wait()
+    assert connection.budgets.replies.promised == 0
+    fast.pending[2].finish()  # completes after the close: dropped
+    assert len(counting.writes) == writes
+    assert connection.pending_reply_bytes == 0

@@ -16,7 +16,8 @@ from trio_ha.store import MessageStore
 from trio_ha.store.group_commit import GroupCommitService
 from trio_ha.store.ha.group_transfer import GroupTransferService
 from trio_ha.store.ha.master import SlaveConnectionStatistics
-from trio_ha.store.sync_requests import SyncRequestService, SyncServiceStatistics
+from trio_ha.store.results import PutMessageResult
+from trio_ha.store.sync_requests import PendingPut, SyncRequestService, SyncServiceStatistics
 from trio_ha.watermark import Watermark
 from trio_ha.wire.ha import SlaveProtocol
 
@@ -102,6 +103,47 @@ async def test_a_request_handed_to_the_idle_task_after_a_rise_is_put_in_its_plac
         assert (first.status, second.status) == (OK, None)  # the task put the first first
         await trio.sleep(10)
         assert second.status is TIMEOUT
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_pending_put_calls_back_once_answered_or_asks_for_a_task_when_the_channel_is_full(
+        autojump_clock):
+    """Issue 11: a put whose caller has no task to wait in (the broker answers a SYNC send
+    from the round its ack arrives in) is called back, once, from the task that raises the
+    watermark; a put whose request did not fit the full channel is not (``when_done`` says
+    False) and waits in a task, which waits for room there: the channel's back-pressure
+    stays whole."""
+    svc = service(capacity=1)
+    now = trio.current_time()
+
+    def pending(end: int) -> PendingPut:
+        appended = PutMessageResult(OK, end - 10, 10)
+        return PendingPut(appended, replica=(svc, svc.request(end, now)))
+
+    called: list[PutMessageResult] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(svc.run)
+        # The idle task takes the first, the channel's buffer holds one more: the third is
+        # left out until there is room.
+        first, middle, second = pending(100), pending(110), pending(200)
+        assert first.when_done(called.append) and middle.when_done(called.append)
+        assert not second.when_done(called.append)
+        results = []
+
+        async def wait_second():
+            results.append(await second.wait())
+
+        nursery.start_soon(wait_second)
+        await trio.sleep(1)
+        assert called == [] and results == []
+        svc.watermark.raise_to(150)
+        # in the rise itself, not a round later
+        assert called == [first.appended, middle.appended]
+        svc.watermark.raise_to(200)
+        await trio.sleep(0.1)  # its task sends it into the channel once there is room
+        assert results == [second.appended] and len(called) == 2
+        late = pending(150)  # already covered: called back at once
+        assert late.when_done(called.append) and called[-1] is late.appended
         nursery.cancel_scope.cancel()
 
 

@@ -25,11 +25,17 @@ writes them through its store, never through this processor.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
+import attrs
 import trio
 
-from ..remoting import RemotingConnection
+from ..remoting import RUN_IN_TASK, PendingReply, RemotingConnection
+from ..remoting.answers import Reply, failure_reply
+from ..remoting.connection import RunInTask
+from ..store import MessageStore
 from ..store.results import PutMessageResult, PutMessageStatus
+from ..store.sync_requests import PendingPut
 from ..wire import record as rec
 from ..wire.metadata import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -103,6 +109,129 @@ def send_response(
 async def process_send(
     broker: Broker, request: RemotingCommand, connection: RemotingConnection
 ) -> RemotingCommand:
+    plan = _plan_send(broker, request, connection)
+    if plan is None:
+        # Its topic is made here: the topic table is written before the send is answered.
+        header = send_message_header(request)
+        if broker.auto_create_topic(header) is None:
+            await trio.lowlevel.checkpoint()
+            return RemotingCommand.response_to(
+                request, ResponseCode.TOPIC_NOT_EXIST,
+                remark=f"topic[{header.topic}] not exist, apply first please!",
+            )
+        await broker.persist_topics()
+        plan = _plan_send(broker, request, connection)
+        if plan is None:  # the topic went again meanwhile (an admin deleted it)
+            return RemotingCommand.response_to(
+                request, ResponseCode.TOPIC_NOT_EXIST,
+                remark=f"topic[{header.topic}] not exist, apply first please!",
+            )
+    if isinstance(plan, RemotingCommand):
+        await trio.lowlevel.checkpoint()
+        return plan
+    result = await plan.put(broker.store)
+    broker.stats.record_put(result)
+    return send_response(request, result, plan.queue_id)
+
+
+def process_send_now(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> Reply | PendingReply | RunInTask:
+    """``process_send`` in the reader's round, without a task (issue 11): the reply, or a
+    SYNC send's ``PendingReply`` (answered when its slaves ack, from that round); left to
+    ``process_send``'s task when the topic must be made or the log needs its next segment
+    first (both wait)."""
+    plan = _plan_send(broker, request, connection)
+    if plan is None:
+        return RUN_IN_TASK
+    if isinstance(plan, RemotingCommand):
+        return plan
+    outcome = plan.put_now(broker.store)
+    if outcome is None:
+        return RUN_IN_TASK
+    if isinstance(outcome, PendingPut):
+        return PendingSend(broker, request, plan.queue_id, outcome)
+    broker.stats.record_put(outcome)
+    return send_response(request, outcome, plan.queue_id)
+
+
+@attrs.define(eq=False)
+class PendingSend:
+    """A send whose put waits for SYNC_FLUSH or slaves: its reply, once they answer."""
+
+    broker: Broker
+    request: RemotingCommand
+    queue_id: int
+    put: PendingPut
+
+    def when_done(self, callback: Callable[[Reply], None]) -> bool:
+        return self.put.when_done(lambda result: callback(self._reply(result)))
+
+    async def wait(self) -> Reply:
+        return self._reply(await self.put.wait())
+
+    def _reply(self, result: PutMessageResult) -> RemotingCommand:
+        try:
+            self.broker.stats.record_put(result)
+            return send_response(self.request, result, self.queue_id)
+        except Exception as exc:  # never into the task that answered the put
+            return failure_reply(self.request, exc, "?")
+
+
+@attrs.frozen
+class _SendPlan:
+    """A send that passed every check: what to store where."""
+
+    topic: str
+    store_queue: int
+    #: the queue the producer chose (the response names it)
+    queue_id: int
+    body: bytes
+    properties: bytes
+    batch: bool
+    flag: int
+    sys_flag: int
+    #: the batch's own sysFlag (the send header's)
+    header_sys_flag: int
+    born_timestamp: int
+    born_host: str
+    reconsume_times: int
+    wait: bool
+
+    async def put(self, store: MessageStore) -> PutMessageResult:
+        if self.batch:
+            return await store.put_batch(
+                self.topic, self.store_queue, self.body, batch_properties=self.properties,
+                sys_flag=self.header_sys_flag, born_host=self.born_host,
+                born_timestamp=self.born_timestamp, wait_store_msg_ok=self.wait,
+            )
+        return await store.put_encoded(
+            self.topic, self.store_queue, self.body, self.properties, flag=self.flag,
+            sys_flag=self.sys_flag, born_timestamp=self.born_timestamp,
+            born_host=self.born_host, reconsume_times=self.reconsume_times,
+            wait_store_msg_ok=self.wait,
+        )
+
+    def put_now(self, store: MessageStore) -> PutMessageResult | PendingPut | None:
+        if self.batch:
+            return store.put_batch_now(
+                self.topic, self.store_queue, self.body, batch_properties=self.properties,
+                sys_flag=self.header_sys_flag, born_host=self.born_host,
+                born_timestamp=self.born_timestamp, wait_store_msg_ok=self.wait,
+            )
+        return store.put_encoded_now(
+            self.topic, self.store_queue, self.body, self.properties, flag=self.flag,
+            sys_flag=self.sys_flag, born_timestamp=self.born_timestamp,
+            born_host=self.born_host, reconsume_times=self.reconsume_times,
+            wait_store_msg_ok=self.wait,
+        )
+
+
+def _plan_send(
+    broker: Broker, request: RemotingCommand, connection: RemotingConnection
+) -> RemotingCommand | _SendPlan | None:
+    """Check a send and work out where it goes: the refusal, the plan, or None when its
+    topic does not exist yet (``process_send`` makes it, if it may)."""
     header = send_message_header(request)
     config = broker.config
     if not config.broker_permission & Permission.WRITE:
@@ -126,13 +255,7 @@ async def process_send(
         )
     topic_config = broker.metadata.topics.get(header.topic)
     if topic_config is None:
-        topic_config = broker.auto_create_topic(header)
-        if topic_config is None:
-            return RemotingCommand.response_to(
-                request, ResponseCode.TOPIC_NOT_EXIST,
-                remark=f"topic[{header.topic}] not exist, apply first please!",
-            )
-        await broker.persist_topics()
+        return None
     queue_id = header.queue_id
     if queue_id < 0:
         queue_id = random.randrange(topic_config.write_queue_nums)
@@ -213,23 +336,11 @@ async def process_send(
         # drops all but one) and it matches none of the ids the producer was given. Each
         # message keeps its own id here.
         properties.pop(rec.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, None)
-    encoded = rec.encode_properties(properties).encode()
-    store = broker.store
-    if batch:
-        result = await store.put_batch(
-            topic, store_queue, request.body, batch_properties=encoded,
-            sys_flag=header.sys_flag, born_host=connection.peer,
-            born_timestamp=header.born_timestamp, wait_store_msg_ok=wait,
-        )
-    else:
-        result = await store.put_encoded(
-            topic, store_queue, request.body, encoded, flag=header.flag,
-            sys_flag=sys_flag, born_timestamp=header.born_timestamp,
-            born_host=connection.peer, reconsume_times=header.reconsume_times or 0,
-            wait_store_msg_ok=wait,
-        )
-    broker.stats.record_put(result)
-    return send_response(request, result, queue_id)
+    return _SendPlan(
+        topic, store_queue, queue_id, request.body, rec.encode_properties(properties).encode(),
+        bool(batch), header.flag, sys_flag, header.sys_flag, header.born_timestamp,
+        connection.peer, header.reconsume_times or 0, wait,
+    )
 
 
 def _ensure_transaction_topics(broker: Broker) -> None:

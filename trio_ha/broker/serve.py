@@ -48,7 +48,7 @@ from ..remoting.metrics import serve_metrics
 from ..store import MessageStore, StoreLock, open_store
 from .broker import Broker, BrokerAddresses
 from .config import VIP_PORT_OFFSET, BrokerConfig
-from .dispatch import handle, handle_vip
+from .dispatch import handle, handle_now, handle_vip
 from .metadata import BrokerMetadata, config_dir_of
 from .metrics import broker_registry
 from .registration import Registration
@@ -198,12 +198,13 @@ async def _serve(
     config = broker.config
     limits = remoting_limits(config)
     budgets = RemotingBudgets.for_limits(limits)  # the port and the VIP port share them
+    fast = functools.partial(handle_now, broker)
     servers = {"main": RemotingServer(functools.partial(handle, broker), limits, budgets,
-                                      on_close=broker.connection_closed)}
+                                      on_close=broker.connection_closed, fast=fast)}
     await nursery.start(functools.partial(servers["main"].serve, 0, listeners=listeners))
     if vip_listeners:
         servers["vip"] = RemotingServer(functools.partial(handle_vip, broker), limits, budgets,
-                                        on_close=broker.connection_closed)
+                                        on_close=broker.connection_closed, fast=fast)
         await nursery.start(functools.partial(servers["vip"].serve, 0, listeners=vip_listeners))
     nursery.start_soon(broker.run_housekeeping)
     if not config.namesrv_addresses:

@@ -10,12 +10,21 @@ from .client import (
     open_client_pool,
     open_remoting_client,
 )
-from .connection import CloseReason, Handler, RemotingConnection, serve_connection
+from .connection import (
+    RUN_IN_TASK,
+    CloseReason,
+    FastHandler,
+    Handler,
+    PendingReply,
+    RemotingConnection,
+    serve_connection,
+)
 from .limits import RemotingBudgets, RemotingLimits
 from .server import RemotingServer, RemotingServerStatistics, serve_remoting
 
 __all__ = [
-    "CloseReason", "Handler", "RemotingBudgets", "RemotingClient", "RemotingClientPool",
+    "RUN_IN_TASK", "CloseReason", "FastHandler", "Handler", "PendingReply", "RemotingBudgets",
+    "RemotingClient", "RemotingClientPool",
     "RemotingConnectError", "RemotingConnection", "RemotingError", "RemotingLimits",
     "RemotingServer", "RemotingServerStatistics", "RemotingTimeout", "RequestError",
     "not_supported", "open_client_pool", "open_remoting_client", "serve_connection",

@@ -21,7 +21,10 @@ from ..ratelog import RateLimitedLog
 from ..wire.errors import HeaderFieldError
 from ..wire.remoting import MappedReply, RemotingCommand, ResponseCode, encode, encode_parts
 
-__all__ = ["MAX_REMARK", "Frame", "RequestError", "answer", "not_supported", "one_line"]
+__all__ = [
+    "MAX_REMARK", "Frame", "Reply", "RequestError", "answer", "encode_reply", "failure_reply",
+    "not_supported", "one_line",
+]
 
 #: an encoded frame: one bytes object, or buffers written in order (a ``MappedReply``)
 Frame = bytes | list[bytes | memoryview]
@@ -60,28 +63,45 @@ def not_supported(request: RemotingCommand) -> RemotingCommand:
     )
 
 
-async def answer(handle: Callable[[], Awaitable[RemotingCommand | MappedReply | None]],
-                 request: RemotingCommand, peer: str) -> Frame | None:
+#: what a handler answers: the response, the response with mapped body buffers, or None (no
+#: response: a oneway request, or nothing to say)
+Reply = RemotingCommand | MappedReply | None
+
+
+async def answer(handle: Callable[[], Awaitable[Reply]], request: RemotingCommand,
+                 peer: str) -> Frame | None:
     """Run ``handle`` (a handler applied to ``request`` from ``peer``) and return the encoded
     reply (None: no reply — a oneway request, or a handler with nothing to say). Never raises
     for the handler's exceptions; cancellation passes through."""
     try:
         response = await handle()
-    except RequestError as exc:
-        response = RemotingCommand.response_to(request, exc.code, remark=one_line(exc.remark))
-    except HeaderFieldError as exc:
-        response = RemotingCommand.response_to(
+    except Exception as exc:
+        response = failure_reply(request, exc, peer)
+    return encode_reply(response, request, peer)
+
+
+def failure_reply(request: RemotingCommand, exc: Exception, peer: str) -> RemotingCommand:
+    """The response to ``request`` whose handler raised ``exc`` (see the module)."""
+    if isinstance(exc, RequestError):
+        return RemotingCommand.response_to(request, exc.code, remark=one_line(exc.remark))
+    if isinstance(exc, HeaderFieldError):
+        return RemotingCommand.response_to(
             request, ResponseCode.SYSTEM_ERROR, remark=one_line(f"bad request header: {exc}")
         )
-    except Exception as exc:  # a processor bug costs one request, not the connection
-        _failures.log(
-            logging.ERROR, ("handler", request.code, type(exc)),
-            "remoting: request code %d from %s failed: %s", request.code, peer,
-            one_line(f"{type(exc).__name__}: {exc}"), exc_info=exc,
-        )
-        response = RemotingCommand.response_to(
-            request, ResponseCode.SYSTEM_ERROR, remark=one_line(f"{type(exc).__name__}: {exc}")
-        )
+    # a processor bug costs one request, not the connection
+    _failures.log(
+        logging.ERROR, ("handler", request.code, type(exc)),
+        "remoting: request code %d from %s failed: %s", request.code, peer,
+        one_line(f"{type(exc).__name__}: {exc}"), exc_info=exc,
+    )
+    return RemotingCommand.response_to(
+        request, ResponseCode.SYSTEM_ERROR, remark=one_line(f"{type(exc).__name__}: {exc}")
+    )
+
+
+def encode_reply(response: Reply, request: RemotingCommand, peer: str) -> Frame | None:
+    """The bytes of ``response`` to ``request`` (None: nothing goes back). Never raises: a
+    reply the wire cannot carry is answered SYSTEM_ERROR, and logged."""
     if response is None or request.is_oneway:
         return None
     try:

@@ -1,14 +1,23 @@
-"""One remoting connection on the server side: a reader, a writer, and a task per request.
+"""One remoting connection on the server side: a reader, a writer, and requests served in the
+reader's round or in a task each.
 
-The reader decodes frames and starts one task per request, so a slow request (a long-polled
-pull holds its reply for up to 15 s) never stalls the requests behind it; replies go out in
-whatever order they finish, matched by ``opaque`` as RocketMQ clients expect. A finished
+The reader decodes frames. A request that never waits is served right there, in the reader's
+round, by the server's ``FastHandler`` (a broker's sends and admin verbs): its reply joins the
+read's one write, with no task spawned, scheduled and ended for it (issue 11). A request whose
+reply is made elsewhere — a SYNC_MASTER send waits for its slave's ack — comes back as a
+``PendingReply``, answered from the task that completes it (the HA ack reader) with no task of
+its own either. Every other request runs in a task of its own (the ``Handler``), so a slow one
+(a long-polled pull holds its reply for up to 15 s) never stalls the requests behind it.
+Replies go out in whatever order they finish, matched by ``opaque`` as RocketMQ clients
+expect. A finished
 request queues its encoded reply and ends; the writer task writes the queue in order, so frames
 never interleave and no request waits on a peer that does not read. The writer takes every
 reply waiting at once (up to ``WRITE_BATCH``) and gives their buffers to one ``sendmsg``: a
 pull's records go from the mapped commitlog to the socket without a copy (``MappedReply``).
-The one exception: the only request running (held ones aside) writes its own reply when
-nothing is queued or being written, since no other reply is coming to share the write.
+Two exceptions save the writer's round: the reader writes the replies of the requests it
+served itself once it has served a read, and the last request running (held ones aside)
+writes the queued replies with its own, since no other reply is coming to share the write
+(both non-blocking; what the socket does not take stays queued, in order).
 
 Every resource the peer can make us hold is bounded (``RemotingLimits``):
 
@@ -48,6 +57,7 @@ import select
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Final, Protocol
 
 import attrs
 import trio
@@ -56,10 +66,13 @@ from .._sockets import socket_fd, unsent, write_now
 from ..ratelog import RateLimitedLog
 from ..wire.errors import RemotingDecodeError
 from ..wire.remoting import NEED_DATA, FrameDecoder, MappedReply, RemotingCommand, encode
-from .answers import Frame, answer
+from .answers import Frame, Reply, answer, encode_reply, failure_reply
 from .limits import READ_ALLOWANCE, RemotingBudgets, RemotingLimits
 
-__all__ = ["CloseReason", "Handler", "RemotingConnection", "serve_connection"]
+__all__ = [
+    "RUN_IN_TASK", "CloseReason", "FastHandler", "Handler", "PendingReply", "RemotingConnection",
+    "serve_connection",
+]
 
 log = logging.getLogger("trio_ha.remoting.server")
 
@@ -77,8 +90,31 @@ _HANGUP_EVENTS = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 
 _closes = RateLimitedLog(log)
 
 #: what serves requests: the request and its connection in, the reply (or None) out
-Handler = Callable[[RemotingCommand, "RemotingConnection"],
-                   Awaitable[RemotingCommand | MappedReply | None]]
+Handler = Callable[[RemotingCommand, "RemotingConnection"], Awaitable[Reply]]
+
+
+class PendingReply(Protocol):
+    """A reply that is being made elsewhere: a SYNC_MASTER send waits for its slave's ack."""
+
+    def when_done(self, callback: Callable[[Reply], None]) -> bool:
+        """Call ``callback(reply)`` once, when the reply is made (at once if it is), from
+        the task that makes it; ``callback`` does not raise. False, and nothing registered,
+        when the reply must be waited for in a task (``wait``)."""
+        ...
+
+    async def wait(self) -> Reply: ...
+
+
+class RunInTask(enum.Enum):
+    RUN_IN_TASK = "RUN_IN_TASK"
+
+
+#: a fast handler's answer for a request it leaves to the task of the ``Handler``
+RUN_IN_TASK: Final = RunInTask.RUN_IN_TASK
+
+#: what serves requests that need no task of their own, in the reader's round: the reply, or
+#: a ``PendingReply``, or RUN_IN_TASK to leave the request to the ``Handler`` (see the module)
+FastHandler = Callable[[RemotingCommand, "RemotingConnection"], Reply | PendingReply | RunInTask]
 
 
 class CloseReason(enum.StrEnum):
@@ -135,6 +171,9 @@ class RemotingConnection:
     _promised: int = 0
     _promises: dict[trio.lowlevel.Task, int] = attrs.field(factory=dict)
     _holds: set[trio.CancelScope] = attrs.field(factory=set)
+    #: requests served without a task whose replies are being made (``PendingReply``), with
+    #: the reply each promised
+    _pending: dict[PendingReply, int] = attrs.field(factory=dict)
     _scope: trio.CancelScope | None = None
     _read_scope: trio.CancelScope | None = None
     _writer_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -232,6 +271,7 @@ class RemotingConnection:
         self,
         handler: Handler,
         *,
+        fast: FastHandler | None = None,
         on_open: Callable[[RemotingConnection], None] | None = None,
         on_close: Callable[[RemotingConnection], None] | None = None,
     ) -> None:
@@ -246,7 +286,7 @@ class RemotingConnection:
                     nursery.cancel_scope.cancel()
                 nursery.start_soon(self._run_writer)
                 try:
-                    await self._run_reader(handler, nursery)
+                    await self._run_reader(handler, fast, nursery)
                 except RemotingDecodeError as exc:
                     self.close(CloseReason.BAD_FRAME, exc)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -269,7 +309,8 @@ class RemotingConnection:
 
     # ---- the reader ------------------------------------------------------------------------
 
-    async def _run_reader(self, handler: Handler, nursery: trio.Nursery) -> None:
+    async def _run_reader(self, handler: Handler, fast: FastHandler | None,
+                          nursery: trio.Nursery) -> None:
         limits = self.limits
         decoder = FrameDecoder()
         #: when the unfinished frame in the decoder began (None: nothing unfinished)
@@ -307,9 +348,15 @@ class RemotingConnection:
                     if command.is_response:
                         continue  # we send no requests to clients; ignore stray replies
                     promise = await self._wait_to_dispatch()
+                    if fast is not None and self._handle_now(fast, command, promise, nursery):
+                        continue
                     self._in_flight += 1
                     self._promise(promise)
-                    nursery.start_soon(self._process, handler, command, promise)
+                    nursery.start_soon(self._process, functools.partial(handler, command, self),
+                                       command, promise)
+                if completed:
+                    # the replies of the requests served in this round leave in one write
+                    self._write_queued_now()
                 self._settle_read(decoder.buffered)
                 if not decoder.buffered:
                     partial_since = None
@@ -410,23 +457,69 @@ class RemotingConnection:
 
     # ---- requests --------------------------------------------------------------------------
 
-    async def _process(self, handler: Handler, request: RemotingCommand, promise: int) -> None:
+    def _handle_now(self, fast: FastHandler, request: RemotingCommand, promise: int,
+                    nursery: trio.Nursery) -> bool:
+        """Serve ``request`` in the reader's round if ``fast`` can: False when it leaves the
+        request to a task. A reply made now is queued for the read's one write; a
+        ``PendingReply`` is answered when it is done (``_pending_done``), or waited for in a
+        task if it asks for one."""
+        try:
+            outcome = fast(request, self)
+        except Exception as exc:
+            outcome = failure_reply(request, exc, self.peer)
+        if outcome is RUN_IN_TASK:
+            return False
+        if outcome is None or isinstance(outcome, (RemotingCommand, MappedReply)):
+            data = encode_reply(outcome, request, self.peer)
+            if data is not None:
+                self._enqueue(data)
+            return True
+        self._in_flight += 1
+        self._promise(promise)
+        self._pending[outcome] = promise
+        if not outcome.when_done(functools.partial(self._pending_done, request, outcome)):
+            del self._pending[outcome]
+            nursery.start_soon(self._process, outcome.wait, request, promise)
+        return True
+
+    def _pending_done(self, request: RemotingCommand, pending: PendingReply,
+                      reply: Reply) -> None:
+        """A ``PendingReply`` is done: queue its reply (the last request running writes
+        every queued reply at once). Runs in the task that made the reply (a SYNC_MASTER
+        send's: the HA ack reader), so nothing here may raise into it."""
+        promise = self._pending.pop(pending, None)
+        if promise is None:
+            return  # the connection closed meanwhile (its promise was settled then)
+        try:
+            data = encode_reply(reply, request, self.peer)
+            if data is not None:
+                self._enqueue(data, flush=self._in_flight - len(self._holds) <= 1)
+        finally:
+            self._settle(promise)
+            self._request_done()
+
+    async def _process(self, handle: Callable[[], Awaitable[Reply]], request: RemotingCommand,
+                       promise: int) -> None:
         task = trio.lowlevel.current_task()
         if promise:
             self._promises[task] = promise
         try:
-            data = await answer(functools.partial(handler, request, self), request, self.peer)
+            data = await answer(handle, request, self.peer)
             if data is not None:
-                # No checkpoint since the handler returned: counted now. The only request
-                # running (held ones aside) writes its reply itself: no other reply is coming
-                # to share the writer's next write, so waiting for it would only cost a round.
+                # No checkpoint since the handler returned: counted now. The last request
+                # running (held ones aside) writes the queued replies itself: no other reply
+                # is coming to share the writer's next write, so waiting for it would only
+                # cost a round.
                 self._enqueue(data, flush=self._in_flight - len(self._holds) <= 1)
         finally:
             self._settle(self._promises.pop(task, 0))
-            self._in_flight -= 1
-            self._slot_lot.unpark()
-            if not self._in_flight:
-                self._idle_lot.unpark_all()
+            self._request_done()
+
+    def _request_done(self) -> None:
+        self._in_flight -= 1
+        self._slot_lot.unpark()
+        if not self._in_flight:
+            self._idle_lot.unpark_all()
 
     def _promise(self, promise: int) -> None:
         """A request starts that will make a reply of about ``promise`` bytes."""
@@ -444,29 +537,51 @@ class RemotingConnection:
     # ---- the writer ------------------------------------------------------------------------
 
     def _enqueue(self, data: Frame, flush: bool = False) -> bool:
-        """Queue a frame for the writer; with ``flush``, write it now if nothing is queued or
-        being written (non-blocking: what the socket does not take is queued)."""
+        """Queue a frame for the writer; with ``flush``, write what is queued now
+        (non-blocking: what the socket does not take stays queued)."""
         if self.closed:
             return False
         size = len(data) if isinstance(data, bytes) else sum(map(len, data))
         if self._largest_reply is None or size > self._largest_reply:
             self._largest_reply = size
-        if flush and self._fd >= 0 and not (self._outbox or self._writing):
-            parts: list[bytes | memoryview] = [data] if isinstance(data, bytes) else data
-            if len(parts) <= MAX_IOV:
-                sent = write_now(self._fd, parts)
-                if sent:
-                    self._last_activity = trio.current_time()
-                if sent == size:
-                    return True
-                data, size = unsent(parts, sent), size - sent
         self._outbox.append((data, size))
         self._outbox_bytes += size
         self.budgets.replies.take(size)
         if self._outbox_bytes >= self.limits.write_buffer_high_water_mark:
             self._writable = False
-        self._writer_lot.unpark()
+        if flush:
+            self._write_queued_now()
+        if self._outbox:
+            self._writer_lot.unpark()
         return True
+
+    def _write_queued_now(self) -> None:
+        """Write the queued replies now, in one non-blocking gathered write, unless the
+        writer is in a write; what the socket does not take stays queued, in order."""
+        if self._fd < 0 or self._writing or not self._outbox:
+            return
+        parts, size = self._gather()
+        sent = write_now(self._fd, parts[:MAX_IOV])
+        if sent:
+            self._last_activity = trio.current_time()
+        if sent < size:
+            self._outbox.appendleft((unsent(parts, sent), size - sent))
+        self._written(sent)
+
+    def _gather(self) -> tuple[list[bytes | memoryview], int]:
+        """Take whole replies from the front of the queue, up to WRITE_BATCH bytes (at least
+        one), as the buffers of one gathered write."""
+        outbox = self._outbox
+        parts: list[bytes | memoryview] = []
+        size = 0
+        while outbox and (not parts or size + outbox[0][1] <= WRITE_BATCH):
+            frame, n = outbox.popleft()
+            if isinstance(frame, bytes):
+                parts.append(frame)
+            else:
+                parts.extend(part for part in frame if len(part))
+            size += n
+        return parts, size
 
     def _written(self, size: int) -> None:
         self._outbox_bytes -= size
@@ -486,15 +601,7 @@ class RemotingConnection:
             if not outbox:
                 await self._writer_lot.park()
                 continue
-            parts: list[bytes | memoryview] = []
-            size = 0
-            while outbox and (not parts or size + outbox[0][1] <= WRITE_BATCH):
-                frame, n = outbox.popleft()
-                if isinstance(frame, bytes):
-                    parts.append(frame)
-                else:
-                    parts.extend(part for part in frame if len(part))
-                size += n
+            parts, size = self._gather()
             try:
                 self._writing = True
                 try:
@@ -544,6 +651,9 @@ class RemotingConnection:
         self.budgets.replies.release(self._outbox_bytes)
         self._outbox_bytes = 0
         self._outbox.clear()
+        for promise in self._pending.values():
+            self._settle(promise)
+        self._pending.clear()
         self.budgets.requests.release(self._read_charge)
         self._read_charge = 0
 
@@ -552,6 +662,7 @@ async def serve_connection(
     stream: trio.abc.Stream,
     handler: Handler,
     *,
+    fast: FastHandler | None = None,
     peer: str = "?",
     limits: RemotingLimits | None = None,
     budgets: RemotingBudgets | None = None,
@@ -562,4 +673,4 @@ async def serve_connection(
     limits = limits or RemotingLimits()
     connection = RemotingConnection(stream, peer, limits,
                                     budgets or RemotingBudgets.for_limits(limits))
-    await connection.serve(handler, on_open=on_open, on_close=on_close)
+    await connection.serve(handler, fast=fast, on_open=on_open, on_close=on_close)

@@ -1,8 +1,9 @@
 """RocketMQ remoting over trio: the server side — listeners, connections, shutdown.
 
 ``serve_remoting(handler, port, ...)`` (or a ``RemotingServer``) accepts connections and serves
-each with a ``RemotingConnection`` (see ``connection``: one task per request, replies written
-by a writer task, every resource bounded by ``RemotingLimits``). Here:
+each with a ``RemotingConnection`` (see ``connection``: requests served in the reader's round
+or in a task each, replies gathered into one write, every resource bounded by
+``RemotingLimits``). Here:
 
 - **connections** are limited per listener (``max_connections``) and, for the whole process,
   to the file descriptor limit less a reserve (``limits.fd_connection_limit``), so idle
@@ -31,7 +32,7 @@ import trio
 
 from .._sockets import peer_name
 from ..ratelog import RateLimitedLog
-from .connection import CloseReason, Handler, RemotingConnection
+from .connection import CloseReason, FastHandler, Handler, RemotingConnection
 from .limits import RemotingBudgets, RemotingLimits, fd_connection_limit
 
 __all__ = ["RemotingServer", "RemotingServerStatistics", "serve_remoting"]
@@ -84,6 +85,8 @@ class RemotingServer:
     )
     on_open: Callable[[RemotingConnection], None] | None = None
     on_close: Callable[[RemotingConnection], None] | None = None
+    #: serves the requests that need no task of their own (``FastHandler``)
+    fast: FastHandler | None = None
     connections: set[RemotingConnection] = attrs.field(factory=set)
     _accepted: int = 0
     _refused: int = 0
@@ -199,7 +202,8 @@ class RemotingServer:
         # channelActive and channelInactive: who talks to a node, and why they stopped.
         log.info("remoting: %s connected to %s", connection.peer, name)
         try:
-            await connection.serve(self.handler, on_open=self.on_open, on_close=self.on_close)
+            await connection.serve(self.handler, fast=self.fast, on_open=self.on_open,
+                                   on_close=self.on_close)
         finally:
             closed(connection)
 

@@ -326,15 +326,26 @@ class CommitLog:
         encoder's negative ERR_* code when the item cannot be encoded.
 
         The only await is for the next segment, when the last one is full (AllocationTimeout
-        after allocate_timeout); a cancelled wait there means nothing was appended. From
-        reading the position to ``record_appended`` nothing awaits: the append is atomic. A
-        put that does not fit the rest of a segment ends it with a blank record and goes,
-        whole, to the next (RocketMQ's END_OF_FILE)."""
+        after allocate_timeout); a cancelled wait there means nothing was appended. The
+        append itself is ``append_now``: atomic."""
+        while (appended := self.append_now(encode, item, queue)) is None:
+            await self.wait_for_segment()
+        return appended
+
+    def append_now(
+        self, encode: Encoder[Item], item: Item, queue: tuple[str, int] | None
+    ) -> PutMessageResult | int | None:
+        """``append`` without waiting: None (and nothing appended) when the last segment is
+        full and the next is not ready yet. A put that does not fit the rest of a segment
+        ends it with a blank record and goes, whole, to the next (RocketMQ's END_OF_FILE)."""
         store_host = self._store_host
         while True:
             segment = self.segments.segments[-1]
             if segment.wrote_position == segment.size:
-                segment = await self._writable_after_full()
+                next_segment = self.writable_segment()
+                if next_segment is None:
+                    return None
+                segment = next_segment
             position = segment.wrote_position
             queue_offset = self.queue_offsets.get(queue, 0) if queue is not None else 0
             store_timestamp = self.next_store_timestamp()
@@ -354,13 +365,6 @@ class CommitLog:
             PutMessageStatus.PUT_OK, segment.base_offset + position, new_position - position,
             queue_offset, record_offsets, store_timestamp, "", store_host,
         )
-
-    async def _writable_after_full(self) -> Segment:
-        """The segment after the full last one: the allocator's spare, waited for if it is
-        not ready yet."""
-        while (segment := self.writable_segment()) is None:
-            await self.wait_for_segment()
-        return segment
 
     # ---- replication (the slave side) -------------------------------------------------------
 

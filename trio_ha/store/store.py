@@ -64,7 +64,7 @@ from .results import (
     QueryMessageResult,
 )
 from .segment import Segment, sync_ranges
-from .sync_requests import SyncServiceStatistics
+from .sync_requests import PendingPut, SyncServiceStatistics
 from .verify import RecordVerifier
 
 log = logging.getLogger(__name__)
@@ -508,12 +508,56 @@ class MessageStore:
             reconsume_times, prepared_transaction_offset,
         ), wait_store_msg_ok)
 
+    def put_encoded_now(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: bytes,
+        *,
+        flag: int = 0,
+        sys_flag: int = 0,
+        born_timestamp: int | None = None,
+        born_host: str | None = None,
+        reconsume_times: int = 0,
+        wait_store_msg_ok: bool = True,
+    ) -> PutMessageResult | PendingPut | None:
+        """``put_encoded`` without a task switch, for a caller that cannot wait in place
+        (the broker answers a send from the reader's round, issue 11): the result; or, for a
+        put that must wait for SYNC_FLUSH or slaves, its ``PendingPut``; or None, with
+        nothing appended, when the put would have to wait for a new segment first (then
+        call ``put_encoded``)."""
+        appended = self._append_encoded_now(
+            topic, queue_id, body, properties, flag, sys_flag, born_timestamp, born_host,
+            reconsume_times, 0,
+        )
+        if appended is None or not self._will_wait(appended, wait_store_msg_ok):
+            return appended
+        return self._pending(appended)
+
     async def _append_encoded(
         self, topic: str, queue_id: int, body: bytes, properties: bytes, flag: int,
         sys_flag: int, born_timestamp: int | None, born_host: str | None, reconsume_times: int,
         prepared_transaction_offset: int,
     ) -> PutMessageResult:
         """``put_encoded``'s append: awaits only for a new segment."""
+        while (appended := self._append_encoded_now(
+            topic, queue_id, body, properties, flag, sys_flag, born_timestamp, born_host,
+            reconsume_times, prepared_transaction_offset,
+        )) is None:
+            try:
+                await self.commitlog.wait_for_segment()
+            except SegmentUnavailable as exc:
+                return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        return appended
+
+    def _append_encoded_now(
+        self, topic: str, queue_id: int, body: bytes, properties: bytes, flag: int,
+        sys_flag: int, born_timestamp: int | None, born_host: str | None, reconsume_times: int,
+        prepared_transaction_offset: int,
+    ) -> PutMessageResult | None:
+        """The append of ``put_encoded``; None (nothing appended) when it must wait for the
+        next segment."""
         topic_bytes = self._accepts(topic, queue_id, len(body))
         if topic_bytes is None:
             admitted = self._admit(topic, queue_id, len(body))
@@ -536,12 +580,11 @@ class MessageStore:
             topic_bytes, body, properties, queue_id, flag, sys_flag, born_timestamp,
             self._born_host(born_host), reconsume_times, prepared_transaction_offset,
         )
-        try:
-            appended = await self.commitlog.append(
-                encode_message, item, (topic, queue_id) if consumable else None
-            )
-        except SegmentUnavailable as exc:
-            return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        appended = self.commitlog.append_now(
+            encode_message, item, (topic, queue_id) if consumable else None
+        )
+        if appended is None:
+            return None
         if isinstance(appended, int):
             return self._illegal(
                 _encode_error(appended, len(topic_bytes)), _encode_status(appended)
@@ -549,11 +592,14 @@ class MessageStore:
         self._puts += 1
         return appended
 
+    def _will_wait(self, result: PutMessageResult, wait: bool) -> bool:
+        return wait and self._waits and result.status is PutMessageStatus.PUT_OK
+
     async def _finish(self, result: PutMessageResult, wait: bool) -> PutMessageResult:
         """The end of a put: wait for what the store promises (that wait is the put's
         yield), or yield once without a cancellation point (the put happened)."""
-        if wait and self._waits and result.status is PutMessageStatus.PUT_OK:
-            return await self._wait_guarantees(result)
+        if self._will_wait(result, wait):
+            return await self._pending(result).wait()
         await trio.lowlevel.cancel_shielded_checkpoint()
         return result
 
@@ -604,11 +650,45 @@ class MessageStore:
             topic, queue_id, body, batch_properties, sys_flag, born_host, born_timestamp,
         ), wait_store_msg_ok)
 
+    def put_batch_now(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        *,
+        batch_properties: bytes = b"",
+        sys_flag: int = 0,
+        born_host: str | None = None,
+        born_timestamp: int | None = None,
+        wait_store_msg_ok: bool = True,
+    ) -> PutMessageResult | PendingPut | None:
+        """``put_batch`` without a task switch, as ``put_encoded_now``."""
+        appended = self._append_batch_now(
+            topic, queue_id, body, batch_properties, sys_flag, born_host, born_timestamp,
+        )
+        if appended is None or not self._will_wait(appended, wait_store_msg_ok):
+            return appended
+        return self._pending(appended)
+
     async def _append_batch(
         self, topic: str, queue_id: int, body: bytes, batch_properties: bytes, sys_flag: int,
         born_host: str | None, born_timestamp: int | None,
     ) -> PutMessageResult:
         """``put_batch``'s append: awaits only for a new segment."""
+        while (appended := self._append_batch_now(
+            topic, queue_id, body, batch_properties, sys_flag, born_host, born_timestamp,
+        )) is None:
+            try:
+                await self.commitlog.wait_for_segment()
+            except SegmentUnavailable as exc:
+                return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        return appended
+
+    def _append_batch_now(
+        self, topic: str, queue_id: int, body: bytes, batch_properties: bytes, sys_flag: int,
+        born_host: str | None, born_timestamp: int | None,
+    ) -> PutMessageResult | None:
+        """The append of ``put_batch``; None as in ``_append_encoded_now``."""
         topic_bytes = self._accepts(topic, queue_id, len(body))
         if topic_bytes is None:
             # The whole body counts against maxMessageSize, as RocketMQ checks a batch.
@@ -622,10 +702,9 @@ class MessageStore:
             body, topic_bytes, batch_properties, queue_id, sys_flag, born_timestamp,
             self._born_host(born_host), self.config.max_message_size,
         )
-        try:
-            appended = await self.commitlog.append(encode_batch, item, (topic, queue_id))
-        except SegmentUnavailable as exc:
-            return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        appended = self.commitlog.append_now(encode_batch, item, (topic, queue_id))
+        if appended is None:
+            return None
         if isinstance(appended, int):
             return self._illegal(
                 _encode_error(appended, len(topic_bytes)), _encode_status(appended)
@@ -633,30 +712,24 @@ class MessageStore:
         self._puts += appended.count
         return appended
 
-    async def _wait_guarantees(self, appended: PutMessageResult) -> PutMessageResult:
-        """Hold a put until what this store promises holds: SYNC_FLUSH, its bytes synced
+    def _pending(self, appended: PutMessageResult) -> PendingPut:
+        """The waits of a put for what this store promises: SYNC_FLUSH, its bytes synced
         (syncFlushTimeout); SYNC_MASTER, enough slaves acked them (slaveTimeout). The put
         makes its requests to both services at once, so both clocks start now and the
-        waits overlap (a slave keeps copying while the put waits for the disk): the put
-        returns at the later of the two, as RocketMQ's combined futures do. A replica
-        failure overrides the flush status."""
+        waits overlap (a slave keeps copying while the put waits for the disk)."""
         end = appended.commitlog_offset + appended.size
         start = trio.current_time()
         group_commit, group_transfer = self.group_commit, self.group_transfer
-        durable = group_commit.request(end, start) if group_commit is not None else None
-        replica = group_transfer.request(end, start) if group_transfer is not None else None
-        status = PutMessageStatus.PUT_OK
-        if durable is not None and group_commit is not None:
-            status = await group_commit.wait(durable)
-        if replica is not None and group_transfer is not None:
-            replicated = await group_transfer.wait(replica)
-            if replicated is not PutMessageStatus.PUT_OK:
-                status = replicated
-        elif self.config.broker_role is BrokerRole.SYNC_MASTER:
-            status = PutMessageStatus.SLAVE_NOT_AVAILABLE  # no HA service: no slave can ack
-        if status is PutMessageStatus.PUT_OK:
-            return appended
-        return attrs.evolve(appended, status=status)
+        return PendingPut(
+            appended,
+            durable=(group_commit, group_commit.request(end, start))
+            if group_commit is not None else None,
+            replica=(group_transfer, group_transfer.request(end, start))
+            if group_transfer is not None else None,
+            # a SYNC_MASTER without an HA service: no slave can ack
+            no_replicas=group_transfer is None
+            and self.config.broker_role is BrokerRole.SYNC_MASTER,
+        )
 
     # ---- reads --------------------------------------------------------------------------------
 

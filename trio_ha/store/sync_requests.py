@@ -45,12 +45,13 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Callable
 
 import attrs
 import trio
 
 from ..watermark import Watermark
-from .results import PutMessageStatus
+from .results import PutMessageResult, PutMessageStatus
 from .wait_histogram import WaitHistogram, WaitHistogramSnapshot
 
 
@@ -69,9 +70,13 @@ class SyncRequest:
     #: in the service's channel (False: it did not fit yet; ``wait`` sends it)
     sent: bool = False
     _waiter: trio.lowlevel.Task | None = None
+    #: called once, with no arguments, when the answer is given (``PendingPut.when_done``);
+    #: it runs in whichever task answers and must not raise
+    on_answer: Callable[[], None] | None = None
 
     def answer(self, status: PutMessageStatus) -> None:
-        """Give the answer (the first one counts) and wake the put if it waits."""
+        """Give the answer (the first one counts), wake the put if it waits, and call
+        ``on_answer``."""
         if self.status is not None:
             return
         self.status = status
@@ -79,6 +84,10 @@ class SyncRequest:
         if waiter is not None:
             self._waiter = None
             trio.lowlevel.reschedule(waiter)
+        callback = self.on_answer
+        if callback is not None:
+            self.on_answer = None
+            callback()
 
     async def wait_answer(self) -> PutMessageStatus:
         """The answer, once there is one. Parks the task directly (as ``Watermark`` does):
@@ -95,6 +104,79 @@ class SyncRequest:
     def _stop_listening(self, _raise_cancel: object) -> trio.lowlevel.Abort:
         self._waiter = None
         return trio.lowlevel.Abort.SUCCEEDED
+
+
+@attrs.define(eq=False)
+class PendingPut:
+    """A put that is appended and waits for what its store promises: its requests to the
+    group commit service (SYNC_FLUSH) and to the group transfer service (SYNC_MASTER),
+    made together so both clocks run at once. The put's answer is the later of the two; a
+    replica failure overrides the flush status, as RocketMQ's combined futures do.
+
+    Either a task waits for it (``wait``), or a caller that has no task to wait in asks to
+    be called back (``when_done``): the broker answers a SYNC_MASTER send that way, from
+    the round in which the slave's ack arrives, with no task of its own (issue 11)."""
+
+    appended: PutMessageResult
+    durable: tuple[SyncRequestService, SyncRequest] | None = None
+    replica: tuple[SyncRequestService, SyncRequest] | None = None
+    #: a SYNC_MASTER without replication: no slave can ack (SLAVE_NOT_AVAILABLE)
+    no_replicas: bool = False
+
+    @property
+    def done(self) -> bool:
+        return all(request.status is not None for request in self._requests())
+
+    def result(self) -> PutMessageResult:
+        """The put's result, once ``done``."""
+        status = PutMessageStatus.PUT_OK
+        if self.durable is not None:
+            status = self.durable[1].status or status
+        if self.replica is not None:
+            replicated = self.replica[1].status
+            if replicated is not None and replicated is not PutMessageStatus.PUT_OK:
+                status = replicated
+        elif self.no_replicas:
+            status = PutMessageStatus.SLAVE_NOT_AVAILABLE
+        if status is PutMessageStatus.PUT_OK:
+            return self.appended
+        return attrs.evolve(self.appended, status=status)
+
+    async def wait(self) -> PutMessageResult:
+        """The result, once both services have answered (a checkpoint, as any wait)."""
+        waited = False
+        for pair in (self.durable, self.replica):
+            if pair is not None:
+                service, request = pair
+                await service.wait(request)
+                waited = True
+        if not waited:
+            await trio.lowlevel.cancel_shielded_checkpoint()  # appended: not cancellable
+        return self.result()
+
+    def when_done(self, callback: Callable[[PutMessageResult], None]) -> bool:
+        """Call ``callback(result)`` once, when the last request is answered (now, if they
+        all are), from the task that answers it; ``callback`` must not raise. False, and
+        nothing registered, when a request did not fit its service's channel: the put must
+        ``wait`` in a task, which waits for room there (the channel's back-pressure)."""
+        requests = self._requests()
+        if any(not request.sent and request.status is None for request in requests):
+            return False
+        waiting = [request for request in requests if request.status is None]
+        if not waiting:
+            callback(self.result())
+            return True
+
+        def answered() -> None:
+            if all(request.status is not None for request in waiting):
+                callback(self.result())
+
+        for request in waiting:
+            request.on_answer = answered
+        return True
+
+    def _requests(self) -> list[SyncRequest]:
+        return [pair[1] for pair in (self.durable, self.replica) if pair is not None]
 
 
 @attrs.frozen
