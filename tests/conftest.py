@@ -60,6 +60,30 @@ async def pulled(client, topic: str, queue: int = 0, offset: int = 0) -> list:
     return out
 
 
+class TaskCounts(trio.abc.Instrument):
+    """Counts, by task name, the tasks spawned and the steps (scheduling rounds) they run,
+    while ``counting``: what the fast-path tests (issue 11) pin. Add it with
+    ``trio.lowlevel.add_instrument`` and remove it after."""
+
+    def __init__(self) -> None:
+        self.counting = True
+        self.spawned: dict[str, int] = {}
+        self.steps: dict[str, int] = {}
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        if self.counting:
+            self.spawned[task.name] = self.spawned.get(task.name, 0) + 1
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self.counting:
+            self.steps[task.name] = self.steps.get(task.name, 0) + 1
+
+    @staticmethod
+    def of(counts: dict[str, int], suffix: str) -> int:
+        """The count of the tasks whose name ends with ``suffix`` (a function's qualname)."""
+        return sum(n for name, n in counts.items() if name.endswith(suffix))
+
+
 def ha_of(master: MessageStore) -> HAMasterStatistics:
     """Replication as a master sees it (for a store that has an HA service)."""
     stats = master.statistics().ha

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from conftest import wait_until
+from conftest import TaskCounts, wait_until
 from trio_ha.remoting import open_remoting_client
 from trio_ha.testing import ClusterConfig, serve_cluster
 from trio_ha.wire import record as rec
@@ -104,21 +104,13 @@ async def test_send_then_pull_from_master_and_slave(cluster):
         assert refused.remark is not None and "SLAVE" in refused.remark
 
 
-class _Spawns(trio.abc.Instrument):
-    def __init__(self) -> None:
-        self.names: list[str] = []
-
-    def task_spawned(self, task) -> None:
-        self.names.append(task.name)
-
-
 async def test_sync_sends_and_heartbeats_are_served_without_a_task_each(cluster):
     """Issue 11: the broker appends a send in the round its request is read and answers a
     SYNC_MASTER send from the round its slave's ack arrives in (a ``PendingReply``); sends
     and admin verbs get no task of their own, pulls (which may be held) do. Counted with an
     instrument; every reply matches its request."""
     namesrv, master, slave = cluster
-    spawned = _Spawns()
+    spawned = TaskCounts()
     async with open_remoting_client(master.broker_addr) as client:
         await send_until_replicated(client, "NoTasks")
         trio.lowlevel.add_instrument(spawned)
@@ -136,10 +128,9 @@ async def test_sync_sends_and_heartbeats_are_served_without_a_task_each(cluster)
             heartbeat = await client.invoke(RemotingCommand.request(
                 RequestCode.HEART_BEAT, body=HeartbeatData("fast-client").encode()), 5)
             assert heartbeat.code == ResponseCode.SUCCESS
-            broker_tasks = [name for name in spawned.names if name.endswith("_process")]
-            assert broker_tasks == []
+            assert spawned.of(spawned.spawned, "._process") == 0
             await client.invoke(pull_request("NoTasks", 0, 0), 5)
-            assert [name for name in spawned.names if name.endswith("_process")]
+            assert spawned.of(spawned.spawned, "._process") == 1
         finally:
             trio.lowlevel.remove_instrument(spawned)
         # (an attempt before the slave attached may have been stored unreplicated)

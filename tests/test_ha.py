@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from conftest import ha_of, ha_slave_of, wait_until
+from conftest import TaskCounts, ha_of, ha_slave_of, wait_until
 from trio_ha import BrokerRole, FlushDiskType, Message, PutMessageStatus, StoreConfig, open_store
 from trio_ha.store import MessageStore, retention
 
@@ -315,25 +315,14 @@ async def test_frames_carry_what_is_ready_up_to_1_mib_by_default_or_the_configur
     assert max(sizes) == 32 * 1024 and len(sizes) > 3000 * 1000 // (32 * 1024)
 
 
-class _TaskSteps(trio.abc.Instrument):
-    """Counts the steps (scheduling rounds run) of tasks by name, while ``counting``."""
-
-    def __init__(self) -> None:
-        self.counting = False
-        self.steps: dict[str, int] = {}
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if self.counting:
-            self.steps[task.name] = self.steps.get(task.name, 0) + 1
-
-
 async def test_a_sync_master_put_costs_the_ha_tasks_one_round_each_and_wakes_no_reporter(tmp_path):
     """Issue 11: the slave takes a frame's header and body and reports, all in the round the
     frame arrived in (trio's socket yields after every receive that found bytes: that was
     three rounds and a wake of the reporter task per ack), and the master's writer sends a
     frame the socket takes at once without a round of its own after it. Counted with an
     instrument over sequential SYNC_MASTER puts on real sockets."""
-    steps = _TaskSteps()
+    steps = TaskCounts()
+    steps.counting = False
     async with open_store(master_config(tmp_path / "m")) as master:
         async with open_store(slave_config(tmp_path / "s", master)) as slave:
             await wait_until(lambda: slave_count(master) == 1, "one slave to ack")
@@ -352,7 +341,7 @@ async def test_a_sync_master_put_costs_the_ha_tasks_one_round_each_and_wakes_no_
             assert slave.max_commitlog_offset == master.max_commitlog_offset
 
     def of(suffix: str) -> int:
-        return sum(n for name, n in steps.steps.items() if name.endswith(suffix))
+        return steps.of(steps.steps, suffix)
 
     assert of("slave.HAClient.run") <= puts  # the receiver: one wake per frame
     assert of("slave._Reports.run") == 0  # every ack went out from the receiver

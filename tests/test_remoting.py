@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from conftest import wait_until
+from conftest import TaskCounts, wait_until
 from trio_ha.remoting import RemotingLimits, not_supported, open_remoting_client, serve_remoting
 from trio_ha.remoting.client import RemotingTimeout
 from trio_ha.wire.remoting import (
@@ -455,14 +455,6 @@ class FastHandler:
         return RUN_IN_TASK
 
 
-class SpawnCounter(trio.abc.Instrument):
-    def __init__(self) -> None:
-        self.names: list[str] = []
-
-    def task_spawned(self, task) -> None:
-        self.names.append(task.name)
-
-
 async def test_a_fast_handler_serves_a_read_without_tasks_and_answers_it_in_one_write(nursery):
     """Issue 11: requests that never wait are served in the reader's round (no task each),
     and the replies of one read leave in one write, each matching its request's opaque; a
@@ -476,7 +468,7 @@ async def test_a_fast_handler_serves_a_read_without_tasks_and_answers_it_in_one_
     await theirs.send_all(encode(RemotingCommand.request(ECHO, opaque=1)))
     await read_commands(theirs, 1)
     counting.writes.clear()
-    spawned = SpawnCounter()
+    spawned = TaskCounts()
     trio.lowlevel.add_instrument(spawned)
     try:
         await theirs.send_all(b"".join(
@@ -486,7 +478,7 @@ async def test_a_fast_handler_serves_a_read_without_tasks_and_answers_it_in_one_
         trio.lowlevel.remove_instrument(spawned)
     assert [(r.opaque, r.ext_fields["i"]) for r in replies] == [(100 + i, str(i)) for i in range(32)]
     assert len(counting.writes) == 1
-    assert not [name for name in spawned.names if name.endswith("_process")]
+    assert spawned.of(spawned.spawned, "._process") == 0
     await theirs.send_all(encode(RemotingCommand.request(SLOW, {"sleep": "0"}, opaque=7))
                           + encode(RemotingCommand.request(FAIL, opaque=8)))
     replies = {r.opaque: r for r in await read_commands(theirs, 2)}

@@ -29,7 +29,7 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import trio
@@ -503,10 +503,10 @@ class MessageStore:
         put yields once, after its append (``_finish``): a SYNC_MASTER put appends in the
         round its request is read and its bytes go to the slave in the next (issue 11)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        return await self._finish(await self._append_encoded(
-            topic, queue_id, body, properties, flag, sys_flag, born_timestamp, born_host,
-            reconsume_times, prepared_transaction_offset,
-        ), wait_store_msg_ok)
+        return await self._finish(await self._appended(functools.partial(
+            self._append_encoded_now, topic, queue_id, body, properties, flag, sys_flag,
+            born_timestamp, born_host, reconsume_times, prepared_transaction_offset,
+        )), wait_store_msg_ok)
 
     def put_encoded_now(
         self,
@@ -535,16 +535,12 @@ class MessageStore:
             return appended
         return self._pending(appended)
 
-    async def _append_encoded(
-        self, topic: str, queue_id: int, body: bytes, properties: bytes, flag: int,
-        sys_flag: int, born_timestamp: int | None, born_host: str | None, reconsume_times: int,
-        prepared_transaction_offset: int,
+    async def _appended(
+        self, append_now: Callable[[], PutMessageResult | None]
     ) -> PutMessageResult:
-        """``put_encoded``'s append: awaits only for a new segment."""
-        while (appended := self._append_encoded_now(
-            topic, queue_id, body, properties, flag, sys_flag, born_timestamp, born_host,
-            reconsume_times, prepared_transaction_offset,
-        )) is None:
+        """What ``append_now()`` appended, after waiting for the next segment as often as it
+        needs one (a put's only await before its append)."""
+        while (appended := append_now()) is None:
             try:
                 await self.commitlog.wait_for_segment()
             except SegmentUnavailable as exc:
@@ -557,7 +553,7 @@ class MessageStore:
         prepared_transaction_offset: int,
     ) -> PutMessageResult | None:
         """The append of ``put_encoded``; None (nothing appended) when it must wait for the
-        next segment."""
+        next segment (``_appended``)."""
         topic_bytes = self._accepts(topic, queue_id, len(body))
         if topic_bytes is None:
             admitted = self._admit(topic, queue_id, len(body))
@@ -646,9 +642,10 @@ class MessageStore:
         per-message Python work, the native encoder converts every item). Cancellation and
         the yield as in ``put_encoded``."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        return await self._finish(await self._append_batch(
-            topic, queue_id, body, batch_properties, sys_flag, born_host, born_timestamp,
-        ), wait_store_msg_ok)
+        return await self._finish(await self._appended(functools.partial(
+            self._append_batch_now, topic, queue_id, body, batch_properties, sys_flag,
+            born_host, born_timestamp,
+        )), wait_store_msg_ok)
 
     def put_batch_now(
         self,
@@ -669,20 +666,6 @@ class MessageStore:
         if appended is None or not self._will_wait(appended, wait_store_msg_ok):
             return appended
         return self._pending(appended)
-
-    async def _append_batch(
-        self, topic: str, queue_id: int, body: bytes, batch_properties: bytes, sys_flag: int,
-        born_host: str | None, born_timestamp: int | None,
-    ) -> PutMessageResult:
-        """``put_batch``'s append: awaits only for a new segment."""
-        while (appended := self._append_batch_now(
-            topic, queue_id, body, batch_properties, sys_flag, born_host, born_timestamp,
-        )) is None:
-            try:
-                await self.commitlog.wait_for_segment()
-            except SegmentUnavailable as exc:
-                return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
-        return appended
 
     def _append_batch_now(
         self, topic: str, queue_id: int, body: bytes, batch_properties: bytes, sys_flag: int,
