@@ -303,6 +303,29 @@ async def test_batch_send(cluster):
                 with pytest.raises(MQClientError, match="same topic"):
                     await producer.send_batch([Message(topic, b"a"), Message("Other", b"b")])
 
+                # Each message of a batch gets UNIQ_KEY (kept if set, made if missing or
+                # empty) and WAIT (kept if set) after its own properties, as a single send
+                # prepares it.
+                odd = [
+                    Message(topic, b"plain"),
+                    Message(topic, b"own-id", properties={"UNIQ_KEY": "MYID0001", "x": "1"}),
+                    Message(topic, b"empty-id", properties={"UNIQ_KEY": "", "y": "2"}),
+                    Message(topic, b"no-wait", tags="T", properties={"WAIT": "false"}),
+                    Message(topic, b"tags-in-props", properties={"TAGS": "P", "KEYS": "k"}),
+                ]
+                result = await producer.send_batch(odd)
+                ids = result.msg_id.split(",")
+                assert ids[1] == "MYID0001" and all(ids) and len(set(ids)) == 5
+                pulled = await consumer.pull(
+                    result.message_queue, result.queue_offset, 5, suspend_timeout=0
+                )
+                got = [m.properties for m in pulled.messages]
+                assert [p["UNIQ_KEY"] for p in got] == ids
+                assert [p["WAIT"] for p in got] == ["true", "true", "true", "false", "true"]
+                assert got[1]["x"] == "1" and got[2]["y"] == "2"
+                assert pulled.messages[3].tags == "T" and pulled.messages[4].tags == "P"
+                assert pulled.messages[4].keys == ("k",)
+
 
 # ---- errors ------------------------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ from ..wire.record import (
     SYSFLAG_COMPRESSED,
     Message,
     StoredMessage,
-    encode_batch,
+    encode_batch_items,
 )
 from ..wire.remoting import (
     DEFAULT_VERSION,
@@ -201,22 +201,27 @@ class Producer:
         queue with consecutive offsets. Not for delayed or retry-topic messages."""
         if not messages:
             raise MQClientError("a batch needs at least one message")
-        topic = messages[0].topic
-        prepared = []
+        first = messages[0]
+        self._check_message(first)
+        topic = first.topic
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            raise MQClientError("retry-group messages cannot be sent in a batch")
+        items = []
         ids = []
         for message in messages:
-            self._check_message(message)
-            if message.topic != topic:
-                raise MQClientError("all messages of a batch must have the same topic")
+            if message is not first:
+                if not isinstance(message, Message):
+                    raise MQClientError(f"expected a Message, got {type(message).__name__}")
+                if message.topic != topic:
+                    raise MQClientError("all messages of a batch must have the same topic")
+                self._check_body(message)  # the topic is the first one's, checked
             if message.properties.get(PROPERTY_DELAY, "0") not in ("", "0"):
                 raise MQClientError("delayed messages cannot be sent in a batch")
-            if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-                raise MQClientError("retry-group messages cannot be sent in a batch")
-            message, uniq_id = self._prepared(message)
-            prepared.append(message)
+            properties, uniq_id = self._prepared_properties(message)
+            items.append((message.flag, message.body, properties))
             ids.append(uniq_id)
         try:
-            body = encode_batch(prepared)
+            body = encode_batch_items(items)
         except ValueError as exc:
             raise MQClientError(f"cannot encode the batch: {exc}") from None
         if len(body) > self.max_message_size:
@@ -250,6 +255,9 @@ class Producer:
             raise MQClientError(f"the topic {DEFAULT_TOPIC} is reserved for topic auto-creation")
         if topic in NOT_ALLOWED_SEND_TOPICS:  # the broker refuses them (NO_PERMISSION)
             raise MQClientError(f"Sending message to topic[{topic}] is forbidden.")
+        self._check_body(message)
+
+    def _check_body(self, message: Message) -> None:
         if not message.body:
             raise MQClientError("the message body length is zero")
         if len(message.body) > self.max_message_size:
@@ -269,6 +277,27 @@ class Producer:
             uniq_id = added[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = self.instance.new_uniq_id()
         added.setdefault(PROPERTY_WAIT_STORE_MSG_OK, "true")
         return attrs.evolve(message, properties=added), uniq_id
+
+    def _prepared_properties(self, message: Message) -> tuple[bytes, str]:
+        """``_prepared``'s message's PROPERTIES field, without a new Message: the added
+        UNIQ_KEY and WAIT go at the end, where ``_prepared``'s dict puts them (a batch
+        prepares every message: no copy of each is made)."""
+        properties = message.properties
+        uniq_id = properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+        if uniq_id == "":  # present but empty: replaced in place, as _prepared does
+            prepared, uniq_id = self._prepared(message)
+            return prepared.encoded_properties(), uniq_id
+        encoded = message.encoded_properties()
+        added = []
+        if uniq_id is None:
+            uniq_id = self.instance.new_uniq_id()
+            added.append(f"{PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX}\x01{uniq_id}")
+        if PROPERTY_WAIT_STORE_MSG_OK not in properties:
+            added.append(f"{PROPERTY_WAIT_STORE_MSG_OK}\x01true")
+        if added:
+            tail = "\x02".join(added).encode()
+            encoded = encoded + b"\x02" + tail if encoded else tail
+        return encoded, uniq_id
 
     # ---- transactions ---------------------------------------------------------------------------
 

@@ -73,6 +73,7 @@ __all__ = [
     "body_crc", "java_string_hash", "tags_code", "encode_host", "parse_host_port",
     "decode_host", "message_id", "decode_message_id", "encode_properties", "decode_properties",
     "Message", "StoredMessage", "record_size", "encode_record", "encode_blank", "encode_batch",
+    "encode_batch_items",
     "BatchItem", "decode_batch", "RecordHeader", "peek_header", "decode_record",
 ]
 
@@ -390,17 +391,21 @@ def encode_blank(remaining: int) -> bytes:
 
 def encode_batch(messages: Iterable[Message], *, trailing_separator: bool = False) -> bytes:
     """A SEND_BATCH_MESSAGE body, as a RocketMQ client encodes it (docs/remoting.md, 'Send')."""
+    return encode_batch_items(
+        (m.flag, m.body, m.encoded_properties(trailing_separator=trailing_separator))
+        for m in messages
+    )
+
+
+def encode_batch_items(items: Iterable[tuple[int, bytes, bytes]]) -> bytes:
+    """A SEND_BATCH_MESSAGE body of (flag, body, encoded properties) items."""
     parts = []
-    for message in messages:
-        props = message.encoded_properties(trailing_separator=trailing_separator)
+    item_head, int32, uint16 = _BATCH_ITEM_HEAD.pack, INT32.pack, UINT16.pack
+    for flag, body, props in items:
         if len(props) > MAX_PROPERTIES_LENGTH:
             raise ValueError(f"properties longer than {MAX_PROPERTIES_LENGTH} bytes")
-        size = _BATCH_ITEM_MIN + len(message.body) + len(props)
-        parts.append(_BATCH_ITEM_HEAD.pack(size, 0, 0, message.flag))
-        parts.append(INT32.pack(len(message.body)))
-        parts.append(message.body)
-        parts.append(UINT16.pack(len(props)))
-        parts.append(props)
+        parts += (item_head(_BATCH_ITEM_MIN + len(body) + len(props), 0, 0, flag),
+                  int32(len(body)), body, uint16(len(props)), props)
     return b"".join(parts)
 
 
