@@ -690,3 +690,33 @@ def test_decode_frame_wants_exactly_one_frame():
     with pytest.raises(RemotingDecodeError, match="after the frame"):
         decode_frame(frame + b"\x00")
     assert issubclass(RemotingDecodeError, WireError)
+
+
+@pytest.mark.parametrize("msg_id, queue_id, queue_offset, opaque", [
+    ("7F00000100002A9F0000000000000010", 0, 0, 1),
+    ("7F00000100002A9F0000000000000010,7F00000100002A9F0000000000000200", 15, 2**40, 2**31 - 1),
+    ("0A0B0C0D0000270F7FFFFFFFFFFFFFFF", 1023, 2**63 - 1, 0),
+])
+def test_a_stored_send_response_is_formatted_as_the_general_encoder_writes_it(
+        msg_id, queue_id, queue_offset, opaque):
+    """The broker's one-step SEND_OK frame (issue 11) is byte for byte what encode() writes
+    for the same response, in the JSON encoding; a binary (ROCKETMQ) request and a msgId
+    JSON would escape take the general path, so they are right too."""
+    from trio_ha.wire.remoting.message_headers import encode_stored_send_response
+
+    fields = {"msgId": msg_id, "queueId": queue_id, "queueOffset": queue_offset,
+              "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+    for serialize_type in (SerializeType.JSON, SerializeType.ROCKETMQ):
+        request = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {"b": "T"}, opaque=opaque,
+                                          serialize_type=serialize_type)
+        expected = encode(RemotingCommand.response_to(request, ResponseCode.SUCCESS,
+                                                      ext_fields=fields))
+        assert encode_stored_send_response(
+            request, msg_id, queue_id, queue_offset, "DefaultRegion", "true") == expected
+    odd = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {"b": "T"}, opaque=opaque)
+    escaped = encode_stored_send_response(odd, 'a"b\\c', queue_id, queue_offset, "Region", "false")
+    decoder = FrameDecoder()
+    decoder.receive_data(escaped)
+    reply = decoder.next_command()
+    assert reply.ext_fields["msgId"] == 'a"b\\c' and reply.opaque == opaque
+    assert reply.ext_fields["TRACE_ON"] == "false" and reply.is_response

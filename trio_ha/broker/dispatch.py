@@ -63,7 +63,7 @@ def handle_now(broker: Broker, request: RemotingCommand,
 
 
 async def handle(broker: Broker, request: RemotingCommand,
-                 connection: RemotingConnection) -> RemotingCommand | MappedReply:
+                 connection: RemotingConnection) -> RemotingCommand | MappedReply | bytes:
     try:
         return await _route(broker, request, connection)
     except MetadataRequestError as exc:
@@ -91,7 +91,7 @@ PULL_CODES = frozenset({RequestCode.PULL_MESSAGE, RequestCode.LITE_PULL_MESSAGE}
 
 
 async def _route(broker: Broker, request: RemotingCommand,
-                 connection: RemotingConnection) -> RemotingCommand | MappedReply:
+                 connection: RemotingConnection) -> RemotingCommand | MappedReply | bytes:
     code = request.code
     if code in SEND_CODES:
         return await process_send(broker, request, connection)
@@ -121,7 +121,7 @@ async def _route(broker: Broker, request: RemotingCommand,
 
 
 async def handle_vip(broker: Broker, request: RemotingCommand,
-                     connection: RemotingConnection) -> RemotingCommand | MappedReply:
+                     connection: RemotingConnection) -> RemotingCommand | MappedReply | bytes:
     """The VIP port serves the same requests except pulls (as RocketMQ's fast channel)."""
     if request.code in PULL_CODES:
         await trio.lowlevel.checkpoint()

@@ -63,9 +63,10 @@ def not_supported(request: RemotingCommand) -> RemotingCommand:
     )
 
 
-#: what a handler answers: the response, the response with mapped body buffers, or None (no
-#: response: a oneway request, or nothing to say)
-Reply = RemotingCommand | MappedReply | None
+#: what a handler answers: the response, the response with mapped body buffers, its frame
+#: already encoded (bytes: a hot path that formats its own, as the broker's SEND_OK), or None
+#: (no response: a oneway request, or nothing to say)
+Reply = RemotingCommand | MappedReply | bytes | None
 
 
 async def answer(handle: Callable[[], Awaitable[Reply]], request: RemotingCommand,
@@ -104,6 +105,8 @@ def encode_reply(response: Reply, request: RemotingCommand, peer: str) -> Frame 
     reply the wire cannot carry is answered SYSTEM_ERROR, and logged."""
     if response is None or request.is_oneway:
         return None
+    if isinstance(response, bytes):
+        return response
     try:
         if isinstance(response, MappedReply):
             return encode_parts(response)

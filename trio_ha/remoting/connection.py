@@ -469,7 +469,7 @@ class RemotingConnection:
             outcome = failure_reply(request, exc, self.peer)
         if outcome is RUN_IN_TASK:
             return False
-        if outcome is None or isinstance(outcome, (RemotingCommand, MappedReply)):
+        if outcome is None or isinstance(outcome, (bytes, RemotingCommand, MappedReply)):
             data = encode_reply(outcome, request, self.peer)
             if data is not None:
                 self._enqueue(data)

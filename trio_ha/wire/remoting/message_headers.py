@@ -10,11 +10,20 @@ broker, the request code decides which names are read, and errors quote both.
 from __future__ import annotations
 
 import enum
+import struct
 
 import attrs
 
-from .codes import RequestCode
+from .codes import (
+    DEFAULT_VERSION,
+    LanguageCode,
+    RemotingFlag,
+    RequestCode,
+    ResponseCode,
+    SerializeType,
+)
 from .command import RemotingCommand
+from .frames import encode
 from .headers import FieldKind, HeaderField, HeaderSpec
 
 __all__ = [
@@ -27,6 +36,7 @@ __all__ = [
     "encode_pull_message_fields",
     "encode_send_message_fields",
     "encode_send_message_v2_fields",
+    "encode_stored_send_response",
     "pull_message_header",
     "send_message_header",
 ]
@@ -101,6 +111,46 @@ def send_message_header(command: RemotingCommand) -> SendMessageRequestHeader:
     if command.code in _V1_CODES:
         return _SEND_V1.decode(command)
     raise ValueError(f"request code {command.code} is not a send request")
+
+
+#: the JSON header of a SUCCESS send response, as ``encode`` writes it for ``response_to``
+#: with the broker's extFields (fastjson's field order; every value is ASCII that needs no
+#: escaping: a hex msgId, or several joined by commas, and numbers)
+_STORED_SEND_RESPONSE = (
+    f'{{"code":{int(ResponseCode.SUCCESS)},"extFields":{{"msgId":"%s","queueId":"%d",'
+    f'"queueOffset":"%d","MSG_REGION":"%s","TRACE_ON":"%s"}},'
+    f'"flag":{int(RemotingFlag.RESPONSE)},"language":"{LanguageCode.JAVA.name}","opaque":%d,'
+    f'"serializeTypeCurrentRPC":"JSON","version":{DEFAULT_VERSION}}}'
+)
+
+
+def encode_stored_send_response(
+    request: RemotingCommand, msg_id: str, queue_id: int, queue_offset: int, region: str,
+    trace_on: str,
+) -> bytes:
+    """The frame of a send's SUCCESS response — ``encode(RemotingCommand.response_to(request,
+    SUCCESS, ext_fields={msgId, queueId, queueOffset, MSG_REGION, TRACE_ON}))`` byte for
+    byte — formatted in one step (a broker answers tens of thousands a second: the general
+    path costs 5 us, this one under 1, issue 11). A request in the ROCKETMQ binary encoding,
+    or a region or msgId that JSON would have to escape, takes the general path."""
+    if (request.serialize_type != SerializeType.JSON or not _plain(msg_id)
+            or not region.isalnum() or trace_on not in ("true", "false")):
+        return encode(RemotingCommand.response_to(
+            request, ResponseCode.SUCCESS, ext_fields={
+                "msgId": msg_id, "queueId": queue_id, "queueOffset": queue_offset,
+                "MSG_REGION": region, "TRACE_ON": trace_on,
+            }))
+    header = (_STORED_SEND_RESPONSE % (msg_id, queue_id, queue_offset, region, trace_on,
+                                       request.opaque)).encode()
+    return _FRAME_HEAD.pack(4 + len(header), len(header)) + header
+
+
+_FRAME_HEAD = struct.Struct(">iI")
+
+
+def _plain(text: str) -> bool:
+    """Printable ASCII that JSON writes as it is (no quote, no backslash)."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
 
 
 def encode_send_message_v2_fields(header: SendMessageRequestHeader) -> dict[str, str]:
