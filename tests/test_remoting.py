@@ -3,6 +3,7 @@ clients reproduced by hand-built frames, and hostile peers."""
 
 import json
 import struct
+from typing import Any
 
 import pytest
 import trio
@@ -434,14 +435,14 @@ class ManualPending:
         return RemotingCommand.response_to(self.request, ResponseCode.SUCCESS, remark="later")
 
 
-LATER, LATER_IN_TASK = 9010, 9011
+LATER, LATER_IN_TASK, NOT_A_REPLY = 9010, 9011, 9012
 
 
-class FastHandler:
+class ScriptedFastHandler:
     def __init__(self) -> None:
         self.pending: list[ManualPending] = []
 
-    def __call__(self, request, connection):
+    def __call__(self, request, connection) -> Any:
         from trio_ha.remoting import RUN_IN_TASK
 
         if request.code == ECHO:
@@ -452,6 +453,8 @@ class FastHandler:
             return pending
         if request.code == FAIL:
             raise ValueError("fast processor bug")
+        if request.code == NOT_A_REPLY:
+            return object()  # neither a reply nor a PendingReply: a processor bug
         return RUN_IN_TASK
 
 
@@ -464,7 +467,7 @@ async def test_a_fast_handler_serves_a_read_without_tasks_and_answers_it_in_one_
 
     ours, theirs = trio.testing.memory_stream_pair()
     counting = CountingStream(ours)
-    nursery.start_soon(lambda: serve_connection(counting, handler, fast=FastHandler()))
+    nursery.start_soon(lambda: serve_connection(counting, handler, fast=ScriptedFastHandler()))
     await theirs.send_all(encode(RemotingCommand.request(ECHO, opaque=1)))
     await read_commands(theirs, 1)
     counting.writes.clear()
@@ -498,7 +501,7 @@ async def test_pending_replies_are_answered_when_done_and_dropped_once_the_conne
     ours, theirs = trio.testing.memory_stream_pair()
     counting = CountingStream(ours)
     connection = RemotingConnection(counting, "memory")
-    fast = FastHandler()
+    fast = ScriptedFastHandler()
     closed = trio.Event()
 
     async def serve():
@@ -530,3 +533,36 @@ async def test_pending_replies_are_answered_when_done_and_dropped_once_the_conne
     fast.pending[2].finish()  # completes after the close: dropped
     assert len(counting.writes) == writes
     assert connection.pending_reply_bytes == 0
+
+
+async def test_the_reader_writes_what_it_served_itself_and_the_writer_stays_asleep(nursery):
+    """Found in issue 11's review: a read served by the fast handler woke the writer task,
+    which then found the reader had written everything already. On a real socket the reader
+    writes the read's replies itself and the writer takes no step; a processor bug that
+    returns neither a reply nor a PendingReply is answered SYSTEM_ERROR and the connection
+    goes on."""
+    from trio_ha.remoting import serve_connection
+
+    ours, theirs = trio.socket.socketpair()
+    nursery.start_soon(lambda: serve_connection(trio.SocketStream(ours), handler,
+                                                fast=ScriptedFastHandler()))
+    peer = trio.SocketStream(theirs)
+    await peer.send_all(encode(RemotingCommand.request(ECHO, opaque=1)))
+    await read_commands(peer, 1)
+    counts = TaskCounts()
+    trio.lowlevel.add_instrument(counts)
+    try:
+        for round_ in range(20):
+            await peer.send_all(b"".join(
+                encode(RemotingCommand.request(ECHO, {"i": i}, opaque=1000 * round_ + i))
+                for i in range(4)))
+            replies = await read_commands(peer, 4)
+            assert [r.opaque for r in replies] == [1000 * round_ + i for i in range(4)]
+    finally:
+        trio.lowlevel.remove_instrument(counts)
+    assert counts.of(counts.steps, "._run_writer") == 0
+    await peer.send_all(encode(RemotingCommand.request(NOT_A_REPLY, opaque=5))
+                        + encode(RemotingCommand.request(ECHO, opaque=6)))
+    replies = {r.opaque: r for r in await read_commands(peer, 2)}
+    assert replies[5].code == ResponseCode.SYSTEM_ERROR and replies[6].code == ResponseCode.SUCCESS
+    await peer.aclose()

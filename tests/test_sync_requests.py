@@ -349,6 +349,50 @@ async def test_group_transfer_statuses(autojump_clock, make_config):
     assert answers[30] == (PutMessageStatus.FLUSH_SLAVE_TIMEOUT, 3.0)
 
 
+async def test_a_put_cancelled_while_waiting_for_room_is_answered_and_never_blocks_the_oldest_wait(
+        autojump_clock, make_config):
+    """Found in issue 11's review: a put cancelled while it waited for room in the full
+    channel left its request unsent and unanswered. The group transfer service took it for
+    the oldest put still waiting for good, so no slave connection could count again (and
+    the master's _count_when_due spun on its past deadline). The request is now answered
+    with the timeout status as its put stops waiting."""
+    replicated = Watermark()
+    svc = GroupTransferService.for_replicas(
+        replicated, lambda end: True, make_config(slave_timeout=3000,
+                                                  sync_request_channel_capacity=1))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(svc.run)
+        now = trio.current_time()
+        # the idle task takes the first, the buffer holds the second, the third must wait
+        first, second, third = (svc.request(end, now) for end in (10, 20, 30))
+        assert first.sent and second.sent and not third.sent
+        with trio.move_on_after(0.5):
+            await svc.wait(third)  # the put's caller gives up while it waits for room
+        assert third.status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+        replicated.raise_to(20)
+        await trio.sleep(0.1)
+        assert first.status is OK and second.status is OK
+        assert svc.oldest_waiting() is None  # the cancelled one does not stand in the way
+        assert svc.statistics().timed_out == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_put_answered_at_once_is_not_cancellable(autojump_clock, make_config):
+    """Found in issue 11's review: a SYNC_MASTER put told SLAVE_NOT_AVAILABLE at once (no
+    slave close enough) still reached a cancellation point after its append; a put that
+    happened and waits for nothing must return its result."""
+    svc = GroupTransferService.for_replicas(Watermark(), lambda end: False, make_config())
+    appended = PutMessageResult(OK, 0, 10)
+    pending = PendingPut(appended, replica=(svc, svc.request(10, trio.current_time())))
+    assert pending.done
+    result = None
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        result = await pending.wait()
+    assert result is not None and result.status is PutMessageStatus.SLAVE_NOT_AVAILABLE
+    assert not scope.cancelled_caught
+
+
 # ---- through a store (worker threads: real time) ---------------------------------------------
 
 

@@ -715,8 +715,8 @@ def test_a_stored_send_response_is_formatted_as_the_general_encoder_writes_it(
             request, msg_id, queue_id, queue_offset, "DefaultRegion", "true") == expected
     odd = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {"b": "T"}, opaque=opaque)
     escaped = encode_stored_send_response(odd, 'a"b\\c', queue_id, queue_offset, "Region", "false")
-    decoder = FrameDecoder()
-    decoder.receive_data(escaped)
-    reply = decoder.next_command()
+    with pytest.raises(ValueError, match="exceeds the remoting limits"):  # as encode() does
+        encode_stored_send_response(odd, "0A0B0C0D" * (1 << 21), 0, 0, "Region", "true")
+    reply = decode_frame(escaped)
     assert reply.ext_fields["msgId"] == 'a"b\\c' and reply.opaque == opaque
     assert reply.ext_fields["TRACE_ON"] == "false" and reply.is_response

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import trio
@@ -190,7 +191,7 @@ class PendingSend:
             return failure_reply(self.request, exc, "?")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class _SendPlan:
     """A send that passed every check: what to store where."""
 
@@ -199,12 +200,12 @@ class _SendPlan:
     #: the queue the producer chose (the response names it)
     queue_id: int
     body: bytes
+    #: the message's PROPERTIES field, or a batch's own properties (added to each item)
     properties: bytes
     batch: bool
     flag: int
+    #: the record's sysFlag (a batch's is the request's: a batch is never transactional)
     sys_flag: int
-    #: the batch's own sysFlag (the send header's)
-    header_sys_flag: int
     born_timestamp: int
     born_host: str
     reconsume_times: int
@@ -212,31 +213,27 @@ class _SendPlan:
 
     async def put(self, store: MessageStore) -> PutMessageResult:
         if self.batch:
-            return await store.put_batch(
-                self.topic, self.store_queue, self.body, batch_properties=self.properties,
-                sys_flag=self.header_sys_flag, born_host=self.born_host,
-                born_timestamp=self.born_timestamp, wait_store_msg_ok=self.wait,
-            )
-        return await store.put_encoded(
-            self.topic, self.store_queue, self.body, self.properties, flag=self.flag,
-            sys_flag=self.sys_flag, born_timestamp=self.born_timestamp,
-            born_host=self.born_host, reconsume_times=self.reconsume_times,
-            wait_store_msg_ok=self.wait,
-        )
+            return await store.put_batch(self.topic, self.store_queue, self.body,
+                                         **self._batch_options())
+        return await store.put_encoded(self.topic, self.store_queue, self.body,
+                                       self.properties, **self._message_options())
 
     def put_now(self, store: MessageStore) -> PutMessageResult | PendingPut | None:
         if self.batch:
-            return store.put_batch_now(
-                self.topic, self.store_queue, self.body, batch_properties=self.properties,
-                sys_flag=self.header_sys_flag, born_host=self.born_host,
-                born_timestamp=self.born_timestamp, wait_store_msg_ok=self.wait,
-            )
-        return store.put_encoded_now(
-            self.topic, self.store_queue, self.body, self.properties, flag=self.flag,
-            sys_flag=self.sys_flag, born_timestamp=self.born_timestamp,
-            born_host=self.born_host, reconsume_times=self.reconsume_times,
-            wait_store_msg_ok=self.wait,
-        )
+            return store.put_batch_now(self.topic, self.store_queue, self.body,
+                                       **self._batch_options())
+        return store.put_encoded_now(self.topic, self.store_queue, self.body,
+                                     self.properties, **self._message_options())
+
+    def _batch_options(self) -> dict[str, Any]:
+        return dict(batch_properties=self.properties, sys_flag=self.sys_flag,
+                    born_host=self.born_host, born_timestamp=self.born_timestamp,
+                    wait_store_msg_ok=self.wait)
+
+    def _message_options(self) -> dict[str, Any]:
+        return dict(flag=self.flag, sys_flag=self.sys_flag, born_timestamp=self.born_timestamp,
+                    born_host=self.born_host, reconsume_times=self.reconsume_times,
+                    wait_store_msg_ok=self.wait)
 
 
 def _plan_send(
@@ -349,9 +346,10 @@ def _plan_send(
         # message keeps its own id here.
         properties.pop(rec.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, None)
     return _SendPlan(
-        topic, store_queue, queue_id, request.body, rec.encode_properties(properties).encode(),
-        bool(batch), header.flag, sys_flag, header.sys_flag, header.born_timestamp,
-        connection.peer, header.reconsume_times or 0, wait,
+        topic=topic, store_queue=store_queue, queue_id=queue_id, body=request.body,
+        properties=rec.encode_properties(properties).encode(), batch=bool(batch),
+        flag=header.flag, sys_flag=sys_flag, born_timestamp=header.born_timestamp,
+        born_host=connection.peer, reconsume_times=header.reconsume_times or 0, wait=wait,
     )
 
 

@@ -141,6 +141,14 @@ _CLOSE_LOG_LEVELS = {
 
 
 @attrs.define(eq=False)
+class _Waiting:
+    """A request whose ``PendingReply`` is being made, and the reply bytes it promised."""
+
+    request: RemotingCommand
+    promise: int
+
+
+@attrs.define(eq=False)
 class RemotingConnection:
     """One client connection, as handlers see it: who it is, whether it is closed, and the
     ways a handler cooperates with its limits (``holding``, ``wait_reply_room``)."""
@@ -171,9 +179,8 @@ class RemotingConnection:
     _promised: int = 0
     _promises: dict[trio.lowlevel.Task, int] = attrs.field(factory=dict)
     _holds: set[trio.CancelScope] = attrs.field(factory=set)
-    #: requests served without a task whose replies are being made (``PendingReply``), with
-    #: the reply each promised
-    _pending: dict[PendingReply, int] = attrs.field(factory=dict)
+    #: requests served without a task whose replies are being made (``PendingReply``)
+    _pending: set[_Waiting] = attrs.field(factory=set)
     _scope: trio.CancelScope | None = None
     _read_scope: trio.CancelScope | None = None
     _writer_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -472,30 +479,35 @@ class RemotingConnection:
         if outcome is None or isinstance(outcome, (bytes, RemotingCommand, MappedReply)):
             data = encode_reply(outcome, request, self.peer)
             if data is not None:
-                self._enqueue(data)
+                self._enqueue(data, wake=False)  # the reader writes the read's replies
             return True
         self._in_flight += 1
         self._promise(promise)
-        self._pending[outcome] = promise
-        if not outcome.when_done(functools.partial(self._pending_done, request, outcome)):
-            del self._pending[outcome]
+        waiting = _Waiting(request, promise)
+        self._pending.add(waiting)
+        try:
+            called_back = outcome.when_done(functools.partial(self._pending_done, waiting))
+        except Exception as exc:  # not a PendingReply after all, or a broken one
+            self._pending_done(waiting, failure_reply(request, exc, self.peer))
+            return True
+        if not called_back:
+            self._pending.discard(waiting)
             nursery.start_soon(self._process, outcome.wait, request, promise)
         return True
 
-    def _pending_done(self, request: RemotingCommand, pending: PendingReply,
-                      reply: Reply) -> None:
+    def _pending_done(self, waiting: _Waiting, reply: Reply) -> None:
         """A ``PendingReply`` is done: queue its reply (the last request running writes
         every queued reply at once). Runs in the task that made the reply (a SYNC_MASTER
         send's: the HA ack reader), so nothing here may raise into it."""
-        promise = self._pending.pop(pending, None)
-        if promise is None:
+        if waiting not in self._pending:
             return  # the connection closed meanwhile (its promise was settled then)
+        self._pending.discard(waiting)
         try:
-            data = encode_reply(reply, request, self.peer)
+            data = encode_reply(reply, waiting.request, self.peer)
             if data is not None:
                 self._enqueue(data, flush=self._in_flight - len(self._holds) <= 1)
         finally:
-            self._settle(promise)
+            self._settle(waiting.promise)
             self._request_done()
 
     async def _process(self, handle: Callable[[], Awaitable[Reply]], request: RemotingCommand,
@@ -536,9 +548,11 @@ class RemotingConnection:
 
     # ---- the writer ------------------------------------------------------------------------
 
-    def _enqueue(self, data: Frame, flush: bool = False) -> bool:
+    def _enqueue(self, data: Frame, flush: bool = False, wake: bool = True) -> bool:
         """Queue a frame for the writer; with ``flush``, write what is queued now
-        (non-blocking: what the socket does not take stays queued)."""
+        (non-blocking: what the socket does not take stays queued). Without ``wake`` the
+        writer is not woken: the caller writes the queue itself soon, in this round
+        (``_write_queued_now``), and wakes it if anything is left."""
         if self.closed:
             return False
         size = len(data) if isinstance(data, bytes) else sum(map(len, data))
@@ -551,22 +565,24 @@ class RemotingConnection:
             self._writable = False
         if flush:
             self._write_queued_now()
-        if self._outbox:
+        elif wake:
             self._writer_lot.unpark()
         return True
 
     def _write_queued_now(self) -> None:
         """Write the queued replies now, in one non-blocking gathered write, unless the
-        writer is in a write; what the socket does not take stays queued, in order."""
-        if self._fd < 0 or self._writing or not self._outbox:
-            return
-        parts, size = self._gather()
-        sent = write_now(self._fd, parts[:MAX_IOV])
-        if sent:
-            self._last_activity = trio.current_time()
-        if sent < size:
-            self._outbox.appendleft((unsent(parts, sent), size - sent))
-        self._written(sent)
+        writer is in a write; what the socket does not take stays queued, in order, and the
+        writer is woken for it."""
+        if self._fd >= 0 and not self._writing and self._outbox:
+            parts, size = self._gather()
+            sent = write_now(self._fd, parts[:MAX_IOV])
+            if sent:
+                self._last_activity = trio.current_time()
+            if sent < size:
+                self._outbox.appendleft((unsent(parts, sent), size - sent))
+            self._written(sent)
+        if self._outbox:
+            self._writer_lot.unpark()
 
     def _gather(self) -> tuple[list[bytes | memoryview], int]:
         """Take whole replies from the front of the queue, up to WRITE_BATCH bytes (at least
@@ -651,8 +667,8 @@ class RemotingConnection:
         self.budgets.replies.release(self._outbox_bytes)
         self._outbox_bytes = 0
         self._outbox.clear()
-        for promise in self._pending.values():
-            self._settle(promise)
+        for waiting in self._pending:
+            self._settle(waiting.promise)
         self._pending.clear()
         self.budgets.requests.release(self._read_charge)
         self._read_charge = 0

@@ -335,9 +335,10 @@ class CommitLog:
     def append_now(
         self, encode: Encoder[Item], item: Item, queue: tuple[str, int] | None
     ) -> PutMessageResult | int | None:
-        """``append`` without waiting: None (and nothing appended) when the last segment is
-        full and the next is not ready yet. A put that does not fit the rest of a segment
-        ends it with a blank record and goes, whole, to the next (RocketMQ's END_OF_FILE)."""
+        """``append`` without waiting: None, with nothing of this put appended, when the
+        last segment is full and the next is not ready yet. A put that does not fit the rest
+        of a segment ends it with a blank record (so the segment may be closed even when
+        this returns None) and goes, whole, to the next (RocketMQ's END_OF_FILE)."""
         store_host = self._store_host
         while True:
             segment = self.segments.segments[-1]

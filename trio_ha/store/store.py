@@ -525,8 +525,8 @@ class MessageStore:
         """``put_encoded`` without a task switch, for a caller that cannot wait in place
         (the broker answers a send from the reader's round, issue 11): the result; or, for a
         put that must wait for SYNC_FLUSH or slaves, its ``PendingPut``; or None, with
-        nothing appended, when the put would have to wait for a new segment first (then
-        call ``put_encoded``)."""
+        nothing of it appended, when the put would have to wait for a new segment first
+        (then call ``put_encoded``; the full segment may have been closed already)."""
         appended = self._append_encoded_now(
             topic, queue_id, body, properties, flag, sys_flag, born_timestamp, born_host,
             reconsume_times, 0,
@@ -552,8 +552,8 @@ class MessageStore:
         sys_flag: int, born_timestamp: int | None, born_host: str | None, reconsume_times: int,
         prepared_transaction_offset: int,
     ) -> PutMessageResult | None:
-        """The append of ``put_encoded``; None (nothing appended) when it must wait for the
-        next segment (``_appended``)."""
+        """The append of ``put_encoded``; None (nothing of it appended) when it must wait
+        for the next segment (``_appended``)."""
         topic_bytes = self._accepts(topic, queue_id, len(body))
         if topic_bytes is None:
             admitted = self._admit(topic, queue_id, len(body))

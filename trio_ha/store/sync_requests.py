@@ -143,15 +143,18 @@ class PendingPut:
         return attrs.evolve(self.appended, status=status)
 
     async def wait(self) -> PutMessageResult:
-        """The result, once both services have answered (a checkpoint, as any wait)."""
-        waited = False
-        for pair in (self.durable, self.replica):
-            if pair is not None:
-                service, request = pair
-                await service.wait(request)
-                waited = True
-        if not waited:
-            await trio.lowlevel.cancel_shielded_checkpoint()  # appended: not cancellable
+        """The result, once both services have answered. Requests that did not fit their
+        channels are sent first, both, so neither waits behind the other's answer. A put
+        answered already (covered, or SLAVE_NOT_AVAILABLE at once) is not cancellable: it
+        happened and waits for nothing."""
+        pairs = [pair for pair in (self.durable, self.replica) if pair is not None]
+        for service, request in pairs:
+            await service.send_when_room(request)
+        if self.done:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return self.result()
+        for _, request in pairs:
+            await request.wait_answer()
         return self.result()
 
     def when_done(self, callback: Callable[[PutMessageResult], None]) -> bool:
@@ -249,20 +252,31 @@ class SyncRequestService:
 
     async def wait(self, request: SyncRequest) -> PutMessageStatus:
         """The answer to ``request``; first, if the channel was full, wait for room in it
-        (at most until the request's deadline, which the requests ahead of it reach
-        first)."""
-        if not request.sent and request.status is None:
+        (``send_when_room``)."""
+        await self.send_when_room(request)
+        return await request.wait_answer()
+
+    async def send_when_room(self, request: SyncRequest) -> None:
+        """Send a request that did not fit the full channel, once there is room (at most
+        until its deadline, which the requests ahead of it reach first). A request that
+        leaves here unsent — its deadline passed, or its put was cancelled while it waited
+        for room — is answered with the timeout status at once: nobody else would ever
+        answer it, and the group transfer service would take it for the oldest put still
+        waiting for good (a slave would never count again; fixed with issue 11's review)."""
+        if request.sent or request.status is not None:
+            return
+        try:
             with trio.move_on_at(request.deadline):
                 try:
                     await self._send.send(request)
                     request.sent = True
                 except trio.BrokenResourceError:
                     request.answer(self._final_status(request))  # the service has stopped
+        finally:
             if request.status is None and not request.sent:
                 request.answer(self.timeout_status)
                 self._timed_out += 1
                 self._waits.observe(trio.current_time() - request.made_at)
-        return await request.wait_answer()
 
     # ---- the service's side --------------------------------------------------------------
 

@@ -130,16 +130,6 @@ class FrameDecoder:
         """Bytes received but not yet returned as commands."""
         return len(self._buffer) - self._pos
 
-    @property
-    def frame_ready(self) -> bool:
-        """Whether a whole frame is buffered: ``next_command`` will not return NEED_DATA (it
-        may raise, for a frame that is bad)."""
-        available = len(self._buffer) - self._pos
-        if available < 4:
-            return False
-        (total,) = _LENGTH.unpack_from(self._buffer, self._pos)
-        return available >= 4 + total
-
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         if self._error is not None:
             raise self._broken()
