@@ -128,9 +128,12 @@ async def test_sync_sends_and_heartbeats_are_served_without_a_task_each(cluster)
             heartbeat = await client.invoke(RemotingCommand.request(
                 RequestCode.HEART_BEAT, body=HeartbeatData("fast-client").encode()), 5)
             assert heartbeat.code == ResponseCode.SUCCESS
-            assert spawned.of(spawned.spawned, "._process") == 0
+            # (the in-process name server serves the brokers' periodic registrations in
+            # tasks: one may fall in the window; the old code spawned 41 here)
+            served_in_tasks = spawned.of(spawned.spawned, "._process")
+            assert served_in_tasks <= 2
             await client.invoke(pull_request("NoTasks", 0, 0), 5)
-            assert spawned.of(spawned.spawned, "._process") == 1
+            assert spawned.of(spawned.spawned, "._process") > served_in_tasks
         finally:
             trio.lowlevel.remove_instrument(spawned)
         # (an attempt before the slave attached may have been stored unreplicated)

@@ -343,10 +343,13 @@ async def test_a_sync_master_put_costs_the_ha_tasks_one_round_each_and_wakes_no_
     def of(suffix: str) -> int:
         return steps.of(steps.steps, suffix)
 
-    assert of("slave.HAClient.run") <= puts  # the receiver: one wake per frame
-    assert of("slave._Reports.run") == 0  # every ack went out from the receiver
-    assert of("master.HAConnection._write_log") <= puts
-    assert of("master.HAConnection._read_acks") <= puts
+    # (a heartbeat each way, every haSendHeartbeatInterval, may fall in the window on a slow
+    # machine: one step more for each task it wakes; the old code took 100 receiver and 150
+    # reporter steps for these 50 puts)
+    assert of("slave.HAClient.run") <= puts + 2  # the receiver: one wake per frame
+    assert of("slave._Reports.run") <= 1  # every ack went out from the receiver
+    assert of("master.HAConnection._write_log") <= puts + 2
+    assert of("master.HAConnection._read_acks") <= puts + 2
 
 
 async def test_a_report_the_socket_takes_only_part_of_is_finished_by_the_reporter_task():
