@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import trio
+import trio.testing
 
 from conftest import TaskCounts, ha_of, ha_slave_of, wait_until
 from trio_ha import BrokerRole, FlushDiskType, Message, PutMessageStatus, StoreConfig, open_store
@@ -381,6 +382,7 @@ async def test_a_report_the_socket_takes_only_part_of_is_finished_by_the_reporte
         assert bytes(transport.wire) == REPORT.pack(250)[:3]
         written.raise_to(400)
         reports.before_wait()  # the tail is pending: this leaves the new end to the task
-        await wait_until(lambda: len(transport.wire) == 16, "the task to send the rest")
+        await trio.testing.wait_all_tasks_blocked()  # the reporter task sends the rest
+        assert len(transport.wire) == 16
         nursery.cancel_scope.cancel()
     assert bytes(transport.wire) == REPORT.pack(250) + REPORT.pack(400)

@@ -520,10 +520,12 @@ async def test_pending_replies_are_answered_when_done_and_dropped_once_the_conne
     fast.pending[0].finish()
     replies = await read_commands(theirs, 2)
     assert sorted((r.opaque, r.remark) for r in replies) == [(2, "later"), (3, "later")]
-    await wait_until(lambda: connection.in_flight == 0, "both pending replies to finish")
+    await trio.testing.wait_all_tasks_blocked()
+    assert connection.in_flight == 0  # both pending replies finished
 
     await theirs.send_all(encode(RemotingCommand.request(LATER, opaque=5)))
-    await wait_until(lambda: len(fast.pending) == 3, "the third pending reply")
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(fast.pending) == 3  # the third pending reply, made in the reader's round
     assert connection.budgets.replies.promised > 0
     writes = len(counting.writes)
     await theirs.aclose()

@@ -126,16 +126,12 @@ async def process_send(
     if plan is None:
         # Its topic is made here: the topic table is written before the send is answered.
         header = send_message_header(request)
-        if broker.auto_create_topic(header) is None:
-            await trio.lowlevel.checkpoint()
-            return RemotingCommand.response_to(
-                request, ResponseCode.TOPIC_NOT_EXIST,
-                remark=f"topic[{header.topic}] not exist, apply first please!",
-            )
-        await broker.persist_topics()
-        plan = _plan_send(broker, request, connection)
-        if plan is None:  # the topic went again meanwhile (an admin deleted it)
-            return RemotingCommand.response_to(
+        if broker.auto_create_topic(header) is not None:
+            await broker.persist_topics()
+            # (None again if the topic went meanwhile: an admin deleted it)
+            plan = _plan_send(broker, request, connection)
+        if plan is None:
+            plan = RemotingCommand.response_to(
                 request, ResponseCode.TOPIC_NOT_EXIST,
                 remark=f"topic[{header.topic}] not exist, apply first please!",
             )
@@ -163,7 +159,7 @@ def process_send_now(
     if outcome is None:
         return RUN_IN_TASK
     if isinstance(outcome, PendingPut):
-        return PendingSend(broker, request, plan.queue_id, outcome)
+        return PendingSend(broker, request, connection.peer, plan.queue_id, outcome)
     broker.stats.record_put(outcome)
     return send_reply(request, outcome, plan.queue_id)
 
@@ -174,6 +170,7 @@ class PendingSend:
 
     broker: Broker
     request: RemotingCommand
+    peer: str
     queue_id: int
     put: PendingPut
 
@@ -188,7 +185,7 @@ class PendingSend:
             self.broker.stats.record_put(result)
             return send_reply(self.request, result, self.queue_id)
         except Exception as exc:  # never into the task that answered the put
-            return failure_reply(self.request, exc, "?")
+            return failure_reply(self.request, exc, self.peer)
 
 
 @attrs.frozen(kw_only=True)

@@ -9,11 +9,11 @@ reply is made elsewhere — a SYNC_MASTER send waits for its slave's ack — com
 its own either. Every other request runs in a task of its own (the ``Handler``), so a slow one
 (a long-polled pull holds its reply for up to 15 s) never stalls the requests behind it.
 Replies go out in whatever order they finish, matched by ``opaque`` as RocketMQ clients
-expect. A finished
-request queues its encoded reply and ends; the writer task writes the queue in order, so frames
-never interleave and no request waits on a peer that does not read. The writer takes every
-reply waiting at once (up to ``WRITE_BATCH``) and gives their buffers to one ``sendmsg``: a
-pull's records go from the mapped commitlog to the socket without a copy (``MappedReply``).
+expect. A finished request queues its encoded reply; the writer task writes the queue in
+order, so frames never interleave and no request waits on a peer that does not read. The
+writer takes every reply waiting at once (up to ``WRITE_BATCH``) and gives their buffers to
+one ``sendmsg``: a pull's records go from the mapped commitlog to the socket without a copy
+(``MappedReply``).
 Two exceptions save the writer's round: the reader writes the replies of the requests it
 served itself once it has served a read, and the last request running (held ones aside)
 writes the queued replies with its own, since no other reply is coming to share the write

@@ -67,7 +67,7 @@ class SyncRequest:
     made_at: float
     #: the answer, once given
     status: PutMessageStatus | None = None
-    #: in the service's channel (False: it did not fit yet; ``wait`` sends it)
+    #: in the service's channel (False: it did not fit yet; ``send_when_room`` sends it)
     sent: bool = False
     _waiter: trio.lowlevel.Task | None = None
     #: called once, with no arguments, when the answer is given (``PendingPut.when_done``);

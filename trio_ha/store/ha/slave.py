@@ -2,7 +2,7 @@
 
 A session is one connection: report the local log end at once (RocketMQ waits 5 s before
 its first report, and the master sends nothing until it has one), then a reader task that
-receives frame bodies straight into the active segment's mapping (``recv_into`` on a view of
+receives frame bodies straight into the active segment's mapping (``readv`` into a view of
 the mmap: the bytes never become a Python object) and reports the new log end whenever the
 socket is empty (``_Reports``: no task switch between a frame and its ack), and a reporter
 task for heartbeats and what the socket would not take at once. Either failing ends the session,

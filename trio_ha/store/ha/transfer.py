@@ -2,7 +2,7 @@
 
 A TCP peer gets ``SocketTransport``, which copies nothing in Python: frame bodies leave the
 master as memoryview slices of the segment's mapping (header and body in one ``sendmsg``) or by
-``sendfile`` from the segment's file, and arrive on the slave with ``recv_into`` straight into
+``sendfile`` from the segment's file, and arrive on the slave with ``readv`` straight into
 the slave's mapping. Which send is faster depends on the machine (here, loopback measured ~2.7
 GB/s for slices and 1.3-1.5 GB/s for sendfile), so it is a config value
 (``ha_transfer_method``) set from ``trio-ha bench replication``.
@@ -16,15 +16,18 @@ tested on memory streams with trio's autojump clock.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import trio
 
 from ... import _backend
 from ..._sockets import peer_name, unsent, write_now
 from ..segment import Segment
+
+_T = TypeVar("_T")
 
 #: frames smaller than this are sent with one sendmsg even when the method is sendfile
 SENDFILE_MIN_BYTES = 64 * 1024
@@ -42,10 +45,6 @@ class HATransport(Protocol):
         """Up to ``max_bytes`` bytes; empty when the peer closed."""
         ...
 
-    async def receive_into(self, view: memoryview) -> int:
-        """Receive into ``view`` (a slave's segment mapping); 0 when the peer closed."""
-        ...
-
     async def receive_eagerly(
         self, max_bytes: int, before_wait: Callable[[], None]
     ) -> bytes | bytearray:
@@ -56,7 +55,8 @@ class HATransport(Protocol):
 
     async def receive_into_eagerly(self, view: memoryview,
                                    before_wait: Callable[[], None]) -> int:
-        """``receive_into`` as ``receive_eagerly`` receives."""
+        """Receive into ``view`` (a slave's segment mapping) as ``receive_eagerly``
+        receives: the bytes received, 0 when the peer closed."""
         ...
 
     def send_nowait(self, data: bytes) -> int:
@@ -89,9 +89,6 @@ class SocketTransport:
     async def receive_some(self, max_bytes: int) -> bytes | bytearray:
         return await self.sock.recv(max_bytes)
 
-    async def receive_into(self, view: memoryview) -> int:
-        return await self.sock.recv_into(view)
-
     # trio's socket yields a scheduling round after every receive that found bytes ready (so
     # every receive is a checkpoint). The slave receives a frame's header, then its body,
     # then reports: three rounds on the path of every SYNC_MASTER ack, for a frame that was
@@ -101,20 +98,19 @@ class SocketTransport:
     async def receive_eagerly(
         self, max_bytes: int, before_wait: Callable[[], None]
     ) -> bytes | bytearray:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while True:
-            try:
-                return os.read(self._fd, max_bytes)
-            except BlockingIOError:
-                before_wait()
-                await trio.lowlevel.wait_readable(self.sock)
+        return await self._eagerly(functools.partial(os.read, self._fd, max_bytes),
+                                   before_wait)
 
     async def receive_into_eagerly(self, view: memoryview,
                                    before_wait: Callable[[], None]) -> int:
+        return await self._eagerly(functools.partial(os.readv, self._fd, (view,)),
+                                   before_wait)
+
+    async def _eagerly(self, read: Callable[[], _T], before_wait: Callable[[], None]) -> _T:
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:
             try:
-                return os.readv(self._fd, (view,))
+                return read()
             except BlockingIOError:
                 before_wait()
                 await trio.lowlevel.wait_readable(self.sock)
@@ -179,11 +175,6 @@ class StreamTransport:
     async def receive_some(self, max_bytes: int) -> bytes | bytearray:
         return await self.stream.receive_some(max_bytes)
 
-    async def receive_into(self, view: memoryview) -> int:
-        data = await self.stream.receive_some(len(view))
-        view[: len(data)] = data
-        return len(data)
-
     async def receive_eagerly(
         self, max_bytes: int, before_wait: Callable[[], None]
     ) -> bytes | bytearray:
@@ -193,7 +184,9 @@ class StreamTransport:
     async def receive_into_eagerly(self, view: memoryview,
                                    before_wait: Callable[[], None]) -> int:
         before_wait()
-        return await self.receive_into(view)
+        data = await self.stream.receive_some(len(view))
+        view[: len(data)] = data
+        return len(data)
 
     def send_nowait(self, data: bytes) -> int:
         return 0

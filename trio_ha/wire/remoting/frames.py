@@ -67,18 +67,22 @@ def encode_head(command: RemotingCommand, body_length: int | None = None, *,
     without making a new command for each)."""
     if command.serialize_type == SerializeType.ROCKETMQ:
         header = encode_binary_header(command, opaque)
-        stype = SerializeType.ROCKETMQ.value
     else:
         header = encode_json_header(command, opaque)
-        stype = SerializeType.JSON.value
     if body_length is None:
         body_length = len(command.body)
+    return frame_head(header, command.serialize_type, body_length)
+
+
+def frame_head(header: bytes, serialize_type: SerializeType, body_length: int) -> bytes:
+    """The length words and ``header`` (already encoded in ``serialize_type``) of a frame
+    whose ``body_length`` bytes of body follow. Raises ValueError past the remoting limits."""
     total = 4 + len(header) + body_length
     if len(header) > 0xFFFFFF or total + 4 > MAX_FRAME_LENGTH:
         raise ValueError(
             f"frame of {total + 4} bytes (header {len(header)}) exceeds the remoting limits"
         )
-    return _FRAME_HEAD.pack(total, (stype << 24) | len(header)) + header
+    return _FRAME_HEAD.pack(total, (serialize_type.value << 24) | len(header)) + header
 
 
 def encode(command: RemotingCommand, *, opaque: int | None = None) -> bytes:

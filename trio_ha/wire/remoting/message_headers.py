@@ -10,7 +10,6 @@ broker, the request code decides which names are read, and errors quote both.
 from __future__ import annotations
 
 import enum
-import struct
 
 import attrs
 
@@ -23,7 +22,7 @@ from .codes import (
     SerializeType,
 )
 from .command import RemotingCommand
-from .frames import MAX_FRAME_LENGTH, encode
+from .frames import encode, frame_head
 from .headers import FieldKind, HeaderField, HeaderSpec
 
 __all__ = [
@@ -132,26 +131,18 @@ def encode_stored_send_response(
     SUCCESS, ext_fields={msgId, queueId, queueOffset, MSG_REGION, TRACE_ON}))`` byte for
     byte — formatted in one step (a broker answers tens of thousands a second: the general
     path costs 5 us, this one under 1, issue 11). A request in the ROCKETMQ binary encoding,
-    a region or msgId that JSON would have to escape, or a header past the frame's limits
-    takes the general path (which raises ValueError for the last)."""
+    or a region or msgId that JSON would have to escape, takes the general path. Either
+    raises ValueError past the frame's limits (a batch of very many ids)."""
     if (request.serialize_type == SerializeType.JSON and _plain(msg_id) and region.isalnum()
             and trace_on in ("true", "false")):
         header = (_STORED_SEND_RESPONSE % (msg_id, queue_id, queue_offset, region, trace_on,
                                            request.opaque)).encode()
-        # (a batch of very many ids can pass the limits: the general path refuses it)
-        if len(header) <= _MAX_HEADER:
-            return _FRAME_HEAD.pack(4 + len(header), len(header)) + header
+        return frame_head(header, SerializeType.JSON, 0)
     return encode(RemotingCommand.response_to(
         request, ResponseCode.SUCCESS, ext_fields={
             "msgId": msg_id, "queueId": queue_id, "queueOffset": queue_offset,
             "MSG_REGION": region, "TRACE_ON": trace_on,
         }))
-
-
-_FRAME_HEAD = struct.Struct(">iI")
-#: the longest header this path writes: what the frame's header-length field and the frame
-#: limit both allow
-_MAX_HEADER = min(0xFFFFFF, MAX_FRAME_LENGTH - 8)
 
 
 def _plain(text: str) -> bool:
