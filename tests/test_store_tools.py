@@ -425,12 +425,15 @@ async def test_truncate_to_a_segment_start_drops_whole_queues_and_files(tmp_path
     assert [s.name for s in inventory.segments] == [f"{0:020d}"]
     async with open_store(config) as store:
         assert store.max_commitlog_offset == boundary
-        # and the next record opens the second segment
-        again = await store.put_message(Message("Late", b"after the cut"), queue_id=0)
-        assert again.commitlog_offset == boundary
         for (topic, queue_id), n in per_queue(kept).items():
             assert store.max_queue_offset(topic, queue_id) == n
         assert store.max_queue_offset("Late", 0) == 0
+        # and the next record opens the second segment, and Late's queue afresh (these were
+        # read after this put before, which raced the dispatcher indexing it)
+        again = await store.put_message(Message("Late", b"after the cut"), queue_id=0)
+        assert again.commitlog_offset == boundary and again.queue_offset == 0
+        await store.wait_dispatched()
+        assert store.max_queue_offset("Late", 0) == 1
 
 
 # ---- the diverged slave ----------------------------------------------------------------------
