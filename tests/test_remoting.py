@@ -406,6 +406,82 @@ async def test_a_flushed_call_is_written_by_its_caller_and_never_inside_another_
     theirs.close()
 
 
+async def test_frames_past_write_early_are_written_by_their_callers_not_at_the_rounds_end(
+        nursery):
+    """A round's frames gathered into one write put sixteen producers and the broker in
+    lockstep; once WRITE_EARLY bytes are queued, the call that crossed the mark writes them
+    itself. Here no writer task runs yet: the peer still gets the frames of the crossings,
+    whole and in order, and the rest (under the mark) wait for the writer; every call then
+    gets its own reply."""
+
+    from trio_ha.remoting.client import WRITE_EARLY, RemotingClient
+
+    ours, theirs = trio.socket.socketpair()
+    client = RemotingClient("pair", trio.SocketStream(ours))  # no run() yet: no writer
+    answers, queued = {}, []
+
+    async def call(i):
+        request = RemotingCommand.request(ECHO, {"i": str(i)}, body=b"x" * 1024)
+        queued.append(str(i))  # invoke queues its frame before its first checkpoint
+        answers[i] = (await client.invoke(request, 10)).ext_fields["i"]
+
+    async with trio.open_nursery() as calls:
+        for i in range(32):
+            calls.start_soon(call, i)
+        await trio.testing.wait_all_tasks_blocked()
+        decoder, early = FrameDecoder(), []
+        with trio.move_on_after(0.2):
+            while True:
+                decoder.receive_data(await theirs.recv(1 << 20))
+                while (command := decoder.next_command()) is not NEED_DATA:
+                    early.append(command)
+        assert decoder.buffered == 0  # whole frames only
+        assert 0 < len(early) < 32
+        assert [c.ext_fields["i"] for c in early] == queued[:len(early)]
+        assert 0 < sum(map(len, client._outbox)) < WRITE_EARLY
+        await nursery.start(client.run)  # the writer takes the rest
+        requests = early + await read_commands(trio.SocketStream(theirs), 32 - len(early))
+        assert [c.ext_fields["i"] for c in requests] == queued
+        await theirs.send(b"".join(
+            encode(RemotingCommand.response_to(r, ResponseCode.SUCCESS, ext_fields=r.ext_fields))
+            for r in reversed(requests)))
+    assert answers == {i: str(i) for i in range(32)}
+    await client.aclose()
+    theirs.close()
+
+
+async def test_an_early_write_cut_short_leaves_the_tail_first_and_frames_whole(nursery):
+    """The socket takes part of an early write: the cut frame's tail stays at the front of
+    the queue, the writer sends it before anything else, and the peer reads whole frames in
+    the order they were queued."""
+    import socket as stdlib_socket
+
+    from trio_ha.remoting.client import RemotingClient
+
+    ours, theirs = trio.socket.socketpair()
+    ours.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_SNDBUF, 4096)
+    theirs.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVBUF, 4096)
+    client = RemotingClient("pair", trio.SocketStream(ours))  # no run() yet: no writer
+    queued = []
+
+    async def call(i):
+        queued.append(str(i))
+        await client.invoke(RemotingCommand.request(ECHO, {"i": str(i)}, body=b"y" * 3000), 10)
+
+    async with trio.open_nursery() as calls:
+        for i in range(64):
+            calls.start_soon(call, i)
+        await trio.testing.wait_all_tasks_blocked()
+        assert client._outbox and isinstance(client._outbox[0], memoryview)  # a cut frame
+        await nursery.start(client.run)
+        requests = await read_commands(trio.SocketStream(theirs), 64, timeout=10)
+        assert [c.ext_fields["i"] for c in requests] == queued
+        assert all(c.body == b"y" * 3000 for c in requests)
+        calls.cancel_scope.cancel()
+    await client.aclose()
+    theirs.close()
+
+
 class ManualPending:
     """A PendingReply the test completes by hand (``finish``); with ``task=True`` it asks to
     be waited for in a task instead of calling back."""
