@@ -104,6 +104,35 @@ def test_properties_parse_both_separator_styles_and_drop_empty_pairs():
     assert rec.decode_properties("A\x01\x02\x01v\x02C\x01z\x01w") == {"C": "z\x01w"}
 
 
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_pulled_properties_are_decoded_on_first_use_with_the_readers_extras_winning(
+        engine, monkeypatch):
+    """A pull's messages carry their PROPERTIES field as stored and decode it only when
+    asked, once (the pull benchmark's consumer never asks: a fifth of its decoding); the
+    reader's extras (MIN/MAX_OFFSET) are added over the stored ones, as before."""
+    from trio_ha import _backend
+
+    if engine == "native" and not isinstance(_backend.engine, _backend.NativeEngine):
+        pytest.skip("the native engine is not built here")
+    decoder = _backend.engine if engine == "native" else _backend.PythonEngine()
+    stored = {"TAGS": "a", "MIN_OFFSET": "stored", "UNIQ_KEY": "7F00000100"}
+    body = b"".join(golden(rec.encode_properties(stored).encode(), queue_offset=i)
+                    for i in range(3))
+    extra = {"MIN_OFFSET": "0", "MAX_OFFSET": "3"}
+    calls = []
+    real = rec.decode_properties
+    monkeypatch.setattr(rec, "decode_properties", lambda raw: calls.append(raw) or real(raw))
+    messages = decoder.decode_records(body, extra_properties=extra)
+    assert calls == []
+    assert [m.raw_properties for m in messages] == [rec.encode_properties(stored).encode()] * 3
+    first = messages[0]
+    assert first.properties == {"TAGS": "a", "MIN_OFFSET": "0", "UNIQ_KEY": "7F00000100",
+                                "MAX_OFFSET": "3"}
+    assert first.properties is first.properties and first.tags == "a"
+    assert len(calls) == 1
+    assert extra == {"MIN_OFFSET": "0", "MAX_OFFSET": "3"}  # the shared extras untouched
+
+
 @given(
     body=st.binary(max_size=2048),
     topic=st.from_regex(r"[A-Za-z0-9_%|-]{1,127}", fullmatch=True),

@@ -536,7 +536,6 @@ def _messages(buf: bytes, infos: Iterable[tuple[int, ...]],
     topic_raw = born_raw = store_raw = _NO_FIELD
     topic = born_host = store_host = ""
     decode_host = rec.decode_host
-    decode_properties = rec.decode_properties
     physical_offset = layout.INT64.unpack_from
     for (
         pos, queue_offset, born_ts, store_ts, prepared, _tags, size, queue_id, flag, sys_flag,
@@ -555,14 +554,12 @@ def _messages(buf: bytes, infos: Iterable[tuple[int, ...]],
         if store_len != len(store_raw) or not buf.startswith(store_raw, store_pos):
             store_raw = buf[store_pos : store_pos + store_len]
             store_host = decode_host(store_raw)
-        properties = decode_properties(buf[props_pos : props_pos + props_len])
-        if extra:
-            properties.update(extra)
         messages.append(rec.StoredMessage(
             topic, queue_id, queue_offset,
             physical_offset(buf, pos + layout.PHYSICALOFFSET_AT)[0], size,
             buf[body_pos : body_pos + body_len], crc, flag, sys_flag, born_ts, born_host,
-            store_ts, store_host, reconsume_times, prepared, properties, version,
+            store_ts, store_host, reconsume_times, prepared,
+            buf[props_pos : props_pos + props_len], version, extra,
         ))
     return messages
 
