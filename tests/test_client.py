@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import socket
+import time
 
 import attrs
 import pytest
@@ -27,7 +30,7 @@ from trio_ha.client import (
     open_producer,
     open_pull_consumer,
 )
-from trio_ha.client.instance import parse_subscription
+from trio_ha.client.instance import _UniqIdGenerator, parse_subscription
 from trio_ha.remoting import open_client_pool, serve_remoting
 from trio_ha.testing import ClusterConfig, open_cluster
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
@@ -688,3 +691,24 @@ async def test_pool_closes_a_connection_the_peer_closed(nursery):
             assert old.stream.socket.fileno() == -1, "the broken connection's socket is still open"
         finally:
             await old.aclose()  # don't leak from this test
+
+
+def test_unique_ids_have_java_createuniqid_layout():
+    """MessageClientIDSetter.createUniqID's 16 bytes as 32 upper-case hex digits: client ip,
+    pid, a per-process random, milliseconds since the start of the month, a counter."""
+    generator = _UniqIdGenerator()
+    before = time.time()
+    first, second = generator.create("10.1.2.3"), generator.create("10.1.2.3")
+    after = time.time()
+    for uniq in (first, second):
+        assert len(uniq) == 32 and uniq == uniq.upper()
+        raw = bytes.fromhex(uniq)
+        assert raw[:4] == socket.inet_aton("10.1.2.3")
+        assert int.from_bytes(raw[4:6], "big") == os.getpid() & 0xFFFF
+    assert first[:20] == second[:20]  # ip, pid and the random: one per process
+    now = time.localtime(before)
+    month_start = time.mktime((now.tm_year, now.tm_mon, 1, 0, 0, 0, 0, 0, -1))
+    elapsed_ms = int.from_bytes(bytes.fromhex(first)[10:14], "big")
+    assert int((before - month_start) * 1000) - 1 <= elapsed_ms <= int((after - month_start) * 1000) + 1
+    counters = [int.from_bytes(bytes.fromhex(u)[14:16], "big") for u in (first, second)]
+    assert counters[1] == (counters[0] + 1) & 0xFFFF
