@@ -157,9 +157,10 @@ def test_rocketmq_tuning_keys_are_accepted_and_named(caplog):
     with caplog.at_level(logging.WARNING):
         config = BrokerConfig.from_properties(
             "sendMessageThreadPoolNums=16\nuseReentrantLockWhenPutMessage=true\n"
-            "aclEnable=false\nlistenPort=10921\n")
+            "adminBrokerThreadPoolNums=4\nlistenPort=10921\n")
     assert config.listen_port == 10921
-    assert ("ignored: aclEnable, sendMessageThreadPoolNums, useReentrantLockWhenPutMessage"
+    assert ("ignored: adminBrokerThreadPoolNums, sendMessageThreadPoolNums, "
+            "useReentrantLockWhenPutMessage"
             in caplog.text)
 
 

@@ -382,3 +382,54 @@ def test_consumers_keep_reading_from_the_slave_after_the_master_stops(peer_name,
     sent_ids = {line["msgId"] for line in sent}
     assert_intact(sent, [line for line in fresh if line["msgId"] in sent_ids], topic)
     assert len(fresh) == len({line["msgId"] for line in fresh}) == len(sent) + len(probes)
+
+
+ACL_YAML = """\
+accounts:
+  - accessKey: RocketMQ
+    secretKey: 12345678
+    defaultTopicPerm: DENY
+    defaultGroupPerm: SUB
+    topicPerms:
+      - AclOrders=PUB|SUB
+"""
+
+
+def test_the_java_client_with_its_acl_hook_is_served_and_without_it_refused(
+        rocketmq_clients, tmp_path):
+    """Issue 15: a broker with aclEnable=true takes the real AclClientRPCHook's signature
+    (sends and a lite pull consumer: heartbeats, rebalance, pulls, offset commits), and
+    refuses a client without the hook, or with the wrong secret, NO_PERMISSION where
+    RocketMQ 4.9 answers SYSTEM_ERROR."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL_YAML)
+    config = ClusterConfig(data_dir=str(tmp_path / "ours"), slaves=0,
+                           master_role="ASYNC_MASTER",
+                           properties={"aclEnable": "true", "plainAclFile": str(acl)})
+    with ProcessCluster.start(config) as running:
+        namesrv = running.namesrv_addr
+        signed = ("--access-key", "RocketMQ", "--secret-key", "12345678")
+        sent = produce(rocketmq_clients, tmp_path / "p1", namesrv, "AclOrders", 5, *signed)
+        assert [line["status"] for line in sent] == ["SEND_OK"] * 5
+        received = consume(rocketmq_clients, tmp_path / "c1", "pull", namesrv, "AclOrders",
+                           "aclGroup", 5, *signed)
+        assert sorted(line["msgId"] for line in received) == sorted(
+            line["msgId"] for line in sent)
+
+        for label, args in (("unsigned", ()),
+                            ("forged", ("--access-key", "RocketMQ", "--secret-key", "wrong!!"))):
+            out = rocketmq_clients.run_program(
+                tmp_path / label, CLIENT, "produce", "--namesrv", namesrv,
+                "--topic", "AclOrders", "--count", 2, *args)
+            lines = program_lines(out)
+            assert lines[-1] == {"done": True, "count": 2, "errors": 2}, out[-3000:]
+            for line in lines[:-1]:
+                assert line["code"] == 16, line  # NO_PERMISSION
+                assert ("no AccessKey" if label == "unsigned" else "signature does not match") \
+                    in line["remark"], line
+        # a topic the account may not publish to
+        out = rocketmq_clients.run_program(
+            tmp_path / "denied", CLIENT, "produce", "--namesrv", namesrv, "--topic",
+            "OtherTopic", "--count", 1, *signed)
+        lines = program_lines(out)
+        assert lines[0]["code"] == 16 and "topic OtherTopic" in lines[0]["remark"], out[-3000:]

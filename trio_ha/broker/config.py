@@ -10,6 +10,7 @@ issue #6537). An unknown key is an error (``config_keys``: a typo is not a defau
 from __future__ import annotations
 
 import logging
+import os
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -107,6 +108,11 @@ class BrokerConfig:
     flush_consumer_offset_interval: int = attrs.field(default=5000, validator=in_range(1))
     #: also listen on listenPort - 2 (RocketMQ's "VIP" channel)
     vip_channel_enable: bool = True
+    #: RocketMQ's plain ACL (trio_ha.acl): every request is checked against plain_acl.yml
+    acl_enable: bool = False
+    #: where plain_acl.yml is (our key; RocketMQ reads $ROCKETMQ_HOME/conf/plain_acl.yml,
+    #: which is the default here too)
+    plain_acl_file: str | None = None
     #: remoting connections idle this long are closed
     server_channel_max_idle_time_seconds: int = attrs.field(default=120, validator=in_range(1))
     #: remoting limits (docs/remoting.md, "Limits and bad input"): reply bytes waiting on one
@@ -164,6 +170,17 @@ class BrokerConfig:
             if text is not None:
                 out[special.get(name, camel_case(name))] = text
         return dict(sorted(out.items()))
+
+    def acl_file_path(self) -> str:
+        """plain_acl.yml's path: ``plainAclFile``, else RocketMQ's place under
+        $ROCKETMQ_HOME; ConfigError when neither is given."""
+        if self.plain_acl_file:
+            return self.plain_acl_file
+        home = os.environ.get("ROCKETMQ_HOME")
+        if home:
+            return os.path.join(home, "conf", "plain_acl.yml")
+        raise ConfigError("aclEnable=true needs plainAclFile (the path of plain_acl.yml) or "
+                          "$ROCKETMQ_HOME (RocketMQ's conf/plain_acl.yml under it)")
 
     @property
     def role(self) -> BrokerRole:

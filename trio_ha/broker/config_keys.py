@@ -11,7 +11,7 @@ An operator's ``broker.conf`` is RocketMQ's. Every key in it is one of three kin
 * anything else: an error naming the key and the closest known one, so ``lisenPort`` or
   ``brokerRol`` is a typo caught at start, not a default silently used.
 
-Keys that switch on a feature this broker does not have (``UNSUPPORTED``: DLedger, ACL, SQL92
+Keys that switch on a feature this broker does not have (``UNSUPPORTED``: DLedger, SQL92
 filtering, TLS, ...) are an error when they are on: the broker would otherwise run without
 what the operator asked for (a DLedger group as a plain ASYNC_MASTER).
 """
@@ -85,7 +85,6 @@ ROCKETMQ_KEYS = frozenset(_ROCKETMQ_KEY_LIST.split())
 UNSUPPORTED = {
     "enableDLegerCommitLog": "DLedger (Raft) commitlog replication is not supported; use "
                              "brokerRole SYNC_MASTER/ASYNC_MASTER/SLAVE",
-    "aclEnable": "ACL is not supported yet",
     "enablePropertyFilter": "SQL92 property filtering is not supported; consumers filter by tag",
     "enableCalcFilterBitMap": "SQL92 property filtering is not supported",
     "useTLS": "TLS is not supported",

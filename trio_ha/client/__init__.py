@@ -15,10 +15,18 @@ Works with this project's broker and name server and with RocketMQ 4.x ones::
 Or let a push consumer call a listener for each message (``open_push_consumer``: concurrent
 or orderly, failed messages retried through the broker).
 
+With ACL on at the broker, give the instance an account and every request goes out signed,
+as the Java client's ``AclClientRPCHook`` signs them::
+
+    async with open_client_instance("127.0.0.1:9876",
+                                    credentials=Credentials("myAccessKey", "mySecretKey")):
+        ...
+
 Producers, consumers and admins opened on one ``open_client_instance(...)`` share its client
 id, connections, route cache and heartbeat, as Java clients share an ``MQClientInstance``.
 """
 
+from ..wire.acl import Credentials
 from ..wire.record import Message, StoredMessage
 from .admin import Admin, open_admin
 from .consumer import MessageStream, PullConsumer, PullResult, PullStatus, open_pull_consumer
@@ -42,7 +50,8 @@ from .producer import (
 from .push import ConsumeLater, PushConsumer, PushConsumerStatistics, open_push_consumer
 
 __all__ = [
-    "Admin", "ClientConfig", "ClientInstance", "ConsumeLater", "MQBrokerError", "MQClientError",
+    "Admin", "ClientConfig", "ClientInstance", "ConsumeLater", "Credentials", "MQBrokerError",
+    "MQClientError",
     "MQError", "Message", "MessageQueue", "MessageStream", "Producer", "PullConsumer",
     "PullResult", "PullStatus", "PushConsumer", "PushConsumerStatistics", "SendResult",
     "SendStatus", "StoredMessage", "TransactionSendResult", "TransactionState", "open_admin",

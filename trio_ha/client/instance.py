@@ -54,6 +54,7 @@ import trio
 
 from .._errors import unwrap_single_exception
 from ..remoting import RemotingClient, RemotingClientPool, RemotingError
+from ..wire.acl import Credentials
 from ..wire.errors import RouteDecodeError
 from ..wire.heartbeat import (
     CLUSTERING,
@@ -150,6 +151,8 @@ class ClientConfig:
     client_ip: str | None = None
     #: the part after ``@`` (default: pid#n)
     instance_name: str | None = None
+    #: an ACL account (Java's ``AclClientRPCHook``): every request goes out signed with it
+    credentials: Credentials | None = None
 
 
 def parse_subscription(topic: str, expression: str | None) -> SubscriptionData:
@@ -669,7 +672,8 @@ async def open_client_instance(
     instance_name = config.instance_name or f"{os.getpid()}#{number}"
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
-            pool = RemotingClientPool(nursery, config.connect_timeout)
+            pool = RemotingClientPool(nursery, config.connect_timeout,
+                                      credentials=config.credentials)
             instance = ClientInstance(
                 namesrv_addrs=addrs, config=config, client_id=f"{client_ip}@{instance_name}",
                 client_ip=client_ip, pool=pool, nursery=nursery,

@@ -53,6 +53,7 @@ import trio
 
 from .._errors import unwrap_single_exception
 from .._sockets import socket_fd, write_now
+from ..wire.acl import Credentials, sign
 from ..wire.errors import RemotingDecodeError
 from ..wire.layout import INT32_MAX
 from ..wire.record import parse_host_port
@@ -107,6 +108,8 @@ class RemotingClient:
     stream: trio.abc.Stream
     #: what the reader does with a request the server sends (see the module's docstring)
     on_request: Callable[[str, RemotingCommand], None] | None = None
+    #: an ACL account: every request goes out signed with it (``trio_ha.wire.acl.sign``)
+    credentials: Credentials | None = None
     _pending: dict[int, _Call] = attrs.field(factory=dict)
     #: encoded frames for the writer, and their size
     _outbox: list[bytes | memoryview] = attrs.field(factory=list)
@@ -164,6 +167,8 @@ class RemotingClient:
         """Send ``request`` and wait at most ``timeout`` seconds for its response (None: as
         long as the caller's own cancel scope lets it; a timeout is then the caller's to
         report). ``flush``: write it at once rather than with the round's other frames."""
+        if self.credentials is not None:
+            request = sign(request, self.credentials)
         opaque = _next_opaque()
         call = _Call()
         # A lone call (none other waiting on this connection) goes out at once: no other
@@ -195,6 +200,8 @@ class RemotingClient:
         while self._outbox_bytes >= ONEWAY_HIGH_WATER and not self.closed:
             await self._room_lot.park()
         request = attrs.evolve(request, flag=request.flag | RemotingFlag.ONEWAY)
+        if self.credentials is not None:
+            request = sign(request, self.credentials)
         self._queue(encode(request, opaque=_next_opaque()))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -274,7 +281,7 @@ class RemotingClient:
 
 @contextlib.asynccontextmanager
 async def open_remoting_client(
-    address: str, *, connect_timeout: float = 3.0
+    address: str, *, connect_timeout: float = 3.0, credentials: Credentials | None = None
 ) -> AsyncIterator[RemotingClient]:
     """A connected RemotingClient whose reader runs until the block ends."""
     host, port = parse_host_port(address)
@@ -285,7 +292,7 @@ async def open_remoting_client(
         raise RemotingConnectError(f"connecting to {address} timed out") from None
     except OSError as exc:
         raise RemotingConnectError(f"cannot connect to {address}: {exc}") from exc
-    client = RemotingClient(address, stream)
+    client = RemotingClient(address, stream, credentials=credentials)
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
@@ -304,6 +311,8 @@ class RemotingClientPool:
     connect_timeout: float = 3.0
     #: given to every connection (``RemotingClient.on_request``)
     on_request: Callable[[str, RemotingCommand], None] | None = None
+    #: given to every connection: its requests go out signed (``RemotingClient.credentials``)
+    credentials: Credentials | None = None
     _clients: dict[str, RemotingClient] = attrs.field(factory=dict)
     _connecting: dict[str, trio.Lock] = attrs.field(factory=dict)
 
@@ -322,7 +331,7 @@ class RemotingClientPool:
                     stream = await trio.open_tcp_stream(host, port)
             except (OSError, trio.TooSlowError) as exc:
                 raise RemotingConnectError(f"cannot connect to {address}: {exc}") from exc
-            client = RemotingClient(address, stream, self.on_request)
+            client = RemotingClient(address, stream, self.on_request, self.credentials)
             await self.nursery.start(client.run)
             self._clients[address] = client
             return client

@@ -30,6 +30,7 @@ import org.apache.rocketmq.client.producer.TransactionSendResult;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageExt;
+import org.apache.rocketmq.remoting.RPCHook;
 
 /**
  * The real RocketMQ Java client, driven from our interop tests.
@@ -44,13 +45,16 @@ import org.apache.rocketmq.common.message.MessageExt;
  * produce --namesrv A --topic T --count N [--mode sync|async|oneway|batch|transaction] [--batch 32]
  *         [--tx-plan CRU] [--tx-check C|R] [--linger-seconds S]
  *         [--tags TagA,TagB] [--size BYTES] [--prefix TEXT] [--group G] [--timeout MS]
- *         [--retries N] [--delay LEVEL] [--property k=v]...
+ *         [--retries N] [--delay LEVEL] [--property k=v]... [--access-key AK --secret-key SK]
  * push    --namesrv A --topic T[,T2...] --group G [--tags 'TagA || TagB'] [--expect N]
  *         [--max-seconds S] [--idle-seconds S] [--later-first | --always-later | --orderly]
  *         [--max-reconsume N]
  * pull    --namesrv A --topic T[,T2...] --group G [--tags EXPR] [--expect N] [--max-seconds S]
- *         [--idle-seconds S]
+ *         [--idle-seconds S] [--access-key AK --secret-key SK]
  * </pre>
+ *
+ * <p>{@code --access-key}/{@code --secret-key} sign every request with RocketMQ's ACL hook
+ * ({@code AclClientRPCHook}), as an application of a broker with {@code aclEnable=true} does.
  *
  * <p>{@code --later-first} makes the push listener answer RECONSUME_LATER the first time it sees
  * each message, which sends it back to the broker (CONSUMER_SEND_MSG_BACK). {@code --orderly}
@@ -77,6 +81,22 @@ public final class Client {
                     throw new IllegalArgumentException("unknown subcommand " + command);
             }
         });
+    }
+
+    /**
+     * The ACL hook for {@code --access-key}/{@code --secret-key}, or null. Made by reflection:
+     * the hook is in rocketmq-acl, which RocketMQ 5's client classpath does not have, and this
+     * program compiles against both.
+     */
+    static RPCHook aclHook(Options opts) throws Exception {
+        if (!opts.has("access-key")) {
+            return null;
+        }
+        Class<?> credentials = Class.forName("org.apache.rocketmq.acl.common.SessionCredentials");
+        Object session = credentials.getConstructor(String.class, String.class)
+            .newInstance(opts.require("access-key"), opts.require("secret-key"));
+        return (RPCHook) Class.forName("org.apache.rocketmq.acl.common.AclClientRPCHook")
+            .getConstructor(credentials).newInstance(session);
     }
 
     // --- produce ---------------------------------------------------------------------------
@@ -114,7 +134,8 @@ public final class Client {
     }
 
     static void produce(Options opts) throws Exception {
-        DefaultMQProducer producer = new DefaultMQProducer(opts.get("group", "interop_producer"));
+        DefaultMQProducer producer =
+            new DefaultMQProducer(opts.get("group", "interop_producer"), aclHook(opts));
         producer.setNamesrvAddr(opts.require("namesrv"));
         producer.setSendMsgTimeout(opts.getInt("timeout", 5000));
         producer.setRetryTimesWhenSendFailed(opts.getInt("retries", 0));
@@ -368,7 +389,8 @@ public final class Client {
 
     static void pull(Options opts) throws Exception {
         String name = opts.get("name", "pull-" + ProcessHandle.current().pid());
-        DefaultLitePullConsumer consumer = new DefaultLitePullConsumer(opts.require("group"));
+        DefaultLitePullConsumer consumer =
+            new DefaultLitePullConsumer(opts.require("group"), aclHook(opts));
         consumer.setNamesrvAddr(opts.require("namesrv"));
         consumer.setInstanceName(name);
         consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);

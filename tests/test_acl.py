@@ -1,0 +1,320 @@
+"""Issue 15, part 1: RocketMQ 4.9's plain ACL — the signature, plain_acl.yml, the check of
+every request in RocketMQ's order, and a broker with ``aclEnable=true`` serving our client.
+The real Java client with its AclClientRPCHook is in test_interop_java_client.py."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import textwrap
+
+import attrs
+import pytest
+import trio
+
+from trio_ha.acl import AclConfigError, AclFile, AddressPattern, PlainAcl
+from trio_ha.client import (
+    Credentials,
+    Message,
+    MQBrokerError,
+    open_admin,
+    open_client_instance,
+    open_producer,
+    open_pull_consumer,
+)
+from trio_ha.testing import ClusterConfig, open_cluster
+from trio_ha.wire.acl import request_content, sign, signature
+from trio_ha.wire.heartbeat import ConsumerData, HeartbeatData, SubscriptionData
+from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
+
+ADMIN = Credentials("rocketmq2", "12345678")
+APP = Credentials("RocketMQ", "12345678")
+
+ACL_YAML = textwrap.dedent("""\
+    globalWhiteRemoteAddresses:
+      - 10.10.103.*
+      - 192.168.0.*
+    accounts:
+      - accessKey: RocketMQ
+        secretKey: 12345678
+        whiteRemoteAddress:
+        admin: false
+        defaultTopicPerm: DENY
+        defaultGroupPerm: SUB
+        topicPerms:
+          - topicA=DENY
+          - topicB=PUB|SUB
+          - topicC=SUB
+          - Orders=PUB|SUB
+        groupPerms:
+          - groupA=DENY
+          - groupB=PUB|SUB
+      - accessKey: rocketmq2
+        secretKey: 12345678
+        whiteRemoteAddress: 192.168.1.*
+        admin: true
+    """)
+
+
+# ---- the signature --------------------------------------------------------------------------------
+
+
+def test_signature_is_hmac_sha1_over_the_values_in_key_order_then_the_body():
+    fields = {"b": "2", "a": "1", "AccessKey": "RocketMQ", "c": "é"}
+    content = request_content(fields, b"BODY")
+    # Keys in Java's order (upper case before lower), values only, UTF-8, then the body.
+    assert content == "RocketMQ12é".encode() + b"BODY"
+    expected = base64.b64encode(hmac.new(b"12345678", content, hashlib.sha1).digest()).decode()
+    assert signature(content, "12345678") == expected
+
+
+def test_signature_orders_keys_as_java_strings_do_not_as_python_strings():
+    # Java compares UTF-16 code units: a surrogate pair (U+1F600) sorts before U+FFFF;
+    # Python compares code points and puts it after.
+    fields = {"\uffff": "B", "\U0001F600": "A"}
+    assert request_content(fields, None) == b"AB"
+
+
+def test_signing_adds_the_account_and_the_broker_leaves_out_signature_and_unique_key():
+    request = RemotingCommand.request(RequestCode.QUERY_MESSAGE, {"topic": "T", "key": "k"},
+                                      body=b"x")
+    signed = sign(request, Credentials("RocketMQ", "12345678", security_token="tok"))
+    fields = signed.ext_fields
+    assert fields["AccessKey"] == "RocketMQ" and fields["SecurityToken"] == "tok"
+    assert fields["Signature"] == signature(request_content(fields, b"x"), "12345678")
+    # mqadmin adds UNIQUE_KEY after signing: the broker's content leaves it out
+    with_flag = attrs.evolve(signed, ext_fields={**fields, "UNIQUE_KEY": "true"})
+    assert request_content(with_flag.ext_fields, b"x") == request_content(fields, b"x")
+    assert "hunter22" not in repr(Credentials("a" * 7, "hunter22"))
+
+
+# ---- plain_acl.yml -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("pattern", "address", "matches"), [
+    ("", "127.0.0.1", False),
+    ("*", "10.1.2.3", True),
+    ("*.*.*.*", "::1", True),
+    ("192.168.1.*", "192.168.1.77", True),
+    ("192.168.1.*", "192.168.2.77", False),
+    ("192.168.*.*", "192.168.200.1", True),
+    ("192.168.1.10-20", "192.168.1.15", True),
+    ("192.168.1.10-20", "192.168.1.21", False),
+    ("10.1.2.{1,2,3}", "10.1.2.2", True),
+    ("10.1.2.{1,2,3}", "10.1.2.4", False),
+    ("10.0.0.1,10.0.0.9", "10.0.0.9", True),
+    ("127.0.0.1", "127.0.0.1", True),
+    ("::1", "0:0:0:0:0:0:0:1", True),
+    ("2001:db8::1,2001:db8::2", "2001:db8:0::2", True),
+])
+def test_address_patterns_match_as_rocketmq_reads_them(pattern, address, matches):
+    assert AddressPattern.parse(pattern).match(address) is matches
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    ("accounts:\n  - accessKey: short\n    secretKey: 12345678\n", "accessKey"),
+    ("accounts:\n  - accessKey: RocketMQ\n    secretKey: 123\n", "secretKey"),
+    ("accounts:\n  - {accessKey: RocketMQ, secretKey: 12345678}\n"
+     "  - {accessKey: RocketMQ, secretKey: 87654321}\n", "defined twice"),
+    ("accounts:\n  - {accessKey: RocketMQ, secretKey: 12345678, topicPerms: [topicA]}\n",
+     "name=PERM"),
+    ("accounts: [1, 2]\n", "mapping"),
+    ("- a\n- b\n", "mapping"),
+    ("accounts: [\n", "not YAML"),
+    ("globalWhiteRemoteAddresses: ['2001:db8::*']\n", "IPv6"),
+    ("globalWhiteRemoteAddresses: ['10.0.0.300']\n", "not an IP"),
+])
+def test_a_bad_acl_file_is_refused_with_what_is_wrong(text, names):
+    with pytest.raises(AclConfigError, match=names):
+        PlainAcl.parse(text)
+
+
+def test_an_empty_acl_file_has_no_accounts_and_refuses_everyone():
+    acl = PlainAcl.parse("")
+    request = sign(RemotingCommand.request(RequestCode.GET_BROKER_CONFIG), APP)
+    assert "no ACL account" in (acl.check(request, "127.0.0.1") or "")
+
+
+# ---- the check, in RocketMQ's order ------------------------------------------------------------------
+
+
+def send_v2(topic: str, group: str = "producerGroup") -> RemotingCommand:
+    return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2,
+                                   {"a": group, "b": topic, "c": "TBW102"}, body=b"hello")
+
+
+@pytest.fixture
+def acl() -> PlainAcl:
+    return PlainAcl.parse(ACL_YAML)
+
+
+@pytest.mark.parametrize(("topic", "allowed"), [
+    ("topicA", False), ("topicB", True), ("topicC", False), ("other", False),
+])
+def test_sends_need_pub_on_their_topic_explicit_or_default(acl, topic, allowed):
+    refusal = acl.check(sign(send_v2(topic), APP), "127.0.0.1")
+    if allowed:
+        assert refusal is None
+    else:
+        assert refusal == f"AccessKey 'RocketMQ' has no PUB permission on topic {topic}"
+
+
+def test_pulls_need_sub_on_the_topic_and_on_the_groups_retry_topic(acl):
+    def pull(topic, group):
+        return sign(RemotingCommand.request(
+            RequestCode.PULL_MESSAGE, {"topic": topic, "consumerGroup": group}), APP)
+
+    assert acl.check(pull("topicC", "groupB"), "127.0.0.1") is None
+    assert acl.check(pull("topicC", "anyGroup"), "127.0.0.1") is None  # defaultGroupPerm SUB
+    assert "SUB permission on group groupA" in (acl.check(pull("topicC", "groupA"), "h") or "")
+    assert "SUB permission on topic topicA" in (acl.check(pull("topicA", "groupB"), "h") or "")
+
+
+def test_a_consumers_heartbeat_needs_sub_on_each_subscription(acl):
+    def heartbeat(topic):
+        body = HeartbeatData("c1", consumer_data_set=[ConsumerData(
+            "groupB", subscription_data_set=[SubscriptionData(topic)])]).encode()
+        return sign(RemotingCommand.request(RequestCode.HEART_BEAT, body=body), APP)
+
+    assert acl.check(heartbeat("topicB"), "127.0.0.1") is None
+    assert "topic topicA" in (acl.check(heartbeat("topicA"), "127.0.0.1") or "")
+    broken = sign(RemotingCommand.request(RequestCode.HEART_BEAT, body=b"{not json"), APP)
+    assert "cannot work out" in (acl.check(broken, "127.0.0.1") or "")
+
+
+def test_refusals_name_the_missing_key_the_unknown_key_and_the_bad_signature(acl):
+    unsigned = send_v2("topicB")
+    assert "no AccessKey" in (acl.check(unsigned, "127.0.0.1") or "")
+    stranger = sign(send_v2("topicB"), Credentials("Stranger", "12345678"))
+    assert acl.check(stranger, "127.0.0.1") == "no ACL account has AccessKey 'Stranger'"
+    forged = sign(send_v2("topicB"), Credentials("RocketMQ", "wrong-secret"))
+    assert "signature does not match" in (acl.check(forged, "127.0.0.1") or "")
+    # a field changed after signing breaks the signature too
+    tampered = sign(send_v2("topicB"), APP)
+    tampered = attrs.evolve(tampered, ext_fields={**tampered.ext_fields, "b": "topicA"})
+    assert "signature does not match" in (acl.check(tampered, "127.0.0.1") or "")
+    huge = sign(send_v2("topicB"), Credentials("K" * 200_000, "12345678"))
+    remark = acl.check(huge, "127.0.0.1") or ""
+    assert "no ACL account" in remark and len(remark) < 200
+
+
+def test_whitelisted_addresses_pass_as_in_rocketmq(acl):
+    # the global whitelist passes anything, signed or not
+    assert acl.check(send_v2("topicA"), "10.10.103.7") is None
+    # an account's own whitelist passes its requests without the signature or permissions
+    # being checked (RocketMQ's trusted-address bypass)
+    forged = sign(send_v2("topicA"), Credentials("rocketmq2", "wrong-secret"))
+    assert acl.check(forged, "192.168.1.5") is None
+    assert "signature" in (acl.check(forged, "192.168.2.5") or "")
+
+
+def test_admin_codes_need_an_admin_account(acl):
+    create = RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "topicB"})
+    assert "needs an admin account" in (acl.check(sign(create, APP), "127.0.0.1") or "")
+    assert acl.check(sign(create, ADMIN), "127.0.0.1") is None
+
+
+def test_sends_to_the_trace_topic_pass_whatever_the_topic_permissions(acl):
+    assert acl.check(sign(send_v2("RMQ_SYS_TRACE_TOPIC"), APP), "127.0.0.1") is None
+
+
+# ---- reloads --------------------------------------------------------------------------------------------
+
+
+def test_the_acl_file_reloads_on_change_and_keeps_the_last_good_accounts(tmp_path):
+    path = tmp_path / "plain_acl.yml"
+    path.write_text(ACL_YAML)
+    live = AclFile.open(str(path))
+    request = sign(send_v2("other"), APP)
+    assert live.check(request, "127.0.0.1") is not None
+    path.write_text(ACL_YAML.replace("defaultTopicPerm: DENY", "defaultTopicPerm: PUB"))
+    os.utime(path, ns=(1, 1))  # a new mtime even on a coarse clock
+    assert live.reload_if_changed() is True
+    assert live.check(request, "127.0.0.1") is None
+    path.write_text("accounts: [\n")  # a half-saved edit
+    os.utime(path, ns=(2, 2))
+    assert live.reload_if_changed() is False and live.failed_reloads == 1
+    assert live.check(request, "127.0.0.1") is None  # the last good accounts stay
+    with pytest.raises(AclConfigError, match="cannot be read"):
+        AclFile.open(str(tmp_path / "missing.yml"))
+
+
+# ---- a broker with aclEnable=true ----------------------------------------------------------------------
+
+
+async def test_a_broker_with_acl_serves_signed_clients_and_answers_no_permission_to_others(
+        tmp_path):
+    """Where RocketMQ 4.9 answers an ACL refusal SYSTEM_ERROR, this broker answers
+    NO_PERMISSION, with a remark naming what was refused; the refused connection and the
+    broker keep serving."""
+    acl_path = tmp_path / "plain_acl.yml"
+    acl_path.write_text(ACL_YAML)
+    config = ClusterConfig(data_dir=str(tmp_path / "data"), slaves=0,
+                           master_role="ASYNC_MASTER",
+                           properties={"aclEnable": "true", "plainAclFile": str(acl_path)})
+    async with open_cluster(config) as cluster:
+        namesrv = cluster.namesrv_addr
+        async with open_client_instance(namesrv, credentials=ADMIN) as admin_client, \
+                open_admin(admin_client) as admin:
+            await admin.create_topic("Orders", 4, cluster="DefaultCluster")
+            await admin.create_topic("topicA", 4, cluster="DefaultCluster")
+        async with open_client_instance(namesrv, credentials=APP) as client, \
+                open_producer(client, "producerGroup") as producer:
+            sent = await producer.send(Message("Orders", b"paid", tags="t"))
+            assert sent.send_status.name == "SEND_OK"
+            with pytest.raises(MQBrokerError) as refused:
+                await producer.send(Message("topicA", b"no"))
+            assert refused.value.code == ResponseCode.NO_PERMISSION
+            assert "no PUB permission on topic topicA" in str(refused.value)
+            # the same connection still serves
+            assert (await producer.send(Message("Orders", b"again"))).send_status.name \
+                == "SEND_OK"
+            async with open_pull_consumer(client, "groupB") as consumer:
+                queue = [q for q in await consumer.queues("Orders")
+                         if q.queue_id == sent.message_queue.queue_id][0]
+                pulled = await consumer.pull(queue, sent.queue_offset, 1, timeout=5)
+                assert [m.body for m in pulled.messages] == [b"paid"]
+        async with open_client_instance(namesrv) as anonymous, \
+                open_producer(anonymous, "producerGroup") as producer:
+            with pytest.raises(MQBrokerError) as unsigned:
+                await producer.send(Message("Orders", b"who"))
+            assert unsigned.value.code == ResponseCode.NO_PERMISSION
+            assert "no AccessKey" in str(unsigned.value)
+        wrong = Credentials("RocketMQ", "not-the-secret")
+        async with open_client_instance(namesrv, credentials=wrong) as forger, \
+                open_producer(forger, "producerGroup") as producer:
+            with pytest.raises(MQBrokerError, match="signature does not match"):
+                await producer.send(Message("Orders", b"forged"))
+
+        # The operator grants topicA: the broker picks the file up without a restart.
+        acl_path.write_text(ACL_YAML.replace("topicA=DENY", "topicA=PUB"))
+        async with open_client_instance(namesrv, credentials=APP) as client, \
+                open_producer(client, "producerGroup") as producer:
+            async def granted() -> bool:
+                try:
+                    await producer.send(Message("topicA", b"now"))
+                except MQBrokerError as exc:
+                    assert exc.code == ResponseCode.NO_PERMISSION
+                    return False
+                return True
+
+            for _ in range(100):  # the broker polls the file every 0.5 s
+                if await granted():
+                    break
+                await trio.sleep(0.1)
+            else:
+                pytest.fail("the broker did not pick up the edited plain_acl.yml in 10 s")
+
+
+def test_acl_enable_without_a_file_is_a_start_error(monkeypatch):
+    from trio_ha.broker.config import BrokerConfig
+    from trio_ha.config import ConfigError
+
+    monkeypatch.delenv("ROCKETMQ_HOME", raising=False)
+    config = BrokerConfig.from_properties("aclEnable=true\n")
+    with pytest.raises(ConfigError, match="plainAclFile"):
+        config.acl_file_path()
+    monkeypatch.setenv("ROCKETMQ_HOME", "/opt/rocketmq")
+    assert config.acl_file_path() == "/opt/rocketmq/conf/plain_acl.yml"

@@ -1,0 +1,20 @@
+"""Access control: RocketMQ 4.9's plain ACL (``plain_acl.yml`` accounts, signed requests).
+
+``PlainAcl`` decides whether a request may proceed; ``AclFile`` keeps it loaded from the
+file and reloads it on change. What a client signs is ``trio_ha.wire.acl``.
+"""
+
+from .plain import (
+    ADMIN_CODES,
+    AclConfigError,
+    AddressPattern,
+    PlainAccount,
+    PlainAcl,
+    needed_permissions,
+)
+from .watch import AclFile
+
+__all__ = [
+    "ADMIN_CODES", "AclConfigError", "AclFile", "AddressPattern", "PlainAccount", "PlainAcl",
+    "needed_permissions",
+]

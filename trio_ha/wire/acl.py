@@ -1,0 +1,84 @@
+"""What RocketMQ's ACL signs: the bytes of a request a client's secret key vouches for.
+
+RocketMQ 4.9's plain ACL has no handshake: every request carries its account's ``AccessKey``
+(and optionally a ``SecurityToken``) among its extFields, plus a ``Signature``: Base64 of
+HMAC-SHA1, keyed with the account's secret key, over the *values* of every other extField in
+the byte order of their keys (Java's ``TreeMap<String, String>``), concatenated as UTF-8,
+followed by the body. The Java client's ``AclClientRPCHook`` adds the fields and signs; the
+broker's ``PlainAccessValidator`` recomputes the signature over what arrived, leaving out
+``Signature`` and ``UNIQUE_KEY`` (the query-by-unique-key flag, which mqadmin adds after
+signing).
+
+Sans-I/O like the rest of ``wire``: the validator that decides what an account may do is
+``trio_ha.acl``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+
+import attrs
+
+from .remoting import RemotingCommand
+
+__all__ = [
+    "ACCESS_KEY", "SECURITY_TOKEN", "SIGNATURE", "UNSIGNED_FIELDS", "Credentials",
+    "request_content", "sign", "signature",
+]
+
+ACCESS_KEY = "AccessKey"
+SECRET_KEY = "SecretKey"
+SIGNATURE = "Signature"
+SECURITY_TOKEN = "SecurityToken"
+#: extFields the broker leaves out of the signed content (MixAll.UNIQUE_MSG_QUERY_FLAG too)
+UNSIGNED_FIELDS = frozenset({SIGNATURE, "UNIQUE_KEY"})
+
+
+@attrs.frozen(repr=False)
+class Credentials:
+    """An ACL account as a client holds it (Java's ``SessionCredentials``)."""
+
+    access_key: str
+    secret_key: str
+    security_token: str | None = None
+
+    def __repr__(self) -> str:  # never the secret in a log line or a traceback
+        return f"Credentials(access_key={self.access_key!r}, secret_key=<hidden>)"
+
+
+def _java_utf8(text: str) -> bytes:
+    # Java's getBytes(UTF_8) writes '?' for a lone surrogate
+    return text.encode("utf-8", "replace")
+
+
+def request_content(ext_fields: dict[str, str], body: bytes | None,
+                    leave_out: frozenset[str] = UNSIGNED_FIELDS) -> bytes:
+    """The signed bytes: the values of ``ext_fields`` but those in ``leave_out``, ordered by
+    key as Java's ``String.compareTo`` orders them (UTF-16 code units), then the body."""
+    keys = sorted((key for key in ext_fields if key not in leave_out),
+                  key=lambda key: key.encode("utf-16-be", "surrogatepass"))
+    text = "".join(ext_fields[key] for key in keys)
+    return _java_utf8(text) + (body or b"")
+
+
+def signature(content: bytes, secret_key: str) -> str:
+    """Base64 of HMAC-SHA1 over ``content``, keyed with ``secret_key`` (``AclSigner``)."""
+    digest = hmac.new(_java_utf8(secret_key), content, hashlib.sha1).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def sign(command: RemotingCommand, credentials: Credentials) -> RemotingCommand:
+    """``command`` with the account's fields and its signature added, as the Java client's
+    ``AclClientRPCHook`` sends it (every extField a value, the hook's own ones included)."""
+    fields = dict(command.ext_fields)
+    fields[ACCESS_KEY] = credentials.access_key
+    if credentials.security_token is not None:
+        fields[SECURITY_TOKEN] = credentials.security_token
+    fields.pop(SIGNATURE, None)
+    # The client signs every field (it cannot know which the broker leaves out: mqadmin
+    # adds UNIQUE_KEY after signing), so only Signature itself stays out here.
+    content = request_content(fields, command.body, frozenset({SIGNATURE}))
+    fields[SIGNATURE] = signature(content, credentials.secret_key)
+    return attrs.evolve(command, ext_fields=fields)
