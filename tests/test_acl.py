@@ -309,12 +309,85 @@ async def test_a_broker_with_acl_serves_signed_clients_and_answers_no_permission
 
 
 def test_acl_enable_without_a_file_is_a_start_error(monkeypatch):
+    from trio_ha.acl import acl_file_path
     from trio_ha.broker.config import BrokerConfig
     from trio_ha.config import ConfigError
 
     monkeypatch.delenv("ROCKETMQ_HOME", raising=False)
     config = BrokerConfig.from_properties("aclEnable=true\n")
+    assert config.acl_enable
     with pytest.raises(ConfigError, match="plainAclFile"):
-        config.acl_file_path()
+        acl_file_path(config.plain_acl_file)
     monkeypatch.setenv("ROCKETMQ_HOME", "/opt/rocketmq")
-    assert config.acl_file_path() == "/opt/rocketmq/conf/plain_acl.yml"
+    assert acl_file_path(None) == "/opt/rocketmq/conf/plain_acl.yml"
+    assert acl_file_path("/etc/acl.yml") == "/etc/acl.yml"
+
+
+# ---- the name server's admin verbs ----------------------------------------------------------------------
+
+
+async def test_a_name_server_with_acl_wants_an_admin_account_for_its_admin_verbs(
+        nursery, tmp_path):
+    """Our extension (RocketMQ 4.9's name server checks nothing): with aclEnable, deleting a
+    topic, changing a broker's write permission, the KV config and config updates need an
+    admin account's signed request; route lookups and broker registrations stay unsigned."""
+    from trio_ha.namesrv import NamesrvConfig, serve_namesrv
+    from trio_ha.remoting import open_remoting_client
+
+    acl_path = tmp_path / "plain_acl.yml"
+    acl_path.write_text(ACL_YAML)
+    config = NamesrvConfig.from_properties({
+        "listenPort": "0", "bindAddress": "127.0.0.1", "aclEnable": "true",
+        "plainAclFile": str(acl_path), "kvConfigPath": str(tmp_path / "kv.json")})
+    _, port = await nursery.start(serve_namesrv, config)
+    put = RemotingCommand.request(RequestCode.PUT_KV_CONFIG,
+                                  {"namespace": "ORDER_TOPIC_CONFIG", "key": "T", "value": "a:4"})
+
+    async def call(request, credentials=None):
+        async with open_remoting_client(f"127.0.0.1:{port}", credentials=credentials) as c:
+            return await c.invoke(request, 5)
+
+    unsigned = await call(put)
+    assert unsigned.code == ResponseCode.NO_PERMISSION and "no AccessKey" in (unsigned.remark or "")
+    by_app = await call(put, APP)
+    assert by_app.code == ResponseCode.NO_PERMISSION
+    assert "needs an admin account" in (by_app.remark or "")
+    assert (await call(put, ADMIN)).code == ResponseCode.SUCCESS
+    lookup = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T"})
+    assert (await call(lookup)).code == ResponseCode.TOPIC_NOT_EXIST  # unchecked
+    read = RemotingCommand.request(RequestCode.GET_KV_CONFIG,
+                                   {"namespace": "ORDER_TOPIC_CONFIG", "key": "T"})
+    assert (await call(read)).ext_fields.get("value") == "a:4"
+
+
+def test_the_cli_signs_with_the_account_it_is_given(tmp_path):
+    """``trio-ha --access-key/--secret-key`` (or $TRIO_HA_ACCESS_KEY/$TRIO_HA_SECRET_KEY)
+    signs every request of a client command; without them an ACL broker refuses, and the
+    refusal is the command's one line on stderr."""
+    import subprocess
+    import sys
+
+    from trio_ha.testing import ProcessCluster
+
+    acl_path = tmp_path / "plain_acl.yml"
+    acl_path.write_text(ACL_YAML)
+    config = ClusterConfig(data_dir=str(tmp_path / "data"), slaves=0,
+                           master_role="ASYNC_MASTER",
+                           properties={"aclEnable": "true", "plainAclFile": str(acl_path)})
+
+    def cli(*args, env=None):
+        return subprocess.run([sys.executable, "-m", "trio_ha.cli", *args], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, **(env or {})})
+
+    with ProcessCluster.start(config) as running:
+        create = ("admin", "update-topic", "-n", running.namesrv_addr, "-t", "CliAcl",
+                  "-r", "2", "-w", "2", "--json")
+        refused = cli(*create)
+        assert refused.returncode == 1 and "no AccessKey" in refused.stderr, refused.stderr
+        as_app = cli("--access-key", APP.access_key, "--secret-key", APP.secret_key, *create)
+        assert as_app.returncode == 1 and "needs an admin account" in as_app.stderr
+        as_admin = cli(*create, env={"TRIO_HA_ACCESS_KEY": ADMIN.access_key,
+                                     "TRIO_HA_SECRET_KEY": ADMIN.secret_key})
+        assert as_admin.returncode == 0, as_admin.stderr
+        half = cli("--access-key", "only-the-key", *create)
+        assert half.returncode == 2 and "go together" in half.stderr

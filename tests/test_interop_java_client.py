@@ -392,6 +392,9 @@ accounts:
     defaultGroupPerm: SUB
     topicPerms:
       - AclOrders=PUB|SUB
+  - accessKey: rocketmq2
+    secretKey: "87654321"
+    admin: true
 """
 
 
@@ -433,3 +436,19 @@ def test_the_java_client_with_its_acl_hook_is_served_and_without_it_refused(
             "OtherTopic", "--count", 1, *signed)
         lines = program_lines(out)
         assert lines[0]["code"] == 16 and "topic OtherTopic" in lines[0]["remark"], out[-3000:]
+
+        # mqadmin signs with conf/tools.yml's account: an admin one may create a topic, the
+        # application's may not
+        home = tmp_path / "home"
+        tools = home / "conf" / "tools.yml"
+        tools.parent.mkdir(parents=True)
+        tools.write_text("accessKey: rocketmq2\nsecretKey: 87654321\n")
+        master = running.master.addr
+        out = rocketmq_clients.mqadmin(tmp_path / "adm", "updateTopic", "-n", namesrv,
+                                       "-b", master, "-t", "AclAdminTopic", home=home)
+        assert f"create topic to {master} success" in out, out[-3000:]
+        tools.write_text("accessKey: RocketMQ\nsecretKey: 12345678\n")
+        out = rocketmq_clients.mqadmin(tmp_path / "adm2", "updateTopic", "-n", namesrv,
+                                       "-b", master, "-t", "AclAdminTopic2", home=home,
+                                       check=False)
+        assert "success" not in out and "needs an admin account" in out, out[-3000:]

@@ -6,15 +6,16 @@ file and reloads it on change. What a client signs is ``trio_ha.wire.acl``.
 
 from .plain import (
     ADMIN_CODES,
+    NAMESRV_ADMIN_CODES,
     AclConfigError,
     AddressPattern,
     PlainAccount,
     PlainAcl,
     needed_permissions,
 )
-from .watch import AclFile
+from .watch import AclFile, acl_file_path
 
 __all__ = [
-    "ADMIN_CODES", "AclConfigError", "AclFile", "AddressPattern", "PlainAccount", "PlainAcl",
-    "needed_permissions",
+    "ADMIN_CODES", "NAMESRV_ADMIN_CODES", "AclConfigError", "AclFile", "AddressPattern",
+    "PlainAccount", "PlainAcl", "acl_file_path", "needed_permissions",
 ]

@@ -41,7 +41,8 @@ from ..wire.metadata import RETRY_GROUP_TOPIC_PREFIX, TRACE_TOPIC
 from ..wire.remoting import RemotingCommand, RequestCode
 
 __all__ = [
-    "ADMIN_CODES", "ANY", "DENY", "PUB", "SUB", "AclConfigError", "AddressPattern",
+    "ADMIN_CODES", "ANY", "DENY", "NAMESRV_ADMIN_CODES", "PUB", "SUB", "AclConfigError",
+    "AddressPattern",
     "PlainAccount", "PlainAcl", "needed_permissions", "parse_permission",
 ]
 
@@ -56,6 +57,15 @@ ADMIN_CODES = frozenset({
     RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.UPDATE_BROKER_CONFIG,
     RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
     RequestCode.DELETE_SUBSCRIPTIONGROUP,
+})
+
+#: the name server's admin verbs: with ACL on, only an admin account's signed requests (our
+#: extension: RocketMQ 4.9's name server checks nothing); its other requests are unchecked,
+#: since brokers register and clients look routes up without signing
+NAMESRV_ADMIN_CODES = frozenset({
+    RequestCode.DELETE_TOPIC_IN_NAMESRV, RequestCode.WIPE_WRITE_PERM_OF_BROKER,
+    RequestCode.ADD_WRITE_PERM_OF_BROKER, RequestCode.PUT_KV_CONFIG,
+    RequestCode.DELETE_KV_CONFIG, RequestCode.UPDATE_NAMESRV_CONFIG,
 })
 
 #: RocketMQ refuses keys this short (AclConstants.ACCESS_KEY_MIN_LENGTH / SECRET_KEY_...)
@@ -349,9 +359,11 @@ class PlainAcl:
             text = file.read(MAX_FILE_BYTES + 1)
         return cls.parse(text, path)
 
-    def check(self, request: RemotingCommand, peer_host: str) -> str | None:
+    def check(self, request: RemotingCommand, peer_host: str,
+              admin_codes: frozenset[int] = ADMIN_CODES) -> str | None:
         """None when ``request`` from ``peer_host`` may proceed, else the refusal's remark
-        (see the module's docstring for the order of the checks)."""
+        (see the module's docstring for the order of the checks). ``admin_codes``: the
+        request codes only an admin account may send (the name server has its own)."""
         if any(pattern.match(peer_host) for pattern in self.global_white):
             return None
         ext = request.ext_fields
@@ -374,7 +386,7 @@ class PlainAcl:
             return f"cannot work out what the request touches: {exc}"
         if needed.get(TRACE_TOPIC) == PUB:
             return None
-        if request.code in ADMIN_CODES and not account.admin:
+        if request.code in admin_codes and not account.admin:
             return (f"request code {request.code} needs an admin account; AccessKey "
                     f"{_quoted(access_key)} is not one")
         if account.admin and not account.perms:  # an admin without perms lists may do all

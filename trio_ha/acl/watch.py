@@ -19,15 +19,28 @@ import os
 import attrs
 import trio
 
+from ..config import ConfigError
 from ..wire.remoting import RemotingCommand
-from .plain import AclConfigError, PlainAcl
+from .plain import ADMIN_CODES, AclConfigError, PlainAcl
 
-__all__ = ["AclFile"]
+__all__ = ["AclFile", "acl_file_path"]
 
 log = logging.getLogger(__name__)
 
 #: RocketMQ's AclFileWatchService period
 WATCH_INTERVAL = 0.5
+
+
+def acl_file_path(configured: str | None) -> str:
+    """Where plain_acl.yml is: ``plainAclFile`` when configured, else RocketMQ's place,
+    $ROCKETMQ_HOME/conf/plain_acl.yml; ConfigError when neither is known."""
+    if configured:
+        return configured
+    home = os.environ.get("ROCKETMQ_HOME")
+    if home:
+        return os.path.join(home, "conf", "plain_acl.yml")
+    raise ConfigError("aclEnable=true needs plainAclFile (the path of plain_acl.yml) or "
+                      "$ROCKETMQ_HOME (RocketMQ's conf/plain_acl.yml under it)")
 
 
 def _stamp(path: str) -> tuple[int, int] | None:
@@ -66,9 +79,10 @@ class AclFile:
                  ", ".join(sorted(acl.accounts)) or "none")
         return cls(path, acl, stamp, text)
 
-    def check(self, request: RemotingCommand, peer_host: str) -> str | None:
+    def check(self, request: RemotingCommand, peer_host: str,
+              admin_codes: frozenset[int] = ADMIN_CODES) -> str | None:
         """``PlainAcl.check`` with the accounts loaded last."""
-        return self.acl.check(request, peer_host)
+        return self.acl.check(request, peer_host, admin_codes)
 
     def reload_if_changed(self) -> bool:
         """Read the file again if its size or mtime moved; True when new accounts took

@@ -10,7 +10,6 @@ issue #6537). An unknown key is an error (``config_keys``: a typo is not a defau
 from __future__ import annotations
 
 import logging
-import os
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -170,17 +169,6 @@ class BrokerConfig:
             if text is not None:
                 out[special.get(name, camel_case(name))] = text
         return dict(sorted(out.items()))
-
-    def acl_file_path(self) -> str:
-        """plain_acl.yml's path: ``plainAclFile``, else RocketMQ's place under
-        $ROCKETMQ_HOME; ConfigError when neither is given."""
-        if self.plain_acl_file:
-            return self.plain_acl_file
-        home = os.environ.get("ROCKETMQ_HOME")
-        if home:
-            return os.path.join(home, "conf", "plain_acl.yml")
-        raise ConfigError("aclEnable=true needs plainAclFile (the path of plain_acl.yml) or "
-                          "$ROCKETMQ_HOME (RocketMQ's conf/plain_acl.yml under it)")
 
     @property
     def role(self) -> BrokerRole:

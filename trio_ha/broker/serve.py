@@ -43,7 +43,7 @@ import attrs
 import trio
 
 from .._sockets import listen_named
-from ..acl import AclFile
+from ..acl import AclFile, acl_file_path
 from ..remoting import (
     FastHandler,
     PendingReply,
@@ -232,7 +232,7 @@ async def _serve(
     if config.acl_enable:
         # Every request reaches the fast handler first (it hands the rest to tasks), so the
         # check there covers both ports and every code, once.
-        acl = await trio.to_thread.run_sync(AclFile.open, config.acl_file_path())
+        acl = await trio.to_thread.run_sync(AclFile.open, acl_file_path(config.plain_acl_file))
         nursery.start_soon(acl.watch)
         fast = acl_checked(acl, fast)
     servers = {"main": RemotingServer(functools.partial(handle, broker), limits, budgets,

@@ -37,6 +37,14 @@ def _print_version(value: bool) -> None:
 
 #: show the traceback of an expected failure too (``--debug``)
 _DEBUG = False
+#: the ACL account the client commands sign with (``--access-key``/``--secret-key``)
+_CREDENTIALS: Any = None
+
+
+def client_options() -> dict[str, Any]:
+    """What every client command opens its client instance with: the ACL account, if one
+    was given."""
+    return {"credentials": _CREDENTIALS} if _CREDENTIALS is not None else {}
 
 
 @app.callback()
@@ -50,10 +58,23 @@ def _main(
                                          help="human lines, or one JSON object per line"),
     log_file: str | None = typer.Option(None, "--log-file",
                                         help="append the log here instead of stderr"),
+    access_key: str | None = typer.Option(
+        None, "--access-key", envvar="TRIO_HA_ACCESS_KEY",
+        help="ACL account: client commands sign every request (brokers with aclEnable)"),
+    secret_key: str | None = typer.Option(
+        None, "--secret-key", envvar="TRIO_HA_SECRET_KEY", show_envvar=True,
+        help="the ACL account's secret key (prefer the environment variable)"),
 ) -> None:
     """The ``trio-ha`` command line."""
-    global _DEBUG
+    global _DEBUG, _CREDENTIALS
     _DEBUG = debug
+    if (access_key is None) != (secret_key is None):
+        print("trio-ha: --access-key and --secret-key go together", file=sys.stderr)
+        raise typer.Exit(2)
+    if access_key is not None and secret_key is not None:
+        from ..wire.acl import Credentials
+
+        _CREDENTIALS = Credentials(access_key, secret_key)
     try:
         configure_logging(log_level, log_format, log_file)
     except OSError as exc:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 import typer
 
-from ._app import app
+from ._app import app, client_options
 
 if TYPE_CHECKING:
     from ..wire.route import ClusterInfo
@@ -133,7 +133,7 @@ async def cluster_rows(namesrv: str) -> Rows:
     """A row per broker of every cluster, with what its runtime info says."""
     from ..client import open_admin
 
-    async with open_admin(namesrv) as admin:
+    async with open_admin(namesrv, **client_options()) as admin:
         _, brokers, runtime = await brokers_and_runtime(admin)
     rows = []
     for cluster, name, broker_id, address in brokers:
@@ -175,7 +175,7 @@ def topic_list(cluster: str = typer.Option(None, "-c", "--cluster",
     from ..client import open_admin
 
     async def work() -> list[str]:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             if cluster is not None:
                 return await admin.topics_by_cluster(cluster)
             return sorted(await admin.topic_list())
@@ -194,7 +194,7 @@ def topic_route(topic: str = typer.Option(..., "-t", "--topic"),
     from ..client import open_admin
 
     async def work():
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             return await admin.topic_route(topic)
 
     route = run_client(work)
@@ -234,7 +234,7 @@ def update_topic(
     from ..client import open_admin
 
     async def work() -> dict[str, str]:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             return await admin.create_topic(topic, cluster=cluster, read_queue_nums=read_queues,
                                             write_queue_nums=write_queues, perm=perm,
                                             order=order)
@@ -254,7 +254,7 @@ def topic_status(topic: str = typer.Option(..., "-t", "--topic"),
     from ..client import open_admin
 
     async def work():
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             return await admin.topic_stats(topic)
 
     stats = run_client(work)
@@ -283,7 +283,7 @@ def broker_status(broker: str = typer.Option(..., "-b", "--broker", help="broker
     from ..client import open_admin
 
     async def work() -> dict[str, str]:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             return await admin.runtime_info(broker)
 
     table = run_client(work)
@@ -301,7 +301,7 @@ def broker_config(broker: str = typer.Option(..., "-b", "--broker", help="broker
     from ..client import open_admin
 
     async def work() -> dict[str, str]:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             return await admin.broker_config(broker)
 
     table = run_client(work)
@@ -330,7 +330,7 @@ def consumer_progress(group: str = typer.Option(..., "-g", "--group"),
     from ..client import open_admin
 
     async def work():
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             return await admin.consume_stats(group, topic)
 
     stats = run_client(work)
@@ -348,7 +348,7 @@ def consumer_connection(group: str = typer.Option(..., "-g", "--group"),
     from ..client import open_admin
 
     async def work() -> dict[str, Any]:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             return await admin.consumer_connections(group)
 
     body = run_client(work)
@@ -402,7 +402,7 @@ def message_get(
     from ..client import MQError, open_admin
 
     async def work() -> tuple[list, str | None]:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             # Both ids are 32 hex digits: with a topic, the client's id is tried first.
             if topic is not None:
                 found = await admin.query_by_key(topic, message_id, unique_key=True)
@@ -429,7 +429,7 @@ def query_msg_by_key(topic: str = typer.Option(..., "-t", "--topic"),
     from ..client import open_admin
 
     async def work() -> list:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             return await admin.query_by_key(topic, key, max_num=max_num)
 
     messages = run_client(work)
@@ -465,7 +465,7 @@ def delete_topic(topic: str = typer.Option(..., "-t", "--topic"),
     from ..client import open_admin
 
     async def work() -> dict[str, str]:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             return await admin.delete_topic(topic, cluster)
 
     done = run_client(work)
@@ -480,7 +480,7 @@ def _write_perm(broker_name: str, namesrv: str, as_json: bool, *, wipe: bool) ->
     from ..client import open_admin
 
     async def work() -> int:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             if wipe:
                 return await admin.wipe_write_perm(broker_name)
             return await admin.add_write_perm(broker_name)
@@ -522,7 +522,7 @@ def update_broker_config(broker: str = typer.Option(..., "-b", "--broker",
     from ..client import open_admin
 
     async def work() -> dict[str, str]:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             await admin.update_broker_config(broker, {key: value})
             return await admin.broker_config(broker)
 
@@ -543,7 +543,7 @@ def update_kv_config(namespace: str = typer.Option(..., "-s", "--namespace"),
     from ..client import open_admin
 
     async def work() -> None:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             await admin.put_kv_config(namespace, key, value)
 
     run_client(work)
@@ -561,7 +561,7 @@ def delete_kv_config(namespace: str = typer.Option(..., "-s", "--namespace"),
     from ..client import open_admin
 
     async def work() -> None:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             await admin.delete_kv_config(namespace, key)
 
     run_client(work)
@@ -578,7 +578,7 @@ def kv_config(namespace: str = typer.Option(..., "-s", "--namespace"),
     from ..client import open_admin
 
     async def work() -> dict[str, str]:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             return await admin.kv_config(namespace)
 
     entries = run_client(work)
@@ -592,7 +592,7 @@ def namesrv_config(namesrv: str = namesrv_option(), as_json: bool = json_option(
     from ..client import open_admin
 
     async def work() -> dict[str, dict[str, str]]:
-        async with open_admin(namesrv) as admin:
+        async with open_admin(namesrv, **client_options()) as admin:
             return await admin.namesrv_config()
 
     configs = run_client(work)

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 import typer
 
-from ._app import app
+from ._app import app, client_options
 from .admin import (
     brokers_and_runtime,
     emit,
@@ -67,7 +67,7 @@ async def cluster_status(namesrv: str) -> dict[str, Any]:
     from ..client import MQError, open_admin
     from ..wire.record import encode_host, message_id, parse_host_port
 
-    async with open_admin(namesrv) as admin:
+    async with open_admin(namesrv, **client_options()) as admin:
         info, members, runtime = await brokers_and_runtime(admin)
 
         async def age_of_offset(master: str, offset: int) -> float | None:

@@ -21,7 +21,7 @@ from typing import Any
 import trio
 import typer
 
-from ._app import app
+from ._app import app, client_options
 from .admin import admin_app, json_option, message_row, namesrv_option, run_client
 
 
@@ -61,7 +61,7 @@ def produce(
         failures: Counter[str] = Counter()
         last: dict[str, Any] = {}
         started = time.perf_counter()
-        async with open_producer(namesrv, group) as producer:
+        async with open_producer(namesrv, group, **client_options()) as producer:
             with progress_bar(f"producing to {topic}", count) as advance:
                 for i in range(count):
                     data = body.encode() if body is not None else f"message #{i}".encode()
@@ -124,7 +124,7 @@ def consume(
 
     async def work() -> int:
         received = 0
-        async with open_pull_consumer(namesrv, group) as consumer:
+        async with open_pull_consumer(namesrv, group, **client_options()) as consumer:
             stream = consumer.messages(topic, from_where=from_where, suspend_timeout=1.0,
                                        commit_interval=1.0)
             with progress_bar(f"consuming {topic}", count or None) as advance:

@@ -26,6 +26,7 @@ import attrs
 import trio
 
 from .. import _backend
+from ..acl import NAMESRV_ADMIN_CODES, AclFile, acl_file_path
 from ..config import ConfigError, check_keys, parse_properties_text, render_value
 from ..remoting import RemotingConnection, RemotingLimits, RemotingServer, not_supported
 from ..remoting.metrics import serve_metrics
@@ -56,6 +57,11 @@ class NamesrvConfig:
     #: the Prometheus endpoint's port (GET /metrics on bind_address; 0: the OS chooses);
     #: None serves no metrics
     metrics_port: int | None = None
+    #: the admin verbs (delete topic, write permissions, KV config, config updates) need an
+    #: admin account of plain_acl.yml (our extension: RocketMQ's name server checks nothing)
+    acl_enable: bool = False
+    #: where plain_acl.yml is (default: $ROCKETMQ_HOME/conf/plain_acl.yml)
+    plain_acl_file: str | None = None
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, str]) -> NamesrvConfig:
@@ -76,6 +82,10 @@ class NamesrvConfig:
                 values["bind_address"] = raw
             elif key == "kvConfigPath":
                 values["kv_config_path"] = os.path.expanduser(raw)
+            elif key == "aclEnable":
+                values["acl_enable"] = _boolean(key, raw)
+            elif key == "plainAclFile":
+                values["plain_acl_file"] = os.path.expanduser(raw)
             elif key == "serverChannelMaxIdleTimeSeconds":
                 values["remoting"] = attrs.evolve(RemotingLimits(),
                                                   idle_timeout=_positive_ms(key, raw) * 1000)
@@ -97,6 +107,8 @@ class NamesrvConfig:
             "brokerChannelExpiredTime": round(self.broker_expiry * 1000),
             "serverChannelMaxIdleTimeSeconds": round(self.remoting.idle_timeout),
             "metricsPort": self.metrics_port,
+            "aclEnable": self.acl_enable,
+            "plainAclFile": self.plain_acl_file,
             "configBlackList": ";".join(CONFIG_BLACK_LIST),
         }
         rendered = {key: render_value(value) for key, value in values.items()}
@@ -143,7 +155,8 @@ RUNTIME_KEYS: dict[str, tuple[str, Callable[[str, str], object]]] = {
 
 #: the keys a namesrv.conf may set here (``NamesrvConfig.from_properties``)
 FILE_KEYS = frozenset({"listenPort", "bindAddress", "kvConfigPath", "metricsPort",
-                       "serverChannelMaxIdleTimeSeconds", *RUNTIME_KEYS})
+                       "serverChannelMaxIdleTimeSeconds", "aclEnable", "plainAclFile",
+                       *RUNTIME_KEYS})
 _ROCKETMQ_NAMESRV_KEY_LIST = """
     rocketmqHome configStorePath productEnvName clusterTest serverWorkerThreads
     serverCallbackExecutorThreads serverSelectorThreads serverOnewaySemaphoreValue
@@ -189,6 +202,8 @@ class NameServer:
     address: tuple[str, int] | None = None
     #: where GET /metrics is served, once serving (None without metrics_port)
     metrics_address: tuple[str, int] | None = None
+    #: with aclEnable: the accounts the admin verbs are checked against
+    acl: AclFile | None = None
 
     async def handle(
         self, request: RemotingCommand, connection: RemotingConnection
@@ -197,6 +212,15 @@ class NameServer:
         if handler is None:
             await trio.lowlevel.checkpoint()
             return not_supported(request)
+        if self.acl is not None and request.code in NAMESRV_ADMIN_CODES:
+            host = connection.peer.rpartition(":")[0].strip("[]")
+            refusal = self.acl.check(request, host, NAMESRV_ADMIN_CODES)
+            if refusal is not None:
+                await trio.lowlevel.checkpoint()
+                log.info("namesrv: ACL refused request code %d from %s: %s", request.code,
+                         connection.peer, refusal)
+                return RemotingCommand.response_to(request, ResponseCode.NO_PERMISSION,
+                                                   remark=refusal)
         return await handler(self, request, connection)
 
     # ---- brokers -----------------------------------------------------------------------------
@@ -474,6 +498,8 @@ class NameServer:
                 self.metrics_address = metrics_address
                 log.info("name server: metrics at http://%s:%d/metrics", *metrics_address)
             nursery.start_soon(self.run_expiry)
+            if self.acl is not None:
+                nursery.start_soon(self.acl.watch)
             log.info("name server listening on %s:%d", *address)
             task_status.started(address)
 
@@ -528,4 +554,7 @@ async def serve_namesrv(
     ``KVConfigFileError`` (a ConfigError) if ``kv_config_path`` holds a damaged table."""
     kv = await trio.to_thread.run_sync(functools.partial(KVConfigManager.load,
                                                          config.kv_config_path))
-    await NameServer(config, kv=kv).serve(task_status=task_status)
+    acl = None
+    if config.acl_enable:
+        acl = await trio.to_thread.run_sync(AclFile.open, acl_file_path(config.plain_acl_file))
+    await NameServer(config, kv=kv, acl=acl).serve(task_status=task_status)

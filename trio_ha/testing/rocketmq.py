@@ -472,14 +472,27 @@ class RocketMQ:
         return _finish(program, timeout, check)
 
     def mqadmin(self, run_dir: str | os.PathLike, *args: object, timeout: float = 120.0,
-                check: bool = True) -> str:
+                check: bool = True, home: str | os.PathLike | None = None) -> str:
         """``mqadmin <args>``; returns what it printed. Raises if it exits non-zero (unless
         ``check`` is false).
 
         It runs mqadmin's own main through ``trioha.interop.Admin``, which ends the JVM when
         that main returns, with the launcher's exit status, instead of waiting out the two idle
-        seconds of netty's shutdown."""
-        program = self.start_program(run_dir, "trioha.interop.Admin", *args, name="mqadmin")
+        seconds of netty's shutdown.
+
+        ``home``: a ROCKETMQ_HOME of the caller's instead of the shared one, for files mqadmin
+        reads there (``conf/tools.yml``: the ACL account it signs with); the shared home's
+        other conf files are copied into it when missing."""
+        properties = None
+        if home is not None:
+            conf = Path(home) / "conf"
+            conf.mkdir(parents=True, exist_ok=True)
+            for path in (self.home / "conf").iterdir():
+                if path.is_file() and not (conf / path.name).exists():
+                    shutil.copyfile(path, conf / path.name)
+            properties = {"rocketmq.home.dir": str(home)}  # the last -D of a name wins
+        program = self.start_program(run_dir, "trioha.interop.Admin", *args, name="mqadmin",
+                                     properties=properties)
         return _finish(program, timeout, check)
 
 
