@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from .wire.ha_auth import MIN_SECRET_LENGTH
 from .wire.layout import (
     CQ_ENTRY_SIZE,
     DEFAULT_COMMITLOG_SEGMENT_SIZE,
@@ -77,6 +78,14 @@ def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: Any) ->
 def _cq_entries(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value % CQ_ENTRY_SIZE:
         raise ConfigError(f"{attribute.name}={value} must be a multiple of {CQ_ENTRY_SIZE}")
+
+
+#: settings GET_BROKER_CONFIG must not reveal
+_SECRET_FIELDS = frozenset({"ha_auth_secret"})
+def _ha_auth_secret(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and len(value) < MIN_SECRET_LENGTH:
+        raise ConfigError(f"haAuthSecret must be at least {MIN_SECRET_LENGTH} characters: a "
+                          "shorter one could be guessed from one recorded handshake")
 
 
 def _not_below_sync_acks(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -275,6 +284,11 @@ class StoreConfig:
     ha_max_connections: int = attrs.field(
         default=16, validator=[in_range(1, 65535), _not_below_sync_acks]
     )
+    #: a secret shared by a master and its slaves: with it, both ends prove they know it
+    #: before any offset or log byte moves (our extension, trio_ha.wire.ha_auth; a classic
+    #: RocketMQ peer cannot replicate with such a node). None: the classic protocol
+    ha_auth_secret: str | None = attrs.field(default=None, repr=False,
+                                             validator=_ha_auth_secret)
 
     @property
     def delay_levels(self) -> tuple[int, ...]:
@@ -312,11 +326,15 @@ class StoreConfig:
         return {camel_case(name) for name in attrs.fields_dict(cls)} | set(_RENAMED)
 
     def to_properties(self) -> dict[str, str]:
-        """Every setting under RocketMQ's key, as text (GET_BROKER_CONFIG's body)."""
+        """Every setting under RocketMQ's key, as text (GET_BROKER_CONFIG's body); a secret
+        shows only that it is set."""
         renamed = {name: key for key, name in _RENAMED.items()}
         out = {}
         for name in attrs.fields_dict(type(self)):
-            text = render_value(getattr(self, name))
+            value = getattr(self, name)
+            if name in _SECRET_FIELDS and value is not None:
+                value = "<hidden>"
+            text = render_value(value)
             if text is not None:
                 out[renamed.get(name, camel_case(name))] = text
         return out

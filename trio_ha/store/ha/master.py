@@ -57,6 +57,7 @@ from ...ratelog import RateLimitedLog
 from ...watermark import Watermark
 from ...wire.ha import NEED_DATA, HAProtocolError, MasterProtocol
 from ..commitlog import CommitLog
+from .auth import HANDSHAKE_TIMEOUT, authenticate_slave
 from .group_transfer import GroupTransferService, WaitingPut
 from .transfer import HATransport, transport_for
 
@@ -117,6 +118,8 @@ class HAMasterStatistics:
     #: ha_max_connections, and the connections closed at once because it was reached
     max_connections: int = 0
     refused_connections: int = 0
+    #: peers turned away by the authentication handshake (haAuthSecret)
+    auth_failures: int = 0
 
 
 def _host(address: str) -> str:
@@ -369,6 +372,9 @@ class HAService:
     #: kind and peer host every 10 s, so a peer that connects and misbehaves in a loop cannot
     #: fill the log (the hostile suite wrote 3,700 lines in 25 s before)
     peer_log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
+    #: peers turned away by the authentication handshake (haAuthSecret)
+    auth_failures: int = 0
+    _authenticating: int = 0
     _refused: int = 0
     _refused_unlogged: int = 0
     _refusal_logged_at: float = -REFUSAL_LOG_INTERVAL
@@ -402,10 +408,13 @@ class HAService:
         listener passes TCP streams; tests may pass memory streams)."""
         transport = transport_for(stream, method=self.config.ha_transfer_method)
         address = transport.peer
-        if len(self.connections) >= self.config.ha_max_connections:
+        if len(self.connections) + self._authenticating >= self.config.ha_max_connections:
             self._refuse_connection(address)
             with trio.CancelScope(shield=True):
                 await transport.aclose()
+            return
+        if self.config.ha_auth_secret is not None and not await self._authenticate(
+                transport, address, self.config.ha_auth_secret):
             return
         connection = HAConnection(self, transport, address)
         self.connections[id(connection)] = connection
@@ -423,6 +432,28 @@ class HAService:
             self._connection_dropped(connection)
             with trio.CancelScope(shield=True):
                 await transport.aclose()
+
+    async def _authenticate(self, transport: HATransport, address: str, secret: str) -> bool:
+        """With haAuthSecret: the peer proves it knows the secret before anything else
+        (``trio_ha.wire.ha_auth``); one that does not is closed, having had nothing. Peers
+        in the handshake count against ha_max_connections."""
+        self._authenticating += 1
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                await authenticate_slave(transport, secret)
+            return True
+        except (HAProtocolError, OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                trio.TooSlowError) as exc:
+            self.auth_failures += 1
+            self.peer_log.log(logging.WARNING, ("auth", _host(address)),
+                              "HA: %s refused: %s", address,
+                              exc if not isinstance(exc, trio.TooSlowError)
+                              else f"no handshake within {HANDSHAKE_TIMEOUT:g} s")
+            with trio.CancelScope(shield=True):
+                await transport.aclose()
+            return False
+        finally:
+            self._authenticating -= 1
 
     def _refuse_connection(self, address: str) -> None:
         """Count a connection refused at ha_max_connections; log it at most every
@@ -516,6 +547,7 @@ class HAService:
             connections=tuple(c.statistics() for c in self.connections.values()),
             max_connections=self.config.ha_max_connections,
             refused_connections=self._refused,
+            auth_failures=self.auth_failures,
         )
 
 

@@ -52,6 +52,7 @@ from ...wire.ha import (
 )
 from ...wire.record import parse_host_port
 from ..commitlog import CommitLog, ReplicaOffsetError, ReplicaStartError
+from .auth import HANDSHAKE_TIMEOUT, authenticate_master
 from .transfer import HATransport, SocketTransport
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ class HAClientState(enum.StrEnum):
     #: no master address to copy from
     IDLE = "idle"
     CONNECTING = "connecting"
+    #: connected, proving the shared secret to the master and checking its proof
+    #: (haAuthSecret)
+    AUTHENTICATING = "authenticating"
     #: connected, copying the master's log
     TRANSFER = "transfer"
     #: the last session failed; the next attempt comes after the back-off (see the module)
@@ -224,6 +228,11 @@ class HAClient:
         with trio.fail_after(CONNECT_TIMEOUT):
             transport = await self.connect(address)
         try:
+            secret = self.config.ha_auth_secret
+            if secret is not None:
+                self.state = HAClientState.AUTHENTICATING
+                with trio.fail_after(HANDSHAKE_TIMEOUT):
+                    await authenticate_master(transport, secret)
             commitlog = self.commitlog
             local_end = commitlog.max_offset
             protocol = SlaveProtocol(expected=local_end if commitlog.segments.segments else None)
