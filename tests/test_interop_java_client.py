@@ -452,3 +452,40 @@ def test_the_java_client_with_its_acl_hook_is_served_and_without_it_refused(
                                        "-b", master, "-t", "AclAdminTopic2", home=home,
                                        check=False)
         assert "success" not in out and "needs an admin account" in out, out[-3000:]
+
+
+def test_the_java_client_with_tls_enable_talks_to_an_enforcing_cluster(rocketmq_clients,
+                                                                        tmp_path):
+    """Issue 15: name server and broker with tls.server.mode=enforcing (certificates made by
+    trustme now); the real Java client with -Dtls.enable=true sends and pulls, and without
+    it gets nowhere."""
+    import trustme
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    cert, key, ca_path = tmp_path / "server.pem", tmp_path / "server.key", tmp_path / "ca.pem"
+    server.private_key_pem.write_to_path(str(key))
+    cert.write_bytes(b"".join(blob.bytes() for blob in server.cert_chain_pems))
+    ca.cert_pem.write_to_path(str(ca_path))
+    tls = {"tls.server.mode": "enforcing", "tls.server.certPath": str(cert),
+           "tls.server.keyPath": str(key)}
+    config = ClusterConfig(data_dir=str(tmp_path / "ours"), slaves=0,
+                           master_role="ASYNC_MASTER",
+                           properties={**tls, "useTLS": "true",
+                                       "tls.client.trustCertPath": str(ca_path)},
+                           namesrv_properties=tls)
+    # The Java client's own test mode trusts any certificate (tls.test.mode.enable's default)
+    java_tls = {"tls.enable": "true"}
+    with ProcessCluster.start(config) as running:
+        namesrv = running.namesrv_addr
+        sent = produce(rocketmq_clients, tmp_path / "p", namesrv, "TlsOrders", 4,
+                       properties=java_tls)
+        assert [line["status"] for line in sent] == ["SEND_OK"] * 4
+        received = consume(rocketmq_clients, tmp_path / "c", "pull", namesrv, "TlsOrders",
+                           "tlsGroup", 4, properties=java_tls)
+        assert sorted(line["msgId"] for line in received) == sorted(
+            line["msgId"] for line in sent)
+        out = rocketmq_clients.run_program(
+            tmp_path / "plain", CLIENT, "produce", "--namesrv", namesrv, "--topic",
+            "TlsOrders", "--count", 1, "--timeout", 3000, check=False)
+        assert '"errors": 1' in out or '"errors":1' in out, out[-3000:]

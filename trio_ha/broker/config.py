@@ -28,6 +28,7 @@ from ..config import (
     parse_value,
     render_value,
 )
+from ..remoting.tls import TLS_KEYS, TlsClientConfig, TlsServerConfig, tls_settings
 from ..wire.metadata import DEFAULT_TOPIC_QUEUE_NUMS
 from ..wire.permission import Permission
 from .clients import DEFAULT_MAX_PRODUCER_GROUPS
@@ -49,6 +50,9 @@ def _namesrv_addr(instance: Any, attribute: attrs.Attribute[Any], value: Any) ->
         host, sep, port = address.rpartition(":")
         if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"namesrvAddr: {address!r} is not host:port (a port in 1..65535)")
+
+#: BrokerConfig fields that are not one broker.conf key each
+_NOT_KEYS = frozenset({"store", "tls_server", "tls_client"})
 
 #: a broker's HA port, when not configured, is listenPort + 1 (RocketMQ's default)
 HA_PORT_OFFSET = 1
@@ -149,6 +153,10 @@ class BrokerConfig:
         default=None, validator=attrs.validators.optional(in_range(0, 65535))
     )
     store: StoreConfig = attrs.field(factory=StoreConfig)
+    #: TLS on the broker's ports, and on its own connections (registration, slave sync):
+    #: RocketMQ's ``tls.*`` keys, in broker.conf or the ``tls.config.file`` it names
+    tls_server: TlsServerConfig = attrs.field(factory=TlsServerConfig)
+    tls_client: TlsClientConfig = attrs.field(factory=TlsClientConfig)
 
     def __attrs_post_init__(self) -> None:
         if self.store.broker_role is BrokerRole.SLAVE and self.broker_id == 0:
@@ -163,7 +171,7 @@ class BrokerConfig:
         special = {"broker_ip1": "brokerIP1", "broker_ip2": "brokerIP2"}
         out = self.store.to_properties()
         for name in attrs.fields_dict(type(self)):
-            if name == "store":
+            if name in _NOT_KEYS:
                 continue
             text = render_value(getattr(self, name))
             if text is not None:
@@ -189,7 +197,8 @@ class BrokerConfig:
     @classmethod
     def property_fields(cls) -> dict[str, str]:
         """RocketMQ key -> field name, for this class's own fields (not the store's)."""
-        fields = {camel_case(name): name for name in attrs.fields_dict(cls) if name != "store"}
+        fields = {camel_case(name): name for name in attrs.fields_dict(cls)
+                  if name not in _NOT_KEYS}
         fields["brokerIP1"] = "broker_ip1"
         fields["brokerIP2"] = "broker_ip2"
         return fields
@@ -205,7 +214,8 @@ class BrokerConfig:
             properties = parse_properties_text(properties)
         hints = typing.get_type_hints(cls)
         by_camel = cls.property_fields()
-        ignored = check_keys(properties, set(by_camel) | StoreConfig.property_keys())
+        ignored = check_keys(properties,
+                             set(by_camel) | StoreConfig.property_keys() | TLS_KEYS)
         if ignored:
             log.warning("broker.conf: RocketMQ keys with no meaning here, ignored: %s",
                         ", ".join(ignored))
@@ -231,4 +241,8 @@ class BrokerConfig:
         store = attrs.evolve(store, **derived)
         if store.broker_role is not BrokerRole.SLAVE:
             values["broker_id"] = 0
-        return cls(store=store, **values)
+        tls = tls_settings(properties)
+        if str(properties.get("useTLS", "")).strip().lower() == "true":  # NettyClientConfig's
+            tls.setdefault("tls.enable", "true")
+        return cls(store=store, tls_server=TlsServerConfig.from_settings(tls),
+                   tls_client=TlsClientConfig.from_settings(tls), **values)

@@ -12,7 +12,7 @@ An operator's ``broker.conf`` is RocketMQ's. Every key in it is one of three kin
   ``brokerRol`` is a typo caught at start, not a default silently used.
 
 Keys that switch on a feature this broker does not have (``UNSUPPORTED``: DLedger, SQL92
-filtering, TLS, ...) are an error when they are on: the broker would otherwise run without
+filtering, LMQ, ...) are an error when they are on: the broker would otherwise run without
 what the operator asked for (a DLedger group as a plain ASYNC_MASTER).
 """
 
@@ -87,7 +87,6 @@ UNSUPPORTED = {
                              "brokerRole SYNC_MASTER/ASYNC_MASTER/SLAVE",
     "enablePropertyFilter": "SQL92 property filtering is not supported; consumers filter by tag",
     "enableCalcFilterBitMap": "SQL92 property filtering is not supported",
-    "useTLS": "TLS is not supported",
     "enableLmq": "light message queues (LMQ) are not supported",
     "enableMultiDispatch": "multi-dispatch (LMQ) is not supported",
     "duplicationEnable": "commitlog duplication (duplicationEnable) is not supported",

@@ -155,7 +155,7 @@ async def _run(
         metrics_addr=address_of(metrics_listeners),
     )
     async with trio.open_nursery() as nursery:
-        pool = RemotingClientPool(nursery)
+        pool = RemotingClientPool(nursery, tls=config.tls_client)
         registration = Registration(
             config, addresses.broker_addr, addresses.ha_addr, metadata.topics, pool,
             store.ha_client,
@@ -236,11 +236,13 @@ async def _serve(
         nursery.start_soon(acl.watch)
         fast = acl_checked(acl, fast)
     servers = {"main": RemotingServer(functools.partial(handle, broker), limits, budgets,
-                                      on_close=broker.connection_closed, fast=fast)}
+                                      on_close=broker.connection_closed, fast=fast,
+                                      tls=config.tls_server)}
     await nursery.start(functools.partial(servers["main"].serve, 0, listeners=listeners))
     if vip_listeners:
         servers["vip"] = RemotingServer(functools.partial(handle_vip, broker), limits, budgets,
-                                        on_close=broker.connection_closed, fast=fast)
+                                        on_close=broker.connection_closed, fast=fast,
+                                        tls=config.tls_server)
         await nursery.start(functools.partial(servers["vip"].serve, 0, listeners=vip_listeners))
     nursery.start_soon(broker.run_housekeeping)
     if not config.namesrv_addresses:

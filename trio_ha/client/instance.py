@@ -54,6 +54,7 @@ import trio
 
 from .._errors import unwrap_single_exception
 from ..remoting import RemotingClient, RemotingClientPool, RemotingError
+from ..remoting.tls import TlsClientConfig
 from ..wire.acl import Credentials
 from ..wire.errors import RouteDecodeError
 from ..wire.heartbeat import (
@@ -153,6 +154,8 @@ class ClientConfig:
     instance_name: str | None = None
     #: an ACL account (Java's ``AclClientRPCHook``): every request goes out signed with it
     credentials: Credentials | None = None
+    #: TLS for every connection (``TlsClientConfig(enable=True, trust_cert_path=...)``)
+    tls: TlsClientConfig | None = None
 
 
 def parse_subscription(topic: str, expression: str | None) -> SubscriptionData:
@@ -673,7 +676,7 @@ async def open_client_instance(
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
             pool = RemotingClientPool(nursery, config.connect_timeout,
-                                      credentials=config.credentials)
+                                      credentials=config.credentials, tls=config.tls)
             instance = ClientInstance(
                 namesrv_addrs=addrs, config=config, client_id=f"{client_ip}@{instance_name}",
                 client_ip=client_ip, pool=pool, nursery=nursery,

@@ -30,6 +30,7 @@ from ..acl import NAMESRV_ADMIN_CODES, AclFile, acl_file_path
 from ..config import ConfigError, check_keys, parse_properties_text, render_value
 from ..remoting import RemotingConnection, RemotingLimits, RemotingServer, not_supported
 from ..remoting.metrics import serve_metrics
+from ..remoting.tls import TLS_KEYS, TlsServerConfig, tls_settings
 from ..wire.errors import RouteDecodeError
 from ..wire.metadata import DataVersion
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
@@ -62,13 +63,15 @@ class NamesrvConfig:
     acl_enable: bool = False
     #: where plain_acl.yml is (default: $ROCKETMQ_HOME/conf/plain_acl.yml)
     plain_acl_file: str | None = None
+    #: TLS on the port: RocketMQ's ``tls.server.*`` keys (namesrv.conf or tls.config.file)
+    tls_server: TlsServerConfig = attrs.field(factory=TlsServerConfig)
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, str]) -> NamesrvConfig:
         """A ``namesrv.conf`` (RocketMQ's keys) as a config. Unknown keys are an error naming
         the closest known one; RocketMQ's tuning keys (thread pools, buffers) are accepted
         and named in one warning."""
-        ignored = check_keys(properties, FILE_KEYS, accepted=ROCKETMQ_NAMESRV_KEYS)
+        ignored = check_keys(properties, FILE_KEYS | TLS_KEYS, accepted=ROCKETMQ_NAMESRV_KEYS)
         if ignored:
             log.warning("namesrv.conf: RocketMQ keys with no meaning here, ignored: %s",
                         ", ".join(ignored))
@@ -92,6 +95,7 @@ class NamesrvConfig:
             elif key in RUNTIME_KEYS:
                 field, parse = RUNTIME_KEYS[key]
                 values[field] = parse(key, raw)
+        values["tls_server"] = TlsServerConfig.from_settings(tls_settings(properties))
         return cls(**values)
 
     def to_properties(self) -> dict[str, str]:
@@ -484,7 +488,8 @@ class NameServer:
         ``metrics_address`` is set before that report (``serve_namesrv`` loads the KV table
         first, then runs this)."""
         config = self.config
-        remoting = RemotingServer(self.handle, config.remoting, on_close=self.connection_closed)
+        remoting = RemotingServer(self.handle, config.remoting, on_close=self.connection_closed,
+                                  tls=config.tls_server)
         async with trio.open_nursery() as nursery:
             address: tuple[str, int] = await nursery.start(functools.partial(
                 remoting.serve, config.listen_port, host=config.bind_address,

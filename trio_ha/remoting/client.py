@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import ssl
 from collections.abc import AsyncIterator, Callable
 
 import attrs
@@ -58,6 +59,7 @@ from ..wire.errors import RemotingDecodeError
 from ..wire.layout import INT32_MAX
 from ..wire.record import parse_host_port
 from ..wire.remoting import NEED_DATA, FrameDecoder, RemotingCommand, RemotingFlag, encode
+from .tls import TlsClientConfig
 
 log = logging.getLogger(__name__)
 
@@ -279,19 +281,37 @@ class RemotingClient:
             await self.stream.aclose()
 
 
-@contextlib.asynccontextmanager
-async def open_remoting_client(
-    address: str, *, connect_timeout: float = 3.0, credentials: Credentials | None = None
-) -> AsyncIterator[RemotingClient]:
-    """A connected RemotingClient whose reader runs until the block ends."""
+async def _connect(address: str, timeout: float, tls: TlsClientConfig | None,
+                   context: ssl.SSLContext | None) -> trio.abc.Stream:
+    """A stream to ``address``: TCP, with TLS over it when ``tls`` is enabled; the whole of
+    it within ``timeout``."""
     host, port = parse_host_port(address)
     try:
-        with trio.fail_after(connect_timeout):
+        with trio.fail_after(timeout):
             stream = await trio.open_tcp_stream(host, port)
+            if tls is not None and tls.enable:
+                try:
+                    return await tls.wrap(stream, context or tls.context(), host)
+                except BaseException:
+                    await trio.aclose_forcefully(stream)
+                    raise
+            return stream
     except trio.TooSlowError:
         raise RemotingConnectError(f"connecting to {address} timed out") from None
+    except trio.BrokenResourceError as exc:  # the TLS handshake failed
+        raise RemotingConnectError(
+            f"TLS with {address} failed: {exc.__cause__ or exc}") from exc
     except OSError as exc:
         raise RemotingConnectError(f"cannot connect to {address}: {exc}") from exc
+
+
+@contextlib.asynccontextmanager
+async def open_remoting_client(
+    address: str, *, connect_timeout: float = 3.0, credentials: Credentials | None = None,
+    tls: TlsClientConfig | None = None,
+) -> AsyncIterator[RemotingClient]:
+    """A connected RemotingClient whose reader runs until the block ends."""
+    stream = await _connect(address, connect_timeout, tls, None)
     client = RemotingClient(address, stream, credentials=credentials)
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
@@ -313,6 +333,9 @@ class RemotingClientPool:
     on_request: Callable[[str, RemotingCommand], None] | None = None
     #: given to every connection: its requests go out signed (``RemotingClient.credentials``)
     credentials: Credentials | None = None
+    #: with ``enable``: every connection is TLS (RocketMQ's tls.enable)
+    tls: TlsClientConfig | None = None
+    _tls_context: ssl.SSLContext | None = None
     _clients: dict[str, RemotingClient] = attrs.field(factory=dict)
     _connecting: dict[str, trio.Lock] = attrs.field(factory=dict)
 
@@ -325,12 +348,9 @@ class RemotingClientPool:
             client = self._clients.get(address)
             if client is not None and not client.closed:
                 return client
-            host, port = parse_host_port(address)
-            try:
-                with trio.fail_after(self.connect_timeout):
-                    stream = await trio.open_tcp_stream(host, port)
-            except (OSError, trio.TooSlowError) as exc:
-                raise RemotingConnectError(f"cannot connect to {address}: {exc}") from exc
+            if self.tls is not None and self.tls.enable and self._tls_context is None:
+                self._tls_context = self.tls.context()
+            stream = await _connect(address, self.connect_timeout, self.tls, self._tls_context)
             client = RemotingClient(address, stream, self.on_request, self.credentials)
             await self.nursery.start(client.run)
             self._clients[address] = client

@@ -126,6 +126,7 @@ class CloseReason(enum.StrEnum):
     IDLE = "idle"
     REQUEST_TIMEOUT = "a request frame did not arrive within the request timeout"
     WRITE_TIMEOUT = "the peer is not reading its replies"
+    TLS = "refused by the TLS mode, or the TLS handshake failed"
     SHUTDOWN = "server shutdown"
 
 
@@ -137,6 +138,7 @@ _CLOSE_LOG_LEVELS = {
     CloseReason.BAD_FRAME: logging.WARNING,
     CloseReason.REQUEST_TIMEOUT: logging.WARNING,
     CloseReason.WRITE_TIMEOUT: logging.WARNING,
+    CloseReason.TLS: logging.WARNING,
 }
 
 
@@ -252,6 +254,12 @@ class RemotingConnection:
                 self._holds.discard(scope)
 
     # ---- control ---------------------------------------------------------------------------
+
+    def use_stream(self, stream: trio.abc.Stream) -> None:
+        """Serve on ``stream`` instead (TLS over the accepted socket, before serving): its
+        writes go through it, not straight to the socket."""
+        self.stream = stream
+        self._fd = socket_fd(stream)
 
     def close(self, reason: CloseReason, detail: object = None) -> None:
         """End the connection now: its reader, writer and requests are cancelled."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import ssl
 from collections import Counter
 from collections.abc import Callable, Mapping
 
@@ -34,6 +35,7 @@ from .._sockets import peer_name
 from ..ratelog import RateLimitedLog
 from .connection import CloseReason, FastHandler, Handler, RemotingConnection
 from .limits import RemotingBudgets, RemotingLimits, fd_connection_limit
+from .tls import TlsRefused, TlsServerConfig
 
 __all__ = ["RemotingServer", "RemotingServerStatistics", "serve_remoting"]
 
@@ -87,6 +89,9 @@ class RemotingServer:
     on_close: Callable[[RemotingConnection], None] | None = None
     #: serves the requests that need no task of their own (``FastHandler``)
     fast: FastHandler | None = None
+    #: TLS (``tls.server.mode`` and its files); None or disabled: plain connections only
+    tls: TlsServerConfig | None = None
+    _tls_context: ssl.SSLContext | None = attrs.field(init=False, default=None)
     connections: set[RemotingConnection] = attrs.field(factory=set)
     _accepted: int = 0
     _refused: int = 0
@@ -94,6 +99,12 @@ class RemotingServer:
     _closed: Counter[str] = attrs.field(factory=Counter)
     _connections_scope: trio.CancelScope | None = None
     _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
+
+    def __attrs_post_init__(self) -> None:
+        if self.tls is not None and self.tls.enabled:
+            self._tls_context = self.tls.context()
+        else:
+            self.tls = None
 
     def statistics(self) -> RemotingServerStatistics:
         return RemotingServerStatistics(
@@ -202,6 +213,17 @@ class RemotingServer:
         # channelActive and channelInactive: who talks to a node, and why they stopped.
         log.info("remoting: %s connected to %s", connection.peer, name)
         try:
+            if self.tls is not None:
+                assert isinstance(connection.stream, trio.SocketStream)
+                try:
+                    connection.use_stream(await self.tls.secure(
+                        connection.stream, self._tls_context, self.limits.request_timeout))
+                except TlsRefused as exc:
+                    connection.close(CloseReason.TLS, exc)
+                    self._log.log(logging.WARNING, ("tls", connection.peer.rpartition(":")[0]),
+                                  "remoting: closing %s: %s", connection.peer, exc)
+                    await trio.aclose_forcefully(connection.stream)
+                    return
             await connection.serve(self.handler, fast=self.fast, on_open=self.on_open,
                                    on_close=self.on_close)
         finally:

@@ -83,6 +83,14 @@ class ClusterConfig:
     slave_ports: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     cluster_name: str = "DefaultCluster"
     broker_name: str = "broker-a"
+    #: namesrv.conf keys for the name server (TLS, ACL: ``tls.server.mode``, ``aclEnable``...)
+    namesrv_properties: Mapping[str, str] = attrs.field(factory=dict, converter=_properties)
+
+    def namesrv_config(self) -> NamesrvConfig:
+        """The name server's config: its address, and ``namesrv_properties``."""
+        return NamesrvConfig.from_properties({
+            "listenPort": str(self.namesrv_port), "bindAddress": self.host,
+            **self.namesrv_properties})
 
     def store_dir(self, broker_id: int) -> str:
         """Where broker ``broker_id`` (0: the master) keeps its store."""
@@ -253,9 +261,7 @@ async def open_cluster(config: ClusterConfig) -> AsyncIterator[Cluster]:
     then the slaves, each started once it serves."""
     os.makedirs(config.data_dir, exist_ok=True)
     async with trio.open_nursery() as nursery:
-        _, port = await nursery.start(
-            serve_namesrv, NamesrvConfig(listen_port=config.namesrv_port, bind_address=config.host)
-        )
+        _, port = await nursery.start(serve_namesrv, config.namesrv_config())
         namesrv_addr = f"{config.host}:{port}"
         brokers = [
             ClusterBroker(broker_id, config.broker_properties(broker_id, namesrv_addr), nursery)

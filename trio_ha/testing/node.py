@@ -93,9 +93,9 @@ async def serve_node(spec: dict) -> None:
         async with trio.open_nursery() as nursery:
             if spec["kind"] == "namesrv":
                 host = spec.get("host", "127.0.0.1")
-                _, port = await nursery.start(
-                    serve_namesrv, NamesrvConfig(listen_port=spec.get("port", 0), bind_address=host)
-                )
+                _, port = await nursery.start(serve_namesrv, NamesrvConfig.from_properties({
+                    "listenPort": str(spec.get("port", 0)), "bindAddress": host,
+                    **spec.get("properties", {})}))
                 info: dict[str, object] = {"addr": f"{host}:{port}"}
             else:
                 config = BrokerConfig.from_properties(spec["properties"])

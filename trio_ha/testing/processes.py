@@ -229,7 +229,8 @@ class ProcessCluster:
         common = {"profile_dir": profile_dir}
         try:
             namesrv = NodeProcess.start("namesrv", {
-                "kind": "namesrv", "host": config.host, "port": config.namesrv_port, **common,
+                "kind": "namesrv", "host": config.host, "port": config.namesrv_port,
+                "properties": dict(config.namesrv_properties), **common,
             }, log_dir=log_dir, timeout=timeout, env=env)
             started.append(namesrv)
             for broker_id in range(config.slaves + 1):
