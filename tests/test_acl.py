@@ -391,3 +391,48 @@ def test_the_cli_signs_with_the_account_it_is_given(tmp_path):
         assert as_admin.returncode == 0, as_admin.stderr
         half = cli("--access-key", "only-the-key", *create)
         assert half.returncode == 2 and "go together" in half.stderr
+
+
+async def test_hostile_acl_input_costs_only_the_requests_not_the_broker(tmp_path):
+    """Malformed signatures, huge and odd AccessKeys, fields missing or out of place: each
+    is refused NO_PERMISSION on a connection that keeps serving, and a signed client is
+    served throughout."""
+    import random
+
+    from trio_ha.remoting import open_remoting_client
+
+    acl_path = tmp_path / "plain_acl.yml"
+    acl_path.write_text(ACL_YAML)
+    config = ClusterConfig(data_dir=str(tmp_path / "data"), slaves=0,
+                           master_role="ASYNC_MASTER",
+                           properties={"aclEnable": "true", "plainAclFile": str(acl_path)})
+    rng = random.Random(15)
+    async with open_cluster(config) as cluster:
+        async with open_client_instance(cluster.namesrv_addr, credentials=ADMIN) as admin_client, \
+                open_admin(admin_client) as admin:
+            await admin.create_topic("topicB", 2, cluster="DefaultCluster")
+        broker = cluster.master.addr
+        async with open_remoting_client(broker) as hostile:
+            for i in range(300):
+                fields = {"a": "producerGroup", "b": "topicB", "c": "TBW102", "d": "4",
+                          "e": "0", "f": "0", "g": "0", "h": "0"}
+                kind = i % 6
+                if kind == 0:
+                    fields["AccessKey"] = "K" * rng.randrange(1, 250_000)
+                elif kind == 1:
+                    fields.update(AccessKey="RocketMQ", Signature=rng.randbytes(
+                        rng.randrange(0, 64)).decode("latin-1"))
+                elif kind == 2:
+                    fields.update(AccessKey="RocketMQ", Signature="=" * 1000)
+                elif kind == 3:
+                    fields.update(AccessKey="\ud800broken", Signature="x")
+                elif kind == 4:
+                    fields = {"AccessKey": "RocketMQ"}  # no topic at all
+                request = RemotingCommand.request(310, fields, body=rng.randbytes(64))
+                response = await hostile.invoke(request, 5)
+                assert response.code == ResponseCode.NO_PERMISSION, (kind, response.remark)
+                assert len(response.remark or "") < 400
+        async with open_client_instance(cluster.namesrv_addr, credentials=APP) as client, \
+                open_producer(client, "producerGroup") as producer:
+            assert (await producer.send(Message("topicB", b"still up"))).send_status.name \
+                == "SEND_OK"

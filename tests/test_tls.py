@@ -188,3 +188,39 @@ async def test_a_cluster_in_enforcing_mode_serves_our_tls_client(tmp_path, pki):
                                             request_timeout=2) as plain, \
                     open_producer(plain, "g") as producer:
                 await producer.send(Message("Secure", b"plain"), timeout=3)
+
+
+def test_the_cli_connects_with_tls_when_asked(pki, tmp_path):
+    """``trio-ha --tls --tls-ca CA`` against an enforcing name server and broker; without
+    ``--tls`` the command fails with one line, and a CA file that is not there is a usage
+    error."""
+    import os
+    import subprocess
+    import sys
+
+    from trio_ha.testing import ProcessCluster
+
+    server = server_settings(pki, "enforcing")
+    config = ClusterConfig(data_dir=str(tmp_path), slaves=0, master_role="ASYNC_MASTER",
+                           properties={**server, "useTLS": "true",
+                                       "tls.client.trustCertPath": pki["ca"]},
+                           namesrv_properties=server)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "trio_ha.cli", *args],
+                              capture_output=True, text=True, timeout=120,
+                              env={k: v for k, v in os.environ.items()
+                                   if not k.startswith("TRIO_HA_TLS")})
+
+    with ProcessCluster.start(config) as running:
+        create = ("admin", "update-topic", "-n", running.namesrv_addr, "-t", "CliTls",
+                  "-r", "2", "-w", "2", "--json")
+        plain = cli(*create)
+        assert plain.returncode == 1 and "trio-ha:" in plain.stderr, plain.stderr
+        secured = cli("--tls", "--tls-ca", pki["ca"], *create)
+        assert secured.returncode == 0, secured.stderr
+        listed = cli("--tls", "--tls-ca", pki["ca"], "admin", "topic-list", "-n",
+                     running.namesrv_addr, "--json")
+        assert listed.returncode == 0 and "CliTls" in listed.stdout, listed.stderr
+        missing = cli("--tls", "--tls-ca", str(tmp_path / "nope.pem"), *create)
+        assert missing.returncode == 2 and "no such file" in missing.stderr

@@ -39,12 +39,19 @@ def _print_version(value: bool) -> None:
 _DEBUG = False
 #: the ACL account the client commands sign with (``--access-key``/``--secret-key``)
 _CREDENTIALS: Any = None
+#: the TLS the client commands connect with (``--tls`` and its files)
+_TLS: Any = None
 
 
 def client_options() -> dict[str, Any]:
-    """What every client command opens its client instance with: the ACL account, if one
-    was given."""
-    return {"credentials": _CREDENTIALS} if _CREDENTIALS is not None else {}
+    """What every client command opens its client instance with: the ACL account and the
+    TLS settings, if given."""
+    options: dict[str, Any] = {}
+    if _CREDENTIALS is not None:
+        options["credentials"] = _CREDENTIALS
+    if _TLS is not None:
+        options["tls"] = _TLS
+    return options
 
 
 @app.callback()
@@ -64,9 +71,18 @@ def _main(
     secret_key: str | None = typer.Option(
         None, "--secret-key", envvar="TRIO_HA_SECRET_KEY", show_envvar=True,
         help="the ACL account's secret key (prefer the environment variable)"),
+    tls: bool = typer.Option(False, "--tls", envvar="TRIO_HA_TLS",
+                             help="client commands connect with TLS (servers' tls.server.mode)"),
+    tls_ca: str | None = typer.Option(None, "--tls-ca", envvar="TRIO_HA_TLS_CA",
+                                      help="CA file the servers' certificates must come from "
+                                           "(default: the system's)"),
+    tls_cert: str | None = typer.Option(None, "--tls-cert", envvar="TRIO_HA_TLS_CERT",
+                                        help="this client's certificate, for servers that ask"),
+    tls_key: str | None = typer.Option(None, "--tls-key", envvar="TRIO_HA_TLS_KEY",
+                                       help="the key of --tls-cert"),
 ) -> None:
     """The ``trio-ha`` command line."""
-    global _DEBUG, _CREDENTIALS
+    global _DEBUG, _CREDENTIALS, _TLS
     _DEBUG = debug
     if (access_key is None) != (secret_key is None):
         print("trio-ha: --access-key and --secret-key go together", file=sys.stderr)
@@ -75,6 +91,16 @@ def _main(
         from ..wire.acl import Credentials
 
         _CREDENTIALS = Credentials(access_key, secret_key)
+    if tls:
+        from ..remoting.tls import TlsClientConfig
+
+        for option, path in (("--tls-ca", tls_ca), ("--tls-cert", tls_cert),
+                             ("--tls-key", tls_key)):
+            if path is not None and not os.path.isfile(path):
+                print(f"trio-ha: {option} {path}: no such file", file=sys.stderr)
+                raise typer.Exit(2)
+        _TLS = TlsClientConfig(enable=True, trust_cert_path=tls_ca, cert_path=tls_cert,
+                               key_path=tls_key)
     try:
         configure_logging(log_level, log_format, log_file)
     except OSError as exc:
