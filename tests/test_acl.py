@@ -77,16 +77,23 @@ def test_signature_orders_keys_as_java_strings_do_not_as_python_strings():
     assert request_content(fields, None) == b"AB"
 
 
-def test_signing_adds_the_account_and_the_broker_leaves_out_signature_and_unique_key():
+def test_signing_covers_every_field_but_signature_where_rocketmq_4_9_drops_the_query_flag():
     request = RemotingCommand.request(RequestCode.QUERY_MESSAGE, {"topic": "T", "key": "k"},
                                       body=b"x")
     signed = sign(request, Credentials("RocketMQ", "12345678", security_token="tok"))
     fields = signed.ext_fields
     assert fields["AccessKey"] == "RocketMQ" and fields["SecurityToken"] == "tok"
     assert fields["Signature"] == signature(request_content(fields, b"x"), "12345678")
-    # mqadmin adds UNIQUE_KEY after signing: the broker's content leaves it out
-    with_flag = attrs.evolve(signed, ext_fields={**fields, "UNIQUE_KEY": "true"})
-    assert request_content(with_flag.ext_fields, b"x") == request_content(fields, b"x")
+    # A query by unique key carries _UNIQUE_KEY_QUERY, which the Java client signs and
+    # RocketMQ 4.9's broker leaves out of its content, so those queries never verify there.
+    # Here it stays in: the signed query verifies, and changing the flag breaks it.
+    query = sign(attrs.evolve(request, ext_fields={**request.ext_fields,
+                                                   "_UNIQUE_KEY_QUERY": "true"}), APP)
+    acl = PlainAcl.parse(ACL_YAML)
+    assert acl.check(attrs.evolve(query, code=RequestCode.GET_BROKER_CONFIG), "h") is None
+    flipped = attrs.evolve(query, code=RequestCode.GET_BROKER_CONFIG,
+                           ext_fields={**query.ext_fields, "_UNIQUE_KEY_QUERY": "false"})
+    assert "signature" in (acl.check(flipped, "h") or "")
     assert "hunter22" not in repr(Credentials("a" * 7, "hunter22"))
 
 
@@ -116,8 +123,6 @@ def test_address_patterns_match_as_rocketmq_reads_them(pattern, address, matches
 @pytest.mark.parametrize(("text", "names"), [
     ("accounts:\n  - accessKey: short\n    secretKey: 12345678\n", "accessKey"),
     ("accounts:\n  - accessKey: RocketMQ\n    secretKey: 123\n", "secretKey"),
-    ("accounts:\n  - {accessKey: RocketMQ, secretKey: 12345678}\n"
-     "  - {accessKey: RocketMQ, secretKey: 87654321}\n", "defined twice"),
     ("accounts:\n  - {accessKey: RocketMQ, secretKey: 12345678, topicPerms: [topicA]}\n",
      "name=PERM"),
     ("accounts: [1, 2]\n", "mapping"),
@@ -129,6 +134,21 @@ def test_address_patterns_match_as_rocketmq_reads_them(pattern, address, matches
 def test_a_bad_acl_file_is_refused_with_what_is_wrong(text, names):
     with pytest.raises(AclConfigError, match=names):
         PlainAcl.parse(text)
+
+
+def test_a_key_defined_twice_keeps_its_first_entry_as_rocketmq_does():
+    acl = PlainAcl.parse("accounts:\n  - {accessKey: RocketMQ, secretKey: 12345678}\n"
+                         "  - {accessKey: RocketMQ, secretKey: 87654321}\n")
+    assert acl.accounts["RocketMQ"].secret_key == "12345678"
+
+
+def test_a_broken_acl_file_says_where_but_never_quotes_a_secret():
+    with pytest.raises(AclConfigError) as bad_yaml:
+        PlainAcl.parse("accounts:\n  - accessKey: RocketMQ\n    secretKey: [MySecret99\n")
+    assert "MySecret99" not in str(bad_yaml.value) and "line" in str(bad_yaml.value)
+    with pytest.raises(AclConfigError) as bad_type:
+        PlainAcl.parse("accounts:\n  - {accessKey: RocketMQ, secretKey: 12345678.5}\n")
+    assert "12345678" not in str(bad_type.value) and "float" in str(bad_type.value)
 
 
 def test_an_empty_acl_file_has_no_accounts_and_refuses_everyone():
@@ -161,15 +181,26 @@ def test_sends_need_pub_on_their_topic_explicit_or_default(acl, topic, allowed):
         assert refusal == f"AccessKey 'RocketMQ' has no PUB permission on topic {topic}"
 
 
-def test_pulls_need_sub_on_the_topic_and_on_the_groups_retry_topic(acl):
+@pytest.mark.parametrize("code", [RequestCode.PULL_MESSAGE, RequestCode.LITE_PULL_MESSAGE])
+def test_pulls_need_sub_on_the_topic_and_on_the_groups_retry_topic(acl, code):
     def pull(topic, group):
         return sign(RemotingCommand.request(
-            RequestCode.PULL_MESSAGE, {"topic": topic, "consumerGroup": group}), APP)
+            code, {"topic": topic, "consumerGroup": group}), APP)
 
     assert acl.check(pull("topicC", "groupB"), "127.0.0.1") is None
     assert acl.check(pull("topicC", "anyGroup"), "127.0.0.1") is None  # defaultGroupPerm SUB
     assert "SUB permission on group groupA" in (acl.check(pull("topicC", "groupA"), "h") or "")
     assert "SUB permission on topic topicA" in (acl.check(pull("topicA", "groupB"), "h") or "")
+
+
+def test_batches_need_pub_like_sends_where_rocketmq_4_9_checks_nothing(acl):
+    def batch(topic):
+        return sign(RemotingCommand.request(RequestCode.SEND_BATCH_MESSAGE,
+                                            {"a": "producerGroup", "b": topic}), APP)
+
+    assert acl.check(batch("topicB"), "127.0.0.1") is None
+    assert "no PUB permission on topic topicA" in (acl.check(batch("topicA"), "h") or "")
+    assert "no PUB permission on topic other" in (acl.check(batch("other"), "h") or "")
 
 
 def test_a_consumers_heartbeat_needs_sub_on_each_subscription(acl):

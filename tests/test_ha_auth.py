@@ -167,3 +167,21 @@ async def test_a_sync_master_and_its_slave_configured_by_broker_conf_replicate_w
             await admin.create_topic("AuthT", 2, cluster="DefaultCluster")
             result = await producer.send(ClientMessage("AuthT", b"replicated"))
             assert result.send_status.name == "SEND_OK"
+
+
+async def test_silent_peers_in_the_handshake_cannot_take_a_real_slaves_place(tmp_path):
+    """haMaxConnections silent connections (each may wait HANDSHAKE_TIMEOUT) fill the
+    handshake budget, not the connections' one: a real slave still gets in at once."""
+    async with open_store(master_config(tmp_path / "m", ha_auth_secret=SECRET,
+                                        ha_max_connections=2)) as master:
+        assert master.ha_address is not None
+        silent = [await trio.open_tcp_stream(*master.ha_address) for _ in range(2)]
+        async with open_store(slave_config(tmp_path / "s", master,
+                                           ha_auth_secret=SECRET)) as slave:
+            await master.put_message(Message("Auth", b"through"), queue_id=0)
+            # in before the silent ones' handshakes could have timed out
+            await wait_until(
+                lambda: slave.max_commitlog_offset == master.max_commitlog_offset,
+                "the real slave to catch up", timeout=HANDSHAKE_TIMEOUT - 1)
+        for stream in silent:
+            await stream.aclose()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +46,8 @@ __all__ = [
     "AddressPattern",
     "PlainAccount", "PlainAcl", "needed_permissions", "parse_permission",
 ]
+
+log = logging.getLogger(__name__)
 
 # Permission bits (org.apache.rocketmq.acl.common.Permission)
 DENY = 1
@@ -107,7 +110,7 @@ def _scalar_text(value: object, where: str) -> str | None:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
-    raise AclConfigError(f"{where} must be text, got {type(value).__name__} {value!r}")
+    raise AclConfigError(f"{where} must be text, got a {type(value).__name__}")  # not the value
 
 
 def _retry_topic(group: str | None) -> str | None:
@@ -287,7 +290,11 @@ def needed_permissions(request: RemotingCommand) -> dict[str, int]:
             add(topic, PUB)
     elif code == RequestCode.CONSUMER_SEND_MSG_BACK:
         add(_retry_topic(ext.get("group")), SUB)
-    elif code == RequestCode.PULL_MESSAGE:
+    elif code == RequestCode.SEND_BATCH_MESSAGE:
+        # RocketMQ 4.9 checks nothing for a batch: any account may publish anywhere with one
+        add(ext.get("b"), PUB)
+    elif code in (RequestCode.PULL_MESSAGE, RequestCode.LITE_PULL_MESSAGE):
+        # LITE_PULL_MESSAGE is RocketMQ 5's pull, served here as a pull: checked as one
         add(ext.get("topic"), SUB)
         add(_retry_topic(ext.get("consumerGroup")), SUB)
     elif code == RequestCode.QUERY_MESSAGE:
@@ -330,7 +337,10 @@ class PlainAcl:
         try:
             data: Any = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise AclConfigError(f"{source} is not YAML: {exc}") from None
+            # where, not what: the offending line may hold a secret key
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            raise AclConfigError(f"{source} is not YAML{where}") from None
         if data is None:
             return cls({})
         if not isinstance(data, dict):
@@ -345,9 +355,10 @@ class PlainAcl:
             raise AclConfigError(f"{source}: accounts must be a list")
         for index, entry in enumerate(entries):
             account = PlainAccount.from_entry(entry, f"{source}: accounts[{index}]")
-            if account.access_key in accounts:
-                raise AclConfigError(
-                    f"{source}: accessKey {account.access_key!r} is defined twice")
+            if account.access_key in accounts:  # RocketMQ warns and keeps the first
+                log.warning("ACL: %s: accessKey %r is defined twice; the first entry counts",
+                            source, account.access_key)
+                continue
             accounts[account.access_key] = account
         return cls(accounts, tuple(
             AddressPattern.parse(_scalar_text(item, f"{source}: globalWhiteRemoteAddresses"))

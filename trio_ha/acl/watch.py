@@ -21,7 +21,7 @@ import trio
 
 from ..config import ConfigError
 from ..wire.remoting import RemotingCommand
-from .plain import ADMIN_CODES, AclConfigError, PlainAcl
+from .plain import ADMIN_CODES, MAX_FILE_BYTES, AclConfigError, PlainAcl
 
 __all__ = ["AclFile", "acl_file_path"]
 
@@ -70,7 +70,7 @@ class AclFile:
         stamp = _stamp(path)
         try:
             with open(path, "rb") as file:
-                text = file.read()
+                text = file.read(MAX_FILE_BYTES + 1)
         except OSError as exc:
             raise AclConfigError(f"aclEnable=true but the ACL file {path} cannot be read: "
                                  f"{exc.strerror or exc}") from None
@@ -90,14 +90,14 @@ class AclFile:
         stamp = _stamp(self.path)
         if stamp is None or stamp == self._stamp:
             return False
-        self._stamp = stamp
         try:
             with open(self.path, "rb") as file:
-                text = file.read()
-        except OSError as exc:
+                text = file.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:  # tried again at the next look (a chmod moves no stamp)
             log.error("ACL: cannot read %s (%s): the last loaded accounts stay", self.path, exc)
             self.failed_reloads += 1
             return False
+        self._stamp = stamp
         if text == self._text:
             return False
         self._text = text

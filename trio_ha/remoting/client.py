@@ -54,6 +54,7 @@ import trio
 
 from .._errors import unwrap_single_exception
 from .._sockets import socket_fd, write_now
+from ..config import ConfigError
 from ..wire.acl import Credentials, sign
 from ..wire.errors import RemotingDecodeError
 from ..wire.layout import INT32_MAX
@@ -311,7 +312,11 @@ async def open_remoting_client(
     tls: TlsClientConfig | None = None,
 ) -> AsyncIterator[RemotingClient]:
     """A connected RemotingClient whose reader runs until the block ends."""
-    stream = await _connect(address, connect_timeout, tls, None)
+    try:
+        context = tls.context() if tls is not None and tls.enable else None
+    except ConfigError as exc:
+        raise RemotingConnectError(f"cannot connect to {address}: {exc}") from None
+    stream = await _connect(address, connect_timeout, tls, context)
     client = RemotingClient(address, stream, credentials=credentials)
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
@@ -349,7 +354,10 @@ class RemotingClientPool:
             if client is not None and not client.closed:
                 return client
             if self.tls is not None and self.tls.enable and self._tls_context is None:
-                self._tls_context = self.tls.context()
+                try:
+                    self._tls_context = self.tls.context()
+                except ConfigError as exc:
+                    raise RemotingConnectError(f"cannot connect to {address}: {exc}") from None
             stream = await _connect(address, self.connect_timeout, self.tls, self._tls_context)
             client = RemotingClient(address, stream, self.on_request, self.credentials)
             await self.nursery.start(client.run)

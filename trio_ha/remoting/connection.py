@@ -458,7 +458,9 @@ class RemotingConnection:
     def _check_hangup(self) -> None:
         """Close the connection if the peer has gone (FIN, RST), which a reader that is not
         reading cannot otherwise see; the caller's next checkpoint is then cancelled."""
-        sock = getattr(self.stream, "socket", None)
+        # (under TLS, the socket below the SSLStream: a hang-up shows there all the same)
+        sock = getattr(self.stream, "socket", None) or getattr(
+            getattr(self.stream, "transport_stream", None), "socket", None)
         if sock is None or self.closed:
             return
         try:

@@ -10,9 +10,9 @@ is allowed to be:
 
 A client uses TLS for every connection when ``tls.enable`` is true. RocketMQ's
 ``tls.test.mode.enable`` (true by default!) makes a client trust any certificate; here a
-client verifies the server's certificate against ``tls.client.trustCertPath`` (or the system's
-store) unless that test mode is asked for explicitly, and it never checks the host name
-(RocketMQ does not either: brokers are addressed by IP).
+client verifies the server's certificate against ``tls.client.trustCertPath`` unless that test
+mode is asked for explicitly, without checking the address it names (RocketMQ does not either:
+brokers are addressed by IP); trusting the system's store instead, it checks the address too.
 
 The settings come as RocketMQ's keys (``tls.server.mode``, ``tls.server.certPath``, ...): in a
 ``tls.config.file`` properties file, or directly in broker.conf / namesrv.conf (ours). One
@@ -171,7 +171,11 @@ class TlsServerConfig:
         take, a handshake that fails, or a peer silent for ``timeout`` seconds."""
         first: bytes | None = None
         with trio.move_on_after(timeout):
-            first = await stream.socket.recv(1, socket.MSG_PEEK)
+            try:
+                first = await stream.socket.recv(1, socket.MSG_PEEK)
+            except OSError as exc:  # reset before its first byte: its loss, not the server's
+                raise TlsRefused(f"the connection failed before its first byte: {exc}") \
+                    from None
         if first is None:
             raise TlsRefused(f"nothing sent within {timeout:g} s")
         if not first:
@@ -186,7 +190,7 @@ class TlsServerConfig:
         with trio.move_on_after(timeout) as waited:
             try:
                 await secured.do_handshake()
-            except trio.BrokenResourceError as exc:
+            except (trio.BrokenResourceError, OSError) as exc:
                 raise TlsRefused(f"TLS handshake failed: {exc.__cause__ or exc}") from None
         if waited.cancelled_caught:
             raise TlsRefused(f"the TLS handshake did not finish within {timeout:g} s")
@@ -219,13 +223,22 @@ class TlsClientConfig:
         )
 
     def context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
-                                             cafile=self.trust_cert_path)
-        context.check_hostname = False  # brokers are addressed by IP, as in RocketMQ
+        """The client's SSLContext; ConfigError for files it cannot load. With a CA of its
+        own (``trust_cert_path``), any certificate that CA signed is the server's, whatever
+        address it names (RocketMQ addresses brokers by IP and checks no names); trusting the
+        system's store instead, the certificate must also name the address dialled, or any
+        publicly trusted certificate would do."""
+        try:
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
+                                                 cafile=self.trust_cert_path)
+            if self.cert_path:
+                context.load_cert_chain(self.cert_path, self.key_path, self.key_password)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"TLS: cannot load the client's CA, certificate or key: {exc}") \
+                from None
+        context.check_hostname = self.trust_cert_path is None and not self.test_mode
         if self.test_mode:
             context.verify_mode = ssl.CERT_NONE
-        if self.cert_path:
-            context.load_cert_chain(self.cert_path, self.key_path, self.key_password)
         return context
 
     async def wrap(self, stream: trio.SocketStream, context: ssl.SSLContext,

@@ -6,8 +6,9 @@ HMAC-SHA1, keyed with the account's secret key, over the *values* of every other
 the byte order of their keys (Java's ``TreeMap<String, String>``), concatenated as UTF-8,
 followed by the body. The Java client's ``AclClientRPCHook`` adds the fields and signs; the
 broker's ``PlainAccessValidator`` recomputes the signature over what arrived, leaving out
-``Signature`` and ``UNIQUE_KEY`` (the query-by-unique-key flag, which mqadmin adds after
-signing).
+``Signature``. (RocketMQ 4.9's broker also leaves out ``_UNIQUE_KEY_QUERY``, which its own
+client signs when it queries by unique key: such queries never verify there. Ours keeps it in
+the content, so they do.)
 
 Sans-I/O like the rest of ``wire``: the validator that decides what an account may do is
 ``trio_ha.acl``.
@@ -32,8 +33,8 @@ ACCESS_KEY = "AccessKey"
 SECRET_KEY = "SecretKey"
 SIGNATURE = "Signature"
 SECURITY_TOKEN = "SecurityToken"
-#: extFields the broker leaves out of the signed content (MixAll.UNIQUE_MSG_QUERY_FLAG too)
-UNSIGNED_FIELDS = frozenset({SIGNATURE, "UNIQUE_KEY"})
+#: extFields left out of the signed content
+UNSIGNED_FIELDS = frozenset({SIGNATURE})
 
 
 @attrs.frozen(repr=False)
@@ -77,8 +78,6 @@ def sign(command: RemotingCommand, credentials: Credentials) -> RemotingCommand:
     if credentials.security_token is not None:
         fields[SECURITY_TOKEN] = credentials.security_token
     fields.pop(SIGNATURE, None)
-    # The client signs every field (it cannot know which the broker leaves out: mqadmin
-    # adds UNIQUE_KEY after signing), so only Signature itself stays out here.
-    content = request_content(fields, command.body, frozenset({SIGNATURE}))
+    content = request_content(fields, command.body)
     fields[SIGNATURE] = signature(content, credentials.secret_key)
     return attrs.evolve(command, ext_fields=fields)

@@ -42,6 +42,7 @@ worth waiting for.
 from __future__ import annotations
 
 import bisect
+import collections
 import enum
 import logging
 import time
@@ -374,7 +375,8 @@ class HAService:
     peer_log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
     #: peers turned away by the authentication handshake (haAuthSecret)
     auth_failures: int = 0
-    _authenticating: int = 0
+    #: the handshakes under way, oldest first (``_authenticate``)
+    _handshakes: collections.deque[trio.CancelScope] = attrs.field(factory=collections.deque)
     _refused: int = 0
     _refused_unlogged: int = 0
     _refusal_logged_at: float = -REFUSAL_LOG_INTERVAL
@@ -408,7 +410,7 @@ class HAService:
         listener passes TCP streams; tests may pass memory streams)."""
         transport = transport_for(stream, method=self.config.ha_transfer_method)
         address = transport.peer
-        if len(self.connections) + self._authenticating >= self.config.ha_max_connections:
+        if len(self.connections) >= self.config.ha_max_connections:
             self._refuse_connection(address)
             with trio.CancelScope(shield=True):
                 await transport.aclose()
@@ -435,25 +437,38 @@ class HAService:
 
     async def _authenticate(self, transport: HATransport, address: str, secret: str) -> bool:
         """With haAuthSecret: the peer proves it knows the secret before anything else
-        (``trio_ha.wire.ha_auth``); one that does not is closed, having had nothing. Peers
-        in the handshake count against ha_max_connections."""
-        self._authenticating += 1
+        (``trio_ha.wire.ha_auth``); one that does not is closed, having had nothing.
+
+        Handshakes have their own budget (ha_max_connections at once, apart from the
+        established connections), and a new one past it ends the oldest: a real slave's
+        handshake takes a round trip, so peers that connect and stay silent (each could
+        wait HANDSHAKE_TIMEOUT) cannot keep it out."""
+        scope = trio.CancelScope(deadline=trio.current_time() + HANDSHAKE_TIMEOUT)
+        pending = self._handshakes
+        if len(pending) >= self.config.ha_max_connections:
+            pending.popleft().cancel()
+        pending.append(scope)
+        why: object = None
         try:
-            with trio.fail_after(HANDSHAKE_TIMEOUT):
+            with scope:
                 await authenticate_slave(transport, secret)
-            return True
-        except (HAProtocolError, OSError, trio.BrokenResourceError, trio.ClosedResourceError,
-                trio.TooSlowError) as exc:
-            self.auth_failures += 1
-            self.peer_log.log(logging.WARNING, ("auth", _host(address)),
-                              "HA: %s refused: %s", address,
-                              exc if not isinstance(exc, trio.TooSlowError)
-                              else f"no handshake within {HANDSHAKE_TIMEOUT:g} s")
-            with trio.CancelScope(shield=True):
-                await transport.aclose()
-            return False
+            if not scope.cancelled_caught:
+                return True
+            why = (f"no handshake within {HANDSHAKE_TIMEOUT:g} s"
+                   if trio.current_time() >= scope.deadline
+                   else "its handshake made way for a newer one (too many at once)")
+        except (HAProtocolError, OSError, trio.BrokenResourceError,
+                trio.ClosedResourceError) as exc:
+            why = exc
         finally:
-            self._authenticating -= 1
+            if scope in pending:
+                pending.remove(scope)
+        self.auth_failures += 1
+        self.peer_log.log(logging.WARNING, ("auth", _host(address)), "HA: %s refused: %s",
+                          address, why)
+        with trio.CancelScope(shield=True):
+            await transport.aclose()
+        return False
 
     def _refuse_connection(self, address: str) -> None:
         """Count a connection refused at ha_max_connections; log it at most every
