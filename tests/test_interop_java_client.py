@@ -452,6 +452,12 @@ def test_the_java_client_with_its_acl_hook_is_served_and_without_it_refused(
                                        "-b", master, "-t", "AclAdminTopic2", home=home,
                                        check=False)
         assert "success" not in out and "needs an admin account" in out, out[-3000:]
+        tools.unlink()  # no account at all: mqadmin sends unsigned
+        out = rocketmq_clients.mqadmin(tmp_path / "adm3", "updateTopic", "-n", namesrv,
+                                       "-b", master, "-t", "AclAdminTopic3", home=home,
+                                       check=False)
+        assert "success" not in out and "CODE: 16" in out and "no AccessKey" in out, \
+            out[-3000:]
 
 
 @pytest.mark.parametrize("mode", ["enforcing", "permissive"])
