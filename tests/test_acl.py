@@ -12,8 +12,8 @@ import textwrap
 
 import attrs
 import pytest
-import trio
 
+from conftest import wait_until
 from trio_ha.acl import AclConfigError, AclFile, AddressPattern, PlainAcl
 from trio_ha.client import (
     Credentials,
@@ -331,12 +331,9 @@ async def test_a_broker_with_acl_serves_signed_clients_and_answers_no_permission
                     return False
                 return True
 
-            for _ in range(100):  # the broker polls the file every 0.5 s
-                if await granted():
-                    break
-                await trio.sleep(0.1)
-            else:
-                pytest.fail("the broker did not pick up the edited plain_acl.yml in 10 s")
+            # the broker polls the file every 0.5 s: no event to wait on from here
+            await wait_until(granted, "the broker to pick up the edited plain_acl.yml",
+                             interval=0.1)
 
 
 def test_acl_enable_without_a_file_is_a_start_error(monkeypatch):

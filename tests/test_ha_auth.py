@@ -13,6 +13,7 @@ import trio
 from conftest import ha_of, ha_slave_of, wait_until
 from test_ha import body, master_config, slave_config, slave_count
 from trio_ha import Message, PutMessageStatus, open_store
+from trio_ha.chaos.hostile import receive_exactly
 from trio_ha.config import ConfigError
 from trio_ha.store.ha.auth import HANDSHAKE_TIMEOUT
 from trio_ha.store.ha.slave import HAClientState
@@ -126,12 +127,9 @@ async def test_a_bogus_master_that_answers_the_hello_with_a_wrong_proof_feeds_no
 
     async def fake_session(stream: trio.SocketStream) -> None:
         await stream.send_all(ha_auth.hello(b"f" * 32))
-        data = b""
-        while len(data) < ha_auth.SLAVE_ANSWER_SIZE:
-            chunk = await stream.receive_some(1024)
-            if not chunk:
-                return
-            data += chunk
+        data = await receive_exactly(stream, ha_auth.SLAVE_ANSWER_SIZE, HANDSHAKE_TIMEOUT)
+        if len(data) < ha_auth.SLAVE_ANSWER_SIZE:
+            return
         received.append(data)
         await stream.send_all(b"\x00" * 32 + b"\x00" * 12 + b"record bytes" * 100)
         await stream.receive_some(1024)  # until the slave hangs up

@@ -66,6 +66,12 @@ def peer_name(sock: socket.socket | trio.socket.SocketType) -> str:
     return f"{host}:{port}"
 
 
+def peer_host(peer: str) -> str:
+    """The host of a ``host:port`` that ``peer_name`` made (IPv6 without brackets): what
+    whitelists match, and what a peer's log lines are limited by."""
+    return peer.rpartition(":")[0].strip("[]")
+
+
 def socket_fd(stream: trio.abc.Stream) -> int:
     """The descriptor of ``stream``'s socket for a write of one's own (``write_now``), or -1
     when it is not a trio socket stream (a memory stream in tests, TLS)."""

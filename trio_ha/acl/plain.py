@@ -387,8 +387,7 @@ class PlainAcl:
         if account.white_remote_address.match(peer_host):
             return None
         given = ext.get(signing.SIGNATURE)
-        expected = signing.signature(
-            signing.request_content(ext, request.body), account.secret_key)
+        expected = signing.request_signature(ext, request.body, account.secret_key)
         if given is None or not _equal(given, expected):
             return f"the signature does not match for AccessKey {_quoted(access_key)}"
         try:

@@ -42,7 +42,7 @@ import logging
 import attrs
 import trio
 
-from .._sockets import listen_named
+from .._sockets import listen_named, peer_host
 from ..acl import AclFile, acl_file_path
 from ..remoting import (
     FastHandler,
@@ -189,8 +189,7 @@ def acl_checked(acl: AclFile, fast: FastHandler) -> FastHandler:
 
     def checked(request: RemotingCommand, connection: RemotingConnection
                 ) -> Reply | PendingReply | RunInTask:
-        host = connection.peer.rpartition(":")[0].strip("[]")
-        refusal = acl.check(request, host)
+        refusal = acl.check(request, peer_host(connection.peer))
         if refusal is None:
             return fast(request, connection)
         log.debug("broker: ACL refused request code %d from %s: %s", request.code,

@@ -92,15 +92,17 @@ def _main(
 
         _CREDENTIALS = Credentials(access_key, secret_key)
     if tls:
+        from ..config import ConfigError
         from ..remoting.tls import TlsClientConfig
 
-        for option, path in (("--tls-ca", tls_ca), ("--tls-cert", tls_cert),
-                             ("--tls-key", tls_key)):
-            if path is not None and not os.path.isfile(path):
-                print(f"trio-ha: {option} {path}: no such file", file=sys.stderr)
-                raise typer.Exit(2)
-        _TLS = TlsClientConfig(enable=True, trust_cert_path=tls_ca, cert_path=tls_cert,
-                               key_path=tls_key)
+        settings = {"tls.enable": "true", "tls.client.trustCertPath": tls_ca,
+                    "tls.client.certPath": tls_cert, "tls.client.keyPath": tls_key}
+        try:
+            _TLS = TlsClientConfig.from_settings(
+                {key: value for key, value in settings.items() if value is not None})
+        except ConfigError as exc:  # a file that is not there
+            print(f"trio-ha: {exc}", file=sys.stderr)
+            raise typer.Exit(2) from None
     try:
         configure_logging(log_level, log_format, log_file)
     except OSError as exc:

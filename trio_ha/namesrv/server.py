@@ -26,6 +26,7 @@ import attrs
 import trio
 
 from .. import _backend
+from .._sockets import peer_host
 from ..acl import NAMESRV_ADMIN_CODES, AclFile, acl_file_path
 from ..config import ConfigError, check_keys, parse_properties_text, render_value
 from ..remoting import RemotingConnection, RemotingLimits, RemotingServer, not_supported
@@ -217,8 +218,7 @@ class NameServer:
             await trio.lowlevel.checkpoint()
             return not_supported(request)
         if self.acl is not None and request.code in NAMESRV_ADMIN_CODES:
-            host = connection.peer.rpartition(":")[0].strip("[]")
-            refusal = self.acl.check(request, host, NAMESRV_ADMIN_CODES)
+            refusal = self.acl.check(request, peer_host(connection.peer), NAMESRV_ADMIN_CODES)
             if refusal is not None:
                 await trio.lowlevel.checkpoint()
                 log.info("namesrv: ACL refused request code %d from %s: %s", request.code,

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 import attrs
 import trio
 
-from .._sockets import peer_name
+from .._sockets import peer_host, peer_name
 from ..ratelog import RateLimitedLog
 from .connection import CloseReason, FastHandler, Handler, RemotingConnection
 from .limits import RemotingBudgets, RemotingLimits, fd_connection_limit
@@ -91,7 +91,7 @@ class RemotingServer:
     fast: FastHandler | None = None
     #: TLS (``tls.server.mode`` and its files); None or disabled: plain connections only
     tls: TlsServerConfig | None = None
-    _tls_context: ssl.SSLContext | None = attrs.field(init=False, default=None)
+    _tls: tuple[TlsServerConfig, ssl.SSLContext] | None = attrs.field(init=False, default=None)
     connections: set[RemotingConnection] = attrs.field(factory=set)
     _accepted: int = 0
     _refused: int = 0
@@ -102,9 +102,7 @@ class RemotingServer:
 
     def __attrs_post_init__(self) -> None:
         if self.tls is not None and self.tls.enabled:
-            self._tls_context = self.tls.context()
-        else:
-            self.tls = None
+            self._tls = (self.tls, self.tls.context())
 
     def statistics(self) -> RemotingServerStatistics:
         return RemotingServerStatistics(
@@ -213,14 +211,15 @@ class RemotingServer:
         # channelActive and channelInactive: who talks to a node, and why they stopped.
         log.info("remoting: %s connected to %s", connection.peer, name)
         try:
-            if self.tls is not None:
+            if self._tls is not None:
+                tls, context = self._tls
                 assert isinstance(connection.stream, trio.SocketStream)
                 try:
-                    connection.use_stream(await self.tls.secure(
-                        connection.stream, self._tls_context, self.limits.request_timeout))
+                    connection.use_stream(await tls.secure(
+                        connection.stream, context, self.limits.request_timeout))
                 except TlsRefused as exc:
                     connection.close(CloseReason.TLS, exc)
-                    self._log.log(logging.WARNING, ("tls", connection.peer.rpartition(":")[0]),
+                    self._log.log(logging.WARNING, ("tls", peer_host(connection.peer)),
                                   "remoting: closing %s: %s", connection.peer, exc)
                     await trio.aclose_forcefully(connection.stream)
                     return

@@ -164,11 +164,13 @@ class TlsServerConfig:
                                ClientAuth.REQUIRE: ssl.CERT_REQUIRED}[self.client_auth]
         return context
 
-    async def secure(self, stream: trio.SocketStream, context: ssl.SSLContext | None,
+    async def secure(self, stream: trio.SocketStream, context: ssl.SSLContext,
                      timeout: float) -> trio.abc.Stream:
-        """The stream to serve an accepted connection on: as it is (plain), or TLS over it
-        once the handshake is done. Raises ``TlsRefused`` for a connection the mode does not
-        take, a handshake that fails, or a peer silent for ``timeout`` seconds."""
+        """The stream to serve an accepted connection on (permissive or enforcing mode: a
+        server without TLS has no TLS layer, and a handshake there fails as a bad frame): as
+        it is (plain), or TLS over it once the handshake is done. Raises ``TlsRefused`` for a
+        connection the mode does not take, a handshake that fails, or a peer silent for
+        ``timeout`` seconds."""
         first: bytes | None = None
         with trio.move_on_after(timeout):
             try:
@@ -184,8 +186,6 @@ class TlsServerConfig:
             if self.mode is TlsMode.ENFORCING:
                 raise TlsRefused("a plain connection, and tls.server.mode is enforcing")
             return stream
-        if self.mode is TlsMode.DISABLED or context is None:
-            raise TlsRefused("a TLS handshake, and tls.server.mode is disabled")
         secured = trio.SSLStream(stream, context, server_side=True)
         with trio.move_on_after(timeout) as waited:
             try:

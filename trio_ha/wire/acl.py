@@ -26,11 +26,10 @@ from .remoting import RemotingCommand
 
 __all__ = [
     "ACCESS_KEY", "SECURITY_TOKEN", "SIGNATURE", "UNSIGNED_FIELDS", "Credentials",
-    "request_content", "sign", "signature",
+    "request_content", "request_signature", "sign", "signature",
 ]
 
 ACCESS_KEY = "AccessKey"
-SECRET_KEY = "SecretKey"
 SIGNATURE = "Signature"
 SECURITY_TOKEN = "SecurityToken"
 #: extFields left out of the signed content
@@ -54,20 +53,35 @@ def _java_utf8(text: str) -> bytes:
     return text.encode("utf-8", "replace")
 
 
-def request_content(ext_fields: dict[str, str], body: bytes | None,
-                    leave_out: frozenset[str] = UNSIGNED_FIELDS) -> bytes:
-    """The signed bytes: the values of ``ext_fields`` but those in ``leave_out``, ordered by
-    key as Java's ``String.compareTo`` orders them (UTF-16 code units), then the body."""
-    keys = sorted((key for key in ext_fields if key not in leave_out),
+def _signed_fields(ext_fields: dict[str, str]) -> bytes:
+    """The values of ``ext_fields`` but Signature, ordered by key as Java's
+    ``String.compareTo`` orders them (UTF-16 code units), as UTF-8."""
+    keys = sorted((key for key in ext_fields if key not in UNSIGNED_FIELDS),
                   key=lambda key: key.encode("utf-16-be", "surrogatepass"))
-    text = "".join(ext_fields[key] for key in keys)
-    return _java_utf8(text) + (body or b"")
+    return _java_utf8("".join(ext_fields[key] for key in keys))
+
+
+def request_content(ext_fields: dict[str, str], body: bytes | None) -> bytes:
+    """The signed bytes: the fields' values (``_signed_fields``), then the body."""
+    return _signed_fields(ext_fields) + (body or b"")
 
 
 def signature(content: bytes, secret_key: str) -> str:
     """Base64 of HMAC-SHA1 over ``content``, keyed with ``secret_key`` (``AclSigner``)."""
-    digest = hmac.new(_java_utf8(secret_key), content, hashlib.sha1).digest()
-    return base64.b64encode(digest).decode("ascii")
+    return _base64(hmac.new(_java_utf8(secret_key), content, hashlib.sha1))
+
+
+def request_signature(ext_fields: dict[str, str], body: bytes | None, secret_key: str) -> str:
+    """``signature(request_content(...))``, without copying the body into one buffer: every
+    signed request pays it, and a body may be megabytes."""
+    mac = hmac.new(_java_utf8(secret_key), _signed_fields(ext_fields), hashlib.sha1)
+    if body:
+        mac.update(body)
+    return _base64(mac)
+
+
+def _base64(mac: hmac.HMAC) -> str:
+    return base64.b64encode(mac.digest()).decode("ascii")
 
 
 def sign(command: RemotingCommand, credentials: Credentials) -> RemotingCommand:
@@ -78,6 +92,5 @@ def sign(command: RemotingCommand, credentials: Credentials) -> RemotingCommand:
     if credentials.security_token is not None:
         fields[SECURITY_TOKEN] = credentials.security_token
     fields.pop(SIGNATURE, None)
-    content = request_content(fields, command.body)
-    fields[SIGNATURE] = signature(content, credentials.secret_key)
+    fields[SIGNATURE] = request_signature(fields, command.body, credentials.secret_key)
     return attrs.evolve(command, ext_fields=fields)

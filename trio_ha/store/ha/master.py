@@ -52,7 +52,7 @@ from typing import NoReturn
 import attrs
 import trio
 
-from ..._sockets import listen_named
+from ..._sockets import listen_named, peer_host
 from ...config import StoreConfig
 from ...ratelog import RateLimitedLog
 from ...watermark import Watermark
@@ -121,11 +121,6 @@ class HAMasterStatistics:
     refused_connections: int = 0
     #: peers turned away by the authentication handshake (haAuthSecret)
     auth_failures: int = 0
-
-
-def _host(address: str) -> str:
-    """The host of ``host:port`` (a peer's lines are limited per host, not per connection)."""
-    return address.rsplit(":", 1)[0]
 
 
 @attrs.define(eq=False)
@@ -320,7 +315,7 @@ class HAConnection:
         )
         self.state = HAConnectionState.DIVERGED
         self.service.peer_log.log(
-            logging.ERROR, ("diverged", _host(self.address)),
+            logging.ERROR, ("diverged", peer_host(self.address)),
             "HA: slave %s asks for offset %d, %s (master log [%d, %d)); replication to it "
             "stops. Fix: wipe the slave's store (or restore the master) and restart the slave.",
             self.address, requested, why, commitlog.min_offset, commitlog.max_offset,
@@ -420,14 +415,14 @@ class HAService:
             return
         connection = HAConnection(self, transport, address)
         self.connections[id(connection)] = connection
-        self.peer_log.log(logging.INFO, ("connected", _host(address)),
+        self.peer_log.log(logging.INFO, ("connected", peer_host(address)),
                           "HA: slave %s connected", address)
         try:
             await connection.run()
         except* (HAConnectionClosed, HAProtocolError, OSError, trio.BrokenResourceError,
                  trio.ClosedResourceError) as group:
             for exc in group.exceptions:
-                self.peer_log.log(logging.WARNING, ("closed", _host(address), type(exc)),
+                self.peer_log.log(logging.WARNING, ("closed", peer_host(address), type(exc)),
                                   "HA: connection to slave %s closed: %s", address, exc)
         finally:
             del self.connections[id(connection)]
@@ -464,7 +459,7 @@ class HAService:
             if scope in pending:
                 pending.remove(scope)
         self.auth_failures += 1
-        self.peer_log.log(logging.WARNING, ("auth", _host(address)), "HA: %s refused: %s",
+        self.peer_log.log(logging.WARNING, ("auth", peer_host(address)), "HA: %s refused: %s",
                           address, why)
         with trio.CancelScope(shield=True):
             await transport.aclose()
