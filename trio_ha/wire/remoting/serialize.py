@@ -10,8 +10,16 @@ booleans, not only strings (fastjson coerces them). We coerce them the way Java 
 (``7`` -> ``"7"``, ``true`` -> ``"true"``, ``1.50`` -> ``"1.50"``) and drop nulls, so the
 processors only ever see strings.
 
-Sends are the hot path (tens of thousands a second), so the JSON header is built with one
-string format, and decoding checks the common all-strings extFields at C speed.
+Sends are the hot path (tens of thousands a second). JSON headers are read and written by
+orjson, in a third of the time the standard library takes (decoding a send's header: 0.9 us
+against 2.9; encoding: 0.9 against 1.9; issue 11). orjson serves only the plain case, though:
+the standard library's reading is the contract. A header orjson refuses (malformed UTF-8, which
+Java replaces; lone surrogate escapes; integers past 64 bits, which orjson reads as floats) or
+whose values are not the plain kinds (integer fields in range, string extFields) is read again
+by the standard library, which gives the coerced values and the errors described above; a
+command orjson cannot write (a lone surrogate, a value that is not a string) is written by the
+format it replaced. Both paths give the same bytes and the same values wherever both apply
+(``tests/test_wire_json_paths.py`` compares them).
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import struct
 from decimal import Decimal
 from json.encoder import encode_basestring as _quote  # JSON string, non-ASCII kept
 from typing import NoReturn
+
+import orjson
 
 from ..errors import RemotingDecodeError
 from .codes import LanguageCode
@@ -57,6 +67,7 @@ _VAL_LEN = struct.Struct(">i")
 BINARY_MIN_HEADER_LENGTH = _BIN_FIXED.size + 4  # 21
 
 _LANGUAGE_BY_NAME = {member.name: member for member in LanguageCode}
+_ONLY_STR = {str}
 _LANGUAGE_BY_CODE = {member.value: member for member in LanguageCode}
 _LANGUAGE_NAMES = {member.value: member.name for member in LanguageCode}
 
@@ -81,6 +92,27 @@ def _utf8(text: str) -> bytes:
 def encode_json_header(command: RemotingCommand, opaque: int | None = None) -> bytes:
     """The JSON header, as fastjson writes it (with ``opaque`` in place of the command's, if
     given: a client numbers its requests as it sends them)."""
+    ext = command.ext_fields
+    if not ext or set(map(type, ext.values())) == _ONLY_STR:
+        header: dict[str, object] = {"code": command.code}
+        if ext:
+            header["extFields"] = ext
+        header["flag"] = command.flag
+        header["language"] = _LANGUAGE_NAMES[command.language]
+        header["opaque"] = command.opaque if opaque is None else opaque
+        if command.remark is not None:
+            header["remark"] = command.remark
+        header["serializeTypeCurrentRPC"] = "JSON"
+        header["version"] = command.version
+        try:
+            return orjson.dumps(header)
+        except orjson.JSONEncodeError:
+            pass  # a lone surrogate (Java writes '?'), a key that is not a string
+    return _encode_json_header_formatted(command, opaque)
+
+
+def _encode_json_header_formatted(command: RemotingCommand, opaque: int | None) -> bytes:
+    """``encode_json_header`` by string format, for what orjson does not write."""
     ext = command.ext_fields
     remark = command.remark
     return _utf8(
@@ -192,8 +224,6 @@ def _normalise_ext(raw: object, header_length: int) -> dict[str, str]:
     return fields
 
 
-_ONLY_STR = {str}
-
 
 def _check_value_lengths(fields: dict[str, str]) -> None:
     for key, value in fields.items():
@@ -205,8 +235,25 @@ def _check_value_lengths(fields: dict[str, str]) -> None:
 
 
 def decode_json_header(header: bytes) -> HeaderValues:
-    """The fields of a JSON header."""
-    # Java decodes the header bytes with replacement of malformed UTF-8; so do we.
+    """The fields of a JSON header: read by orjson when it is the plain case, else by the
+    standard library (the module's docstring says why both)."""
+    try:
+        obj = orjson.loads(header)
+    except orjson.JSONDecodeError:
+        return _decode_json_header_exactly(header)
+    if type(obj) is dict and "code" in obj:
+        try:
+            return _header_values(obj, len(header))
+        except RemotingDecodeError:
+            # A field of another type or out of range, or a float, which orjson reads where
+            # the contract reads a Decimal: the exact path reads it, or says what is wrong.
+            pass
+    return _decode_json_header_exactly(header)
+
+
+def _decode_json_header_exactly(header: bytes) -> HeaderValues:
+    """``decode_json_header`` by the standard library: Java's replacement of malformed UTF-8,
+    numbers as Decimal, every error."""
     text = header.decode("utf-8", "replace")
     try:
         obj = _JSON_DECODER.decode(text)
@@ -218,6 +265,10 @@ def decode_json_header(header: bytes) -> HeaderValues:
         raise RemotingDecodeError(f"JSON header must be an object, got {type(obj).__name__}")
     if "code" not in obj:
         raise RemotingDecodeError("JSON header has no code")
+    return _header_values(obj, len(header))
+
+
+def _header_values(obj: dict[str, object], header_length: int) -> HeaderValues:
     code = _json_int(obj, "code", 0)
     language_raw = obj.get("language")
     if language_raw is None:
@@ -243,7 +294,7 @@ def decode_json_header(header: bytes) -> HeaderValues:
         _json_int(obj, "opaque", 0),
         _json_int(obj, "flag", 0),
         remark,
-        _normalise_ext(obj.get("extFields"), len(header)),
+        _normalise_ext(obj.get("extFields"), header_length),
     )
 
 
