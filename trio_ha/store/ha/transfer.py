@@ -24,7 +24,7 @@ from typing import Protocol, TypeVar
 import trio
 
 from ... import _backend
-from ..._sockets import peer_name, unsent, write_now
+from ..._sockets import peer_name, receive_now, unsent, write_now
 from ..segment import Segment
 
 _T = TypeVar("_T")
@@ -87,7 +87,9 @@ class SocketTransport:
         return peer_name(self.sock)
 
     async def receive_some(self, max_bytes: int) -> bytes | bytearray:
-        return await self.sock.recv(max_bytes)
+        data = await receive_now(self.sock, max_bytes)
+        assert data is not None  # no deadline
+        return data
 
     # trio's socket yields a scheduling round after every receive that found bytes ready (so
     # every receive is a checkpoint). The slave receives a frame's header, then its body,
