@@ -8,6 +8,7 @@ taken, and a socket closed before or during the read.
 
 from __future__ import annotations
 
+import math
 import socket
 
 import pytest
@@ -31,7 +32,8 @@ async def test_bytes_waiting_come_back_after_a_yield():
         assert await receive_now(ours, 100, trio.current_time() + 10) == b"lo"
 
 
-async def test_waits_for_bytes_then_returns_them():
+@pytest.mark.parametrize("timeout", [math.inf, 10.0])
+async def test_waits_for_bytes_then_returns_them(timeout):
     ours, theirs = socket_pair()
     with ours, theirs:
         async with trio.open_nursery() as nursery:
@@ -39,7 +41,7 @@ async def test_waits_for_bytes_then_returns_them():
                 await trio.sleep(0.05)
                 theirs.sendall(b"late")
             nursery.start_soon(send_later)
-            assert await receive_now(ours, 100, trio.current_time() + 10) == b"late"
+            assert await receive_now(ours, 100, trio.current_time() + timeout) == b"late"
 
 
 async def test_the_peers_end_is_empty_bytes():
@@ -89,7 +91,8 @@ async def test_a_socket_closed_before_the_read_is_refused_not_read():
             await receive_now(ours, 100)
 
 
-async def test_a_socket_closed_while_waiting_wakes_the_reader():
+@pytest.mark.parametrize("timeout", [math.inf, 10.0])
+async def test_a_socket_closed_while_waiting_wakes_the_reader(timeout):
     ours, theirs = socket_pair()
     with theirs:
         async with trio.open_nursery() as nursery:
@@ -98,7 +101,7 @@ async def test_a_socket_closed_while_waiting_wakes_the_reader():
                 ours.close()
             nursery.start_soon(close_soon)
             with pytest.raises(trio.ClosedResourceError):
-                await receive_now(ours, 100, trio.current_time() + 10)
+                await receive_now(ours, 100, trio.current_time() + timeout)
 
 
 async def test_a_reset_is_an_os_error():

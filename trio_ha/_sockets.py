@@ -110,17 +110,23 @@ async def receive_now(sock: trio.socket.SocketType, size: int,
     else:
         await trio.lowlevel.cancel_shielded_checkpoint()
         return data
+    if deadline == math.inf:
+        return await _wait_and_receive(sock, size)  # no deadline, no cancel scope to arm
     with trio.move_on_at(deadline):
-        while True:
-            await trio.lowlevel.wait_readable(sock)
-            fd = sock.fileno()
-            if fd < 0:
-                raise trio.ClosedResourceError("the socket was closed")
-            try:
-                return os.read(fd, size)
-            except BlockingIOError:
-                continue  # woken for nothing (another reader, a spurious wake-up)
+        return await _wait_and_receive(sock, size)
     return None
+
+
+async def _wait_and_receive(sock: trio.socket.SocketType, size: int) -> bytes:
+    while True:
+        await trio.lowlevel.wait_readable(sock)
+        fd = sock.fileno()
+        if fd < 0:
+            raise trio.ClosedResourceError("the socket was closed")
+        try:
+            return os.read(fd, size)
+        except BlockingIOError:
+            continue  # woken for nothing (a spurious wake-up)
 
 
 def write_now(fd: int, buffers: Buffers) -> int:
