@@ -46,6 +46,10 @@ def test_bench_produce_quick_reports_every_configuration(tmp_path):
     for cluster in clusters:
         assert cluster["slave_connected"] and cluster["topic_routed"], cluster
     assert len([r for r in results if r["bench"] == "limit.loopback_rtt"]) == 2
+    # what one wake-up costs each side, the floor under a per-message CPU figure
+    for rtt in (r for r in results if r["bench"].startswith("limit.loopback_rtt")):
+        sides = rtt["cpu_us_per_round_trip"]
+        assert sides["this_process"] > 0 and sides["echo_process"] > 0, rtt
 
     sends = [r for r in results if r["bench"] == "produce.send"]
     assert sorted((r["master_role"], r["mode"], r["producers"], r["client_instances"])
@@ -78,6 +82,8 @@ def test_bench_produce_quick_reports_every_configuration(tmp_path):
         "msgs_per_s", "msgs_per_s", "cpu_us_per_msg", "cpu_us_per_msg", "cpu_us_per_msg",
         "p50_us"]
     assert all(isinstance(t["meets"], bool) for t in summary["targets"])
+    assert all(t["limit_trio_cpu_us_per_wake"] > 0 for t in summary["targets"]
+               if t["target"].startswith(("cpu_us_per_msg", "p50_us"))), summary["targets"]
     assert isinstance(summary["all_met"], bool)
     assert summary["failures"] == 0
     for cluster in clusters:

@@ -12,6 +12,12 @@ processes, so both cores can work, as in the deployment measured):
 * :func:`trio_rtt`: the same between two Trio processes (what an event loop adds on each
   side); :func:`round_trip_limit` puts both into the limit a latency is read against.
 
+Both ping-pongs also say what a round trip costs in CPU on each side (``cpu_us_per_round_trip``:
+this process's and the echoing child's CPU over the timed part, per round trip). Each side
+is woken once per round trip, so this is the price of one wake-up with a read and a write on
+this machine — kernel and, for trio, the event loop — the floor under every per-message CPU
+figure of a node that wakes once per message (issue 11: on a VM it is tens of microseconds).
+
 The children are this module run with ``python -m`` and a role (``sink``, ``echo``,
 ``echo-trio``); :class:`Children` starts them and kills what is left at the end.
 """
@@ -32,7 +38,7 @@ import time
 import trio
 
 from ..testing.processes import child_env
-from .harness import MB, MiB, latency_us, limit, trio_run
+from .harness import MB, MiB, cpu_seconds, latency_us, limit, trio_run
 
 PING_SIZE = 8
 
@@ -227,17 +233,48 @@ def raw_rtt(children: Children, *, count: int, seconds: float, timeout: float) -
             for _ in range(min(200, count)):  # warm-up: connection, caches, scheduler
                 sock.sendall(ping)
                 _recv_exactly(sock, view)
+            cpu = _CpuClock(proc.pid)
             deadline = time.perf_counter() + seconds
             while len(latencies) < count and time.perf_counter() < deadline:
                 t0 = clock()
                 sock.sendall(ping)
                 _recv_exactly(sock, view)
                 latencies.append(clock() - t0)
+            cpu.stop()
     finally:
         children.finish(proc)
     lat = latency_us(latencies)
     return {"p50_us": lat["p50"], "p99_us": lat["p99"], "p999_us": lat["p999"],
-            "round_trips": lat["samples"], "kind": "blocking sockets, two processes"}
+            "round_trips": lat["samples"], "cpu_us_per_round_trip": cpu.per(len(latencies)),
+            "kind": "blocking sockets, two processes"}
+
+
+class _CpuClock:
+    """CPU seconds of this process and of the child ``pid`` between ``start`` and ``stop``
+    (the child's from /proc: None where there is none)."""
+
+    def __init__(self, pid: int, *, started: bool = True) -> None:
+        self.pid = pid
+        self.ours = self.theirs = None
+        self._ours0 = 0.0
+        self._theirs0: float | None = None
+        if started:
+            self.start()
+
+    def start(self) -> None:
+        self._ours0 = time.process_time()
+        self._theirs0 = cpu_seconds(self.pid)
+
+    def stop(self) -> None:
+        self.ours = time.process_time() - self._ours0
+        theirs = cpu_seconds(self.pid)
+        if theirs is not None and self._theirs0 is not None:
+            self.theirs = theirs - self._theirs0
+
+    def per(self, round_trips: int) -> dict[str, float | None]:
+        def each(seconds: float | None) -> float | None:
+            return seconds / round_trips * 1e6 if seconds is not None and round_trips else None
+        return {"this_process": each(self.ours), "echo_process": each(self.theirs)}
 
 
 def _echo_main(args: dict) -> None:
@@ -285,21 +322,25 @@ def trio_rtt(children: Children, *, count: int, seconds: float, timeout: float) 
                 for _ in range(min(200, count)):
                     await sock.send(ping)
                     await _trio_recv_exactly(sock, view)
+                cpu.start()
                 deadline = time.perf_counter() + seconds
                 while len(latencies) < count and time.perf_counter() < deadline:
                     t0 = clock()
                     await sock.send(ping)
                     await _trio_recv_exactly(sock, view)
                     latencies.append(clock() - t0)
+                cpu.stop()
         return latencies
 
+    cpu = _CpuClock(proc.pid, started=False)
     try:
         latencies = trio_run(client)
     finally:
         children.finish(proc)
     lat = latency_us(latencies)
     return {"p50_us": lat["p50"], "p99_us": lat["p99"], "p999_us": lat["p999"],
-            "round_trips": lat["samples"], "kind": "trio sockets, two processes"}
+            "round_trips": lat["samples"], "cpu_us_per_round_trip": cpu.per(len(latencies)),
+            "kind": "trio sockets, two processes"}
 
 
 def _echo_trio_main(args: dict) -> None:
@@ -328,7 +369,9 @@ def _echo_trio_main(args: dict) -> None:
 def round_trip_limit(rtt: dict, rtt_trio: dict) -> dict:
     """The limit a latency is read against: the raw round trip's p50, with the trio one."""
     return limit("loopback_rtt_p50", rtt["p50_us"], "us", p99_us=rtt["p99_us"],
-                 trio_p50_us=rtt_trio["p50_us"], trio_p99_us=rtt_trio["p99_us"])
+                 trio_p50_us=rtt_trio["p50_us"], trio_p99_us=rtt_trio["p99_us"],
+                 cpu_us_per_wake=rtt["cpu_us_per_round_trip"]["this_process"],
+                 trio_cpu_us_per_wake=rtt_trio["cpu_us_per_round_trip"]["this_process"])
 
 
 # ---- child entry point ------------------------------------------------------------------------
