@@ -27,6 +27,11 @@ def test_bench_replication_quick_reports_results_with_limits(tmp_path):
     assert {(r["method"], r["chunk_bytes"]) for r in transfers} == {
         ("send", 32768), ("sendfile", 32768), ("send", 1 << 20), ("sendfile", 1 << 20)}
     assert all(r["mb_per_s"] > 0 for r in transfers)
+    # and into a new mapped file per pass, the floor of what a slave pays per byte
+    into_file = [r for r in results if r["bench"] == "limit.loopback_transfer_into_file"]
+    assert {(r["method"], r["chunk_bytes"]) for r in into_file} == {
+        ("send", 1 << 20), ("sendfile", 1 << 20)}
+    assert all(r["mb_per_s"] > 0 and "new mapped file" in r["into"] for r in into_file)
 
     warmup = next(r for r in results if r["bench"] == "replication.catchup_warmup")
     assert warmup["failures"] == 0 and warmup["identical"], warmup
@@ -45,6 +50,7 @@ def test_bench_replication_quick_reports_results_with_limits(tmp_path):
         assert r["master_bytes"] > 0 and r["bytes_copied"] == r["master_bytes"], r
         assert r["compared_bytes"] == r["master_bytes"], r
         assert r["limit"]["value"] > 0 and r["ratio_to_limit"] > 0
+        assert r["into_file_limit"]["value"] > 0 and r["ratio_to_into_file_limit"] > 0
         assert isinstance(r["meets_target"], bool) == (r["frame_bytes"] == 1 << 20)
         spread = r["spread_mb_per_s"]  # the median pass, and the spread of all
         assert spread["min"] <= spread["median"] == r["mb_per_s"] <= spread["max"], r

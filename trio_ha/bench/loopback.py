@@ -34,6 +34,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import trio
 
@@ -135,11 +136,17 @@ def _set_send_timeout(sock: socket.socket, seconds: float) -> None:
 
 
 def raw_transfer(children: Children, path: str, size: int, *, method: str, chunk: int,
-                 passes: int, timeout: float) -> dict:
+                 passes: int, timeout: float, into_file: str | None = None) -> dict:
     """Send ``size`` bytes of the mapped file at ``path`` to a receiving child ``passes``
     times, in ``chunk`` pieces, with ``method`` (``send`` of memoryview slices of the mapping,
-    or ``sendfile``). Returns the best pass and all of them."""
-    proc = children.start("sink", total=size, passes=passes, timeout=timeout)
+    or ``sendfile``). Returns the best pass and all of them.
+
+    The child receives into a reused 1 MiB buffer, or with ``into_file`` into a new file of
+    that path for each pass, sized and its blocks reserved as the store makes a segment,
+    mapped and received into in order: what any slave pays to put received bytes into new
+    file pages (page allocation and first touch), without a store's own work."""
+    proc = children.start("sink", total=size, passes=passes, timeout=timeout,
+                          into_file=into_file)
     port = children.read_port(proc, 30)
     fd = os.open(path, os.O_RDONLY)
     mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
@@ -181,13 +188,15 @@ def raw_transfer(children: Children, path: str, size: int, *, method: str, chunk
         "bytes": size,
         "chunk_bytes": chunk,
         "method": method,
+        "into": "a new mapped file per pass" if into_file else "a reused 1 MiB buffer",
     }
 
 
 def _sink_main(args: dict) -> None:
     """Child: accept ``passes`` connections, receive ``total`` bytes each into a
-    preallocated buffer, answer one byte."""
+    preallocated buffer (or a new mapped file, ``into_file``), answer one byte."""
     total, passes, timeout = args["total"], args["passes"], args["timeout"]
+    into_file = args.get("into_file")
     buffer = memoryview(bytearray(MiB))
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(timeout)
@@ -196,13 +205,43 @@ def _sink_main(args: dict) -> None:
             conn, _ = server.accept()
             with conn:
                 conn.settimeout(timeout)
-                got = 0
-                while got < total:
-                    n = conn.recv_into(buffer, min(len(buffer), total - got))
-                    if n == 0:
-                        raise SystemExit(f"sender closed after {got} of {total} bytes")
-                    got += n
+                if into_file is None:
+                    _receive(conn, total, buffer)
+                else:
+                    with _new_mapped_file(into_file, total) as mapping:
+                        view = memoryview(mapping)
+                        try:
+                            _receive(conn, total, view)
+                        finally:
+                            view.release()
                 conn.sendall(b"\x01")
+
+
+def _receive(conn: socket.socket, total: int, target: memoryview) -> None:
+    """``total`` bytes into ``target``: in order if it holds them all, else over and over
+    into its start; at most 1 MiB per call."""
+    got = 0
+    while got < total:
+        at = got if len(target) >= total else 0
+        n = conn.recv_into(target[at:at + min(MiB, total - got)])
+        if n == 0:
+            raise SystemExit(f"sender closed after {got} of {total} bytes")
+        got += n
+
+
+@contextlib.contextmanager
+def _new_mapped_file(path: str, size: int) -> Iterator[mmap.mmap]:
+    """A new file of ``size`` bytes with its blocks reserved, mapped shared (as
+    ``Segment.create`` makes a commitlog segment, unwarmed as a slave's are); removed after."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
+        with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mapping:
+            yield mapping
+    finally:
+        os.close(fd)
+        os.unlink(path)
 
 
 # ---- limits: loopback round trip --------------------------------------------------------------

@@ -11,6 +11,10 @@ What runs (one JSON object per result, in this order):
      memoryview slices of the mapping, and ``os.sendfile``, each in 1 MiB and 32 KiB pieces
      (the two frame sizes the catch-up uses); blocking sockets; best of several passes; the
      clock runs from the first send to the receiver's one-byte "all received";
+   * ``limit.loopback_transfer_into_file``: the same in 1 MiB pieces, the child receiving into
+     a new file per pass (sized, blocks reserved, mapped shared, as a slave's unwarmed
+     segment): what putting received bytes into new file pages costs any slave. The catch-up
+     is read against the plain transfer (the target) and against this (``into_file_limit``);
    * ``limit.loopback_rtt``: 8-byte ping-pong with TCP_NODELAY between two processes, blocking
      sockets (the raw round trip), and the same between two Trio processes (what an event
      loop adds on each side);
@@ -142,8 +146,29 @@ def _run(directory: str | None, quick: bool) -> Iterator[dict]:
                         + " to a child process recv_into'ing a preallocated 1 MiB buffer; "
                           "blocking sockets; file in the page cache; best pass",
                     }
+            # The same into a new mapped file per pass: the page allocation and first touch
+            # every slave pays for the bytes it receives, whatever else it does.
+            into_file = {}
+            for method in TRANSFER_METHODS:
+                figures = raw_transfer(children, raw_path, plan.raw_bytes, method=method,
+                                       chunk=MiB, passes=plan.raw_passes, timeout=60,
+                                       into_file=os.path.join(base, "sink-file"))
+                into_file[method] = figures
+                yield {
+                    "bench": "limit.loopback_transfer_into_file", **common, **figures,
+                    "note": ("send of memoryview slices" if method == "send" else "os.sendfile")
+                    + " to a child process recv_into'ing a new file of the transfer's size "
+                      "(sized, blocks reserved, mapped shared: a slave's new segment, unwarmed "
+                      "as a slave's are), one per pass; blocking sockets; best pass",
+                }
         finally:
             os.unlink(raw_path)
+        file_limit = limit(
+            "loopback_into_new_file_1MiB",
+            max(f["mb_per_s"] for f in into_file.values()), "MB/s",
+            send_mmap_slices=into_file["send"]["mb_per_s"],
+            sendfile=into_file["sendfile"]["mb_per_s"],
+        )
         memcpy = limits.memcpy_into_mapping(
             base, map_size=plan.memcpy_map, total_bytes=plan.memcpy_bytes, passes=2,
             record_seconds=0.05,
@@ -209,7 +234,9 @@ def _run(directory: str | None, quick: bool) -> Iterator[dict]:
                             entry = {"result": f"catch-up 1 MiB frames, {method}, {placement}",
                                      "target": target, "meets": meets,
                                      "mb_per_s": rate, "limit_mb_per_s": frame_limit["value"],
-                                     "ratio": ratio}
+                                     "ratio": ratio,
+                                     "into_file_limit_mb_per_s": file_limit["value"],
+                                     "ratio_to_into_file_limit": rate / file_limit["value"]}
                             (targets if placement == "separate_process"
                              else embedded_targets).append(entry)
                         yield {
@@ -220,6 +247,8 @@ def _run(directory: str | None, quick: bool) -> Iterator[dict]:
                             "ratio_to_raw_send": rate / raw["send", frame]["mb_per_s"],
                             "ratio_to_raw_sendfile": rate / raw["sendfile", frame]["mb_per_s"],
                             "secondary_limit": first_touch_limit,
+                            "into_file_limit": file_limit,
+                            "ratio_to_into_file_limit": rate / file_limit["value"],
                             "target": target, "meets_target": meets, "backend": backend,
                             "note": ("slave in a child process (the real deployment)"
                                      if placement == "separate_process" else
