@@ -35,7 +35,9 @@ ffibuilder.set_source(
     sources=[_rel(HERE / "trio_ha_native.c")],
     include_dirs=[_rel(HERE)],
     libraries=["z"],
-    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
+    extra_compile_args=["-O3", "-std=gnu11", "-pthread", "-Wall", "-Wextra",
+                        "-Werror=implicit-function-declaration"],
+    extra_link_args=["-pthread"],  # the sync thread (th_sync_thread_*)
 )
 
 if __name__ == "__main__":

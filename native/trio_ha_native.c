@@ -20,6 +20,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/sendfile.h>
@@ -1218,6 +1220,106 @@ int th_msync(uint8_t *addr, size_t len)
     if (msync((void *)start, span, MS_SYNC) != 0)
         return -errno;
     return 0;
+}
+
+struct th_sync_thread {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    int done_fd;
+    int stop;    /* set by th_sync_thread_stop */
+    int busy;    /* a range is submitted and not finished */
+    uint8_t *addr;
+    size_t len;
+    int result;
+};
+
+static void *sync_thread_main(void *arg)
+{
+    th_sync_thread *t = arg;
+    pthread_mutex_lock(&t->lock);
+    for (;;) {
+        while (!t->stop && !(t->busy && t->addr != NULL))
+            pthread_cond_wait(&t->wake, &t->lock);
+        if (t->busy && t->addr != NULL) {
+            uint8_t *addr = t->addr;
+            size_t len = t->len;
+            t->addr = NULL;
+            pthread_mutex_unlock(&t->lock);
+            int rc = th_msync(addr, len);
+            pthread_mutex_lock(&t->lock);
+            t->result = rc;
+            t->busy = 0;
+            uint64_t one = 1;
+            /* An eventfd write fails only on counter overflow, which 2^64 - 1 ranges cannot
+               reach; a lost wake-up would leave the flush waiting, never the data unsynced. */
+            ssize_t w = write(t->done_fd, &one, sizeof one);
+            (void)w;
+            continue;
+        }
+        if (t->stop)
+            break;
+    }
+    pthread_mutex_unlock(&t->lock);
+    return NULL;
+}
+
+th_sync_thread *th_sync_thread_start(int done_fd)
+{
+    th_sync_thread *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return NULL;
+    t->done_fd = done_fd;
+    int rc = pthread_mutex_init(&t->lock, NULL);
+    if (rc == 0) {
+        rc = pthread_cond_init(&t->wake, NULL);
+        if (rc == 0) {
+            rc = pthread_create(&t->thread, NULL, sync_thread_main, t);
+            if (rc == 0)
+                return t;
+            pthread_cond_destroy(&t->wake);
+        }
+        pthread_mutex_destroy(&t->lock);
+    }
+    free(t);
+    errno = rc;
+    return NULL;
+}
+
+int th_sync_thread_submit(th_sync_thread *t, uint8_t *addr, size_t len)
+{
+    pthread_mutex_lock(&t->lock);
+    if (t->busy) {
+        pthread_mutex_unlock(&t->lock);
+        return -EBUSY;
+    }
+    t->busy = 1;
+    t->addr = addr;
+    t->len = len;
+    t->result = 0;
+    pthread_cond_signal(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+    return 0;
+}
+
+int th_sync_thread_result(th_sync_thread *t)
+{
+    pthread_mutex_lock(&t->lock);
+    int rc = t->busy ? -EBUSY : t->result;
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+void th_sync_thread_stop(th_sync_thread *t)
+{
+    pthread_mutex_lock(&t->lock);
+    t->stop = 1;
+    pthread_cond_signal(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+    pthread_join(t->thread, NULL);
+    pthread_cond_destroy(&t->wake);
+    pthread_mutex_destroy(&t->lock);
+    free(t);
 }
 
 /* Linux 5.14+; the value is fixed by the kernel ABI, older headers lack the name. */

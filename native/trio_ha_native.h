@@ -237,6 +237,21 @@ size_t th_index_put(uint8_t *idx, uint32_t slot_num, uint32_t index_num, const u
 
 int th_msync(uint8_t *addr, size_t len);
 
+/* A sync thread: a thread of its own that msyncs one range at a time, and never takes the
+   interpreter's lock. th_msync from a Python worker thread needs that lock to start and again
+   to report, and on a busy event loop the handoffs cost more than the msync (issue 11); this
+   thread is told of a range under its own mutex and says it is done by adding 1 to the
+   eventfd `done_fd`, which the event loop waits on.
+   th_sync_thread_start: NULL (errno set) when the thread cannot start.
+   th_sync_thread_submit: 0, or -EBUSY while a range is in progress (one at a time).
+   th_sync_thread_result: the finished range's 0 or -errno from msync; -EBUSY while running.
+   th_sync_thread_stop: lets the range in progress finish, joins the thread, frees it. */
+typedef struct th_sync_thread th_sync_thread;
+th_sync_thread *th_sync_thread_start(int done_fd);
+int th_sync_thread_submit(th_sync_thread *t, uint8_t *addr, size_t len);
+int th_sync_thread_result(th_sync_thread *t);
+void th_sync_thread_stop(th_sync_thread *t);
+
 /* Fault in every page of [addr, addr+len) writable so later appends do not fault, without
    changing the contents: madvise(MADV_POPULATE_WRITE), or where that is refused (a kernel
    before 5.14: EINVAL) one locked read-modify-write of a byte per page. 0 or -errno (-EFAULT:

@@ -305,6 +305,12 @@ class RecordEngine(Protocol):
 
     def msync(self, handle: Handle, start: int, length: int) -> None: ...
 
+    def start_sync_thread(self, done_fd: int) -> NativeSyncThread | None:
+        """A thread of its own that msyncs ranges without the interpreter's lock, telling
+        ``done_fd`` (an eventfd) when each is done; None where the engine has none (the
+        Python engine: a worker thread syncs instead)."""
+        ...
+
     def warm(self, handle: Handle, start: int, length: int) -> None: ...
 
     def zero(self, handle: Handle, start: int, length: int) -> None: ...
@@ -318,6 +324,38 @@ class RecordEngine(Protocol):
 
 
 # ---- the native engine ---------------------------------------------------------------------
+
+
+class NativeSyncThread:
+    """The C sync thread (``th_sync_thread_*``): one range at a time; ``submit`` it, wait for
+    the done eventfd, then ``result``. Each call is a short C call under the thread's mutex."""
+
+    def __init__(self, lib: Any, thread: Any) -> None:
+        self._lib = lib
+        self._thread = thread
+
+    def submit(self, handle: Handle, start: int, length: int) -> None:
+        """Start syncing ``[start, start + length)`` of the mapping ``handle``; the caller
+        keeps the mapping alive until ``result`` says it is done."""
+        if self._thread is None:
+            raise RuntimeError("the sync thread has stopped")
+        rc = self._lib.th_sync_thread_submit(self._thread, handle + start, length)
+        if rc < 0:
+            raise RuntimeError("the sync thread is busy with another range")
+
+    def result(self) -> None:
+        """Raises BlockingIOError while the range is in progress, OSError if msync failed."""
+        rc = self._lib.th_sync_thread_result(self._thread)
+        if rc == -errno.EBUSY:
+            raise BlockingIOError(errno.EBUSY, "the range is still being synced")
+        if rc < 0:
+            raise OSError(-rc, f"msync: {os.strerror(-rc)}")
+
+    def stop(self) -> None:
+        """Let the range in progress finish, then end the thread (idempotent)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._lib.th_sync_thread_stop(thread)
 
 
 class NativeEngine:
@@ -436,6 +474,13 @@ class NativeEngine:
         rc = self.lib.th_msync(handle + start, length)
         if rc < 0:
             raise OSError(-rc, f"msync: {os.strerror(-rc)}")
+
+    def start_sync_thread(self, done_fd: int) -> NativeSyncThread:
+        thread = self.lib.th_sync_thread_start(done_fd)
+        if thread == self.ffi.NULL:
+            code = self.ffi.errno or errno.EAGAIN
+            raise OSError(code, f"starting the sync thread: {os.strerror(code)}")
+        return NativeSyncThread(self.lib, thread)
 
     def warm(self, handle: Handle, start: int, length: int) -> None:
         rc = self.lib.th_warm(handle + start, length)
@@ -810,6 +855,9 @@ class PythonEngine:
     def msync(self, handle: Handle, start: int, length: int) -> None:
         # The Python engine owns no fd; the caller's segment falls back to os.fdatasync.
         raise NotImplementedError
+
+    def start_sync_thread(self, done_fd: int) -> None:
+        return None
 
     def warm(self, handle: Handle, start: int, length: int) -> None:
         page = 4096

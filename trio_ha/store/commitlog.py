@@ -8,11 +8,12 @@ without RocketMQ's put lock, and queue offsets and store timestamps rise with th
 The next queue offset of every queue lives here for that reason (RocketMQ's CommitLog keeps
 its topicQueueTable too).
 
-What is slow lives in worker threads, behind awaits that happen *outside* that critical
-section: creating and warming the next segment (the allocator keeps one spare ready, so an
-append normally just switches to it), and msync for flushing. A put that finds the active
-segment full while the spare is still being prepared waits for it, bounded by
-``allocate_timeout`` (CREATE_MAPEDFILE_FAILED after that, as RocketMQ's 5 s wait).
+What is slow lives in other threads, behind awaits that happen *outside* that critical
+section: creating and warming the next segment, in a worker thread (the allocator keeps one
+spare ready, so an append normally just switches to it), and msync for flushing, on the sync
+thread (``sync_thread``: a native thread that never takes the interpreter's lock). A put that
+finds the active segment full while the spare is still being prepared waits for it, bounded
+by ``allocate_timeout`` (CREATE_MAPEDFILE_FAILED after that, as RocketMQ's 5 s wait).
 
 Flushing is one coroutine, ``flush()``, used by the async flush service (every 500 ms when at
 least 4 pages are dirty, everything every 10 s) and by group commit (SYNC_FLUSH: flush whatever
@@ -40,8 +41,9 @@ from ..wire import record as rec
 from ..wire.layout import INT64_MAX
 from .health import RETRY_INTERVAL, describe
 from .results import PutMessageResult, PutMessageStatus
-from .segment import Segment, sync_ranges
+from .segment import Segment
 from .segments import SegmentQueue
+from .sync_thread import SyncThread
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +141,8 @@ class CommitLog:
     allocation_failures: int = 0
     _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
     _flush_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    #: what runs the flushes' msyncs, started at the first flush (``sync_thread``)
+    _sync_thread: SyncThread | None = None
     _store_host: bytes = b""
 
     @classmethod
@@ -149,6 +153,9 @@ class CommitLog:
         return commitlog
 
     def close(self) -> None:
+        if self._sync_thread is not None:
+            self._sync_thread.close()
+            self._sync_thread = None
         if self._spare is not None:
             # Nothing was written to it: remove it so the directory holds only real data.
             self._spare.destroy()
@@ -500,10 +507,12 @@ class CommitLog:
                 offset = end
                 if end < segment.end_offset:
                     break
+            if self._sync_thread is None:
+                self._sync_thread = SyncThread.start()
             with contextlib.ExitStack() as holds:
                 for segment, _, _ in work:
                     holds.enter_context(segment.hold())
-                await trio.to_thread.run_sync(sync_ranges, work, abandon_on_cancel=False)
+                await self._sync_thread.sync(work)
             for segment, _, end in work:
                 segment.flushed_position = max(segment.flushed_position, end)
             self.flushed_store_timestamp = store_timestamp
