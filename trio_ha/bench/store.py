@@ -299,9 +299,6 @@ def _run(directory: str | None, quick: bool) -> Iterator[dict]:
                        "msync (the store's call), on a preallocated, written scratch file"}
         memcpy_limit = limit("memcpy_into_warm_mapping", memcpy["mb_per_s"], "MB/s",
                               chunk_bytes=memcpy["chunk_bytes"])
-        first_touch_limit = limit("first_touch_of_new_mapping",
-                                  memcpy["first_touch_gb_per_s"] * 1000, "MB/s",
-                                  chunk_bytes=memcpy["chunk_bytes"])
         fdatasync_limit = limit("fdatasync_4k", sync_limit["fdatasync_per_s"], "ops/s",
                                  p50_us=sync_limit["fdatasync_p50_us"],
                                  msync_per_s=sync_limit.get("msync_per_s"))
@@ -346,14 +343,6 @@ def _run(directory: str | None, quick: bool) -> Iterator[dict]:
                     result["secondary_limit"] = limit(
                         "python_1k_slice_assignments", memcpy["slice_1k_per_s"], "ops/s"
                     )
-                else:
-                    # Sustained appends fill new segments: every page is allocated, zeroed
-                    # and mapped once (the allocator's warming, on the other core), which
-                    # the warm memcpy never pays. On a VM that first touch is the slower
-                    # limit by far, and it swings from run to run.
-                    result["secondary_limit"] = first_touch_limit
-                    result["ratio_to_first_touch"] = (
-                        figures["record_mb_per_s"] / first_touch_limit["value"])
                 if size == 1024 and mode == "batch64":
                     target = f"ratio_to_limit >= {TARGET_BATCH_MEMCPY_RATIO}"
                     meets = result["ratio_to_limit"] >= TARGET_BATCH_MEMCPY_RATIO
