@@ -124,6 +124,20 @@ async def test_without_the_native_engine_a_worker_thread_syncs(tmp_path, monkeyp
         segment.close()
 
 
+async def test_without_eventfd_a_worker_thread_syncs(tmp_path, monkeypatch):
+    """eventfd is Linux's: elsewhere the native engine's flushes use a worker thread."""
+    monkeypatch.delattr(os, "eventfd")
+    segment = segment_with(tmp_path, b"q" * 200)
+    thread = SyncThread.start()
+    try:
+        assert not thread.native
+        with segment.hold():
+            await thread.sync([(segment, 0, 200)])
+    finally:
+        thread.close()
+        segment.close()
+
+
 async def test_sync_flush_puts_go_through_the_commitlogs_sync_thread(tmp_path):
     config = StoreConfig(store_path_root_dir=str(tmp_path / "store"),
                          mapped_file_size_commit_log=SIZE,

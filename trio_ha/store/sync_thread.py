@@ -39,7 +39,10 @@ class SyncThread:
 
     @classmethod
     def start(cls) -> SyncThread:
-        """The native sync thread with its eventfd, or the worker-thread fallback."""
+        """The native sync thread with its eventfd, or the worker-thread fallback (the
+        Python engine, or a system without eventfd: Linux only)."""
+        if not hasattr(os, "eventfd"):
+            return cls()
         done_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         try:
             thread = _backend.engine.start_sync_thread(done_fd)
