@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_ha._sockets import receive_now
+from trio_ha._sockets import receive_from, receive_now
 
 
 def socket_pair() -> tuple[trio.socket.SocketType, socket.socket]:
@@ -33,7 +33,7 @@ async def test_bytes_waiting_come_back_after_a_yield():
 
 
 @pytest.mark.parametrize("timeout", [math.inf, 10.0])
-async def test_waits_for_bytes_then_returns_them(timeout):
+async def test_waits_for_bytes_then_returns_them(timeout, autojump_clock):
     ours, theirs = socket_pair()
     with ours, theirs:
         async with trio.open_nursery() as nursery:
@@ -92,7 +92,7 @@ async def test_a_socket_closed_before_the_read_is_refused_not_read():
 
 
 @pytest.mark.parametrize("timeout", [math.inf, 10.0])
-async def test_a_socket_closed_while_waiting_wakes_the_reader(timeout):
+async def test_a_socket_closed_while_waiting_wakes_the_reader(timeout, autojump_clock):
     ours, theirs = socket_pair()
     with theirs:
         async with trio.open_nursery() as nursery:
@@ -114,8 +114,17 @@ async def test_a_reset_is_an_os_error():
         with client:
             await client.connect(listener.getsockname())
             server, _ = listener.accept()
-            await client.send(b"never read")
-            await trio.sleep(0.05)
+            await client.send(b"never read")  # on loopback, in server's buffer on return
             server.close()  # unread bytes in its buffer: the kernel answers with a reset
             with pytest.raises(ConnectionResetError):
                 await receive_now(client, 100, trio.current_time() + 10)
+
+
+async def test_a_stream_that_is_not_a_socket_is_read_through_its_receive_some():
+    """TLS and memory streams: the same answers through the stream's own receive."""
+    ours, theirs = trio.testing.memory_stream_pair()
+    await theirs.send_all(b"tls")
+    assert await receive_from(ours, 100, trio.current_time() + 10) == b"tls"
+    assert await receive_from(ours, 100, trio.current_time() - 1) is None
+    await theirs.aclose()
+    assert await receive_from(ours, 100) == b""

@@ -110,8 +110,14 @@ async def test_stopping_is_final_and_idempotent(tmp_path):
     segment.close()
 
 
-async def test_without_the_native_engine_a_worker_thread_syncs(tmp_path, monkeypatch):
-    monkeypatch.setattr(_backend, "engine", _backend.python_engine)
+@pytest.mark.parametrize("without", ["the native engine", "eventfd"])
+async def test_a_worker_thread_syncs_without_the_native_thread(without, tmp_path, monkeypatch):
+    """The Python engine has no sync thread, and eventfd is Linux's: either way the ranges
+    go to a worker thread."""
+    if without == "eventfd":
+        monkeypatch.delattr(os, "eventfd")
+    else:
+        monkeypatch.setattr(_backend, "engine", _backend.python_engine)
     segment = segment_with(tmp_path, b"p" * 300)
     thread = SyncThread.start()
     try:
@@ -119,20 +125,6 @@ async def test_without_the_native_engine_a_worker_thread_syncs(tmp_path, monkeyp
         with segment.hold():
             await thread.sync([(segment, 0, 300)])
         assert file_start(segment, 300) == b"p" * 300
-    finally:
-        thread.close()
-        segment.close()
-
-
-async def test_without_eventfd_a_worker_thread_syncs(tmp_path, monkeypatch):
-    """eventfd is Linux's: elsewhere the native engine's flushes use a worker thread."""
-    monkeypatch.delattr(os, "eventfd")
-    segment = segment_with(tmp_path, b"q" * 200)
-    thread = SyncThread.start()
-    try:
-        assert not thread.native
-        with segment.hold():
-            await thread.sync([(segment, 0, 200)])
     finally:
         thread.close()
         segment.close()

@@ -129,6 +129,17 @@ async def _wait_and_receive(sock: trio.socket.SocketType, size: int) -> bytes:
             continue  # woken for nothing (a spurious wake-up)
 
 
+async def receive_from(stream: trio.abc.ReceiveStream, size: int,
+                       deadline: float = math.inf) -> bytes | bytearray | None:
+    """``receive_now`` when ``stream`` is a plain socket; otherwise (TLS, memory streams in
+    tests) the stream's ``receive_some`` within ``deadline``. None when the deadline passed."""
+    if isinstance(stream, trio.SocketStream):
+        return await receive_now(stream.socket, size, deadline)
+    with trio.move_on_at(deadline):
+        return await stream.receive_some(size)
+    return None
+
+
 def write_now(fd: int, buffers: Buffers) -> int:
     """One non-blocking gathered write of ``buffers`` to a socket: the bytes the kernel took.
     0 when the socket is full, and when it is broken: the connection's writer, which queues

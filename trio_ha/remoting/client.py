@@ -53,7 +53,7 @@ import attrs
 import trio
 
 from .._errors import unwrap_single_exception
-from .._sockets import receive_now, socket_fd, write_now
+from .._sockets import receive_from, socket_fd, write_now
 from ..config import ConfigError
 from ..wire.acl import Credentials, sign
 from ..wire.errors import RemotingDecodeError
@@ -246,11 +246,7 @@ class RemotingClient:
         decoder = FrameDecoder()
         try:
             while True:
-                stream = self.stream
-                if isinstance(stream, trio.SocketStream):
-                    data = await receive_now(stream.socket, RECEIVE_SIZE)
-                else:
-                    data = await stream.receive_some(RECEIVE_SIZE)
+                data = await receive_from(self.stream, RECEIVE_SIZE)
                 if not data:
                     raise RemotingError("the server closed the connection")
                 decoder.receive_data(data)

@@ -62,7 +62,7 @@ from typing import Final, Protocol
 import attrs
 import trio
 
-from .._sockets import receive_now, socket_fd, unsent, write_now
+from .._sockets import receive_from, socket_fd, unsent, write_now
 from ..ratelog import RateLimitedLog
 from ..wire.errors import RemotingDecodeError
 from ..wire.remoting import NEED_DATA, FrameDecoder, MappedReply, RemotingCommand, encode
@@ -338,7 +338,7 @@ class RemotingConnection:
                 deadline = self._last_activity + limits.idle_timeout
                 if partial_since is not None:
                     deadline = min(deadline, partial_since + limits.request_timeout)
-                data = await self._receive(size, deadline)
+                data = await receive_from(self.stream, size, deadline)
                 now = trio.current_time()
                 if data is None:
                     if partial_since is not None and now >= partial_since + limits.request_timeout:
@@ -378,16 +378,6 @@ class RemotingConnection:
                     partial_since = trio.current_time()
                 if completed:
                     self._last_activity = trio.current_time()
-
-    async def _receive(self, size: int, deadline: float) -> bytes | bytearray | None:
-        """Up to ``size`` bytes, or None at ``deadline``: straight from the socket when it is
-        one (``receive_now``), else through the stream (TLS, memory streams in tests)."""
-        stream = self.stream
-        if isinstance(stream, trio.SocketStream):
-            return await receive_now(stream.socket, size, deadline)
-        with trio.move_on_at(deadline):
-            return await stream.receive_some(size)
-        return None
 
     async def _reserve_read(self, buffered: int, partial_since: float | None) -> int:
         """How many bytes the next receive may ask for: within the connection's allowance,
