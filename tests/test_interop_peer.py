@@ -3,10 +3,18 @@ interop tests rely on: a real name server and broker start from the cached jars,
 to them, our Java programs compile and run, and a stop is a clean JVM shutdown (the broker's
 abort file is gone, so its next start is a normal recovery)."""
 
+import threading
+from pathlib import Path
+
 import pytest
 
 from trio_ha.testing import free_broker_port
-from trio_ha.testing.rocketmq import broker_properties_text, program_lines
+from trio_ha.testing.rocketmq import (
+    CLIENTS_VERSION,
+    RocketMQ,
+    broker_properties_text,
+    program_lines,
+)
 
 pytestmark = pytest.mark.interop
 
@@ -29,6 +37,50 @@ def test_the_clients_only_peer_has_the_client_and_mqadmin_and_no_servers(rocketm
     with pytest.raises(RuntimeError, match="without its servers"):
         rocketmq_clients.start_namesrv(tmp_path / "ns", free_broker_port())
     assert "mqadmin" in rocketmq_clients.mqadmin(tmp_path / "adm", check=True)  # its help text
+
+
+def test_workers_filling_a_cold_cache_at_once_download_and_compile_once(rocketmq_clients,
+                                                                        tmp_path, monkeypatch):
+    """Test workers (pytest -n) start with the same cold cache: one fetches and compiles
+    while the others wait for it, and every worker gets the one complete copy (a second
+    download would replace lib/ under the JVMs of the first)."""
+    calls = {"download": 0, "compile": 0}
+    download, compile_ = RocketMQ._download, RocketMQ._compile
+
+    def counted(name, real):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(RocketMQ, "_download", counted("download", download))
+    monkeypatch.setattr(RocketMQ, "_compile", counted("compile", compile_))
+    got: list[tuple[RocketMQ, Path]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def worker() -> None:
+        try:
+            start.wait()
+            peer = RocketMQ.fetch(CLIENTS_VERSION, clients_only=True, cache_dir=tmp_path)
+            got.append((peer, peer.compile_programs()))
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert not errors, errors
+    assert calls == {"download": 1, "compile": 1}
+    assert len({(peer.lib, classes) for peer, classes in got}) == 1 and len(got) == 3
+    peer, classes = got[0]
+    assert (peer.lib / "rocketmq-tools-4.9.8.jar").exists()
+    assert (classes / ".complete").exists()
+    # No staging directory is left beside the cache entry.
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        f"{CLIENTS_VERSION}-clients", f"{CLIENTS_VERSION}-clients.lock"]
 
 
 def test_real_namesrv_broker_mqadmin_and_our_programs(rocketmq, tmp_path):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -45,7 +46,7 @@ import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import attrs
@@ -165,6 +166,19 @@ def _tool(name: str) -> str:
     if path is None:
         raise RocketMQUnavailable(f"no {name} on PATH")
     return path
+
+
+@contextlib.contextmanager
+def _exclusive(directory: Path) -> Iterator[None]:
+    """Hold ``directory``'s lock file (``<directory>.lock``, beside it) while the block runs:
+    one process at a time fills a cache entry, across processes and checkouts."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(f"{directory}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def _digest(paths: Iterable[Path], *extra: str) -> str:
@@ -315,9 +329,13 @@ class RocketMQ:
                    clients_only)
         stamp = peer.lib / ".complete"
         want = _digest([POM], version, DEPENDENCY_PLUGIN, str(clients_only))
-        if not (stamp.exists() and stamp.read_text() == want):
-            peer._download(_tool("mvn"), want, timeout)
-        peer._write_home()
+        # Test workers (pytest -n) fetch at once on a cold cache: the first downloads while
+        # the others wait, then find its stamp. Unlocked, a late download would replace lib/
+        # under a JVM that an early one had started.
+        with _exclusive(peer.root):
+            if not (stamp.exists() and stamp.read_text() == want):
+                peer._download(_tool("mvn"), want, timeout)
+            peer._write_home()
         return peer
 
     @property
@@ -339,8 +357,8 @@ class RocketMQ:
         return os.pathsep.join([str(self.home / "conf"), str(self.lib / "*")])
 
     def _download(self, mvn: str, stamp_text: str, timeout: float) -> None:
-        staging = Path(tempfile.mkdtemp(prefix="lib.", dir=self.root.parent
-                                        if self.root.parent.exists() else None))
+        # Beside lib/ (the lock made the parent): one file system, so the rename below is one.
+        staging = Path(tempfile.mkdtemp(prefix="lib.", dir=self.root.parent))
         self.root.mkdir(parents=True, exist_ok=True)
         command = [mvn, "-B", "-q", "-f", str(POM), f"-Drmq.version={self.version}",
                    *(["-Drmq.clients.only=true"] if self.clients_only else []),
@@ -358,11 +376,9 @@ class RocketMQ:
             detail = (result.stdout + result.stderr).strip()[-1500:]
             raise RocketMQUnavailable(f"Maven could not fetch RocketMQ {self.version}: {detail}")
         (staging / ".complete").write_text(stamp_text)
-        # Another run may have finished first: theirs is as good as ours.
+        # Replaces a lib/ fetched for another pom or version (the caller holds the lock).
         shutil.rmtree(self.lib, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            staging.rename(self.lib)
-        shutil.rmtree(staging, ignore_errors=True)
+        staging.rename(self.lib)
 
     def _write_home(self) -> None:
         conf = self.home / "conf"
@@ -387,6 +403,12 @@ class RocketMQ:
         classes = self.root / "classes" / _digest(files, self.version)
         if (classes / ".complete").exists():
             return classes
+        with _exclusive(self.root):
+            if not (classes / ".complete").exists():
+                self._compile(files, classes)
+        return classes
+
+    def _compile(self, files: list[Path], classes: Path) -> None:
         javac = _tool("javac")
         classes.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix="classes.", dir=classes.parent))
@@ -398,10 +420,7 @@ class RocketMQ:
             shutil.rmtree(staging, ignore_errors=True)
             raise RuntimeError(f"javac failed:\n{result.stdout}{result.stderr}")
         (staging / ".complete").write_text("")
-        with contextlib.suppress(OSError):
-            staging.rename(classes)
-        shutil.rmtree(staging, ignore_errors=True)
-        return classes
+        staging.rename(classes)  # the caller holds the lock and found no complete classes/
 
     # --- processes ---------------------------------------------------------------------------
 
