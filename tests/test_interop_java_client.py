@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import re
 import time
 
 import pytest
@@ -185,7 +186,11 @@ def test_consumers_of_one_group_share_the_queues_and_filter_by_tag(peer_name, re
                                ready="started")
         for n in range(2)]
     try:
-        # Both have joined once each has its share: wait for the broker to list both.
+        # Send once both have their share: a message pulled before the second one's arrival
+        # moved its queue would be delivered again from the committed offset (at-least-once).
+        for consumer in consumers:
+            consumer.wait_for_line(
+                re.compile(rf'"allocated":"[^"]*","topic":"{topic}","members":2,"queues":2'))
         sent = produce(rocketmq, tmp_path / "producer", namesrv, topic, 40, "--tags",
                        "TagA,TagB")
         outputs = []

@@ -12,12 +12,14 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 
+import org.apache.rocketmq.client.consumer.AllocateMessageQueueStrategy;
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
 import org.apache.rocketmq.client.consumer.listener.ConsumeOrderlyStatus;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerOrderly;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
+import org.apache.rocketmq.client.consumer.rebalance.AllocateMessageQueueAveragely;
 import org.apache.rocketmq.client.exception.MQBrokerException;
 import org.apache.rocketmq.client.exception.MQClientException;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
@@ -30,6 +32,7 @@ import org.apache.rocketmq.client.producer.TransactionSendResult;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageExt;
+import org.apache.rocketmq.common.message.MessageQueue;
 import org.apache.rocketmq.remoting.RPCHook;
 
 /**
@@ -333,6 +336,7 @@ public final class Client {
         consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         // Clustering (the default model): consumers of one group share the queues.
         consumer.setPersistConsumerOffsetInterval(1000);
+        consumer.setAllocateMessageQueueStrategy(announcing(name));
         for (String topic : opts.require("topic").split(",")) {
             consumer.subscribe(topic, opts.get("tags", "*"));
         }
@@ -385,6 +389,33 @@ public final class Client {
         // shutdown() persists the consumed offsets to the broker before it returns.
         consumer.shutdown();
         Json.print(Json.obj("done", true, "consumer", name, "received", stop.seen.get()));
+    }
+
+    /**
+     * The default allocation (averagely), with an {@code allocated} line for each topic at
+     * each rebalance: the members it saw and the queues this consumer took. A test that wants
+     * queues shared without duplicates waits for every member's share before it sends: a
+     * message pulled by one member before a rebalance hands its queue to another is delivered
+     * again from the committed offset (at-least-once, in RocketMQ as here).
+     */
+    static AllocateMessageQueueStrategy announcing(String name) {
+        AllocateMessageQueueStrategy averagely = new AllocateMessageQueueAveragely();
+        return new AllocateMessageQueueStrategy() {
+            @Override
+            public List<MessageQueue> allocate(String group, String currentCID, List<MessageQueue> mqAll,
+                                               List<String> cidAll) {
+                List<MessageQueue> mine = averagely.allocate(group, currentCID, mqAll, cidAll);
+                String topic = mqAll.isEmpty() ? null : mqAll.get(0).getTopic();
+                Json.print(Json.obj("allocated", name, "topic", topic, "members", cidAll.size(),
+                    "queues", mine.size()));
+                return mine;
+            }
+
+            @Override
+            public String getName() {
+                return averagely.getName();
+            }
+        };
     }
 
     static void pull(Options opts) throws Exception {
