@@ -8,7 +8,7 @@ socket is empty (``_Reports``: no task switch between a frame and its ack), and 
 task for heartbeats and what the socket would not take at once. Either failing ends the session,
 and the client connects again after a back-off: ha_reconnect_min_interval (20 ms) after a
 session that had frames from its master, doubling after each attempt that had none, up to
-ha_reconnect_interval (160 ms). RocketMQ waits a fixed 5 s, so a SYNC_MASTER that restarts in a
+ha_reconnect_interval (40 ms). RocketMQ waits a fixed 5 s, so a SYNC_MASTER that restarts in a
 second answers SLAVE_NOT_AVAILABLE for seconds more; here the slave is back within about
 ha_reconnect_interval of the master's port opening, and a master that stays down costs one
 refused connect per interval.
@@ -40,6 +40,7 @@ import attrs
 import trio
 
 from ...config import StoreConfig
+from ...ratelog import RateLimitedLog
 from ...watermark import Watermark
 from ...wire.ha import (
     NEED_DATA,
@@ -125,6 +126,9 @@ class HAClient:
     _session_scope: trio.CancelScope | None = None
     #: the current session has had a frame from its master
     _served: bool = False
+    #: a master that stays down fails a connect every back-off ceiling (25 a second): one
+    #: line per 10 s says so, with the count
+    _failures: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
 
     def update_master_address(self, address: str | None) -> None:
         """Follow a (new) master. A session with the old one ends; a divergence recorded
@@ -178,8 +182,12 @@ class HAClient:
                          trio.TooSlowError) as group:
                     failed = True
                     self.last_error = str(group.exceptions[0])
-                    log.warning("HA: session with master %s ended: %s", address,
-                                self.last_error)
+                    kind = ("session ended", address)
+                    if self._served:  # a master that was serving went: said at once
+                        self._failures.ended(kind)
+                    self._failures.log(logging.WARNING, kind,
+                                       "HA: session with master %s ended: %s", address,
+                                       self.last_error)
             self._session_scope = None
             self.connected_since = None
             if self._served:  # that master was serving: worth trying again soon
