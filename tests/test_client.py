@@ -7,6 +7,7 @@ Every wait is bounded (``trio.fail_after``); nothing asserts a duration.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import socket
@@ -712,3 +713,23 @@ def test_unique_ids_have_java_createuniqid_layout():
     assert int((before - month_start) * 1000) - 1 <= elapsed_ms <= int((after - month_start) * 1000) + 1
     counters = [int.from_bytes(bytes.fromhex(u)[14:16], "big") for u in (first, second)]
     assert counters[1] == (counters[0] + 1) & 0xFFFF
+
+
+def test_a_batchs_ids_made_at_once_are_what_one_by_one_would_make():
+    """create_many (a batch's messages) gives the ids create would give one by one within a
+    millisecond: the same prefix, the time, consecutive counters — across the wrap of the
+    16-bit counter — and create carries on after them."""
+    generator = _UniqIdGenerator()
+    generator._counter = itertools.count(0xFFFE)
+    before = generator.create("10.1.2.3")
+    batch = generator.create_many("10.1.2.3", 5)
+    after = generator.create("10.1.2.3")
+    assert len(set(batch)) == 5
+    for uniq in batch:
+        assert len(uniq) == 32 and uniq == uniq.upper()
+        assert uniq[:20] == before[:20]
+    times = [int(u[20:28], 16) for u in (before, *batch, after)]
+    assert times == sorted(times)  # the clock at each call (one reading for the batch)
+    counters = [int(u[28:], 16) for u in (before, *batch, after)]
+    assert counters == [0xFFFE, 0xFFFF, 0, 1, 2, 3, 4]
+    assert generator.create_many("10.1.2.3", 0) == []
