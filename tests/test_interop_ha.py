@@ -99,7 +99,20 @@ def consume(peer: RocketMQ, run_dir: Path, namesrv: str, topic: str, group: str,
 
 def broker_status(peer: RocketMQ, run_dir: Path, namesrv: str, addr: str) -> dict[str, str]:
     """``mqadmin brokerStatus``: the broker's runtime info as a mapping."""
+    status = started_broker_status(peer, run_dir, namesrv, addr)
+    assert status is not None, f"{addr} has no runtime sample yet (started under a second ago)"
+    return status
+
+
+def started_broker_status(peer: RocketMQ, run_dir: Path, namesrv: str,
+                          addr: str) -> dict[str, str] | None:
+    """``broker_status`` of a real broker that may have just started: None while it cannot
+    answer yet. RocketMQ's StoreStatsService takes its first sample a second after it starts;
+    until then GET_BROKER_RUNTIME_INFO fails with NoSuchElementException (LinkedList.getLast
+    of its empty sample list)."""
     out = peer.mqadmin(run_dir, "brokerStatus", "-n", namesrv, "-b", addr)
+    if "NoSuchElementException" in out:
+        return None
     assert "Exception" not in out, out
     status = {}
     for line in out.splitlines():

@@ -23,6 +23,7 @@ from test_interop_ha import (
     commitlog_bytes,
     our_slave_properties,
     real_slave_properties,
+    started_broker_status,
     unique,
     wait_attached,
     wait_for,
@@ -187,8 +188,10 @@ def test_their_master_restarting_while_our_slave_copies(rocketmq, tmp_path):
         ours = slave_dir / "commitlog"
 
         def equal() -> bool:
-            status = broker_status(rocketmq, tmp_path / "adm", namesrv_addr,
-                                   f"127.0.0.1:{master_port}")
+            status = started_broker_status(rocketmq, tmp_path / "adm", namesrv_addr,
+                                           f"127.0.0.1:{master_port}")
+            if status is None:  # their restarted master's first second
+                return False
             end = int(status["commitLogMaxOffset"])
             _, their_bytes = commitlog_bytes(theirs)
             _, our_bytes = commitlog_bytes(ours)
