@@ -78,10 +78,9 @@ class SyncThread:
                 os.eventfd_read(self._done_fd)
             except BlockingIOError:
                 continue  # woken for nothing
-            try:
-                thread.result()
-            except BlockingIOError:
-                continue  # (the counter holds one wake-up per range: cannot happen)
+            # The thread adds to the counter only once its range is finished (one range at
+            # a time, every wake-up read here, shielded), so the result is ready.
+            thread.result()
             return
 
     def close(self) -> None:
