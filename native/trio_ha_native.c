@@ -1054,43 +1054,86 @@ size_t th_scan(const uint8_t *buf, uint64_t limit, uint64_t pos, int64_t base_of
 #define TX_ROLLBACK 0xC
 #define CQ_ENTRY_SIZE 20u
 
-/* Does record r continue the run whose last record is prev? (topic, queue, next offset) */
-static inline int cq_continues(const uint8_t *buf, const th_record_info *prev,
-                               const th_record_info *r)
+/* Is r of the same queue (topic bytes and queue id) as q? */
+static inline int cq_same_queue(const uint8_t *buf, const th_record_info *q,
+                                const th_record_info *r)
 {
-    return r->queue_id == prev->queue_id && prev->queue_offset != INT64_MAX &&
-           r->queue_offset == prev->queue_offset + 1 && r->topic_len == prev->topic_len &&
-           memcmp(buf + r->topic_pos, buf + prev->topic_pos, r->topic_len) == 0;
+    return r->queue_id == q->queue_id && r->topic_len == q->topic_len &&
+           memcmp(buf + r->topic_pos, buf + q->topic_pos, r->topic_len) == 0;
 }
 
+#define CQ_NO_RUN UINT32_MAX
+
 size_t th_cq_runs(const uint8_t *buf, const th_record_info *infos, size_t n,
-                  uint8_t *entries, th_cq_run *runs, size_t runs_cap)
+                  uint8_t *entries, uint32_t *order, th_cq_run *runs, size_t runs_cap,
+                  uint32_t *table, size_t table_size)
 {
+    if (n == 0)
+        return 0;
+    if (table_size < 2 * n || (table_size & (table_size - 1)) != 0)
+        return SIZE_MAX;
+    /* Pass 1: each record's run, found through an open-addressed table of each queue's
+       latest run (at most n queues in a table of 2n slots or more: it never fills). order[i]
+       holds record i's run meanwhile. */
+    memset(table, 0xff, table_size * sizeof *table);
+    size_t mask = table_size - 1;
     size_t count = 0;
-    const th_record_info *prev = NULL; /* last record of the open run, NULL if none is open */
+    size_t stop = n;
     for (size_t i = 0; i < n; i++) {
         const th_record_info *r = &infos[i];
         int32_t tx = r->sys_flag & TX_TYPE_MASK;
         if (tx == TX_PREPARED || tx == TX_ROLLBACK) {
-            prev = NULL;
+            order[i] = CQ_NO_RUN;
             continue;
         }
-        if (prev != NULL && cq_continues(buf, prev, r)) {
-            runs[count - 1].count++;
-        } else {
-            /* Only reachable with runs_cap < n: stop at the first run that does not fit,
-               so every run returned is whole (entries past it are left unwritten). */
-            if (count == runs_cap)
-                return count;
-            runs[count].first = (uint32_t)i;
-            runs[count].count = 1;
-            count++;
+        uint32_t h = 2166136261u; /* FNV-1a of the topic bytes, then the queue id */
+        for (uint32_t k = 0; k < r->topic_len; k++)
+            h = (h ^ buf[r->topic_pos + k]) * 16777619u;
+        h = (h ^ (uint32_t)r->queue_id) * 16777619u;
+        size_t slot = h & mask;
+        while (table[slot] != CQ_NO_RUN &&
+               !cq_same_queue(buf, &infos[runs[table[slot]].last], r))
+            slot = (slot + 1) & mask;
+        if (table[slot] != CQ_NO_RUN) {
+            th_cq_run *run = &runs[table[slot]];
+            const th_record_info *last = &infos[run->last];
+            if (last->queue_offset != INT64_MAX && r->queue_offset == last->queue_offset + 1) {
+                run->count++;
+                run->last = (uint32_t)i;
+                order[i] = table[slot];
+                continue;
+            }
         }
-        uint8_t *e = entries + CQ_ENTRY_SIZE * i;
+        if (count == runs_cap) {
+            stop = i;
+            break;
+        }
+        runs[count].first = runs[count].last = (uint32_t)i;
+        runs[count].count = 1;
+        table[slot] = (uint32_t)count;
+        order[i] = (uint32_t)count;
+        count++;
+    }
+    /* Pass 2: the runs' entries one after another. The table now holds each record's run
+       (its first n slots) and each run's next free entry (the count after them). */
+    memcpy(table, order, stop * sizeof *table);
+    uint32_t *next = table + n;
+    uint32_t at = 0;
+    for (size_t k = 0; k < count; k++) {
+        runs[k].entry = next[k] = at;
+        at += runs[k].count;
+    }
+    for (size_t i = 0; i < stop; i++) {
+        uint32_t k = table[i];
+        if (k == CQ_NO_RUN)
+            continue;
+        uint32_t j = next[k]++;
+        const th_record_info *r = &infos[i];
+        uint8_t *e = entries + CQ_ENTRY_SIZE * (size_t)j;
         wr_i64(e, r->phys_offset);
         wr_i32(e + 8, r->size);
         wr_i64(e + 12, r->tags_code);
-        prev = r;
+        order[j] = (uint32_t)i;
     }
     return count;
 }

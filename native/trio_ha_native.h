@@ -14,7 +14,7 @@
 #include <sys/types.h>
 
 /* Bumped whenever a signature or struct below changes; checked by trio_ha._backend. */
-#define TH_NATIVE_VERSION 5
+#define TH_NATIVE_VERSION 6
 
 /* ---- error codes of the encoders ------------------------------------------------------ */
 #define TH_ERR_NO_SPACE        -1  /* record(s) + the 8-byte blank do not fit before seg_size */
@@ -73,8 +73,10 @@ typedef struct {
 
 /* One consume-queue run: infos[first .. first+count) go to one queue, consecutive offsets. */
 typedef struct {
-    uint32_t first;
-    uint32_t count;
+    uint32_t first;  /* index (in the scan) of the run's first record */
+    uint32_t count;  /* its records */
+    uint32_t last;   /* index of its last record */
+    uint32_t entry;  /* its entries are entries[entry .. entry + count) (20 bytes each) */
 } th_cq_run;
 
 /* One stored item of a batch append. */
@@ -148,16 +150,26 @@ size_t th_scan(const uint8_t *buf, uint64_t limit, uint64_t pos, int64_t base_of
                th_record_info *out, size_t out_cap, th_scan_result *res);
 
 /*
- * Group scanned records for the dispatcher: a run is a maximal sequence of consecutive
- * records with equal topic bytes (compared in buf at topic_pos/topic_len), equal queue id,
- * and queue offsets each one more than the previous. Records whose transaction type
- * (sys_flag & 0xC) is PREPARED (0x4) or ROLLBACK (0xC) are not indexed: they end the current
- * run and belong to none. For every indexed record i, entries[20*i .. 20*i+20) receives its
- * consume-queue entry: phys_offset (8), size (4), tags_code (8), big-endian. Returns the
- * number of runs written to runs (at most runs_cap; n records never make more than n runs).
+ * Group scanned records for the dispatcher. A run is a set of records, in scan order, with
+ * equal topic bytes (compared in buf at topic_pos/topic_len) and queue id, whose queue
+ * offsets are each one more than the previous one's; records of other queues may come in
+ * between (producers interleave queues, so runs of adjacent records would mostly be of one
+ * record, and the dispatcher's work is per run). A record joins the latest run of its queue
+ * when its offset follows that run's last, and starts a new run (the queue's latest from then
+ * on) otherwise. Records whose transaction type (sys_flag & 0xC) is PREPARED (0x4) or
+ * ROLLBACK (0xC) are not indexed and belong to no run.
+ *
+ * Runs are written to runs in the order of their first records, at most runs_cap of them: a
+ * record that would start a run beyond runs_cap stops the grouping there, and the runs
+ * returned cover only the records before it (n records never make more than n runs). The
+ * entries of run k are entries[20 * runs[k].entry ..] (phys_offset (8), size (4), tags_code
+ * (8), big-endian), runs one after another; order[j] is the record whose entry is j-th.
+ * table is scratch of table_size uint32s, a power of two at least 2 * n. Returns the number
+ * of runs, or SIZE_MAX when table_size is not such a size.
  */
 size_t th_cq_runs(const uint8_t *buf, const th_record_info *infos, size_t n,
-                  uint8_t *entries, th_cq_run *runs, size_t runs_cap);
+                  uint8_t *entries, uint32_t *order, th_cq_run *runs, size_t runs_cap,
+                  uint32_t *table, size_t table_size);
 
 /* ---- reading a consume queue's records (a pull) ---------------------------------------- */
 

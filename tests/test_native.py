@@ -965,16 +965,37 @@ def indexed(infos, count):
 
 
 def assert_same_runs(buf, handle, res):
-    runs, entries = native.cq_runs(handle, res)
-    want_runs, want_entries = py.cq_runs(py.handle_for(buf), res)
+    """Both engines group ``res`` alike, and the grouping keeps its promises: every indexed
+    record in one run; a run's records of one queue, in scan order, with consecutive queue
+    offsets; its entries together, in order, each its record's."""
+    runs, entries, order = native.cq_runs(handle, res)
+    want_runs, want_entries, want_order = py.cq_runs(py.handle_for(buf), res)
     assert runs == want_runs
-    assert len(entries) == len(want_entries) == 20 * res.count
-    for i in indexed(res.infos, res.count):
-        assert entries[20 * i : 20 * i + 20] == want_entries[20 * i : 20 * i + 20], i
-    # Every indexed record is in exactly one run, in order.
-    covered = [i for first, count in runs for i in range(first, first + count)]
-    assert covered == indexed(res.infos, res.count)
-    return runs, entries
+    assert bytes(entries) == bytes(want_entries)
+    assert list(order) == list(want_order)
+    infos = res.infos
+    assert sorted(order) == indexed(infos, res.count)
+    assert [first for first, *_ in runs] == sorted(first for first, *_ in runs)
+    at = 0
+    for first, count, last, entry in runs:
+        assert entry == at
+        members = list(order[entry : entry + count])
+        assert members[0] == first and members[-1] == last and members == sorted(members)
+        for earlier, later in zip(members, members[1:], strict=False):
+            a, b = infos[earlier], infos[later]
+            assert (a.queue_id, topic_of(buf, a)) == (b.queue_id, topic_of(buf, b))
+            assert b.queue_offset == a.queue_offset + 1
+        for j, i in enumerate(members, entry):
+            info = infos[i]
+            assert entries[20 * j : 20 * j + 20] == struct.pack(
+                ">qiq", info.phys_offset, info.size, info.tags_code)
+        at += count
+    assert len(entries) == 20 * at
+    return runs, entries, order
+
+
+def topic_of(buf, info) -> bytes:
+    return bytes(buf[info.topic_pos : info.topic_pos + info.topic_len])
 
 
 @settings(SETTINGS, max_examples=150)
@@ -987,14 +1008,12 @@ def test_cq_runs_match_python(segment, capacity):
     pos = start
     while True:
         res = scanner.scan(handle, len(buf), pos, base_offset, backend.SCAN_TAGS, MAX_RECORD)
-        runs, entries = assert_same_runs(buf, handle, res)
+        runs, entries, order = assert_same_runs(buf, handle, res)
         # ... and the Python engine, from its own scan, says the same.
         p_res = p_scanner.scan(py.handle_for(buf), len(buf), pos, base_offset,
                                backend.SCAN_TAGS, MAX_RECORD)
-        p_runs, p_entries = py.cq_runs(py.handle_for(buf), p_res)
-        assert p_runs == runs
-        for i in indexed(res.infos, res.count):
-            assert p_entries[20 * i : 20 * i + 20] == entries[20 * i : 20 * i + 20]
+        p_runs, p_entries, p_order = py.cq_runs(py.handle_for(buf), p_res)
+        assert (p_runs, bytes(p_entries), list(p_order)) == (runs, bytes(entries), list(order))
         assert res.stop in (backend.STOP_END, backend.STOP_FULL)
         if res.stop == backend.STOP_END:
             break
@@ -1016,37 +1035,63 @@ def test_cq_runs_known_sequence():
     handle = native.handle_for(buf)
     res = native.scanner(64).scan(handle, len(buf), 0, 1000, backend.SCAN_TAGS, MAX_RECORD)
     assert res.count == len(records)
-    runs, entries = assert_same_runs(buf, handle, res)
-    assert runs == [(0, 2), (3, 2), (5, 1), (6, 1), (8, 1), (9, 1), (10, 1), (11, 1), (12, 1),
-                    (13, 1), (14, 2), (16, 2)]
+    runs, entries, order = assert_same_runs(buf, handle, res)
+    # (first, count, last, entry). A/0 at 10 (record 9) continues the run of 8 and 9 across
+    # the B records between; INT64_MAX is never followed; a repeat starts a run.
+    assert runs == [(0, 2, 1, 0), (3, 3, 9, 2), (5, 1, 5, 5), (6, 1, 6, 6), (8, 1, 8, 7),
+                    (10, 1, 10, 8), (11, 1, 11, 9), (12, 1, 12, 10), (13, 1, 13, 11),
+                    (14, 2, 15, 12), (16, 2, 17, 14)]
+    assert list(order) == [0, 1, 3, 4, 9, 5, 6, 8, 10, 11, 12, 13, 14, 15, 16, 17]
     info = res.infos[4]
-    assert entries[80:100] == struct.pack(">qiq", info.phys_offset, info.size, info.tags_code)
+    assert entries[60:80] == struct.pack(">qiq", info.phys_offset, info.size, info.tags_code)
     assert info.tags_code == rec.java_string_hash("t1") != 0
+
+
+def test_cq_runs_of_producers_taking_turns_over_queues_are_one_per_queue():
+    """Single sends spread over queues arrive interleaved: a run per queue, not per record
+    (the dispatcher then writes each queue once per scan)."""
+    buf = bytearray()
+    for i in range(40):
+        cq_record(buf, 0, b"T", i % 4, 100 + i // 4)
+    handle = native.handle_for(buf)
+    res = native.scanner(64).scan(handle, len(buf), 0, 0, 0, MAX_RECORD)
+    runs, _, order = assert_same_runs(buf, handle, res)
+    assert runs == [(q, 10, 36 + q, 10 * q) for q in range(4)]
+    assert list(order[10:20]) == list(range(1, 40, 4))
 
 
 def test_cq_runs_capacity_and_empty():
     buf = bytearray()
     for i in range(10):
-        cq_record(buf, 0, b"T", i % 2, i // 2)  # alternating queues: ten runs of one
+        cq_record(buf, 0, b"T", i, 0)  # ten queues: ten runs of one
     handle = native.handle_for(buf)
     res = native.scanner(16).scan(handle, len(buf), 0, 0, 0, MAX_RECORD)
-    full, _ = assert_same_runs(buf, handle, res)
+    full, _, _ = assert_same_runs(buf, handle, res)
     assert len(full) == 10
     entries = ffi.new("uint8_t[]", 200)
+    order = ffi.new("uint32_t[]", 10)
+    table = ffi.new("uint32_t[]", 32)
     for cap in range(11):
         out = ffi.new("th_cq_run[]", max(cap, 1))
-        n = lib.th_cq_runs(handle, res.infos, res.count, entries, out, cap)
+        n = lib.th_cq_runs(handle, res.infos, res.count, entries, order, out, cap, table, 32)
         assert n == cap
-        assert [(out[i].first, out[i].count) for i in range(n)] == full[:cap]
-    assert lib.th_cq_runs(handle, res.infos, 0, ffi.NULL, ffi.NULL, 0) == 0
+        assert [(out[i].first, out[i].count, out[i].last, out[i].entry)
+                for i in range(n)] == full[:cap]
+        assert list(order[0:cap]) == list(range(cap))
+    assert lib.th_cq_runs(handle, res.infos, 0, ffi.NULL, ffi.NULL, ffi.NULL, 0, ffi.NULL, 0) == 0
+    # The scratch table must be a power of two of at least twice the records.
+    out = ffi.new("th_cq_run[]", 10)
+    for size in (16, 24, 31):
+        assert lib.th_cq_runs(handle, res.infos, res.count, entries, order, out, 10,
+                              table, size) == 2**64 - 1
     # An empty scan (a fresh engine has no arrays yet) and one after it that needs more room.
     assert backend.native_module is not None
     engine = backend.NativeEngine(backend.native_module)
     empty = native.scanner(4).scan(handle, 0, 0, 0, 0, MAX_RECORD)
-    assert engine.cq_runs(handle, empty) == ([], b"")
+    assert engine.cq_runs(handle, empty) == ([], b"", ())
     small = native.scanner(3).scan(handle, len(buf), 0, 0, 0, MAX_RECORD)
-    assert engine.cq_runs(handle, small)[0] == full[:3]
-    assert engine.cq_runs(handle, res)[0] == full
+    assert engine.cq_runs(handle, small).runs == full[:3]
+    assert engine.cq_runs(handle, res).runs == full
     # Only the PREPARED/ROLLBACK records: no runs at all.
     buf = bytearray()
     for i in range(4):

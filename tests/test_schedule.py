@@ -18,6 +18,7 @@ from trio_ha.broker.metadata import DelayOffsetManager
 from trio_ha.broker.schedule import ScheduleService, delayed
 from trio_ha.client import Message, open_producer
 from trio_ha.remoting import open_remoting_client
+from trio_ha.store.results import PutMessageResult
 from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port, serve_cluster
 from trio_ha.wire import record as rec
 from trio_ha.wire.metadata import SCHEDULE_TOPIC
@@ -67,6 +68,31 @@ async def test_the_dispatcher_writes_each_delayed_message_due_time_in_its_entry(
         [entry] = store.queue_entries("Orders", 0, 0, 10)
         assert entry.commitlog_offset == plain.commitlog_offset
         assert entry.tags_code == rec.tags_code("TagA")
+
+
+async def test_each_due_time_is_its_own_message_when_levels_arrive_interleaved(make_config):
+    """Levels 1 and 2 taking turns: each level's queue gets one run of entries from records
+    with the other level's between them, and every entry's due time is its own record's
+    store time plus its own level's delay (not a neighbour's in the scan)."""
+    async with open_store(make_config(message_delay_level=LEVELS)) as store:
+        puts = []
+        for i in range(8):
+            level = 1 + i % 2
+            moved = delayed("Orders", 0, {rec.PROPERTY_DELAY_TIME_LEVEL: str(level)}, level, 3)
+            # Appended with no checkpoint between them: the dispatcher finds all in one scan.
+            result = store.put_encoded_now(moved.topic, moved.queue_id, b"m%d" % i,
+                                           rec.encode_properties(moved.properties).encode())
+            assert isinstance(result, PutMessageResult) and result.ok
+            puts.append((level, result))
+        await store.wait_dispatched()
+        for level, delay in ((1, 1000), (2, 5000)):
+            entries = store.queue_entries(SCHEDULE_TOPIC, level - 1, 0, 10)
+            mine = [result for at, result in puts if at == level]
+            assert [e.commitlog_offset for e in entries] == [r.commitlog_offset for r in mine]
+            for entry, result in zip(entries, mine, strict=True):
+                stored = await store.look_message_by_offset(result.commitlog_offset)
+                assert stored is not None
+                assert entry.tags_code == stored.store_timestamp + delay
 
 
 async def test_due_times_are_written_again_when_recovery_rebuilds_the_queue(make_config):

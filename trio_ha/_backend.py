@@ -26,7 +26,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Sequence
 from types import ModuleType
-from typing import Any, Protocol, TypeAlias
+from typing import Any, NamedTuple, Protocol, TypeAlias
 
 from .wire import layout
 from .wire import record as rec
@@ -36,14 +36,14 @@ __all__ = [
     "ERR_BATCH_FORMAT", "ERR_BODY_TOO_LARGE", "ERR_PROPS_TOO_LARGE", "ERR_TOO_MANY",
     "STOP_END", "STOP_PARTIAL", "STOP_BLANK", "STOP_FULL", "STOP_BAD_MAGIC", "STOP_BAD_SIZE",
     "STOP_BAD_CRC", "STOP_TORN", "SCAN_CHECK_CRC", "SCAN_TAGS", "RecordEngine", "Scanner",
-    "ScanResult",
+    "ScanResult", "CqRuns",
     "RecordInfo", "Handle", "engine", "python_engine", "GATHER_FOUND", "GATHER_REMOVED",
     "GATHER_FILTERED", "GATHER_ABSENT", "GATHER_INVALID", "GATHER_END", "GATHER_COUNT",
     "GATHER_BYTES", "GATHER_SEGMENT", "GATHER_VERIFY", "GatherResult", "Gatherer",
 ]
 
 # Must equal TH_NATIVE_VERSION in native/trio_ha_native.h.
-NATIVE_VERSION = 5
+NATIVE_VERSION = 6
 
 ERR_NO_SPACE = -1
 ERR_BAD_ARGUMENT = -2
@@ -193,6 +193,19 @@ class ScanResult:
         return STOP_NAMES.get(self.stop, f"stop {self.stop}")
 
 
+class CqRuns(NamedTuple):
+    """A scan's records grouped into consume-queue runs (th_cq_runs in the C header): each
+    run is records of one queue with consecutive queue offsets, other queues' records
+    possibly between them."""
+
+    #: (first record, count, last record, first entry) of each run, in order of first record
+    runs: list[tuple[int, int, int, int]]
+    #: the runs' 20-byte entries, one run after another
+    entries: bytes | memoryview
+    #: the record (its index in the scan) of each entry
+    order: Sequence[int]
+
+
 class GatherResult:
     """What one gather decided: ``entries`` consume-queue entries looked at, ``found``
     records to serve at ``records`` and, adjacent ones merged, ``spans`` — (position, length)
@@ -290,11 +303,8 @@ class RecordEngine(Protocol):
         and valid (the body CRC is not checked, as RocketMQ clients do not)."""
         ...
 
-    def cq_runs(
-        self, handle: Handle, result: ScanResult
-    ) -> tuple[list[tuple[int, int]], bytes | memoryview]:
-        """Group a scan's records into consume-queue runs: ([(first, count)], entries) where
-        ``entries[20*i:20*i+20]`` is record i's consume-queue entry."""
+    def cq_runs(self, handle: Handle, result: ScanResult) -> CqRuns:
+        """Group a scan's records into consume-queue runs (``CqRuns``)."""
         ...
 
     def index_put(self, index: Handle, slot_num: int, index_num: int, handle: Handle,
@@ -373,6 +383,8 @@ class NativeEngine:
         self._runs_capacity = 0
         self._runs: Any = None
         self._entries: Any = None
+        self._order: Any = None
+        self._table: Any = None
 
     def handle_for(self, buffer: Buffer) -> Handle:
         return self.ffi.from_buffer(buffer, require_writable=False)
@@ -447,20 +459,27 @@ class NativeEngine:
         fields = _RECORD_INFO.iter_unpack(ffi.buffer(infos, count * _RECORD_INFO.size))
         return _messages(buf, fields, extra_properties)
 
-    def cq_runs(
-        self, handle: Handle, result: ScanResult
-    ) -> tuple[list[tuple[int, int]], bytes | memoryview]:
+    def cq_runs(self, handle: Handle, result: ScanResult) -> CqRuns:
         count = result.count
         if count == 0:  # nothing allocated yet on a first empty scan; ffi.buffer(NULL) raises
-            return [], b""
+            return CqRuns([], b"", ())
+        ffi = self.ffi
         if count > self._runs_capacity:
-            self._runs = self.ffi.new("th_cq_run[]", count)
-            self._entries = self.ffi.new("uint8_t[]", count * layout.CQ_ENTRY_SIZE)
+            self._runs = ffi.new("th_cq_run[]", count)
+            self._entries = ffi.new("uint8_t[]", count * layout.CQ_ENTRY_SIZE)
+            self._order = ffi.new("uint32_t[]", count)
+            self._table = ffi.new("uint32_t[]", 2 << (count - 1).bit_length())
             self._runs_capacity = count
-        n = self.lib.th_cq_runs(handle, result.infos, count, self._entries, self._runs, count)
-        runs = self._runs
-        entries = memoryview(self.ffi.buffer(self._entries, count * layout.CQ_ENTRY_SIZE))
-        return [(runs[i].first, runs[i].count) for i in range(n)], entries
+        table_size = len(self._table)
+        n = self.lib.th_cq_runs(handle, result.infos, count, self._entries, self._order,
+                                self._runs, count, self._table, table_size)
+        # One unpack for every run's four fields, not four cffi reads per run.
+        fields = memoryview(ffi.buffer(self._runs, n * 16)).cast("I").tolist()
+        runs = list(zip(fields[0::4], fields[1::4], fields[2::4], fields[3::4], strict=True))
+        indexed = fields[-1] + fields[-3] if n else 0  # the last run's entry + count
+        entries = memoryview(ffi.buffer(self._entries, indexed * layout.CQ_ENTRY_SIZE))
+        order = memoryview(ffi.buffer(self._order, indexed * 4)).cast("I")
+        return CqRuns(runs, entries, order)
 
     def index_put(self, index: Handle, slot_num: int, index_num: int, handle: Handle,
                   result: ScanResult, first: int) -> int:
@@ -611,32 +630,48 @@ def _messages(buf: bytes, infos: Iterable[tuple[int, ...]],
 
 # ---- the Python engine ----------------------------------------------------------------------
 
-def _cq_runs_python(
-    buf: Buffer, infos: Sequence[RecordInfo], count: int
-) -> tuple[list[tuple[int, int]], bytes]:
-    """The consume-queue runs of scanned records (see th_cq_runs in the C header): records
-    that go to one queue with consecutive queue offsets, and the 20-byte entry of each."""
-    runs: list[tuple[int, int]] = []
-    entry_size = layout.CQ_ENTRY_SIZE
-    entries = bytearray(count * entry_size)
-    previous = None  # (topic bytes, queue id, next queue offset) of the open run
+def _cq_runs_python(buf: Buffer, infos: Sequence[RecordInfo], count: int) -> CqRuns:
+    """th_cq_runs's twin: each record joins the latest run of its queue when its queue offset
+    follows that run's last one, and starts that queue's next run otherwise."""
+    runs: list[list[int]] = []  # [first, count, last, entry]
+    latest: dict[tuple[bytes, int], list[int]] = {}
+    run_of: list[list[int] | None] = []
     for i in range(count):
         info = infos[i]
         tx_type = info.sys_flag & layout.TRANSACTION_TYPE_MASK
         if tx_type in (layout.TRANSACTION_PREPARED, layout.TRANSACTION_ROLLBACK):
-            previous = None
+            run_of.append(None)
             continue
-        topic = bytes(buf[info.topic_pos : info.topic_pos + info.topic_len])
-        layout.CQ_ENTRY.pack_into(
-            entries, i * entry_size, info.phys_offset, info.size, info.tags_code
-        )
-        if previous == (topic, info.queue_id, info.queue_offset):
-            first, n = runs[-1]
-            runs[-1] = (first, n + 1)
-        else:
-            runs.append((i, 1))
-        previous = (topic, info.queue_id, info.queue_offset + 1)
-    return runs, bytes(entries)
+        key = (bytes(buf[info.topic_pos : info.topic_pos + info.topic_len]), info.queue_id)
+        run = latest.get(key)
+        if run is not None:
+            last = infos[run[2]].queue_offset
+            if last != layout.INT64_MAX and info.queue_offset == last + 1:
+                run[1] += 1
+                run[2] = i
+                run_of.append(run)
+                continue
+        run = latest[key] = [i, 1, i, 0]
+        runs.append(run)
+        run_of.append(run)
+    at = 0
+    next_entry = {}
+    for run in runs:
+        run[3] = next_entry[id(run)] = at
+        at += run[1]
+    entry_size = layout.CQ_ENTRY_SIZE
+    entries = bytearray(at * entry_size)
+    order = [0] * at
+    for i, run in enumerate(run_of):
+        if run is None:
+            continue
+        j = next_entry[id(run)]
+        next_entry[id(run)] = j + 1
+        info = infos[i]
+        layout.CQ_ENTRY.pack_into(entries, j * entry_size, info.phys_offset, info.size,
+                                  info.tags_code)
+        order[j] = i
+    return CqRuns([(run[0], run[1], run[2], run[3]) for run in runs], bytes(entries), order)
 
 
 _INDEX_HEADER = struct.Struct(">qqqqii")
@@ -842,9 +877,7 @@ class PythonEngine:
             position += message.size
         return messages
 
-    def cq_runs(
-        self, handle: Handle, result: ScanResult
-    ) -> tuple[list[tuple[int, int]], bytes | memoryview]:
+    def cq_runs(self, handle: Handle, result: ScanResult) -> CqRuns:
         return _cq_runs_python(handle, result.infos, result.count)
 
     def index_put(self, index: Handle, slot_num: int, index_num: int, handle: Handle,

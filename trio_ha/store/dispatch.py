@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Set
+from collections.abc import Sequence, Set
 
 import attrs
 import trio
@@ -99,14 +99,17 @@ class Dispatcher:
         ``only``, of those queues alone: a rebuild).
 
         The engine groups the records into runs bound for one queue with consecutive queue
-        offsets and lays out their 20-byte entries, so a batch of a thousand messages to one
-        queue is one write here, not a thousand."""
+        offsets, other queues' records possibly between them, and lays out each run's 20-byte
+        entries together: a batch of a thousand messages to one queue is one write here, not
+        a thousand, and so are a thousand single sends that producers spread over a few
+        queues (a write per queue, not per record)."""
         if not result.count:
             return
         queues = self.queues
         infos = result.infos
-        runs, entries = _backend.engine.cq_runs(segment.handle, result)
-        for first, count in runs:
+        runs, entries, order = _backend.engine.cq_runs(segment.handle, result)
+        latest = -1
+        for first, count, last_index, entry in runs:
             info = infos[first]
             topic = self._topic(segment, info)
             if topic is None or info.queue_id < 0:
@@ -118,10 +121,10 @@ class Dispatcher:
                 continue
             if only is not None and (topic, info.queue_id) not in only:
                 continue
-            last = infos[first + count - 1]
-            run = entries[first * 20 : (first + count) * 20]
+            last = infos[last_index]
+            run = entries[entry * 20 : (entry + count) * 20]
             if topic == SCHEDULE_TOPIC:
-                run = self._with_due_times(segment, infos, first, count, run)
+                run = self._with_due_times(segment, infos, order[entry : entry + count], run)
             queue = queues.find_or_create(topic, info.queue_id)
             if not queue.unflushed_since:
                 queue.unflushed_since = info.store_timestamp
@@ -129,20 +132,21 @@ class Dispatcher:
                 run, info.queue_offset,
                 info.phys_offset + info.size, last.phys_offset + last.size,
             )
-            if only is None:
-                self.last_store_timestamp = last.store_timestamp
+            latest = max(latest, last_index)
+        if only is None and latest >= 0:
+            self.last_store_timestamp = infos[latest].store_timestamp
         if only is None and self.indexer is not None:
             self.indexer.add(segment, result)
 
-    def _with_due_times(self, segment: Segment, infos, first: int, count: int, run) -> bytes:
+    def _with_due_times(self, segment: Segment, infos, records: Sequence[int], run) -> bytes:
         """``run``'s entries with each delayed message's due time in the tags-code slot
         (RocketMQ's ``computeDeliverTimestamp``: a level above the highest counts as the
         highest; a level without a delay, one second). An entry whose DELAY property is
         missing or not a number keeps its tag hash."""
         patched = bytearray(run)
         levels = self.delay_levels
-        for i in range(count):
-            info = infos[first + i]
+        for i, record in enumerate(records):
+            info = infos[record]
             properties = rec.decode_properties(segment.read(info.props_pos, info.props_len))
             text = properties.get(rec.PROPERTY_DELAY_TIME_LEVEL, "")
             if not text.isdigit() or int(text) <= 0:
