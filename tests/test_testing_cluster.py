@@ -2,6 +2,7 @@
 this process (serve_cluster, open_cluster) and as child processes (ProcessCluster)."""
 
 import os
+import socket
 
 import pytest
 import trio
@@ -10,7 +11,13 @@ from conftest import wait_until
 from trio_ha.broker import BrokerConfig
 from trio_ha.client import Message, SendStatus, open_admin, open_producer
 from trio_ha.config import BrokerRole, FlushDiskType
-from trio_ha.testing import ClusterConfig, ProcessCluster, open_cluster, serve_cluster
+from trio_ha.testing import (
+    ClusterConfig,
+    ProcessCluster,
+    free_broker_port,
+    open_cluster,
+    serve_cluster,
+)
 
 
 def test_config_derives_each_brokers_conf_and_explicit_keys_win(tmp_path):
@@ -83,6 +90,45 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def ephemeral_low() -> int:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+        return int(ports.read().split()[0])
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def test_free_broker_ports_are_below_the_ephemeral_range_with_vip_and_ha_free():
+    low = ephemeral_low()
+    for _ in range(20):
+        port = free_broker_port()
+        assert port - 2 >= 1030 and port + 1 < low
+        for p in (port - 2, port, port + 1):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", p))
+
+
+def test_a_killed_slave_restarts_on_ports_no_outgoing_connection_can_have_taken(tmp_path):
+    """The ports a node binds at 0 (and the VIP port, listenPort - 2, which a restart binds
+    first) come from the ephemeral range, where any connection may take them while the node
+    is down: a restart failed so under two test workers. Nodes left to choose get theirs below
+    that range, bound the same on the first start as on every restart."""
+    low = ephemeral_low()
+    config = ClusterConfig(data_dir=tmp_path, slaves=1)
+    with ProcessCluster.start(config) as cluster:
+        before = {node.name: (node.addr, node.info.get("ha_addr"), node.info.get("vip_addr"))
+                  for node in cluster.nodes}
+        for addresses in before.values():
+            assert all(port_of(a) < low for a in addresses if a is not None)
+        assert port_of(cluster.slave.info["vip_addr"]) == port_of(cluster.slave.addr) - 2
+        cluster.slave.kill()
+        cluster.restart(cluster.slave)
+        slave = cluster.slave
+        assert (slave.addr, slave.info.get("ha_addr"), slave.info.get("vip_addr")) == \
+            before["slave1"]
 
 
 def test_process_cluster_runs_children_and_leaves_none(tmp_path):

@@ -20,7 +20,8 @@ from .cluster import (
     serve_cluster,
 )
 from .fault_proxy import Cut, FaultProxy, ProxyConnection, open_fault_proxy
-from .processes import NodeProcess, ProcessCluster, free_broker_port
+from .ports import free_broker_port
+from .processes import NodeProcess, ProcessCluster
 
 __all__ = [
     "Cluster",

@@ -31,6 +31,7 @@ import trio
 from ..broker import BrokerAddresses, BrokerConfig, serve_broker
 from ..config import BrokerRole, FlushDiskType, parse_properties_text
 from ..namesrv import NamesrvConfig, serve_namesrv
+from .ports import free_broker_port
 
 __all__ = [
     "Cluster",
@@ -152,6 +153,17 @@ def pinned_ports(properties: Mapping[str, str], addresses: BrokerAddresses) -> d
     return pinned
 
 
+def restartable(properties: dict[str, str], host: str) -> dict[str, str]:
+    """``properties`` with a port chosen now for a broker left to choose (listenPort 0, no
+    haListenPort): one below the ephemeral range, with its HA and VIP ports free too
+    (``free_broker_port``). A broker bound to port 0 gets its ports from that range, and its
+    VIP port (listenPort - 2) is bound for the first time only when it restarts, so another
+    process's connection could hold any of them by then (a restart failed so)."""
+    if properties["listenPort"] != "0" or "haListenPort" in properties:
+        return properties
+    return {**properties, "listenPort": str(free_broker_port(host))}
+
+
 @attrs.define(eq=False)
 class ClusterBroker:
     """One broker of an in-process cluster, in its own cancel scope, so a test can stop it
@@ -264,7 +276,8 @@ async def open_cluster(config: ClusterConfig) -> AsyncIterator[Cluster]:
         _, port = await nursery.start(serve_namesrv, config.namesrv_config())
         namesrv_addr = f"{config.host}:{port}"
         brokers = [
-            ClusterBroker(broker_id, config.broker_properties(broker_id, namesrv_addr), nursery)
+            ClusterBroker(broker_id, restartable(config.broker_properties(broker_id, namesrv_addr),
+                                                 config.host), nursery)
             for broker_id in range(config.slaves + 1)
         ]
         cluster = Cluster(config, namesrv_addr, brokers[0], brokers[1:])

@@ -28,7 +28,6 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,7 +38,8 @@ import attrs
 import trio_ha
 
 from ..broker import BrokerAddresses
-from .cluster import ClusterAddresses, ClusterConfig, pinned_ports
+from .cluster import ClusterAddresses, ClusterConfig, pinned_ports, restartable
+from .ports import free_broker_port
 
 __all__ = ["NodeProcess", "ProcessCluster", "child_env", "free_broker_port", "log_tail"]
 
@@ -66,31 +66,6 @@ def log_tail(path: str, limit: int = 2000) -> str | None:
         return None
     text = data.decode(errors="replace").strip()
     return text[-limit:] if text else None
-
-
-def free_broker_port(host: str = "127.0.0.1") -> int:
-    """A port p that is free now with p - 2 (the VIP channel) and p + 1 (HA) free as well,
-    for a broker that must come back on the same ports after a crash. (Free now: another
-    process may still take it; good enough on a test machine.)"""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port < 1030:
-            continue
-        probes = []
-        try:
-            for p in (port - 2, port, port + 1):
-                probe = socket.socket()
-                probes.append(probe)  # closed below even if its bind fails
-                probe.bind((host, p))
-            return port
-        except OSError:
-            continue
-        finally:
-            for probe in probes:
-                probe.close()
-    raise RuntimeError("no free broker port")
 
 
 @attrs.define(eq=False)
@@ -227,15 +202,19 @@ class ProcessCluster:
         os.makedirs(log_dir, exist_ok=True)
         started: list[NodeProcess] = []
         common = {"profile_dir": profile_dir}
+        # Nodes left to choose (port 0) get their ports now, below the ephemeral range, so that
+        # ``restart`` finds them free again (``restartable``).
+        host = config.host
         try:
             namesrv = NodeProcess.start("namesrv", {
-                "kind": "namesrv", "host": config.host, "port": config.namesrv_port,
+                "kind": "namesrv", "host": host,
+                "port": config.namesrv_port or free_broker_port(host),
                 "properties": dict(config.namesrv_properties), **common,
             }, log_dir=log_dir, timeout=timeout, env=env)
             started.append(namesrv)
             for broker_id in range(config.slaves + 1):
                 name = "master" if broker_id == 0 else f"slave{broker_id}"
-                properties = config.broker_properties(broker_id, namesrv.addr)
+                properties = restartable(config.broker_properties(broker_id, namesrv.addr), host)
                 started.append(NodeProcess.start(name, {
                     "kind": "broker", "properties": properties, **common,
                 }, log_dir=log_dir, timeout=timeout, env=env))
