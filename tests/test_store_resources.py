@@ -296,6 +296,11 @@ async def test_point_10_a_cluster_on_a_full_disk_refuses_sends_serves_pulls_and_
             open_remoting_client(cluster.master.addr) as producer,
             open_remoting_client(cluster.slave.addr) as slave_reader,
         ):
+            async def stored_on_both() -> bool:  # SLAVE_NOT_AVAILABLE until the slave attached
+                reply = await producer.invoke(send_request("Attached", b"a"), 10)
+                return reply.code == ResponseCode.SUCCESS
+
+            await wait_until(stored_on_both, "the slave to attach", timeout=30, interval=0.05)
             for topic in range(100):
                 for queue in range(8):
                     reply = await producer.invoke(send_request(f"T{topic}", b"x", queue), 10)
