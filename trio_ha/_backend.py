@@ -478,7 +478,7 @@ class NativeEngine:
         n = self.lib.th_cq_runs(handle, result.infos, count, self._entries, self._order,
                                 self._runs, count, self._table, table_size)
         # One unpack for every run's four fields, not four cffi reads per run.
-        fields = memoryview(ffi.buffer(self._runs, n * 16)).cast("I").tolist()
+        fields = memoryview(ffi.buffer(self._runs, n * ffi.sizeof("th_cq_run"))).cast("I").tolist()
         runs = list(zip(fields[0::4], fields[1::4], fields[2::4], fields[3::4], strict=True))
         indexed = fields[-1] + fields[-3] if n else 0  # the last run's entry + count
         entries = memoryview(ffi.buffer(self._entries, indexed * layout.CQ_ENTRY_SIZE))
