@@ -163,8 +163,16 @@ async def test_a_sync_master_and_its_slave_configured_by_broker_conf_replicate_w
         async with open_client_instance(cluster.namesrv_addr) as client, \
                 open_admin(client) as admin, open_producer(client, "g") as producer:
             await admin.create_topic("AuthT", 2, cluster="DefaultCluster")
-            result = await producer.send(ClientMessage("AuthT", b"replicated"))
-            assert result.send_status.name == "SEND_OK"
+            statuses = []
+
+            async def replicated() -> bool:  # SLAVE_NOT_AVAILABLE until the slave attached
+                result = await producer.send(ClientMessage("AuthT", b"replicated"))
+                statuses.append(result.send_status.name)
+                return result.send_status.name == "SEND_OK"
+
+            await wait_until(replicated, "a SEND_OK (the slave attached through the handshake)",
+                             timeout=20, interval=0.05)
+            assert set(statuses) <= {"SLAVE_NOT_AVAILABLE", "SEND_OK"}, statuses
 
 
 async def test_silent_peers_in_the_handshake_cannot_take_a_real_slaves_place(tmp_path):
