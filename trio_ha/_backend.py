@@ -472,9 +472,10 @@ class NativeEngine:
             self._runs = ffi.new("th_cq_run[]", count)
             self._entries = ffi.new("uint8_t[]", count * layout.CQ_ENTRY_SIZE)
             self._order = ffi.new("uint32_t[]", count)
-            self._table = ffi.new("uint32_t[]", 2 << (count - 1).bit_length())
+            self._table = ffi.new("uint32_t[]", _cq_table_size(count))
             self._runs_capacity = count
-        table_size = len(self._table)
+        # The table this scan needs (C clears it whole each call), not the capacity's.
+        table_size = _cq_table_size(count)
         n = self.lib.th_cq_runs(handle, result.infos, count, self._entries, self._order,
                                 self._runs, count, self._table, table_size)
         # One unpack for every run's four fields, not four cffi reads per run.
@@ -634,12 +635,17 @@ def _messages(buf: bytes, infos: Iterable[tuple[int, ...]],
 
 # ---- the Python engine ----------------------------------------------------------------------
 
+def _cq_table_size(count: int) -> int:
+    """th_cq_runs's scratch table for ``count`` records: a power of two, at least twice it."""
+    return 2 << (count - 1).bit_length()
+
+
 def _cq_runs_python(buf: Buffer, infos: Sequence[RecordInfo], count: int) -> CqRuns:
     """th_cq_runs's twin: each record joins the latest run of its queue when its queue offset
     follows that run's last one, and starts that queue's next run otherwise."""
     runs: list[list[int]] = []  # [first, count, last, entry]
-    latest: dict[tuple[bytes, int], list[int]] = {}
-    run_of: list[list[int] | None] = []
+    latest: dict[tuple[bytes, int], int] = {}  # each queue's latest run
+    run_of: list[int | None] = []  # each record's run
     for i in range(count):
         info = infos[i]
         tx_type = info.sys_flag & layout.TRANSACTION_TYPE_MASK
@@ -647,30 +653,31 @@ def _cq_runs_python(buf: Buffer, infos: Sequence[RecordInfo], count: int) -> CqR
             run_of.append(None)
             continue
         key = (bytes(buf[info.topic_pos : info.topic_pos + info.topic_len]), info.queue_id)
-        run = latest.get(key)
-        if run is not None:
+        k = latest.get(key)
+        if k is not None:
+            run = runs[k]
             last = infos[run[2]].queue_offset
             if last != layout.INT64_MAX and info.queue_offset == last + 1:
                 run[1] += 1
                 run[2] = i
-                run_of.append(run)
+                run_of.append(k)
                 continue
-        run = latest[key] = [i, 1, i, 0]
-        runs.append(run)
-        run_of.append(run)
+        latest[key] = len(runs)
+        run_of.append(len(runs))
+        runs.append([i, 1, i, 0])
     at = 0
-    next_entry = {}
     for run in runs:
-        run[3] = next_entry[id(run)] = at
+        run[3] = at
         at += run[1]
+    next_entry = [run[3] for run in runs]
     entry_size = layout.CQ_ENTRY_SIZE
     entries = bytearray(at * entry_size)
     order = [0] * at
-    for i, run in enumerate(run_of):
-        if run is None:
+    for i, k in enumerate(run_of):
+        if k is None:
             continue
-        j = next_entry[id(run)]
-        next_entry[id(run)] = j + 1
+        j = next_entry[k]
+        next_entry[k] = j + 1
         info = infos[i]
         layout.CQ_ENTRY.pack_into(entries, j * entry_size, info.phys_offset, info.size,
                                   info.tags_code)

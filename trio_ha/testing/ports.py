@@ -5,6 +5,9 @@ from __future__ import annotations
 import random
 import socket
 
+#: the lowest port ``free_broker_port`` hands out (above the privileged ones)
+_FIRST_TEST_PORT = 1030
+
 
 def free_broker_port(host: str = "127.0.0.1") -> int:
     """A port p that is free now with p - 2 (the VIP channel) and p + 1 (HA) free as well,
@@ -15,7 +18,7 @@ def free_broker_port(host: str = "127.0.0.1") -> int:
     a restart (a restart failed once that way with two test workers), one below it only to an
     explicit bind. (Free now: another process may still bind it; good enough on a test
     machine.)"""
-    low = _ephemeral_ports()[0]
+    low = _ephemeral_low()
     for _ in range(200):
         if low > _FIRST_TEST_PORT + 3:
             port = random.randrange(_FIRST_TEST_PORT + 2, low - 1)  # p - 2 .. p + 1 below low
@@ -36,18 +39,14 @@ def free_broker_port(host: str = "127.0.0.1") -> int:
     raise RuntimeError("no free broker port")
 
 
-#: the lowest port ``free_broker_port`` hands out (above the privileged ones)
-_FIRST_TEST_PORT = 1030
-
-
-def _ephemeral_ports() -> tuple[int, int]:
-    """The kernel's range for outgoing connections and port 0 (Linux's default if unknown)."""
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections and port 0 (Linux's
+    default if unknown)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
-            low, high = (int(field) for field in ports.read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _any_free_port(host: str) -> int:

@@ -41,7 +41,7 @@ from ..broker import BrokerAddresses
 from .cluster import ClusterAddresses, ClusterConfig, pinned_ports, restartable
 from .ports import free_broker_port
 
-__all__ = ["NodeProcess", "ProcessCluster", "child_env", "free_broker_port", "log_tail"]
+__all__ = ["NodeProcess", "ProcessCluster", "child_env", "log_tail"]
 
 #: the module each node runs (``python -m``)
 NODE_MODULE = "trio_ha.testing.node"
