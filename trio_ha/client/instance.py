@@ -53,7 +53,7 @@ import attrs
 import trio
 
 from .._errors import unwrap_single_exception
-from ..remoting import RemotingClient, RemotingClientPool, RemotingError
+from ..remoting import PreparedRequest, RemotingClient, RemotingClientPool, RemotingError
 from ..remoting.tls import TlsClientConfig
 from ..wire.acl import Credentials
 from ..wire.errors import RouteDecodeError
@@ -322,8 +322,8 @@ class ClientInstance:
         client = await self._connection(address)
         await client.invoke_oneway(request)
 
-    async def invoke_by_deadline(self, address: str, request: RemotingCommand, *,
-                                 flush: bool = False) -> RemotingCommand:
+    async def invoke_by_deadline(self, address: str, request: RemotingCommand | PreparedRequest,
+                                 *, flush: bool = False) -> RemotingCommand:
         """One call to ``address`` bounded only by the caller's own deadline (a cancel scope
         it holds): no scope of its own, so a send or a pull runs under one deadline, not
         two. ``flush``: the request is written at once (``RemotingClient.invoke``)."""

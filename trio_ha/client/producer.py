@@ -62,7 +62,7 @@ from ..wire.remoting import (
     RequestCode,
     ResponseCode,
     SendMessageRequestHeader,
-    encode_send_message_v2_fields,
+    SendRequest,
 )
 from .instance import (
     DEFAULT_TOPIC,
@@ -511,12 +511,10 @@ class Producer:
             batch=batch,
             broker_name=mq.broker_name,
         )
-        # The header's fields are strings already: the command is made as is, not through
-        # RemotingCommand.request's rendering of Java values.
-        request = RemotingCommand(
-            RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2,
-            language=LANGUAGE, version=DEFAULT_VERSION,
-            ext_fields=encode_send_message_v2_fields(header), body=body,
+        # The frame is formatted once its opaque is known (SendRequest.frame).
+        request = SendRequest(
+            header, body, RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2,
+            LANGUAGE, DEFAULT_VERSION,
         )
         if trio.current_time() >= deadline:
             raise MQClientError(f"no time left to send to {address}")

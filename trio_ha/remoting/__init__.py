@@ -2,6 +2,7 @@
 
 from .answers import RequestError, not_supported
 from .client import (
+    PreparedRequest,
     RemotingClient,
     RemotingClientPool,
     RemotingConnectError,
@@ -23,7 +24,8 @@ from .limits import RemotingBudgets, RemotingLimits
 from .server import RemotingServer, RemotingServerStatistics, serve_remoting
 
 __all__ = [
-    "RUN_IN_TASK", "CloseReason", "FastHandler", "Handler", "PendingReply", "RemotingBudgets",
+    "RUN_IN_TASK", "CloseReason", "FastHandler", "Handler", "PendingReply", "PreparedRequest",
+    "RemotingBudgets",
     "RemotingClient", "RemotingClientPool",
     "RemotingConnectError", "RemotingConnection", "RemotingError", "RemotingLimits",
     "RemotingServer", "RemotingServerStatistics", "RemotingTimeout", "RequestError",

@@ -48,6 +48,7 @@ import itertools
 import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import attrs
 import trio
@@ -96,6 +97,17 @@ _opaques = itertools.count(1)
 def _next_opaque() -> int:
     """A request id for ``opaque``: a Java int, kept non-negative as the counter wraps."""
     return next(_opaques) & INT32_MAX
+
+
+class PreparedRequest(Protocol):
+    """A request that encodes its own frame (``wire.remoting.SendRequest``)."""
+
+    @property
+    def code(self) -> int: ...
+
+    def command(self) -> RemotingCommand: ...
+
+    def frame(self, opaque: int) -> bytes: ...
 
 
 @attrs.define(eq=False)
@@ -165,13 +177,21 @@ class RemotingClient:
         if self._outbox_bytes < ONEWAY_HIGH_WATER:
             self._room_lot.unpark_all()
 
-    async def invoke(self, request: RemotingCommand, timeout: float | None, *,
-                     flush: bool = False) -> RemotingCommand:
+    async def invoke(self, request: RemotingCommand | PreparedRequest, timeout: float | None,
+                     *, flush: bool = False) -> RemotingCommand:
         """Send ``request`` and wait at most ``timeout`` seconds for its response (None: as
         long as the caller's own cancel scope lets it; a timeout is then the caller's to
-        report). ``flush``: write it at once rather than with the round's other frames."""
-        if self.credentials is not None:
-            request = sign(request, self.credentials)
+        report). ``flush``: write it at once rather than with the round's other frames. A
+        ``PreparedRequest`` is encoded by itself once its opaque is known (a send's fast
+        path), or made a command first where one is needed (to sign it)."""
+        if isinstance(request, RemotingCommand):
+            command, prepared = request, None
+        elif self.credentials is not None:
+            command, prepared = request.command(), None
+        else:
+            command, prepared = None, request
+        if command is not None and self.credentials is not None:
+            command = sign(command, self.credentials)
         opaque = _next_opaque()
         call = _Call()
         # A lone call (none other waiting on this connection) goes out at once: no other
@@ -179,7 +199,11 @@ class RemotingClient:
         flush = flush or not self._pending
         self._pending[opaque] = call
         try:
-            self._queue(encode(request, opaque=opaque), flush)
+            if prepared is not None:
+                self._queue(prepared.frame(opaque), flush)
+            else:
+                assert command is not None
+                self._queue(encode(command, opaque=opaque), flush)
             if timeout is None:
                 await call.event.wait()
             else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 
 import attrs
+import orjson
 
 from .codes import (
     DEFAULT_VERSION,
@@ -32,6 +33,7 @@ __all__ = [
     "PullMessageRequestHeader",
     "PullSysFlag",
     "SendMessageRequestHeader",
+    "SendRequest",
     "encode_pull_message_fields",
     "encode_send_message_fields",
     "encode_send_message_v2_fields",
@@ -148,6 +150,127 @@ def encode_stored_send_response(
 def _plain(text: str) -> bool:
     """Printable ASCII that JSON writes as it is (no quote, no backslash)."""
     return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+
+
+@attrs.frozen
+class SendRequest:
+    """A SEND_MESSAGE_V2 or SEND_BATCH_MESSAGE request whose opaque is not known yet: a
+    client numbers requests as it sends them (``RemotingClient.invoke``).
+
+    ``frame(opaque)`` is the whole frame, byte for byte what ``encode(command(), opaque=...)``
+    writes, formatted in one step: a producer sends tens of thousands a second, and the
+    general path (the header's extFields dict, then the command's JSON) costs 6 us a send
+    where this costs under 1 (issue 11). ``command()`` is the request as a command, for what
+    needs one (an ACL signature is computed over its fields)."""
+
+    header: SendMessageRequestHeader
+    body: bytes
+    code: int = RequestCode.SEND_MESSAGE_V2
+    language: LanguageCode = LanguageCode.JAVA
+    version: int = DEFAULT_VERSION
+
+    def command(self) -> RemotingCommand:
+        return RemotingCommand(
+            self.code, language=self.language, version=self.version,
+            ext_fields=encode_send_message_v2_fields(self.header), body=self.body,
+        )
+
+    def frame(self, opaque: int) -> bytes:
+        header = _send_v2_json(self.header, self.code, opaque, self.language, self.version)
+        if header is None:  # a value the general path renders its own way
+            return encode(self.command(), opaque=opaque)
+        body = self.body
+        return frame_head(header, SerializeType.JSON, len(body)) + body
+
+
+def _send_v2_json(header: SendMessageRequestHeader, code: int, opaque: int,
+                  language: LanguageCode, version: int) -> bytes | None:
+    """The JSON header of a V2 send request as ``encode_json_header`` writes it (orjson:
+    the extFields in the fields' order, a field that is None left out), or None when a
+    value is not the plain kind this handles: an int field holding something else than an
+    int (``java_string`` renders a bool in one as Java does), a str field holding something
+    else than a str, a string orjson refuses (a lone surrogate, which the general path
+    writes as Java does, '?').
+
+    What stays the same from send to send — the fields before the queue id, and those after
+    the properties — is formatted once per value (``_SEND_HEADS``, ``_SEND_TAILS``). The
+    types are checked before each lookup: ``True == 1`` would find an int's entry."""
+    queue_id, sys_flag, born, flag = (header.queue_id, header.sys_flag, header.born_timestamp,
+                                      header.flag)
+    reconsume, unit_mode = header.reconsume_times, header.unit_mode
+    max_reconsume, batch, broker = header.max_reconsume_times, header.batch, header.broker_name
+    if not (type(queue_id) is int and type(sys_flag) is int and type(born) is int
+            and type(flag) is int and type(header.default_topic_queue_nums) is int
+            and (reconsume is None or type(reconsume) is int)
+            and (max_reconsume is None or type(max_reconsume) is int)
+            and type(unit_mode) is bool and type(batch) is bool):
+        return None
+    head_key = (code, header.producer_group, header.topic, header.default_topic,
+                header.default_topic_queue_nums)
+    head = _SEND_HEADS.get(head_key)
+    if head is None:
+        head = _cached(_SEND_HEADS, head_key, _send_head(*head_key))
+    tail_key = (reconsume, unit_mode, max_reconsume, batch, broker, language, version)
+    tail = _SEND_TAILS.get(tail_key)
+    if tail is None:
+        tail = _cached(_SEND_TAILS, tail_key, _send_tail(*tail_key))
+    if not head or not tail:
+        return None
+    properties = header.properties
+    if properties is None:
+        middle = ""
+    elif type(properties) is not str:
+        return None
+    else:
+        try:
+            middle = ',"i":' + orjson.dumps(properties).decode()
+        except orjson.JSONEncodeError:
+            return None
+    return (f'{head}"e":"{queue_id}","f":"{sys_flag}","g":"{born}","h":"{flag}"{middle}{tail}'
+            f'{opaque},"serializeTypeCurrentRPC":"JSON","version":{version}}}').encode()
+
+
+#: formatted parts of send headers, by the values they hold ("" for values the general
+#: path must render); a producer sends to a few topics, the bound only guards against many
+_SEND_HEADS: dict[tuple, str] = {}
+_SEND_TAILS: dict[tuple, str] = {}
+_SEND_PARTS_BOUND = 1024
+
+
+def _cached(cache: dict[tuple, str], key: tuple, value: str) -> str:
+    if len(cache) >= _SEND_PARTS_BOUND:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _send_head(code: int, group: object, topic: object, default_topic: object,
+               queue_nums: int) -> str:
+    if not (type(group) is str and type(topic) is str and type(default_topic) is str):
+        return ""
+    try:
+        return (f'{{"code":{int(code)},"extFields":{{"a":{orjson.dumps(group).decode()},'
+                f'"b":{orjson.dumps(topic).decode()},"c":{orjson.dumps(default_topic).decode()},'
+                f'"d":"{queue_nums}",')
+    except orjson.JSONEncodeError:
+        return ""
+
+
+def _send_tail(reconsume: int | None, unit_mode: bool, max_reconsume: int | None, batch: bool,
+               broker: object, language: LanguageCode, version: int) -> str:
+    parts = [f',"j":"{reconsume}"' if reconsume is not None else "",
+             ',"k":"true"' if unit_mode else ',"k":"false"',
+             f',"l":"{max_reconsume}"' if max_reconsume is not None else "",
+             ',"m":"true"' if batch else ',"m":"false"']
+    if broker is not None:
+        if type(broker) is not str:
+            return ""
+        try:
+            parts.append(f',"n":{orjson.dumps(broker).decode()}')
+        except orjson.JSONEncodeError:
+            return ""
+    parts.append(f'}},"flag":0,"language":"{language.name}","opaque":')
+    return "".join(parts)
 
 
 def encode_send_message_v2_fields(header: SendMessageRequestHeader) -> dict[str, str]:
