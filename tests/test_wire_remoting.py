@@ -411,26 +411,26 @@ def test_send_header_errors_name_the_field():
         send_message_header(RemotingCommand.request(11))
 
 
-@given(
-    header=st.builds(
-        SendMessageRequestHeader,
-        producer_group=texts,
-        topic=texts,
-        default_topic=texts,
-        default_topic_queue_nums=int32,
-        queue_id=int32,
-        sys_flag=int32,
-        born_timestamp=st.integers(-(2**63), 2**63 - 1),
-        flag=int32,
-        properties=st.none() | texts,
-        reconsume_times=st.none() | int32,
-        unit_mode=st.booleans(),
-        max_reconsume_times=st.none() | int32,
-        batch=st.booleans(),
-        broker_name=st.none() | texts,
-    ),
-    stype=st.sampled_from(SerializeType),
+send_headers = st.builds(
+    SendMessageRequestHeader,
+    producer_group=texts,
+    topic=texts,
+    default_topic=texts,
+    default_topic_queue_nums=int32,
+    queue_id=int32,
+    sys_flag=int32,
+    born_timestamp=st.integers(-(2**63), 2**63 - 1),
+    flag=int32,
+    properties=st.none() | texts,
+    reconsume_times=st.none() | int32,
+    unit_mode=st.booleans(),
+    max_reconsume_times=st.none() | int32,
+    batch=st.booleans(),
+    broker_name=st.none() | texts,
 )
+
+
+@given(header=send_headers, stype=st.sampled_from(SerializeType))
 def test_send_headers_round_trip_through_frames(header, stype):
     for code, encoder in (
         (RequestCode.SEND_MESSAGE_V2, encode_send_message_v2_fields),
@@ -725,24 +725,6 @@ def test_a_stored_send_response_is_formatted_as_the_general_encoder_writes_it(
 
 # ---- a send request's frame, formatted in one step (SendRequest) ----------------------------
 
-send_headers = st.builds(
-    SendMessageRequestHeader,
-    producer_group=texts,
-    topic=texts,
-    default_topic=texts,
-    default_topic_queue_nums=int32,
-    queue_id=int32,
-    sys_flag=int32,
-    born_timestamp=st.integers(-(2**63), 2**63 - 1),
-    flag=int32,
-    properties=st.none() | texts | st.just("a\ud800b"),  # (a lone surrogate, too)
-    reconsume_times=st.none() | int32,
-    unit_mode=st.booleans(),
-    max_reconsume_times=st.none() | int32,
-    batch=st.booleans(),
-    broker_name=st.none() | texts,
-)
-
 
 @given(
     header=send_headers,
@@ -750,12 +732,15 @@ send_headers = st.builds(
     language=st.sampled_from(LanguageCode),
     opaque=st.integers(0, 2**31 - 1),
     body=st.binary(max_size=64),
+    surrogate=st.booleans(),
 )
 def test_a_send_requests_frame_is_the_general_encoders_byte_for_byte(
-        header, code, language, opaque, body):
+        header, code, language, opaque, body, surrogate):
+    if surrogate:  # a lone surrogate in the properties: Java writes it as '?'
+        header = attrs.evolve(header, properties="a\ud800b")
     request = SendRequest(header, body, code, language)
     assert request.frame(opaque) == encode(request.command(), opaque=opaque)
-    if "\ud800" not in (header.properties or ""):  # (Java writes a lone surrogate as '?')
+    if not surrogate:
         assert send_message_header(decode_frame(request.frame(opaque))) == header
 
 
