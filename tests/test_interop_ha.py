@@ -23,6 +23,7 @@ import pytest
 from trio_ha.testing import ClusterConfig, NodeProcess, ProcessCluster, free_broker_port
 from trio_ha.testing.cluster import DEFAULT_SEGMENT_SIZE
 from trio_ha.testing.rocketmq import RocketMQ, program_lines
+from trio_ha.wire.errors import WireError
 from trio_ha.wire.fastjson import read_json
 
 pytestmark = pytest.mark.interop
@@ -212,7 +213,8 @@ def test_point_4_real_slave_replicates_from_our_sync_master(peer_name, request, 
             wait_metadata_synced(config_dir, topic, group, total, "their slave",
                                  timeout=40 if peer.major < 5 else 90)
             # fastjson text (integer keys unquoted), as their master would have sent.
-            assert "offsetTable" in read_json(_read(config_dir / "delayOffset.json"))
+            wait_for(lambda: "offsetTable" in read_whole_json(config_dir / "delayOffset.json"),
+                     "their slave's delayOffset.json", timeout=20)
 
             # Our master goes; a Java consumer reads everything from their slave.
             cluster.stop(cluster.master)
@@ -237,8 +239,7 @@ def wait_metadata_synced(config_dir: Path, topic: str, group: str, committed: in
     (``committed`` in all): they arrive with the slave's next sync after the consumer's last
     commit reached the master. Offsets are fastjson text (integer keys unquoted)."""
     def offsets() -> int:
-        text = _read(config_dir / "consumerOffset.json")
-        table = read_json(text)["offsetTable"] if text else {}
+        table = read_whole_json(config_dir / "consumerOffset.json").get("offsetTable", {})
         return sum(table.get(f"{topic}@{group}", {}).values())
     wait_for(lambda: topic in _read(config_dir / "topics.json")
              and group in _read(config_dir / "subscriptionGroup.json")
@@ -248,6 +249,16 @@ def wait_metadata_synced(config_dir: Path, topic: str, group: str, committed: in
 
 def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+def read_whole_json(path: Path) -> dict:
+    """A broker's config file, or {} while it is missing or being written: each sync
+    rewrites it in place (RocketMQ 5.x's ``MixAll.string2File`` copies the old text to
+    ``.bak``, then writes the file itself), so a read can find it empty or cut short."""
+    try:
+        return read_json(_read(path) or "{}")
+    except WireError:
+        return {}
 
 
 # ---- point 3: our slave, their master ------------------------------------------------------------
