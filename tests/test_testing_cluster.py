@@ -2,7 +2,10 @@
 this process (serve_cluster, open_cluster) and as child processes (ProcessCluster)."""
 
 import os
+import random
 import socket
+import subprocess
+import sys
 
 import pytest
 import trio
@@ -109,6 +112,38 @@ def test_free_broker_ports_are_below_the_ephemeral_range_with_vip_and_ha_free():
         for p in (port - 2, port, port + 1):
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", p))
+
+
+def test_a_port_handed_out_is_not_handed_out_again_while_its_node_may_still_be_starting(
+        tmp_path, monkeypatch):
+    """Free to bind is not enough (a node binds a while after its ports are chosen): a port
+    handed out is noted, and neither this process nor another hands it out again until the
+    note is older than RESERVED_SECONDS (an in-process cluster failed to listen once, a
+    port of its handed to the other test worker's broker too)."""
+    from trio_ha.testing import ports
+
+    notes = str(tmp_path / "notes")
+    monkeypatch.setattr(ports, "RESERVATIONS", notes)
+    port = free_broker_port()
+
+    class Same(random.Random):  # every pick is that port
+        def randrange(self, *args, **kwargs):
+            return port
+
+    monkeypatch.setattr(ports, "random", Same())
+    with pytest.raises(RuntimeError, match="no free broker port"):
+        free_broker_port()
+    other = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from trio_ha.testing import ports; ports.RESERVATIONS = sys.argv[1]; "
+         "ports.random.randrange = lambda *a: int(sys.argv[2]); "
+         "print(ports.free_broker_port())", notes, str(port)],
+        capture_output=True, text=True, timeout=60)
+    assert other.returncode != 0 and "no free broker port" in other.stderr, other
+    with socket.socket() as probe:  # (the ports are free all along: only the note holds them)
+        probe.bind(("127.0.0.1", port))
+    monkeypatch.setattr(ports, "RESERVED_SECONDS", 0.0)  # the note has run out
+    assert free_broker_port() == port
 
 
 def test_a_killed_slave_restarts_on_ports_no_outgoing_connection_can_have_taken(tmp_path):

@@ -276,13 +276,14 @@ async def open_cluster(config: ClusterConfig) -> AsyncIterator[Cluster]:
         _, port = await nursery.start(serve_namesrv, config.namesrv_config())
         namesrv_addr = f"{config.host}:{port}"
         brokers = [
-            ClusterBroker(broker_id, restartable(config.broker_properties(broker_id, namesrv_addr),
-                                                 config.host), nursery)
+            ClusterBroker(broker_id, config.broker_properties(broker_id, namesrv_addr), nursery)
             for broker_id in range(config.slaves + 1)
         ]
         cluster = Cluster(config, namesrv_addr, brokers[0], brokers[1:])
         try:
             for broker in brokers:
+                # its ports chosen just before it binds them (``restartable``)
+                broker.properties = restartable(broker.properties, config.host)
                 await broker.start()
             yield cluster
         finally:
