@@ -571,7 +571,7 @@ class ScriptedCluster:
 
     namesrv_addr: str = ""
     broker_addrs: dict = attrs.field(factory=dict)
-    codes: dict = attrs.field(factory=dict)  # broker name -> response code
+    codes: dict = attrs.field(factory=dict)  # broker name -> response code (None: no answer)
     sends: list = attrs.field(factory=list)  # broker names, in order
 
     async def start(self, nursery: trio.Nursery) -> None:
@@ -600,6 +600,8 @@ class ScriptedCluster:
         if request.code == RequestCode.SEND_MESSAGE_V2:
             self.sends.append(name)
             code = self.codes[name]
+            if code is None:
+                await trio.sleep_forever()
             fields = {"msgId": "7F0000010000000100000000000000FF", "queueId": request.ext_fields["e"],
                       "queueOffset": 7}
             return RemotingCommand.response_to(request, code, remark=f"scripted {code}",
@@ -663,6 +665,23 @@ async def test_send_to_a_dead_broker_fails_over_and_times_out(nursery):
         async with open_producer(scripted.namesrv_addr, "dead-p2") as producer:
             with pytest.raises(MQClientError, match="failed 3 times"):
                 await producer.send(Message("Scripted", b"x"))
+
+
+async def test_a_send_no_broker_answers_ends_at_its_timeout(nursery):
+    """The send's deadline ends its call's wait (the connection's timer, not a cancel scope
+    around the send), and the retries after it find no time left: one attempt, then the
+    timeout as the send's error; the producer's connection serves the next send."""
+    scripted = ScriptedCluster(codes={"broker-a": None, "broker-b": None})
+    await scripted.start(nursery)
+    with trio.fail_after(10):
+        async with open_producer(scripted.namesrv_addr, "mute-p") as producer:
+            with pytest.raises(MQClientError, match="timed out after 0.5 s"):
+                await producer.send(Message("Scripted", b"x"), timeout=0.5)
+            assert len(scripted.sends) == 1
+            scripted.codes.update({"broker-a": ResponseCode.SUCCESS,
+                                   "broker-b": ResponseCode.SUCCESS})
+            result = await producer.send(Message("Scripted", b"y"))
+            assert result.send_status is SendStatus.SEND_OK
 
 
 async def dead_address() -> str:

@@ -141,6 +141,49 @@ async def test_client_call_timeout_leaves_the_connection_usable(server):
         assert (await client.invoke(RemotingCommand.request(ECHO), timeout=3)).code == ResponseCode.SUCCESS
 
 
+async def test_a_call_times_out_at_its_deadline_though_a_later_one_came_first(nursery):
+    """A call's timeout is kept by the connection's timer, not by a cancel scope: a call
+    made after another with a later deadline still ends at its own (the timer's wake-up
+    moves earlier), calls answered in time leave the timer's heap, and so do calls that
+    are cancelled."""
+    host, port = await nursery.start(lambda task_status: serve_remoting(
+        handler, 0, host="127.0.0.1", limits=RemotingLimits(idle_timeout=60.0),
+        task_status=task_status))
+    async with open_remoting_client(f"{host}:{port}") as client:
+        late_done = trio.Event()
+        late_scope = trio.CancelScope()
+
+        async def late() -> None:
+            with late_scope:
+                await client.invoke(RemotingCommand.request(SLOW, {"sleep": "60"}),
+                                    deadline=trio.current_time() + 30)
+            late_done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(late)
+            await wait_until(lambda: client._deadlines, "the first call's deadline on the heap")
+            start = trio.current_time()
+            with pytest.raises(RemotingTimeout, match="within the caller's deadline"):
+                await client.invoke(RemotingCommand.request(SLOW, {"sleep": "60"}),
+                                    deadline=start + 0.2)
+            waited = trio.current_time() - start
+            # at its own deadline: not at the first call's, 30 s on (a wide margin, for slow
+            # machines; what is checked is which deadline ended it)
+            assert 0.2 <= waited < 15, waited
+            for _ in range(50):  # answered in time: they do not pile up on the heap
+                response = await client.invoke(RemotingCommand.request(ECHO),
+                                               deadline=trio.current_time() + 3)
+                assert response.code == ResponseCode.SUCCESS
+            late_scope.cancel()
+            await late_done.wait()
+        assert client._deadlines == []  # the first cancelled, the rest answered or ended
+        # the connection still serves, and a timeout (seconds from now) works the same way
+        with pytest.raises(RemotingTimeout, match="within 0.1 s"):
+            await client.invoke(RemotingCommand.request(SLOW, {"sleep": "1"}), timeout=0.1)
+        assert (await client.invoke(RemotingCommand.request(ECHO), timeout=3)).code \
+            == ResponseCode.SUCCESS
+
+
 HOSTILE = {
     "zero_length": struct.pack(">i", 0),
     "negative_length": struct.pack(">i", -1),

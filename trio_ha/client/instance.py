@@ -53,7 +53,13 @@ import attrs
 import trio
 
 from .._errors import unwrap_single_exception
-from ..remoting import PreparedRequest, RemotingClient, RemotingClientPool, RemotingError
+from ..remoting import (
+    PreparedRequest,
+    RemotingClient,
+    RemotingClientPool,
+    RemotingError,
+    RemotingTimeout,
+)
 from ..remoting.tls import TlsClientConfig
 from ..wire.acl import Credentials
 from ..wire.errors import RouteDecodeError
@@ -323,12 +329,24 @@ class ClientInstance:
         await client.invoke_oneway(request)
 
     async def invoke_by_deadline(self, address: str, request: RemotingCommand | PreparedRequest,
-                                 *, flush: bool = False) -> RemotingCommand:
-        """One call to ``address`` bounded only by the caller's own deadline (a cancel scope
-        it holds): no scope of its own, so a send or a pull runs under one deadline, not
-        two. ``flush``: the request is written at once (``RemotingClient.invoke``)."""
-        client = await self._connection(address)
-        return await client.invoke(request, None, flush=flush)
+                                 *, deadline: float | None = None, flush: bool = False
+                                 ) -> RemotingCommand:
+        """One call to ``address`` that ends by ``deadline`` (trio time; RemotingTimeout
+        then), or, with None, bounded only by the caller's own cancel scope: so a send or a
+        pull runs under one deadline, not two. A send passes its deadline and holds no scope
+        on its way (``Producer._send``): the connection's timer keeps it, and only a
+        connection still to be made waits under a scope. ``flush``: the request is written
+        at once (``RemotingClient.invoke``)."""
+        client = self.pool.connected(address)
+        if client is None:
+            if deadline is None:
+                client = await self._connection(address)
+            else:
+                with trio.move_on_at(deadline):
+                    client = await self._connection(address)
+                if client is None:
+                    raise RemotingTimeout(f"no time left to connect to {address}")
+        return await client.invoke(request, deadline=deadline, flush=flush)
 
     async def _connection(self, address: str) -> RemotingClient:
         return await self.pool.client(address)

@@ -37,7 +37,7 @@ import re
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -76,6 +76,7 @@ from .instance import (
 )
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 __all__ = ["Producer", "SendResult", "SendStatus", "open_producer"]
 
@@ -393,14 +394,18 @@ class Producer:
     ) -> SendResult:
         timeout = self.send_msg_timeout if timeout is None else timeout
         deadline = trio.current_time() + timeout
-        # everything, route lookups included, ends by the deadline
-        with trio.CancelScope(deadline=deadline):
+        # Everything, route lookups included, ends by the deadline. Not under one cancel
+        # scope (6 us a send): the call's wait ends there by the connection's timer, and
+        # only what must wait for something else — a route, a connection — waits under a
+        # scope of its own (_until).
+        try:
             return await self._send_within(
                 topic, body, properties, sys_flag, flag, msg_id, queue=queue,
                 selector=selector, message=message, batch=batch, timeout=timeout,
                 deadline=deadline,
             )
-        raise MQClientError(f"sending to {topic} timed out after {timeout:g} s")
+        except _OutOfTime:
+            raise MQClientError(f"sending to {topic} timed out after {timeout:g} s") from None
 
     async def _send_within(
         self, topic: str, body: bytes, properties: str | None, sys_flag: int, flag: int,
@@ -416,7 +421,7 @@ class Producer:
             if queue is None:
                 # a selector comes with the one message it selects a queue for
                 assert selector is not None and message is not None
-                queues = await self.publish_queues(topic)
+                queues = await _until(deadline, self.publish_queues, topic)
                 if not queues:
                     raise MQClientError(self._no_route_text(topic))
                 queue = selector(queues, message)
@@ -427,7 +432,10 @@ class Producer:
             try:
                 return await attempt(queue)
             except RemotingError as exc:
-                await self._refresh_quietly(topic)
+                if trio.current_time() >= deadline:
+                    raise _OutOfTime from exc
+                with trio.move_on_at(deadline):
+                    await self._refresh_quietly(topic)
                 raise MQClientError(f"sending to {queue} failed: {exc}") from exc
 
         attempts = 1 + max(self.retry_times_when_send_failed, 0)
@@ -435,7 +443,8 @@ class Producer:
         last_error: BaseException | None = None
         result: SendResult | None = None
         for number in range(attempts):
-            queues = await self.publish_queues(topic)
+            queues = (self.instance.publish_queues(topic)
+                      or await _until(deadline, self.publish_queues, topic))
             if not queues:
                 error = MQClientError(self._no_route_text(topic))
                 raise error from last_error
@@ -459,7 +468,8 @@ class Producer:
                 ):
                     return result
                 continue
-            await self._refresh_quietly(topic)
+            with trio.move_on_at(deadline):
+                await self._refresh_quietly(topic)
         if result is not None:  # an earlier attempt stored it (not fully): that is the answer
             return result
         if isinstance(last_error, MQBrokerError):
@@ -492,7 +502,8 @@ class Producer:
     ) -> SendResult:
         address = self.instance.master_addr(mq.broker_name)
         if address is None:
-            await self.instance.refresh_route(mq.topic, allow_default=True)
+            await _until(deadline, functools.partial(
+                self.instance.refresh_route, mq.topic, allow_default=True))
             address = self.instance.master_addr(mq.broker_name)
         if address is None:
             raise MQClientError(f"the master of broker {mq.broker_name} is not in the route")
@@ -518,8 +529,7 @@ class Producer:
         )
         if trio.current_time() >= deadline:
             raise MQClientError(f"no time left to send to {address}")
-        # _send's scope holds the deadline: the call opens none of its own
-        response = await self.instance.invoke_by_deadline(address, request)
+        response = await self.instance.invoke_by_deadline(address, request, deadline=deadline)
         status = _STATUS_BY_CODE.get(response.code)
         if status is None:
             raise MQBrokerError(response.code, response.remark, address)
@@ -538,6 +548,18 @@ class Producer:
             region_id=fields.get("MSG_REGION"),
             trace_on=fields.get("TRACE_ON", "true") != "false",
         )
+
+
+class _OutOfTime(Exception):
+    """A send's deadline passed while it waited for something other than its call."""
+
+
+async def _until(deadline: float, fn: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+    """``await fn(*args)``, given up at ``deadline`` (``_OutOfTime``): what a send waits
+    for besides its call (a route, a connection) waits under a scope of its own."""
+    with trio.move_on_at(deadline):
+        return await fn(*args)
+    raise _OutOfTime
 
 
 def end_transaction_fields(group: str, table_offset: int, commitlog_offset: int,
