@@ -147,6 +147,44 @@ async def test_a_pending_put_calls_back_once_answered_or_asks_for_a_task_when_th
         nursery.cancel_scope.cancel()
 
 
+async def test_a_put_waiting_for_the_disk_and_the_slave_is_called_back_once_both_answer(
+        autojump_clock):
+    """SYNC_FLUSH and SYNC_MASTER at once: the callback comes once, after the later of the
+    two answers, with the replica's failure winning over a good flush; a put whose request
+    to either service did not fit its channel asks for a task."""
+    disk, slaves = service(), service()
+    now = trio.current_time()
+
+    def pending(end: int) -> PendingPut:
+        return PendingPut(PutMessageResult(OK, end - 10, 10),
+                          durable=(disk, disk.request(end, now)),
+                          replica=(slaves, slaves.request(end, now)))
+
+    called: list[PutMessageResult] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(disk.run)
+        await nursery.start(slaves.run)
+        put = pending(100)
+        assert put.when_done(called.append)
+        await trio.testing.wait_all_tasks_blocked()  # both services hold their requests
+        disk.watermark.raise_to(100)
+        assert called == []  # the slave has not answered yet
+        slaves.watermark.raise_to(100)
+        assert called == [put.appended]
+        timed_out = pending(200)
+        assert timed_out.when_done(called.append)
+        await trio.testing.wait_all_tasks_blocked()
+        disk.watermark.raise_to(200)
+        await trio.sleep(6)  # the slave never acks: its service answers at the deadline
+        assert len(called) == 2 and called[-1].status is TIMEOUT
+        nursery.cancel_scope.cancel()
+    full, other = service(capacity=1), service()  # not running: the first's channel holds one
+    full.request(10, now)
+    unsent = PendingPut(PutMessageResult(OK, 10, 10), durable=(full, full.request(20, now)),
+                        replica=(other, other.request(20, now)))
+    assert not unsent.when_done(called.append) and len(called) == 2
+
+
 async def test_each_request_is_answered_at_its_own_deadline(autojump_clock):
     svc = service(timeout=5.0)
     answers: dict[int, tuple[PutMessageStatus, float]] = {}

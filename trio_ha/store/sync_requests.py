@@ -162,7 +162,21 @@ class PendingPut:
         all are), from the task that answers it; ``callback`` must not raise. False, and
         nothing registered, when a request did not fit its service's channel: the put must
         ``wait`` in a task, which waits for room there (the channel's back-pressure)."""
-        requests = self._requests()
+        durable, replica = self.durable, self.replica
+        if durable is None or replica is None:
+            # One service (a SYNC_MASTER's slaves, or SYNC_FLUSH's disk), as most puts that
+            # wait have: the same rules without the lists (a broker answers every SYNC send
+            # this way).
+            pair = replica if durable is None else durable
+            if pair is None or pair[1].status is not None:
+                callback(self.result())
+                return True
+            request = pair[1]
+            if not request.sent:
+                return False
+            request.on_answer = lambda: callback(self.result())
+            return True
+        requests = [durable[1], replica[1]]
         if any(not request.sent and request.status is None for request in requests):
             return False
         waiting = [request for request in requests if request.status is None]
