@@ -370,7 +370,7 @@ def test_point_3_our_slave_replicates_from_a_real_sync_master(peer_name, request
         wait_metadata_synced(config_dir, topic, group, total, "our slave", timeout=40)
         # Level 1 (1 s) has delivered the delayed message: its offset is 1 on their master,
         # and so on our slave once synced.
-        wait_for(lambda: read_json(_read(config_dir / "delayOffset.json") or "{}")
+        wait_for(lambda: read_whole_json(config_dir / "delayOffset.json")
                  .get("offsetTable", {}).get("1") == 1,
                  "our slave to copy their delay offsets", timeout=40)
         # Their master may still write (the scheduler puts the delayed message back into its

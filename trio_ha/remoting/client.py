@@ -431,13 +431,13 @@ class RemotingClientPool:
         return client if client is not None and not client.closed else None
 
     async def client(self, address: str) -> RemotingClient:
-        client = self._clients.get(address)
-        if client is not None and not client.closed:
+        client = self.connected(address)
+        if client is not None:
             return client
         lock = self._connecting.setdefault(address, trio.Lock())
         async with lock:
-            client = self._clients.get(address)
-            if client is not None and not client.closed:
+            client = self.connected(address)
+            if client is not None:
                 return client
             if self.tls is not None and self.tls.enable and self._tls_context is None:
                 try:
