@@ -10,7 +10,15 @@ import trio
 import trio.testing
 
 from conftest import TaskCounts, ha_of, ha_slave_of, wait_until
-from trio_ha import BrokerRole, FlushDiskType, Message, PutMessageStatus, StoreConfig, open_store
+from trio_ha import (
+    BrokerRole,
+    FlushDiskType,
+    Message,
+    PutMessageResult,
+    PutMessageStatus,
+    StoreConfig,
+    open_store,
+)
 from trio_ha.store import MessageStore, retention
 
 SEGMENT = 64 * 1024
@@ -386,3 +394,166 @@ async def test_a_report_the_socket_takes_only_part_of_is_finished_by_the_reporte
         assert len(transport.wire) == 16
         nursery.cancel_scope.cancel()
     assert bytes(transport.wire) == REPORT.pack(250) + REPORT.pack(400)
+
+
+class BareSlave:
+    """A slave socket the test drives by hand: it reports when told to, and decodes every
+    frame and heartbeat with the slave's protocol (which fails on any frame that does not
+    continue the log where the last one ended)."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        from trio_ha.wire.ha import SlaveProtocol
+
+        self.stream = stream
+        self.protocol = SlaveProtocol(expected=0)
+        self.log = bytearray()  # the frame bodies received, in order, from offset 0
+        self.headers: list[tuple[int, int]] = []
+
+    @classmethod
+    async def connect(cls, master: MessageStore, *, receive_buffer: int | None = None):
+        import socket as stdlib_socket
+
+        assert master.ha_address is not None
+        sock = trio.socket.socket()
+        if receive_buffer is not None:  # before connecting, so the window starts small
+            sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVBUF, receive_buffer)
+        await sock.connect(master.ha_address)
+        slave = cls(trio.SocketStream(sock))
+        await slave.report(0)
+        return slave
+
+    async def report(self, offset: int) -> None:
+        await self.stream.send_all(self.protocol.send_report(offset))
+
+    async def receive_until(self, end: int, *, heartbeats: int = 0) -> None:
+        """Read frames until the log received reaches ``end`` and ``heartbeats`` empty
+        frames arrived."""
+        from trio_ha.wire.ha import NEED_DATA, FrameData, FrameHeader
+
+        with trio.fail_after(10):
+            while len(self.log) < end or sum(1 for _, s in self.headers if s == 0) < heartbeats:
+                data = await self.stream.receive_some(1 << 20)
+                assert data, "the master closed the connection"
+                self.protocol.receive_data(data)
+                while (event := self.protocol.next_event()) is not NEED_DATA:
+                    if isinstance(event, FrameHeader):
+                        self.headers.append((event.offset, event.size))
+                    elif isinstance(event, FrameData):
+                        self.log += event.data
+
+
+def the_connection(master: MessageStore):
+    assert master.ha_service is not None
+    (connection,) = master.ha_service.connections.values()
+    return connection
+
+
+def sent_to_slave(master: MessageStore) -> int | None:
+    (connection,) = ha_of(master).connections
+    return connection.next_transfer_offset
+
+
+def put_now(master: MessageStore, size: int) -> int:
+    """Append one record without a task switch; the log's end after it."""
+    result = master.put_encoded_now("Pushed", 0, os.urandom(size), b"", wait_store_msg_ok=False)
+    assert isinstance(result, PutMessageResult) and result.status is PutMessageStatus.PUT_OK
+    return master.max_commitlog_offset
+
+
+async def test_a_rounds_puts_go_to_an_idle_slave_from_the_callers_task_and_the_writer_sends_the_rest(tmp_path):
+    """Issue 11: a server calls ``replicate_now`` once it has served a read; on an idle link
+    the round's puts leave then, in one frame, from the server's task (not a scheduling
+    round later from the HA writer: ~30 us on every SYNC send at one producer). A frame the
+    socket takes only part of is finished by the writer before anything else, and the
+    heartbeat that follows carries the log's end, not where the writer last looked."""
+    config = master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER,
+                           mapped_file_size_commit_log=4 << 20, ha_send_heartbeat_interval=300)
+    async with open_store(config) as master:
+        slave = await BareSlave.connect(master, receive_buffer=4096)
+        await wait_until(lambda: slave_count(master) == 1, "the request accepted")
+        await trio.testing.wait_all_tasks_blocked()  # the writer waits for the log to grow
+
+        end = put_now(master, 100)
+        end = put_now(master, 200)
+        assert sent_to_slave(master) == 0  # nothing left yet: no task has run
+        master.replicate_now()
+        assert sent_to_slave(master) == end  # handed over in the caller's task, one frame
+        await slave.receive_until(end)
+        assert slave.headers == [(0, end)]
+        await slave.report(end)
+        await wait_until(lambda: the_connection(master).acked_offset == end, "the ack")
+
+        # A frame far larger than both socket buffers: the push hands over what fits.
+        import socket as stdlib_socket
+
+        from trio_ha.store.ha.transfer import SocketTransport
+
+        connection = the_connection(master)
+        assert isinstance(connection.transport, SocketTransport)
+        connection.transport.sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_SNDBUF, 4096)
+        start = end
+        end = put_now(master, 512 * 1024)
+        master.replicate_now()
+        assert connection._frame_rest is not None  # the socket took part of it
+        assert sent_to_slave(master) == end
+        await slave.receive_until(end, heartbeats=1)  # the writer sent the rest, then idled
+        assert slave.headers[1] == (start, end - start)
+        assert slave.headers[2:] == [(end, 0)] * (len(slave.headers) - 2)  # heartbeats at the end
+        assert bytes(slave.log) == master.commitlog.read(0, end)
+        await slave.stream.aclose()
+
+
+async def test_while_a_frame_is_unacknowledged_the_writer_gathers_later_rounds(tmp_path):
+    """The push goes only to an idle link. With a frame in flight (many producers, many
+    connections), a round's puts are left to the HA writer, which gathers every round
+    before it runs into one frame, as it did before the push existed."""
+    config = master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER)
+    async with open_store(config) as master:
+        slave = await BareSlave.connect(master)
+        await wait_until(lambda: slave_count(master) == 1, "the request accepted")
+        await trio.testing.wait_all_tasks_blocked()
+        first = put_now(master, 100)
+        master.replicate_now()
+        assert sent_to_slave(master) == first
+        second = put_now(master, 100)
+        master.replicate_now()  # the first frame is not acknowledged: not pushed
+        third = put_now(master, 100)
+        master.replicate_now()
+        assert sent_to_slave(master) == first
+        await trio.testing.wait_all_tasks_blocked()  # the writer's round
+        assert sent_to_slave(master) == third
+        await slave.receive_until(third)
+        assert slave.headers == [(0, first), (first, third - first)]
+        assert second < third
+        await slave.report(third)
+        await wait_until(lambda: the_connection(master).acked_offset == third, "the ack")
+        fourth = put_now(master, 100)
+        master.replicate_now()  # idle again
+        assert sent_to_slave(master) == fourth
+        await slave.stream.aclose()
+
+
+async def test_a_push_racing_the_heartbeat_deadline_never_heartbeats_behind_the_log(tmp_path, autojump_clock):
+    """The writer's heartbeat deadline and a round's push can fall in one scheduling batch:
+    the writer is cancelled out of its wait, then the push sends the new records before the
+    writer runs. The writer must then see that the log moved on; a heartbeat at the offset
+    it waited at would be behind the frame just sent, and a slave takes that as a diverged
+    master. Each round here wakes exactly at the writer's deadline (trio runs a batch in
+    either order, so some rounds have the push first)."""
+    config = master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER,
+                           ha_send_heartbeat_interval=1000)
+    async with open_store(config) as master:
+        slave = await BareSlave.connect(master)
+        await wait_until(lambda: slave_count(master) == 1, "the request accepted")
+        connection = the_connection(master)
+        end = 0
+        for _ in range(24):
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep_until(connection._last_send + 1.0)
+            end = put_now(master, 100)
+            master.replicate_now()
+            await slave.receive_until(end)
+            await slave.report(end)
+            await wait_until(lambda end=end: connection.acked_offset == end, "the ack")
+        assert bytes(slave.log) == master.commitlog.read(0, end)
+        await slave.stream.aclose()

@@ -165,6 +165,9 @@ async def test_a_cluster_serves_its_series_and_a_scrape_parses(tmp_path, nursery
     assert value(m, "trio_ha_ha_slave_lag_bytes") == 0
     assert value(m, "trio_ha_ha_slave_state", state="transfer") == 1
     assert value(m, "trio_ha_ha_slave_state", state="diverged") == 0
+    # One send at a time finds the slave's link idle: the read round that stored a send
+    # hands its frame to the slave itself, not the HA writer a scheduling round later.
+    assert value(m, "trio_ha_ha_slave_frames_total", sent_by="round") >= SENT // 2
     assert value(m, "trio_ha_ha_replicated_offset") == end
     for wait in ("trio_ha_flush_wait", "trio_ha_replication_wait"):
         # Every send waited, for the disk and for the slave, and none timed out.

@@ -691,3 +691,32 @@ async def test_the_reader_writes_what_it_served_itself_and_the_writer_stays_asle
     replies = {r.opaque: r for r in await read_commands(peer, 2)}
     assert replies[5].code == ResponseCode.SYSTEM_ERROR and replies[6].code == ResponseCode.SUCCESS
     await peer.aclose()
+
+
+async def test_after_round_runs_once_per_read_after_its_requests_and_before_their_replies(nursery):
+    """Issue 11: ``after_round`` (a broker sends the round's puts to its slaves there) runs
+    once per read, once the fast handler has served every request of it and before their
+    replies are written, so what it starts leaves ahead of the replies that wait for it."""
+    from trio_ha.remoting import serve_connection
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    counting = CountingStream(ours)
+    served: list[int] = []
+    rounds: list[tuple[int, int]] = []
+
+    class Counting(ScriptedFastHandler):
+        def __call__(self, request, connection):
+            served.append(request.opaque)
+            return super().__call__(request, connection)
+
+    nursery.start_soon(lambda: serve_connection(
+        counting, handler, fast=Counting(),
+        after_round=lambda: rounds.append((len(served), len(counting.writes)))))
+    await theirs.send_all(b"".join(
+        encode(RemotingCommand.request(ECHO, opaque=10 + i)) for i in range(5)))
+    assert [r.opaque for r in await read_commands(theirs, 5)] == [10, 11, 12, 13, 14]
+    assert rounds == [(5, 0)]  # after all five, before the one write of their replies
+    await theirs.send_all(encode(RemotingCommand.request(ECHO, opaque=20)))
+    await read_commands(theirs, 1)
+    assert rounds == [(5, 0), (6, 1)]
+    await theirs.aclose()

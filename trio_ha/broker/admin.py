@@ -485,6 +485,8 @@ def runtime_info(
             table[f"slave{i}Address"] = c.address
             table[f"slave{i}AckedOffset"] = c.acked_offset if c.acked_offset is not None else -1
             table[f"slave{i}LagBytes"] = c.lag_bytes
+            table[f"slave{i}FramesSent"] = c.frames_sent
+            table[f"slave{i}FramesPushed"] = c.frames_pushed
     if stats.ha_slave is not None:
         table["haMasterAddress"] = stats.ha_slave.master_address or ""
         table["haState"] = stats.ha_slave.state

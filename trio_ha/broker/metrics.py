@@ -183,6 +183,10 @@ def _ha_master_families(labels: dict[str, str], ha: HAMasterStatistics) -> Itera
     state = GaugeMetricFamily(
         "trio_ha_ha_slave_state", "The master's connection to the slave: 1 for its state.",
         labels=[*names, "state"])
+    frames = CounterMetricFamily(
+        "trio_ha_ha_slave_frames", "Frames of log bytes sent to the slave, by who sent them: "
+        "a server's read round (the slave's link was idle) or the connection's writer.",
+        labels=[*names, "sent_by"])
     for connection in ha.connections:
         values = [*labels.values(), connection.address]
         if connection.acked_offset is not None:
@@ -191,7 +195,9 @@ def _ha_master_families(labels: dict[str, str], ha: HAMasterStatistics) -> Itera
         for candidate in HAConnectionState:
             state.add_metric([*values, candidate.name.lower()],
                              1 if candidate is connection.state else 0)
-    yield from (acked, lag, state)
+        frames.add_metric([*values, "round"], connection.frames_pushed)
+        frames.add_metric([*values, "writer"], connection.frames_sent - connection.frames_pushed)
+    yield from (acked, lag, state, frames)
 
 
 def _ha_slave_families(labels: dict[str, str], ha: HASlaveStatistics) -> Iterator[Metric]:

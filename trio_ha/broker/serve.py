@@ -234,14 +234,16 @@ async def _serve(
         acl = await trio.to_thread.run_sync(AclFile.open, acl_file_path(config.plain_acl_file))
         nursery.start_soon(acl.watch)
         fast = acl_checked(acl, fast)
+    # A master's slaves get each read round's puts at once, from the reader's task.
+    after_round = broker.store.replicate_now
     servers = {"main": RemotingServer(functools.partial(handle, broker), limits, budgets,
                                       on_close=broker.connection_closed, fast=fast,
-                                      tls=config.tls_server)}
+                                      after_round=after_round, tls=config.tls_server)}
     await nursery.start(functools.partial(servers["main"].serve, 0, listeners=listeners))
     if vip_listeners:
         servers["vip"] = RemotingServer(functools.partial(handle_vip, broker), limits, budgets,
                                         on_close=broker.connection_closed, fast=fast,
-                                        tls=config.tls_server)
+                                        after_round=after_round, tls=config.tls_server)
         await nursery.start(functools.partial(servers["vip"].serve, 0, listeners=vip_listeners))
     nursery.start_soon(broker.run_housekeeping)
     if not config.namesrv_addresses:

@@ -289,8 +289,11 @@ class RemotingConnection:
         fast: FastHandler | None = None,
         on_open: Callable[[RemotingConnection], None] | None = None,
         on_close: Callable[[RemotingConnection], None] | None = None,
+        after_round: Callable[[], None] | None = None,
     ) -> None:
-        """Serve requests until the connection closes, misbehaves, idles out or is drained."""
+        """Serve requests until the connection closes, misbehaves, idles out or is drained.
+        ``after_round`` runs each time the requests of one read have been served, before
+        their replies are written (``RemotingServer.after_round``)."""
         self._last_activity = trio.current_time()
         if on_open is not None:
             on_open(self)
@@ -301,7 +304,7 @@ class RemotingConnection:
                     nursery.cancel_scope.cancel()
                 nursery.start_soon(self._run_writer)
                 try:
-                    await self._run_reader(handler, fast, nursery)
+                    await self._run_reader(handler, fast, nursery, after_round)
                 except RemotingDecodeError as exc:
                     self.close(CloseReason.BAD_FRAME, exc)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -325,7 +328,8 @@ class RemotingConnection:
     # ---- the reader ------------------------------------------------------------------------
 
     async def _run_reader(self, handler: Handler, fast: FastHandler | None,
-                          nursery: trio.Nursery) -> None:
+                          nursery: trio.Nursery,
+                          after_round: Callable[[], None] | None = None) -> None:
         limits = self.limits
         decoder = FrameDecoder()
         #: when the unfinished frame in the decoder began (None: nothing unfinished)
@@ -368,6 +372,8 @@ class RemotingConnection:
                     nursery.start_soon(self._process, functools.partial(handler, command, self),
                                        command, promise)
                 if completed:
+                    if after_round is not None:
+                        after_round()
                     # the replies of the requests served in this round leave in one write
                     self._write_queued_now()
                 self._settle_read(decoder.buffered)
@@ -692,9 +698,11 @@ async def serve_connection(
     budgets: RemotingBudgets | None = None,
     on_open: Callable[[RemotingConnection], None] | None = None,
     on_close: Callable[[RemotingConnection], None] | None = None,
+    after_round: Callable[[], None] | None = None,
 ) -> None:
     """Serve requests from one connection until it closes, misbehaves or idles out."""
     limits = limits or RemotingLimits()
     connection = RemotingConnection(stream, peer, limits,
                                     budgets or RemotingBudgets.for_limits(limits))
-    await connection.serve(handler, fast=fast, on_open=on_open, on_close=on_close)
+    await connection.serve(handler, fast=fast, on_open=on_open, on_close=on_close,
+                           after_round=after_round)

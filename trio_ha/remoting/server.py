@@ -89,6 +89,11 @@ class RemotingServer:
     on_close: Callable[[RemotingConnection], None] | None = None
     #: serves the requests that need no task of their own (``FastHandler``)
     fast: FastHandler | None = None
+    #: runs in a connection's reader each time it has served the requests of one read,
+    #: before their replies are written: where work those requests began is best finished
+    #: at once, batched per read (a broker sends the round's puts to its slaves); must not
+    #: raise or wait
+    after_round: Callable[[], None] | None = None
     #: TLS (``tls.server.mode`` and its files); None or disabled: plain connections only
     tls: TlsServerConfig | None = None
     _tls: tuple[TlsServerConfig, ssl.SSLContext] | None = attrs.field(init=False, default=None)
@@ -224,7 +229,7 @@ class RemotingServer:
                     await trio.aclose_forcefully(connection.stream)
                     return
             await connection.serve(self.handler, fast=self.fast, on_open=self.on_open,
-                                   on_close=self.on_close)
+                                   on_close=self.on_close, after_round=self.after_round)
         finally:
             closed(connection)
 

@@ -182,6 +182,11 @@ class Segment:
         return self.base_offset + self.wrote_position
 
     @property
+    def closed(self) -> bool:
+        """Unmapped (closed or deleted): it can no longer be held or read."""
+        return self._closed
+
+    @property
     def is_full(self) -> bool:
         return self.wrote_position == self.size
 

@@ -1055,6 +1055,15 @@ class MessageStore:
             ),
         )
 
+    def replicate_now(self) -> None:
+        """Send attached slaves what the log gained since their last frame, now, from the
+        caller's task, where a slave's link is idle (``HAService.push_now``). A server calls
+        it after serving the requests of one read: that round's puts leave in one frame, a
+        scheduling round sooner than the HA writers would send them. Nothing without slaves;
+        never raises (what cannot be written now, the writers send)."""
+        if self.ha_service is not None:
+            self.ha_service.push_now()
+
     @property
     def ha_address(self) -> tuple[str, int] | None:
         """Where this store's HA service listens (None without one)."""

@@ -70,6 +70,12 @@ class HATransport(Protocol):
         """Send ``header`` then ``segment[start:end)``; the caller holds the segment."""
         ...
 
+    def send_frame_nowait(self, header: bytes, segment: Segment, start: int, end: int) -> int:
+        """Write what the socket takes of ``header`` and ``segment[start:end)`` now, without
+        waiting: the bytes taken (0: none, or this transport cannot write without waiting).
+        The caller holds the segment and sends the rest itself."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -159,6 +165,13 @@ class SocketTransport:
             # Drop every view of the mapping now: the segment cannot unmap while one lives.
             del parts
 
+    def send_frame_nowait(self, header: bytes, segment: Segment, start: int, end: int) -> int:
+        parts = [header, segment.view(start, end)]
+        try:
+            return write_now(self._fd, parts)
+        finally:
+            del parts  # no view of the mapping outlives the call
+
     async def aclose(self) -> None:
         await self.stream.aclose()
 
@@ -198,6 +211,9 @@ class StreamTransport:
 
     async def send_frame(self, header: bytes, segment: Segment, start: int, end: int) -> None:
         await self.stream.send_all(header + segment.read(start, end - start))
+
+    def send_frame_nowait(self, header: bytes, segment: Segment, start: int, end: int) -> int:
+        return 0
 
     async def aclose(self) -> None:
         await self.stream.aclose()
