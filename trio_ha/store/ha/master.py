@@ -31,10 +31,11 @@ The writer sleeps on the commitlog's ``written`` watermark: a put wakes it at on
 polls every 100 ms on an ASYNC_MASTER), and with nothing to send it sends a heartbeat every
 haSendHeartbeatInterval. A broker's server does not wait for that wake when it can help it:
 after the requests of one read it calls ``push_now``, and a connection whose link is idle gets
-that round's puts at once, from the server's task (``HAConnection.push_now`` says why). A slave that asks for an offset the master cannot serve (below its
-first segment, or beyond its end: the logs diverged) gets one heartbeat carrying the master's
-first offset — never its end — which the slave reports as a divergence, and the connection
-ends.
+that round's puts at once, from the server's task (``HAConnection.push_now`` says why).
+
+A slave that asks for an offset the master cannot serve (below its first segment, or beyond
+its end: the logs diverged) gets one heartbeat carrying the master's first offset — never its
+end — which the slave reports as a divergence, and the connection ends.
 
 SYNC_MASTER puts do not wait here: ``replicated`` feeds the group transfer service
 (``group_transfer``), which answers them, and ``is_slave_ok`` tells it when there is no slave
