@@ -1,8 +1,10 @@
 """Replication between stores in one process over real loopback sockets: RocketMQ's HATest
 scenarios and more (docs/ha-protocol.md)."""
 
+import contextlib
 import filecmp
 import os
+import socket
 import time
 from typing import Any
 
@@ -20,6 +22,8 @@ from trio_ha import (
     open_store,
 )
 from trio_ha.store import MessageStore, retention
+from trio_ha.store.ha.transfer import SENDFILE_MIN_BYTES, SocketTransport
+from trio_ha.wire.ha import NEED_DATA, FrameData, FrameHeader, SlaveProtocol
 
 SEGMENT = 64 * 1024
 
@@ -288,8 +292,6 @@ async def test_frames_carry_what_is_ready_up_to_1_mib_by_default_or_the_configur
     RocketMQ's fixed 32 KiB, which holds catch-up to a fifth of the speed), never past a
     segment's written end; an explicit haTransferBatchSize is the cap instead. Read here by
     a bare slave that reports offset 0 and decodes the frame headers."""
-    from trio_ha.wire.ha import NEED_DATA, FrameHeader, SlaveProtocol
-
     segment = 4 << 20
 
     async def frame_sizes(config: StoreConfig) -> list[int]:
@@ -366,7 +368,7 @@ async def test_a_report_the_socket_takes_only_part_of_is_finished_by_the_reporte
     task sends the rest before anything else, so the master reads one whole report."""
     from trio_ha.store.ha.slave import _Reports
     from trio_ha.watermark import Watermark
-    from trio_ha.wire.ha import REPORT, SlaveProtocol
+    from trio_ha.wire.ha import REPORT
 
     class HalfTakingTransport:
         def __init__(self) -> None:
@@ -402,25 +404,24 @@ class BareSlave:
     continue the log where the last one ended)."""
 
     def __init__(self, stream: trio.SocketStream) -> None:
-        from trio_ha.wire.ha import SlaveProtocol
-
         self.stream = stream
         self.protocol = SlaveProtocol(expected=0)
         self.log = bytearray()  # the frame bodies received, in order, from offset 0
         self.headers: list[tuple[int, int]] = []
 
     @classmethod
-    async def connect(cls, master: MessageStore, *, receive_buffer: int | None = None):
-        import socket as stdlib_socket
-
+    @contextlib.asynccontextmanager
+    async def open(cls, master: MessageStore, *, receive_buffer: int | None = None):
+        """Connected to ``master``'s HA port, its request (offset 0) sent; closed after."""
         assert master.ha_address is not None
         sock = trio.socket.socket()
         if receive_buffer is not None:  # before connecting, so the window starts small
-            sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVBUF, receive_buffer)
-        await sock.connect(master.ha_address)
-        slave = cls(trio.SocketStream(sock))
-        await slave.report(0)
-        return slave
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        async with trio.SocketStream(sock) as stream:
+            await sock.connect(master.ha_address)
+            slave = cls(stream)
+            await slave.report(0)
+            yield slave
 
     async def report(self, offset: int) -> None:
         await self.stream.send_all(self.protocol.send_report(offset))
@@ -428,8 +429,6 @@ class BareSlave:
     async def receive_until(self, end: int, *, heartbeats: int = 0) -> None:
         """Read frames until the log received reaches ``end`` and ``heartbeats`` empty
         frames arrived."""
-        from trio_ha.wire.ha import NEED_DATA, FrameData, FrameHeader
-
         with trio.fail_after(10):
             while len(self.log) < end or sum(1 for _, s in self.headers if s == 0) < heartbeats:
                 data = await self.stream.receive_some(1 << 20)
@@ -467,9 +466,9 @@ async def test_a_rounds_puts_go_to_an_idle_slave_from_the_callers_task_and_the_w
     socket takes only part of is finished by the writer before anything else, and the
     heartbeat that follows carries the log's end, not where the writer last looked."""
     config = master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER,
-                           mapped_file_size_commit_log=4 << 20, ha_send_heartbeat_interval=300)
-    async with open_store(config) as master:
-        slave = await BareSlave.connect(master, receive_buffer=4096)
+                           mapped_file_size_commit_log=4 << 20, ha_send_heartbeat_interval=300,
+                           ha_transfer_method="send")  # (sendfile: large frames are the writer's)
+    async with open_store(config) as master, BareSlave.open(master, receive_buffer=4096) as slave:
         await wait_until(lambda: slave_count(master) == 1, "the request accepted")
         await trio.testing.wait_all_tasks_blocked()  # the writer waits for the log to grow
 
@@ -484,13 +483,9 @@ async def test_a_rounds_puts_go_to_an_idle_slave_from_the_callers_task_and_the_w
         await wait_until(lambda: the_connection(master).acked_offset == end, "the ack")
 
         # A frame far larger than both socket buffers: the push hands over what fits.
-        import socket as stdlib_socket
-
-        from trio_ha.store.ha.transfer import SocketTransport
-
         connection = the_connection(master)
         assert isinstance(connection.transport, SocketTransport)
-        connection.transport.sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_SNDBUF, 4096)
+        connection.transport.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         start = end
         end = put_now(master, 512 * 1024)
         master.replicate_now()
@@ -500,7 +495,6 @@ async def test_a_rounds_puts_go_to_an_idle_slave_from_the_callers_task_and_the_w
         assert slave.headers[1] == (start, end - start)
         assert slave.headers[2:] == [(end, 0)] * (len(slave.headers) - 2)  # heartbeats at the end
         assert bytes(slave.log) == master.commitlog.read(0, end)
-        await slave.stream.aclose()
 
 
 async def test_while_a_frame_is_unacknowledged_the_writer_gathers_later_rounds(tmp_path):
@@ -508,8 +502,7 @@ async def test_while_a_frame_is_unacknowledged_the_writer_gathers_later_rounds(t
     connections), a round's puts are left to the HA writer, which gathers every round
     before it runs into one frame, as it did before the push existed."""
     config = master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER)
-    async with open_store(config) as master:
-        slave = await BareSlave.connect(master)
+    async with open_store(config) as master, BareSlave.open(master) as slave:
         await wait_until(lambda: slave_count(master) == 1, "the request accepted")
         await trio.testing.wait_all_tasks_blocked()
         first = put_now(master, 100)
@@ -530,7 +523,6 @@ async def test_while_a_frame_is_unacknowledged_the_writer_gathers_later_rounds(t
         fourth = put_now(master, 100)
         master.replicate_now()  # idle again
         assert sent_to_slave(master) == fourth
-        await slave.stream.aclose()
 
 
 async def test_a_push_racing_the_heartbeat_deadline_never_heartbeats_behind_the_log(tmp_path, autojump_clock):
@@ -542,8 +534,7 @@ async def test_a_push_racing_the_heartbeat_deadline_never_heartbeats_behind_the_
     either order, so some rounds have the push first)."""
     config = master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER,
                            ha_send_heartbeat_interval=1000)
-    async with open_store(config) as master:
-        slave = await BareSlave.connect(master)
+    async with open_store(config) as master, BareSlave.open(master) as slave:
         await wait_until(lambda: slave_count(master) == 1, "the request accepted")
         connection = the_connection(master)
         end = 0
@@ -556,4 +547,29 @@ async def test_a_push_racing_the_heartbeat_deadline_never_heartbeats_behind_the_
             await slave.report(end)
             await wait_until(lambda end=end: connection.acked_offset == end, "the ack")
         assert bytes(slave.log) == master.commitlog.read(0, end)
-        await slave.stream.aclose()
+
+
+async def test_with_the_sendfile_method_a_large_frame_is_left_to_the_writer(tmp_path):
+    """haTransferMethod=sendfile: a frame of SENDFILE_MIN_BYTES or more goes by sendfile, as
+    the writer sends it, so the round does not push it as a gathered write; smaller frames
+    are pushed as with the send method."""
+    config = master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER,
+                           mapped_file_size_commit_log=4 << 20, ha_transfer_method="sendfile")
+    async with open_store(config) as master, BareSlave.open(master) as slave:
+        await wait_until(lambda: slave_count(master) == 1, "the request accepted")
+        await trio.testing.wait_all_tasks_blocked()
+        large = put_now(master, SENDFILE_MIN_BYTES)
+        master.replicate_now()
+        assert sent_to_slave(master) == 0
+        await trio.testing.wait_all_tasks_blocked()  # the writer's round: sendfile
+        assert sent_to_slave(master) == large
+        await slave.receive_until(large)
+        await slave.report(large)
+        await wait_until(lambda: the_connection(master).acked_offset == large, "the ack")
+        small = put_now(master, 100)
+        master.replicate_now()
+        assert sent_to_slave(master) == small
+        await slave.receive_until(small)
+        assert bytes(slave.log) == master.commitlog.read(0, small)
+        (connection,) = ha_of(master).connections
+        assert (connection.frames_sent, connection.frames_pushed) == (2, 1)

@@ -161,7 +161,8 @@ async def test_a_call_times_out_at_its_deadline_though_a_later_one_came_first(nu
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(late)
-            await wait_until(lambda: client._deadlines, "the first call's deadline on the heap")
+            await trio.testing.wait_all_tasks_blocked()
+            assert client._deadlines  # the first call's deadline, on the heap
             start = trio.current_time()
             with pytest.raises(RemotingTimeout, match="within the caller's deadline"):
                 await client.invoke(RemotingCommand.request(SLOW, {"sleep": "60"}),

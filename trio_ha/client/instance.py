@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import random
 import re
@@ -339,13 +340,10 @@ class ClientInstance:
         at once (``RemotingClient.invoke``)."""
         client = self.pool.connected(address)
         if client is None:
-            if deadline is None:
+            with trio.move_on_at(math.inf if deadline is None else deadline):
                 client = await self._connection(address)
-            else:
-                with trio.move_on_at(deadline):
-                    client = await self._connection(address)
-                if client is None:
-                    raise RemotingTimeout(f"no time left to connect to {address}")
+            if client is None:
+                raise RemotingTimeout(f"no time left to connect to {address}")
         return await client.invoke(request, deadline=deadline, flush=flush)
 
     async def _connection(self, address: str) -> RemotingClient:

@@ -434,8 +434,7 @@ class Producer:
             except RemotingError as exc:
                 if trio.current_time() >= deadline:
                     raise _OutOfTime from exc
-                with trio.move_on_at(deadline):
-                    await self._refresh_quietly(topic)
+                await self._refresh_quietly(topic, deadline)
                 raise MQClientError(f"sending to {queue} failed: {exc}") from exc
 
         attempts = 1 + max(self.retry_times_when_send_failed, 0)
@@ -468,8 +467,7 @@ class Producer:
                 ):
                     return result
                 continue
-            with trio.move_on_at(deadline):
-                await self._refresh_quietly(topic)
+            await self._refresh_quietly(topic, deadline)
         if result is not None:  # an earlier attempt stored it (not fully): that is the answer
             return result
         if isinstance(last_error, MQBrokerError):
@@ -490,11 +488,13 @@ class Producer:
                     "master (the master is down or not registered)")
         return f"no route info of topic {topic} (is the name server or the broker up?)"
 
-    async def _refresh_quietly(self, topic: str) -> None:
-        try:
-            await self.instance.refresh_route(topic, allow_default=True)
-        except MQClientError:
-            pass
+    async def _refresh_quietly(self, topic: str, deadline: float) -> None:
+        """Refresh ``topic``'s route, giving up quietly on an error or at ``deadline``."""
+        with trio.move_on_at(deadline):
+            try:
+                await self.instance.refresh_route(topic, allow_default=True)
+            except MQClientError:
+                pass
 
     async def _send_to(
         self, mq: MessageQueue, body: bytes, properties: str | None, sys_flag: int, flag: int,

@@ -61,6 +61,7 @@ from ...ratelog import RateLimitedLog
 from ...watermark import Watermark
 from ...wire.ha import NEED_DATA, HAProtocolError, MasterProtocol
 from ..commitlog import CommitLog
+from ..segment import Segment
 from .auth import HANDSHAKE_TIMEOUT, authenticate_slave
 from .group_transfer import GroupTransferService, WaitingPut
 from .transfer import HATransport, transport_for
@@ -275,7 +276,6 @@ class HAConnection:
         await self._first_report.wait()
         if self._refused is not None:
             await self._refuse(self._refused)
-        batch = config.ha_transfer_batch_size
         heartbeat = config.ha_send_heartbeat_interval / 1000
         self._last_send = trio.current_time()
         unyielded = 0  # bytes sent since this task last let others run
@@ -294,9 +294,7 @@ class HAConnection:
                 if segment is None:
                     await self._refuse(offset)
                 with segment.hold():
-                    start = offset - segment.base_offset
-                    end = min(segment.wrote_position, start + batch)
-                    header = self.protocol.send_frame_header(offset, end - start)
+                    header, start, end = self._frame(segment, offset)
                     # Bytes handed to the kernel can be acked before the send call returns
                     # (trio yields after the syscall): count the frame as carried from here.
                     self._handed_over(offset, end - start)
@@ -317,7 +315,7 @@ class HAConnection:
                     continue
             finally:
                 self._parked = False
-            if self.next_offset != offset or self._frame_rest is not None:
+            if self.next_offset != offset:
                 continue  # pushed meanwhile: no heartbeat due, and the offset moved
             await self.transport.send_all(self.protocol.send_heartbeat(offset))
             self._last_send = trio.current_time()
@@ -344,19 +342,25 @@ class HAConnection:
         segment = commitlog.segments.find(offset)
         if segment is None or segment.closed:
             return  # not servable: the writer, woken by the same puts, finds out and says so
-        batch = self.service.config.ha_transfer_batch_size
         with segment.hold():
-            start = offset - segment.base_offset
-            size = min(segment.wrote_position, start + batch) - start
-            header = self.protocol.send_frame_header(offset, size)
-            taken = self.transport.send_frame_nowait(header, segment, start, start + size)
+            header, start, end = self._frame(segment, offset)
+            taken = self.transport.send_frame_nowait(header, segment, start, end)
         if not taken:
             return
+        size = end - start
         self._handed_over(offset, size)
         self.frames_pushed += 1
         if taken < len(header) + size:
             self._frame_rest = (header[taken:], offset + max(0, taken - len(header)),
                                 offset + size)
+
+    def _frame(self, segment: Segment, offset: int) -> tuple[bytes, int, int]:
+        """The frame that starts at ``offset`` in ``segment`` (held by the caller): its
+        header, and its body as [start, end) of the segment — what is written there, up to
+        haTransferBatchSize."""
+        start = offset - segment.base_offset
+        end = min(segment.wrote_position, start + self.service.config.ha_transfer_batch_size)
+        return self.protocol.send_frame_header(offset, end - start), start, end
 
     def _handed_over(self, offset: int, size: int) -> None:
         """The frame of ``size`` bytes at ``offset`` was handed to the transport."""

@@ -72,7 +72,8 @@ class HATransport(Protocol):
 
     def send_frame_nowait(self, header: bytes, segment: Segment, start: int, end: int) -> int:
         """Write what the socket takes of ``header`` and ``segment[start:end)`` now, without
-        waiting: the bytes taken (0: none, or this transport cannot write without waiting).
+        waiting: the bytes taken (0: none, because the socket is full, or this transport
+        cannot write without waiting, or the frame is one ``send_frame`` sends another way).
         The caller holds the segment and sends the rest itself."""
         ...
 
@@ -131,6 +132,10 @@ class SocketTransport:
         while view:
             view = view[await self.sock.send(view) :]
 
+    def _by_sendfile(self, size: int) -> bool:
+        """Whether a frame body of ``size`` bytes goes by sendfile (else one sendmsg)."""
+        return self.method == "sendfile" and size >= SENDFILE_MIN_BYTES
+
     async def send_frame(self, header: bytes, segment: Segment, start: int, end: int) -> None:
         """Send ``header`` then ``segment[start:end)``; the caller holds the segment.
 
@@ -138,7 +143,7 @@ class SocketTransport:
         and body whatever the method: sendfile would cost a second syscall for the header.
         A frame the socket takes whole at once returns without a scheduling round (trio's
         sendmsg yields after every send); the caller yields on its own now and then."""
-        if self.method == "sendfile" and end - start >= SENDFILE_MIN_BYTES:
+        if self._by_sendfile(end - start):
             await self.send_all(header)
             position = start
             while position < end:
@@ -166,6 +171,8 @@ class SocketTransport:
             del parts
 
     def send_frame_nowait(self, header: bytes, segment: Segment, start: int, end: int) -> int:
+        if self._by_sendfile(end - start):
+            return 0  # a frame this large goes as the configured method sends it: the writer's
         parts = [header, segment.view(start, end)]
         try:
             return write_now(self._fd, parts)
