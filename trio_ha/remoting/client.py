@@ -174,7 +174,7 @@ class RemotingClient:
         self._outbox_bytes += len(data)
         if self._outbox_bytes >= WRITE_EARLY:
             self._write_queued_now()
-        if self._outbox:
+        if self._outbox and self._writer_lot:
             self._writer_lot.unpark()
 
     def _write_queued_now(self) -> None:
@@ -193,7 +193,7 @@ class RemotingClient:
         if sent:  # a frame cut short: its tail goes first, without a copy
             frames[done] = memoryview(frames[done])[sent:]
         del frames[:done]
-        if self._outbox_bytes < ONEWAY_HIGH_WATER:
+        if self._room_lot and self._outbox_bytes < ONEWAY_HIGH_WATER:
             self._room_lot.unpark_all()
 
     async def invoke(self, request: RemotingCommand | PreparedRequest,

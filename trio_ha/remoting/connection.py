@@ -543,8 +543,11 @@ class RemotingConnection:
 
     def _request_done(self) -> None:
         self._in_flight -= 1
-        self._slot_lot.unpark()
-        if not self._in_flight:
+        # (an empty lot is looked at before it is called: unpark costs ~0.4 us even then,
+        # and these run for every request)
+        if self._slot_lot:
+            self._slot_lot.unpark()
+        if not self._in_flight and self._idle_lot:
             self._idle_lot.unpark_all()
 
     def _promise(self, promise: int) -> None:
@@ -558,7 +561,8 @@ class RemotingConnection:
         if promise:
             self._promised -= promise
             self.budgets.replies.settle(promise)
-            self._room_lot.unpark_all()
+            if self._room_lot:
+                self._room_lot.unpark_all()
 
     # ---- the writer ------------------------------------------------------------------------
 
@@ -579,7 +583,7 @@ class RemotingConnection:
             self._writable = False
         if flush:
             self._write_queued_now()
-        elif wake:
+        elif wake and self._writer_lot:
             self._writer_lot.unpark()
         return True
 
@@ -595,7 +599,7 @@ class RemotingConnection:
             if sent < size:
                 self._outbox.appendleft((unsent(parts, sent), size - sent))
             self._written(sent)
-        if self._outbox:
+        if self._outbox and self._writer_lot:
             self._writer_lot.unpark()
 
     def _gather(self) -> tuple[list[bytes | memoryview], int]:
@@ -619,7 +623,7 @@ class RemotingConnection:
         if not self._writable and self._outbox_bytes <= self.limits.write_buffer_low_water_mark:
             self._writable = True
             self._room_lot.unpark_all()
-        if not self._outbox_bytes:
+        if not self._outbox_bytes and self._idle_lot:
             self._idle_lot.unpark_all()
 
     async def _run_writer(self) -> None:

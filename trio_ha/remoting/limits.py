@@ -113,7 +113,7 @@ class ByteBudget:
     def settle(self, size: int) -> None:
         """A promise of ``size`` bytes is kept (the bytes were taken) or dropped."""
         self.promised -= size
-        if size > 0 and not self.exhausted and self._lot.statistics().tasks_waiting:
+        if size > 0 and self._lot and not self.exhausted:
             self._lot.unpark_all()
 
     def try_take(self, size: int) -> bool:
@@ -131,7 +131,7 @@ class ByteBudget:
         if size <= 0:
             return
         self.used -= size
-        if not self.exhausted and self._lot.statistics().tasks_waiting:
+        if self._lot and not self.exhausted:
             self._lot.unpark_all()
 
     async def wait_released(self) -> None:
