@@ -351,6 +351,38 @@ async def test_shutdown_with_dispatch_behind_keeps_abort_file(make_config):
     assert not await trio.Path(config.store_path_root_dir, "abort").exists()
 
 
+async def test_dispatcher_pauses_after_a_trickle_and_not_after_a_group(make_config, mock_clock):
+    """After a round of fewer than PAUSE_BELOW records the dispatcher pauses ROUND_PAUSE (a
+    trickle of appends is indexed in batches); after a group it goes straight back to
+    waiting for the log, with no timer (a timer's wake-up ends in a raised Cancelled)."""
+    from trio_ha.store.dispatch import PAUSE_BELOW, ROUND_PAUSE
+
+    async with open_store(make_config()) as store:
+        dispatched = store.dispatcher.dispatched
+        written = store.commitlog.written
+        await store.put_message(Message("P", b"first"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert dispatched.value == written.value  # a lone message: indexed at once
+        await store.put_message(Message("P", b"second"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert dispatched.value < written.value  # the pause after a round of one
+        mock_clock.jump(ROUND_PAUSE)
+        await trio.testing.wait_all_tasks_blocked()
+        assert dispatched.value == written.value
+        mock_clock.jump(ROUND_PAUSE)  # the pause after that round ends too
+        await trio.testing.wait_all_tasks_blocked()
+
+        async with trio.open_nursery() as nursery:  # one round's appends
+            for i in range(PAUSE_BELOW):
+                nursery.start_soon(store.put_message, Message("P", b"group %d" % i), i % 4)
+        await trio.testing.wait_all_tasks_blocked()
+        assert dispatched.value == written.value
+        await store.put_message(Message("P", b"after the group"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert dispatched.value == written.value  # no pause: indexed at once, no time passed
+        assert len(await store.get_messages("P", 0, 0, 32)) == 2 + PAUSE_BELOW // 4 + 1
+
+
 async def test_checkpoint_records_flushed_timestamps(make_config):
     config = make_config(flush_disk_type=FlushDiskType.SYNC_FLUSH)
     async with open_store(config) as store:
