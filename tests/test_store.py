@@ -11,6 +11,7 @@ import time
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,7 @@ from trio_ha import (
     open_store,
 )
 from trio_ha.store import MessageStore, retention
+from trio_ha.store.dispatch import PAUSE_BELOW, ROUND_PAUSE
 from trio_ha.store.recovery import RecoveryReport
 from trio_ha.wire import record as rec
 
@@ -355,8 +357,6 @@ async def test_dispatcher_pauses_after_a_trickle_and_not_after_a_group(make_conf
     """After a round of fewer than PAUSE_BELOW records the dispatcher pauses ROUND_PAUSE (a
     trickle of appends is indexed in batches); after a group it goes straight back to
     waiting for the log, with no timer (a timer's wake-up ends in a raised Cancelled)."""
-    from trio_ha.store.dispatch import PAUSE_BELOW, ROUND_PAUSE
-
     async with open_store(make_config()) as store:
         dispatched = store.dispatcher.dispatched
         written = store.commitlog.written
