@@ -88,6 +88,14 @@ def test_message_id_layout():
         rec.decode_message_id("zz")
 
 
+@pytest.mark.parametrize("host", [HOST, rec.encode_host("::1", 10911)])
+@pytest.mark.parametrize("offsets", [(), (1234,), (0, 1234, 2**40 + 7), tuple(range(0, 32_000, 1000))])
+def test_joined_message_ids_are_each_records_id_comma_joined(host, offsets):
+    joined = rec.joined_message_ids(host, offsets)
+    assert joined == ",".join(rec.message_id(host, offset) for offset in offsets)
+    assert [rec.decode_message_id(i)[1] for i in joined.split(",") if i] == list(offsets)
+
+
 def test_tag_hash_is_java_string_hashcode():
     assert rec.tags_code("TAG1") == 2567159
     assert rec.tags_code("TagA") == 2598919

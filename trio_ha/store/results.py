@@ -6,7 +6,7 @@ import enum
 
 import attrs
 
-from ..wire.record import StoredMessage, message_id
+from ..wire.record import StoredMessage, joined_message_ids, message_id
 
 
 class PutMessageStatus(enum.Enum):
@@ -70,7 +70,7 @@ class PutMessageResult:
     @property
     def msg_id(self) -> str:
         """The offsetMsgId; comma-joined for a batch, as the broker returns it."""
-        return ",".join(self.msg_ids)
+        return joined_message_ids(self.store_host, self.record_offsets)
 
     @property
     def count(self) -> int:

@@ -162,6 +162,17 @@ def message_id(store_host: bytes, commitlog_offset: int) -> str:
     return (store_host + INT64.pack(commitlog_offset)).hex().upper()
 
 
+def joined_message_ids(store_host: bytes, commitlog_offsets: tuple[int, ...]) -> str:
+    """The offsetMsgIds of several records on one host, comma-joined (a batch's reply): the
+    offsets packed and hexed in one call each, and the host's hex put before each, rather
+    than a ``message_id`` per record (a batch of 32 took 5 % of a broker's CPU that way)."""
+    if len(commitlog_offsets) < 2:
+        return message_id(store_host, commitlog_offsets[0]) if commitlog_offsets else ""
+    host = store_host.hex().upper()
+    packed = struct.pack(f">{len(commitlog_offsets)}q", *commitlog_offsets)
+    return host + ("," + host).join(packed.hex(",", 8).upper().split(","))
+
+
 def decode_message_id(msg_id: str) -> tuple[str, int]:
     """An offsetMsgId back into (``ip:port``, commitlog offset)."""
     try:
