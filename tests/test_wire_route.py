@@ -39,7 +39,7 @@ from trio_ha.wire.metadata import (
     parse_delay_levels,
     split_offset_key,
 )
-from trio_ha.wire.permission import Permission
+from trio_ha.wire.permission import Permission, readable, writable
 from trio_ha.wire.route import (
     BrokerData,
     ClusterInfo,
@@ -322,6 +322,13 @@ def test_topic_config_compact_form():
     assert config.encode_compact() == "T 8 4 6 SINGLE_TAG"
     assert TopicConfig.decode_compact("T 8 4 6 SINGLE_TAG") == config
     assert TopicConfig.decode_compact('T 8 4 6 SINGLE_TAG {"+k":"v"}') == config
+
+
+@pytest.mark.parametrize("perm", [*range(16), -1, -3, 2**31 - 1, -(2**31)])
+def test_readable_and_writable_read_the_bits_of_any_java_int(perm):
+    assert readable(perm) is bool(perm & Permission.READ)
+    assert writable(perm) is bool(perm & Permission.WRITE)
+    assert (readable(6), writable(6), readable(2), writable(4)) == (True, True, False, False)
 
 
 def test_permission_members_are_written_as_the_plain_ints_java_expects():

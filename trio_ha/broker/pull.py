@@ -28,7 +28,7 @@ from ..remoting import RemotingConnection
 from ..store.results import GetMessageStatus
 from ..wire import layout
 from ..wire import record as rec
-from ..wire.permission import Permission
+from ..wire.permission import readable
 from ..wire.remoting import (
     MappedReply,
     PullMessageRequestHeader,
@@ -79,7 +79,7 @@ async def process_pull(
 ) -> RemotingCommand | MappedReply:
     header = pull_message_header(request)
     config = broker.config
-    if not config.broker_permission & Permission.READ:
+    if not readable(config.broker_permission):
         return RemotingCommand.response_to(
             request, ResponseCode.NO_PERMISSION,
             remark=f"the broker[{config.broker_name}] pulling message is forbidden",

@@ -44,7 +44,7 @@ from ..wire.metadata import (
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
 )
-from ..wire.permission import Permission
+from ..wire.permission import writable
 from ..wire.remoting import (
     RemotingCommand,
     RequestCode,
@@ -240,7 +240,7 @@ def _plan_send(
     topic does not exist yet (``process_send`` makes it, if it may)."""
     header = send_message_header(request)
     config = broker.config
-    if not config.broker_permission & Permission.WRITE:
+    if not writable(config.broker_permission):
         return RemotingCommand.response_to(
             request, ResponseCode.NO_PERMISSION,
             remark=f"the broker[{config.broker_name}] sending message is forbidden",
@@ -422,7 +422,7 @@ async def process_send_back(
             request, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
             remark=f"subscription group not exist, {group}",
         )
-    if not config.broker_permission & Permission.WRITE:
+    if not writable(config.broker_permission):
         return RemotingCommand.response_to(
             request, ResponseCode.NO_PERMISSION,
             remark=f"the broker[{config.broker_ip1}] sending message is forbidden",
@@ -445,7 +445,7 @@ async def process_send_back(
         )
         broker.topics_changed()
     topic_config = topics.get(topic)
-    if topic_config is None or not topic_config.perm & Permission.WRITE:
+    if topic_config is None or not writable(topic_config.perm):
         return RemotingCommand.response_to(
             request, ResponseCode.NO_PERMISSION,
             remark=f"the topic[{topic}] sending message is forbidden",

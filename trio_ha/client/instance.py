@@ -74,7 +74,7 @@ from ..wire.heartbeat import (
     ProducerData,
     SubscriptionData,
 )
-from ..wire.permission import Permission
+from ..wire.permission import readable, writable
 from ..wire.record import java_string_hash, parse_host_port
 from ..wire.remoting import LanguageCode, RemotingCommand, RequestCode, ResponseCode
 from ..wire.route import QueueData, TopicRouteData
@@ -460,7 +460,7 @@ class ClientInstance:
         masters = {d.broker_name for d in route.broker_datas if MASTER_ID in d.broker_addrs}
         queues = []
         for data in sorted(route.queue_datas, key=lambda d: d.broker_name):
-            if data.perm & Permission.WRITE and data.broker_name in masters:
+            if writable(data.perm) and data.broker_name in masters:
                 queues.extend(
                     MessageQueue(topic, data.broker_name, i) for i in range(data.write_queue_nums)
                 )
@@ -475,7 +475,7 @@ class ClientInstance:
         named = {d.broker_name for d in route.broker_datas if d.broker_addrs}
         queues = []
         for data in sorted(route.queue_datas, key=lambda d: d.broker_name):
-            if data.perm & Permission.READ and data.broker_name in named:
+            if readable(data.perm) and data.broker_name in named:
                 queues.extend(
                     MessageQueue(topic, data.broker_name, i) for i in range(data.read_queue_nums)
                 )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Permission"]
+__all__ = ["Permission", "readable", "writable"]
 
 
 class Permission(enum.IntFlag):
@@ -27,3 +27,19 @@ class Permission(enum.IntFlag):
     READ = 0x4
     PRIORITY = 0x8
 
+
+
+# The bits as plain ints, for the checks made on every send and pull: ``perm & Permission.WRITE``
+# makes a new flag member through the enum machinery (0.5 us here), a plain ``&`` 0.01 us.
+_WRITE = int(Permission.WRITE)
+_READ = int(Permission.READ)
+
+
+def writable(perm: int) -> bool:
+    """Whether ``perm`` lets producers send (its WRITE bit)."""
+    return bool(perm & _WRITE)
+
+
+def readable(perm: int) -> bool:
+    """Whether ``perm`` lets consumers pull (its READ bit)."""
+    return bool(perm & _READ)

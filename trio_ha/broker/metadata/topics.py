@@ -37,7 +37,7 @@ from trio_ha.wire.metadata import (
     decode_topics_json,
     encode_topics_json,
 )
-from trio_ha.wire.permission import Permission
+from trio_ha.wire.permission import Permission, readable, writable
 from trio_ha.wire.remoting.java import abbreviate
 
 from .config_file import VersionedTable, now_ms
@@ -169,7 +169,7 @@ class TopicConfigManager(VersionedTable[TopicConfigSerializeWrapper, TopicConfig
         type, flags and order, as RocketMQ's ``registerBrokerAll`` rebuilds them)."""
         wrapper = self.wrapper()
         perm = self.broker_permission
-        if perm & Permission.READ and perm & Permission.WRITE:
+        if readable(perm) and writable(perm):
             return wrapper
         return TopicConfigSerializeWrapper(
             {
