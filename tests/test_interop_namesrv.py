@@ -33,6 +33,8 @@ def round_trip(rocketmq, run, namesrv: str, topic: str, count: int = 6) -> None:
 def test_our_broker_registers_with_the_real_name_server(rocketmq, tmp_path):
     port = free_broker_port()
     namesrv = rocketmq.start_namesrv(tmp_path / "their_ns", port)
+    # its self-signed TLS files go to its own scratch directory, not the machine's /tmp
+    assert list((tmp_path / "their_ns").glob("keyutil_*")), os.listdir(tmp_path / "their_ns")
     addr = f"127.0.0.1:{port}"
     log_dir = tmp_path / "logs"
     os.makedirs(log_dir)

@@ -427,7 +427,11 @@ class RocketMQ:
     def _java(self, jvm: Iterable[str], run_dir: Path, *, classpath: str | None = None,
               properties: Mapping[str, object] | None = None) -> list[str]:
         props = [f"-D{k}={v}" for k, v in (properties or {}).items()]
+        # java.io.tmpdir too: every RocketMQ server writes a self-signed TLS key and
+        # certificate there at start (keyutil_*), removed only at a clean exit; a suite that
+        # SIGKILLs its peers left 1,366 of them in /tmp
         return [_tool("java"), *jvm, *ADD_OPENS, f"-Duser.home={run_dir}",
+                f"-Djava.io.tmpdir={run_dir}",
                 f"-Drocketmq.home.dir={self.home}", *props, "-cp",
                 classpath or self.classpath]
 
