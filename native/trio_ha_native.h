@@ -283,3 +283,14 @@ int th_fallocate(int fd, int64_t offset, int64_t len);
 /* Non-blocking sendfile(out_fd, in_fd, &offset, count): bytes sent, or -errno (-EAGAIN when
    the socket is full). */
 int64_t th_sendfile(int out_fd, int in_fd, int64_t offset, size_t count);
+
+/* Receive up to `count` bytes from the socket `sock_fd` into the file `file_fd` at `offset`
+   without passing them through user space: splice(2) socket -> pipe -> file, the pipe
+   (`pipe_r`, `pipe_w`, empty on entry and on return) owned by the caller. Stops when `count`
+   bytes moved, the socket has no more ready, or the peer closed. Returns the bytes now in
+   the file, 0 when the peer closed, or -errno (-EAGAIN: nothing ready; -EINVAL: the socket
+   cannot be spliced, nothing was taken from it). A file that refuses splice gets the bytes
+   by read and pwrite instead, so nothing taken from the socket is ever left in the pipe but
+   on a failing pwrite (then -errno: the connection is beyond use). */
+int64_t th_splice_to_file(int sock_fd, int pipe_r, int pipe_w, int file_fd, int64_t offset,
+                          size_t count);

@@ -22,7 +22,8 @@ from trio_ha import (
     open_store,
 )
 from trio_ha.store import MessageStore, retention
-from trio_ha.store.ha.transfer import SENDFILE_MIN_BYTES, SocketTransport
+from trio_ha.store.ha.transfer import SENDFILE_MIN_BYTES, SPLICE_MIN_BYTES, SocketTransport
+from trio_ha.store.segment import Segment
 from trio_ha.wire.ha import NEED_DATA, FrameData, FrameHeader, SlaveProtocol
 
 SEGMENT = 64 * 1024
@@ -155,6 +156,67 @@ async def test_slave_restart_resumes_from_its_own_max_offset(tmp_path):
             assert slave.max_queue_offset("R", 0) == 300
             assert [m.body for m in await slave.get_messages("R", 0, 0, 300)] == [body(i) for i in range(300)]
     await assert_same_files(tmp_path / "m", tmp_path / "s")
+
+
+async def test_a_catching_up_slave_splices_large_frames_whole_and_reads_small_ones_into_the_mapping(tmp_path):
+    """Issue 11: frames of SPLICE_MIN_BYTES or more go from the socket into the segment files
+    by splice, to their last byte (a readv of a frame's tail into the mapping would start
+    readahead that zero-fills pages ahead of the bytes); a small frame (a put once caught up)
+    is read into the mapping. Either way the slave's files are the master's, byte for byte,
+    across segment boundaries, and its queues serve the same messages."""
+    segment = 1 << 20
+    async with open_store(master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER,
+                                        mapped_file_size_commit_log=segment)) as master:
+        bodies = [os.urandom(10_000) for _ in range(350)]  # ~3.5 MiB: four segments
+        for i, data in enumerate(bodies):
+            result = await master.put_message(Message("Bulk", data), queue_id=i % 2)
+            assert result.status is PutMessageStatus.PUT_OK
+        end = master.max_commitlog_offset
+        assert end % segment >= SPLICE_MIN_BYTES  # the last segment's frame is large too
+        async with open_store(slave_config(tmp_path / "s", master,
+                                           mapped_file_size_commit_log=segment)) as slave:
+            await slave.wait_dispatched(end)
+            stats = ha_slave_of(slave)
+            assert stats.bytes_received == stats.bytes_spliced == end
+            result = await master.put_message(Message("Bulk", b"small"), queue_id=0)
+            await slave.wait_dispatched(master.max_commitlog_offset)
+            stats = ha_slave_of(slave)
+            assert stats.bytes_received == master.max_commitlog_offset
+            assert stats.bytes_spliced == end
+            for queue_id in (0, 1):
+                got = [m.body for m in await slave.get_messages("Bulk", queue_id, 0, 400)]
+                assert got == bodies[queue_id::2] + ([b"small"] if queue_id == 0 else [])
+    await assert_same_files(tmp_path / "m", tmp_path / "s")
+
+
+async def test_a_large_frames_tail_is_spliced_too_and_a_small_frame_is_read_into_the_mapping(tmp_path):
+    """The receive path is chosen by the frame's size, not by what is left of it: the last
+    100 bytes of a 1 MiB frame still go by splice (a readv into the mapping there starts
+    readahead, which zero-fills pages ahead of the bytes that the next splices then write
+    again); a frame of 100 bytes is read into the mapping."""
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    segment = Segment.create(str(tmp_path), 0, 1 << 20, warm=False)
+    try:
+        async with listener, await trio.open_tcp_stream(
+                *listener.socket.getsockname()) as sender:
+            receiver = SocketTransport(await listener.accept())
+            try:
+                first, second = os.urandom(100), os.urandom(100)
+                await sender.send_all(first)
+                with trio.fail_after(5):
+                    assert await receiver.receive_into_segment_eagerly(
+                        segment, 0, 100, 1 << 20, lambda: None) == 100
+                assert receiver.bytes_spliced == 100
+                await sender.send_all(second)
+                with trio.fail_after(5):
+                    assert await receiver.receive_into_segment_eagerly(
+                        segment, 100, 200, 100, lambda: None) == 100
+                assert receiver.bytes_spliced == 100
+                assert segment.read(0, 200) == first + second
+            finally:
+                await receiver.aclose()
+    finally:
+        segment.close()
 
 
 async def test_master_restart_and_the_slave_reconnects(tmp_path):

@@ -8,13 +8,16 @@ require it (``TRIO_HA_REQUIRE_NATIVE=1`` makes a missing build an import error o
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import mmap
 import os
 import random
+import select
 import socket
 import struct
+import threading
 import zlib
 
 import pytest
@@ -1325,6 +1328,91 @@ def test_warm_reports_pages_past_end_of_file(tmp_path):
 def test_msync_reports_errors():
     # Page 0 is never mapped: msync fails with ENOMEM, reported as -errno.
     assert lib.th_msync(ffi.cast("uint8_t *", 16), 10) == -errno.ENOMEM
+
+
+@contextlib.contextmanager
+def tcp_pair():
+    """A connected loopback TCP pair (splice reads TCP sockets; a socketpair is AF_UNIX)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        sender = socket.create_connection(server.getsockname())
+        receiver, _ = server.accept()
+    with sender, receiver:
+        yield sender, receiver
+
+
+def pipe_is_empty(pipe: tuple[int, int]) -> bool:
+    try:
+        os.read(pipe[0], 1)
+    except BlockingIOError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("engine_name", ["native", "python"])
+def test_splice_to_file(tmp_path, engine_name):
+    """th_splice_to_file, and both engines' splice_to_file (a catching-up slave's receive):
+    socket bytes land in the file at the offset asked, never more than ``count``, the pipe
+    is empty after every call, an empty socket is -EAGAIN and a closed peer 0."""
+    splice = native.splice_to_file if engine_name == "native" else py.splice_to_file
+    data = rand_bytes(300_000, 11)
+    path = tmp_path / "segment"
+    path.write_bytes(b"\xee" * (1 << 20))
+    pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # 64 KiB: several rounds per call
+    try:
+        with tcp_pair() as (sender, receiver), open(path, "r+b") as f:
+            receiver.setblocking(False)
+            assert splice(receiver.fileno(), pipe, f.fileno(), 0, 100) == -errno.EAGAIN
+            threading.Thread(target=sender.sendall, args=(data,), daemon=True).start()
+            at, got = 1000, 0
+            while got < len(data):
+                count = 100 if got == 0 else len(data) - got  # a first call of 100 bytes
+                n = splice(receiver.fileno(), pipe, f.fileno(), at + got, count)
+                if n == -errno.EAGAIN:
+                    select.select([receiver], [], [], 5)
+                    continue
+                assert 0 < n <= count
+                assert pipe_is_empty(pipe)
+                got += n
+            sender.close()
+            select.select([receiver], [], [], 5)
+            assert splice(receiver.fileno(), pipe, f.fileno(), 0, 100) == 0
+        assert splice(-1, pipe, -1, 0, 10) == -errno.EBADF
+        content = path.read_bytes()
+        assert content[at:at + len(data)] == data
+        assert content[:at] == b"\xee" * at
+        assert content[at + len(data):] == b"\xee" * ((1 << 20) - at - len(data))
+    finally:
+        for fd in pipe:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("engine_name", ["native", "python"])
+def test_splice_to_file_copies_into_a_file_that_refuses_splice(tmp_path, engine_name):
+    """A file splice refuses (here one opened O_APPEND) still gets every byte taken from the
+    socket, by read and pwrite from the pipe, and the pipe is left empty."""
+    splice = native.splice_to_file if engine_name == "native" else py.splice_to_file
+    data = rand_bytes(200_000, 12)
+    path = tmp_path / "appended"
+    path.write_bytes(b"head")
+    pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        with tcp_pair() as (sender, receiver):
+            receiver.setblocking(False)
+            threading.Thread(target=sender.sendall, args=(data,), daemon=True).start()
+            got = 0
+            while got < len(data):
+                n = splice(receiver.fileno(), pipe, fd, 4 + got, len(data) - got)
+                if n == -errno.EAGAIN:
+                    select.select([receiver], [], [], 5)
+                    continue
+                assert n > 0 and pipe_is_empty(pipe)
+                got += n
+    finally:
+        os.close(fd)
+        for end in pipe:
+            os.close(end)
+    assert path.read_bytes() == b"head" + data
 
 
 @pytest.mark.parametrize("engine_name", ["native", "python"])

@@ -332,6 +332,15 @@ class RecordEngine(Protocol):
         never an exception, so the HA writer can wait for writability and retry."""
         ...
 
+    def splice_to_file(self, sock_fd: int, pipe: tuple[int, int], file_fd: int, offset: int,
+                       count: int) -> int:
+        """Up to ``count`` bytes from a non-blocking socket into a file at ``offset`` with no
+        copy through user space (socket -> ``pipe`` (read end, write end) -> file): the bytes
+        now in the file, 0 when the peer closed, or -errno (-EAGAIN: none ready; -EINVAL,
+        -ENOSYS: this socket or system splices nothing, and nothing was taken). Never an
+        exception, like ``sendfile``. A file that takes no splice gets the bytes copied."""
+        ...
+
 
 # ---- the native engine ---------------------------------------------------------------------
 
@@ -521,6 +530,10 @@ class NativeEngine:
 
     def sendfile(self, out_fd: int, in_fd: int, offset: int, count: int) -> int:
         return self.lib.th_sendfile(out_fd, in_fd, offset, count)
+
+    def splice_to_file(self, sock_fd: int, pipe: tuple[int, int], file_fd: int, offset: int,
+                       count: int) -> int:
+        return self.lib.th_splice_to_file(sock_fd, pipe[0], pipe[1], file_fd, offset, count)
 
 
 class NativeScanner:
@@ -931,6 +944,57 @@ class PythonEngine:
             return -errno.EAGAIN
         except OSError as exc:
             return -(exc.errno or errno.EIO)
+
+    def splice_to_file(self, sock_fd: int, pipe: tuple[int, int], file_fd: int, offset: int,
+                       count: int) -> int:
+        splice = getattr(os, "splice", None)
+        if splice is None:  # not Linux
+            return -errno.ENOSYS
+        pipe_r, pipe_w = pipe
+        moved = 0
+        while moved < count:
+            try:
+                taken = splice(sock_fd, pipe_w, count - moved,
+                               flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
+            except OSError as exc:
+                if moved:
+                    break  # report the bytes moved; the next call meets the condition again
+                return -(exc.errno or errno.EIO)
+            if taken == 0:
+                break  # the peer closed
+            left = taken
+            while left:
+                at = offset + moved
+                try:
+                    put = splice(pipe_r, file_fd, left, offset_dst=at, flags=os.SPLICE_F_MOVE)
+                except OSError:
+                    put = 0
+                if put <= 0:  # a file that takes no splice: copy what is in the pipe
+                    try:
+                        _copy_from_pipe(pipe_r, file_fd, at, left)
+                    except OSError as exc:
+                        return -(exc.errno or errno.EIO)
+                    put = left
+                moved += put
+                left -= put
+        return moved
+
+
+def _copy_from_pipe(pipe_r: int, file_fd: int, offset: int, length: int) -> None:
+    """``length`` bytes from the pipe into the file at ``offset`` (splice_to_file's copy)."""
+    while length:
+        try:
+            data = os.read(pipe_r, min(length, 1 << 16))
+        except BlockingIOError:
+            data = b""
+        if not data:
+            raise OSError(errno.EIO, "the pipe held fewer bytes than were spliced into it")
+        view = memoryview(data)
+        while view:
+            put = os.pwrite(file_fd, view, offset)
+            view = view[put:]
+            offset += put
+        length -= len(data)
 
 
 _PROBLEMS = (GATHER_REMOVED, GATHER_ABSENT, GATHER_INVALID)
