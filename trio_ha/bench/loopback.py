@@ -25,6 +25,7 @@ The children are this module run with ``python -m`` and a role (``sink``, ``echo
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import mmap
 import os
@@ -136,17 +137,20 @@ def _set_send_timeout(sock: socket.socket, seconds: float) -> None:
 
 
 def raw_transfer(children: Children, path: str, size: int, *, method: str, chunk: int,
-                 passes: int, timeout: float, into_file: str | None = None) -> dict:
+                 passes: int, timeout: float, into_file: str | None = None,
+                 receive: str = "recv_into") -> dict:
     """Send ``size`` bytes of the mapped file at ``path`` to a receiving child ``passes``
     times, in ``chunk`` pieces, with ``method`` (``send`` of memoryview slices of the mapping,
     or ``sendfile``). Returns the best pass and all of them.
 
     The child receives into a reused 1 MiB buffer, or with ``into_file`` into a new file of
-    that path for each pass, sized and its blocks reserved as the store makes a segment,
-    mapped and received into in order: what any slave pays to put received bytes into new
-    file pages (page allocation and first touch), without a store's own work."""
+    that path for each pass, sized and its blocks reserved as the store makes a segment:
+    what any slave pays to put received bytes into new file pages (page allocation and first
+    touch), without a store's own work. ``receive`` is how: ``recv_into`` the file's shared
+    mapping, in order, or ``splice`` from the socket through a pipe into the file (the
+    catching-up slave's way)."""
     proc = children.start("sink", total=size, passes=passes, timeout=timeout,
-                          into_file=into_file)
+                          into_file=into_file, receive=receive)
     port = children.read_port(proc, 30)
     fd = os.open(path, os.O_RDONLY)
     mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
@@ -188,7 +192,9 @@ def raw_transfer(children: Children, path: str, size: int, *, method: str, chunk
         "bytes": size,
         "chunk_bytes": chunk,
         "method": method,
-        "into": "a new mapped file per pass" if into_file else "a reused 1 MiB buffer",
+        "into": ("a reused 1 MiB buffer" if not into_file
+                 else "a new mapped file per pass" if receive == "recv_into"
+                 else "a new file per pass, by splice"),
     }
 
 
@@ -197,6 +203,7 @@ def _sink_main(args: dict) -> None:
     preallocated buffer (or a new mapped file, ``into_file``), answer one byte."""
     total, passes, timeout = args["total"], args["passes"], args["timeout"]
     into_file = args.get("into_file")
+    by_splice = args.get("receive") == "splice"
     buffer = memoryview(bytearray(MiB))
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(timeout)
@@ -207,6 +214,9 @@ def _sink_main(args: dict) -> None:
                 conn.settimeout(timeout)
                 if into_file is None:
                     _receive(conn, total, buffer)
+                elif by_splice:
+                    with _new_file(into_file, total) as fd:
+                        _splice_into(conn, total, fd, timeout)
                 else:
                     with _new_mapped_file(into_file, total) as mapping:
                         view = memoryview(mapping)
@@ -229,19 +239,56 @@ def _receive(conn: socket.socket, total: int, target: memoryview) -> None:
         got += n
 
 
+def _splice_into(conn: socket.socket, total: int, fd: int, timeout: float) -> None:
+    """``total`` bytes from ``conn`` into the file ``fd`` from its start, by splice through a
+    pipe, at most 1 MiB per step (``conn`` has a timeout, so its descriptor is non-blocking:
+    an empty socket is waited for with poll)."""
+    pipe_r, pipe_w = os.pipe()
+    poller = select.poll()
+    poller.register(conn, select.POLLIN)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(pipe_w, fcntl.F_SETPIPE_SZ, MiB)
+        got = 0
+        while got < total:
+            try:
+                n = os.splice(conn.fileno(), pipe_w, min(MiB, total - got))
+            except BlockingIOError:
+                if not poller.poll(timeout * 1000):
+                    raise SystemExit(f"nothing received for {timeout} s after {got} of "
+                                     f"{total} bytes") from None
+                continue
+            if n == 0:
+                raise SystemExit(f"sender closed after {got} of {total} bytes")
+            moved = 0
+            while moved < n:
+                moved += os.splice(pipe_r, fd, n - moved, offset_dst=got + moved)
+            got += n
+    finally:
+        os.close(pipe_r)
+        os.close(pipe_w)
+
+
 @contextlib.contextmanager
-def _new_mapped_file(path: str, size: int) -> Iterator[mmap.mmap]:
-    """A new file of ``size`` bytes with its blocks reserved, mapped shared (as
-    ``Segment.create`` makes a commitlog segment, unwarmed as a slave's are); removed after."""
+def _new_file(path: str, size: int) -> Iterator[int]:
+    """A new file of ``size`` bytes with its blocks reserved (as ``Segment.create`` makes a
+    commitlog segment, unwarmed as a slave's are), open read-write; removed after."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.ftruncate(fd, size)
         os.posix_fallocate(fd, 0, size)
-        with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mapping:
-            yield mapping
+        yield fd
     finally:
         os.close(fd)
         os.unlink(path)
+
+
+@contextlib.contextmanager
+def _new_mapped_file(path: str, size: int) -> Iterator[mmap.mmap]:
+    """``_new_file``, mapped shared."""
+    with _new_file(path, size) as fd, mmap.mmap(
+            fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mapping:
+        yield mapping
 
 
 # ---- limits: loopback round trip --------------------------------------------------------------

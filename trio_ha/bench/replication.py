@@ -12,9 +12,11 @@ What runs (one JSON object per result, in this order):
      (the two frame sizes the catch-up uses); blocking sockets; best of several passes; the
      clock runs from the first send to the receiver's one-byte "all received";
    * ``limit.loopback_transfer_into_file``: the same in 1 MiB pieces, the child receiving into
-     a new file per pass (sized, blocks reserved, mapped shared, as a slave's unwarmed
-     segment): what putting received bytes into new file pages costs any slave. The catch-up
-     is read against the plain transfer (the target) and against this (``into_file_limit``);
+     a new file per pass (sized, blocks reserved, as a slave's unwarmed segment), both ways a
+     slave can: ``recv_into`` the file's shared mapping, and ``splice`` from the socket into
+     the file: what putting received bytes into new file pages costs any slave. The catch-up
+     is read against the plain transfer (the target) and against the faster of these
+     (``into_file_limit``);
    * ``limit.loopback_rtt``: 8-byte ping-pong with TCP_NODELAY between two processes, blocking
      sockets (the raw round trip), and the same between two Trio processes (what an event
      loop adds on each side);
@@ -94,6 +96,8 @@ from .replication_runs import (
 TRANSFER_METHODS = ("send", "sendfile")
 FRAME_SIZES = (32 * KiB, MiB)
 PLACEMENTS = ("separate_process", "in_process")
+#: how the into-a-new-file limit's receiver puts the bytes into the file
+INTO_FILE_RECEIVES = ("recv_into", "splice")
 
 TARGET_CATCHUP_RATIO = 0.6
 TARGET_SYNC_P50_RTT_RATIO = 3.0
@@ -149,25 +153,32 @@ def _run(directory: str | None, quick: bool) -> Iterator[dict]:
             # The same into a new mapped file per pass: the page allocation and first touch
             # every slave pays for the bytes it receives, whatever else it does.
             into_file = {}
-            for method in TRANSFER_METHODS:
-                figures = raw_transfer(children, raw_path, plan.raw_bytes, method=method,
-                                       chunk=MiB, passes=plan.raw_passes, timeout=60,
-                                       into_file=os.path.join(base, "sink-file"))
-                into_file[method] = figures
-                yield {
-                    "bench": "limit.loopback_transfer_into_file", **common, **figures,
-                    "note": ("send of memoryview slices" if method == "send" else "os.sendfile")
-                    + " to a child process recv_into'ing a new file of the transfer's size "
-                      "(sized, blocks reserved, mapped shared: a slave's new segment, unwarmed "
-                      "as a slave's are), one per pass; blocking sockets; best pass",
-                }
+            for receive in INTO_FILE_RECEIVES:
+                for method in TRANSFER_METHODS:
+                    figures = raw_transfer(children, raw_path, plan.raw_bytes, method=method,
+                                           chunk=MiB, passes=plan.raw_passes, timeout=60,
+                                           into_file=os.path.join(base, "sink-file"),
+                                           receive=receive)
+                    into_file[method, receive] = figures
+                    yield {
+                        "bench": "limit.loopback_transfer_into_file", **common, **figures,
+                        "receive": receive,
+                        "note": ("send of memoryview slices" if method == "send"
+                                 else "os.sendfile")
+                        + " to a child process putting the bytes into a new file of the "
+                          "transfer's size (sized, blocks reserved: a slave's new segment, "
+                          "unwarmed as a slave's are), one per pass, "
+                        + ("by recv_into its shared mapping" if receive == "recv_into"
+                           else "by splice from the socket through a pipe")
+                        + "; blocking sockets; best pass",
+                    }
         finally:
             os.unlink(raw_path)
         file_limit = limit(
             "loopback_into_new_file_1MiB",
             max(f["mb_per_s"] for f in into_file.values()), "MB/s",
-            send_mmap_slices=into_file["send"]["mb_per_s"],
-            sendfile=into_file["sendfile"]["mb_per_s"],
+            **{f"{method}_{receive}": figures["mb_per_s"]
+               for (method, receive), figures in into_file.items()},
         )
         memcpy = limits.memcpy_into_mapping(
             base, map_size=plan.memcpy_map, total_bytes=plan.memcpy_bytes, passes=2,
