@@ -194,6 +194,8 @@ async def test_a_cluster_serves_its_series_and_a_scrape_parses(tmp_path, nursery
     assert value(s, "trio_ha_ha_client_diverged") == 0
     assert value(s, "trio_ha_commitlog_max_offset") == end
     assert value(s, "trio_ha_ha_client_received_bytes_total") >= end
+    assert 0 <= value(s, "trio_ha_ha_client_spliced_bytes_total") <= value(
+        s, "trio_ha_ha_client_received_bytes_total")
     assert value(s, "trio_ha_messages_put_total") == 0
     assert "trio_ha_ha_slave_acked_offset" not in s
     assert "trio_ha_replication_wait_seconds_count" not in s

@@ -213,6 +213,9 @@ def _ha_slave_families(labels: dict[str, str], ha: HASlaveStatistics) -> Iterato
                  1 if ha.divergence is not None else 0)
     yield _counter(labels, "trio_ha_ha_client_received_bytes",
                    "Log bytes received from masters.", ha.bytes_received)
+    yield _counter(labels, "trio_ha_ha_client_spliced_bytes",
+                   "Of the log bytes received, those spliced from the socket into segment "
+                   "files (large frames; 0 where the system refuses splice).", ha.bytes_spliced)
 
 
 def _wait_families(labels: dict[str, str], name: str, documentation: str,
