@@ -1348,6 +1348,27 @@ def pipe_is_empty(pipe: tuple[int, int]) -> bool:
     return False
 
 
+def splice_all(splice, sender, receiver, pipe, fd: int, at: int, data: bytes, *,
+               first_count: int | None = None) -> None:
+    """Send ``data`` from a thread and splice it into ``fd`` at ``at`` until all of it is
+    there: every call moves at most what it was asked (``first_count`` for the first) and
+    leaves the pipe empty; a socket silent for 5 s fails the test."""
+    receiver.setblocking(False)
+    sending = threading.Thread(target=sender.sendall, args=(data,), daemon=True)
+    sending.start()
+    got = 0
+    while got < len(data):
+        count = first_count if got == 0 and first_count else len(data) - got
+        n = splice(receiver.fileno(), pipe, fd, at + got, count)
+        if n == -errno.EAGAIN:
+            assert select.select([receiver], [], [], 5)[0], f"no bytes for 5 s after {got}"
+            continue
+        assert 0 < n <= count
+        assert pipe_is_empty(pipe)
+        got += n
+    sending.join(5)
+
+
 @pytest.mark.parametrize("engine_name", ["native", "python"])
 def test_splice_to_file(tmp_path, engine_name):
     """th_splice_to_file, and both engines' splice_to_file (a catching-up slave's receive):
@@ -1362,19 +1383,10 @@ def test_splice_to_file(tmp_path, engine_name):
         with tcp_pair() as (sender, receiver), open(path, "r+b") as f:
             receiver.setblocking(False)
             assert splice(receiver.fileno(), pipe, f.fileno(), 0, 100) == -errno.EAGAIN
-            threading.Thread(target=sender.sendall, args=(data,), daemon=True).start()
-            at, got = 1000, 0
-            while got < len(data):
-                count = 100 if got == 0 else len(data) - got  # a first call of 100 bytes
-                n = splice(receiver.fileno(), pipe, f.fileno(), at + got, count)
-                if n == -errno.EAGAIN:
-                    select.select([receiver], [], [], 5)
-                    continue
-                assert 0 < n <= count
-                assert pipe_is_empty(pipe)
-                got += n
+            at = 1000
+            splice_all(splice, sender, receiver, pipe, f.fileno(), at, data, first_count=100)
             sender.close()
-            select.select([receiver], [], [], 5)
+            assert select.select([receiver], [], [], 5)[0]  # the peer's close
             assert splice(receiver.fileno(), pipe, f.fileno(), 0, 100) == 0
         assert splice(-1, pipe, -1, 0, 10) == -errno.EBADF
         content = path.read_bytes()
@@ -1398,16 +1410,7 @@ def test_splice_to_file_copies_into_a_file_that_refuses_splice(tmp_path, engine_
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
         with tcp_pair() as (sender, receiver):
-            receiver.setblocking(False)
-            threading.Thread(target=sender.sendall, args=(data,), daemon=True).start()
-            got = 0
-            while got < len(data):
-                n = splice(receiver.fileno(), pipe, fd, 4 + got, len(data) - got)
-                if n == -errno.EAGAIN:
-                    select.select([receiver], [], [], 5)
-                    continue
-                assert n > 0 and pipe_is_empty(pipe)
-                got += n
+            splice_all(splice, sender, receiver, pipe, fd, 4, data)
     finally:
         os.close(fd)
         for end in pipe:

@@ -25,7 +25,7 @@ The children are this module run with ``python -m`` and a role (``sink``, ``echo
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import json
 import mmap
 import os
@@ -39,6 +39,8 @@ from collections.abc import Iterator
 
 import trio
 
+from .. import _backend
+from ..store.ha.transfer import open_splice_pipe
 from ..testing.processes import child_env
 from .harness import MB, MiB, cpu_seconds, latency_us, limit, trio_run
 
@@ -200,7 +202,7 @@ def raw_transfer(children: Children, path: str, size: int, *, method: str, chunk
 
 def _sink_main(args: dict) -> None:
     """Child: accept ``passes`` connections, receive ``total`` bytes each into a
-    preallocated buffer (or a new mapped file, ``into_file``), answer one byte."""
+    preallocated buffer (or a new file, ``into_file``, by ``receive``), answer one byte."""
     total, passes, timeout = args["total"], args["passes"], args["timeout"]
     into_file = args.get("into_file")
     by_splice = args.get("receive") == "splice"
@@ -240,33 +242,29 @@ def _receive(conn: socket.socket, total: int, target: memoryview) -> None:
 
 
 def _splice_into(conn: socket.socket, total: int, fd: int, timeout: float) -> None:
-    """``total`` bytes from ``conn`` into the file ``fd`` from its start, by splice through a
-    pipe, at most 1 MiB per step (``conn`` has a timeout, so its descriptor is non-blocking:
-    an empty socket is waited for with poll)."""
-    pipe_r, pipe_w = os.pipe()
+    """``total`` bytes from ``conn`` into the file ``fd`` from its start, as a catching-up
+    slave receives them (``splice_to_file``: socket -> pipe -> file). ``conn`` has a timeout,
+    so its descriptor is non-blocking: an empty socket is waited for with poll."""
+    pipe = open_splice_pipe()
     poller = select.poll()
     poller.register(conn, select.POLLIN)
     try:
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(pipe_w, fcntl.F_SETPIPE_SZ, MiB)
         got = 0
         while got < total:
-            try:
-                n = os.splice(conn.fileno(), pipe_w, min(MiB, total - got))
-            except BlockingIOError:
+            n = _backend.engine.splice_to_file(conn.fileno(), pipe, fd, got, total - got)
+            if n == -errno.EAGAIN:
                 if not poller.poll(timeout * 1000):
                     raise SystemExit(f"nothing received for {timeout} s after {got} of "
-                                     f"{total} bytes") from None
+                                     f"{total} bytes")
                 continue
+            if n < 0:
+                raise OSError(-n, f"splice: {os.strerror(-n)}")
             if n == 0:
                 raise SystemExit(f"sender closed after {got} of {total} bytes")
-            moved = 0
-            while moved < n:
-                moved += os.splice(pipe_r, fd, n - moved, offset_dst=got + moved)
             got += n
     finally:
-        os.close(pipe_r)
-        os.close(pipe_w)
+        for end in pipe:
+            os.close(end)
 
 
 @contextlib.contextmanager

@@ -150,8 +150,9 @@ def _run(directory: str | None, quick: bool) -> Iterator[dict]:
                         + " to a child process recv_into'ing a preallocated 1 MiB buffer; "
                           "blocking sockets; file in the page cache; best pass",
                     }
-            # The same into a new mapped file per pass: the page allocation and first touch
-            # every slave pays for the bytes it receives, whatever else it does.
+            # The same into a new file per pass, through its mapping and by splice: the page
+            # allocation and first touch every slave pays for the bytes it receives, whatever
+            # else it does.
             into_file = {}
             for receive in INTO_FILE_RECEIVES:
                 for method in TRANSFER_METHODS:

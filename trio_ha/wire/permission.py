@@ -28,7 +28,6 @@ class Permission(enum.IntFlag):
     PRIORITY = 0x8
 
 
-
 # The bits as plain ints, for the checks made on every send and pull: ``perm & Permission.WRITE``
 # makes a new flag member through the enum machinery (0.5 us here), a plain ``&`` 0.01 us.
 _WRITE = int(Permission.WRITE)

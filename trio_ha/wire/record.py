@@ -170,7 +170,7 @@ def joined_message_ids(store_host: bytes, commitlog_offsets: tuple[int, ...]) ->
         return message_id(store_host, commitlog_offsets[0]) if commitlog_offsets else ""
     host = store_host.hex().upper()
     packed = struct.pack(f">{len(commitlog_offsets)}q", *commitlog_offsets)
-    return host + ("," + host).join(packed.hex(",", 8).upper().split(","))
+    return host + packed.hex(",", 8).upper().replace(",", "," + host)
 
 
 def decode_message_id(msg_id: str) -> tuple[str, int]:

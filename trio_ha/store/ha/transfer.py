@@ -48,6 +48,16 @@ SPLICE_MIN_BYTES = 16 * 1024
 SPLICE_PIPE_BYTES = 1024 * 1024
 
 
+def open_splice_pipe() -> tuple[int, int]:
+    """A pipe (read end, write end) for ``splice_to_file``: non-blocking, close-on-exec, of
+    SPLICE_PIPE_BYTES where the system allows (past /proc/sys/fs/pipe-max-size it keeps its
+    64 KiB, and a splice moves that much per step)."""
+    pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(pipe[1], fcntl.F_SETPIPE_SZ, SPLICE_PIPE_BYTES)
+    return pipe
+
+
 class HATransport(Protocol):
     """How HA bytes move between a segment and the peer, whatever the stream is."""
 
@@ -171,11 +181,8 @@ class SocketTransport:
                 raise OSError(-received, f"splice: {os.strerror(-received)}")
 
     def _open_pipe(self) -> tuple[int, int]:
-        pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        with contextlib.suppress(OSError):  # over /proc/sys/fs/pipe-max-size: 64 KiB steps
-            fcntl.fcntl(pipe[1], fcntl.F_SETPIPE_SZ, SPLICE_PIPE_BYTES)
-        self._pipe = pipe
-        return pipe
+        self._pipe = open_splice_pipe()
+        return self._pipe
 
     async def _eagerly(self, read: Callable[[], _T], before_wait: Callable[[], None]) -> _T:
         await trio.lowlevel.checkpoint_if_cancelled()
