@@ -32,6 +32,7 @@ work on in smaller pieces, so that the processes overlap, cost as much CPU as th
 gained when tried on this machine (each wake-up is expensive). 32 tasks keep more in flight:
 their rate is what the same code does once the loop, not the CPU per message, stops being
 the bound. The summary gives it beside each 16-producer target; the targets stay at 16.
+``docs/performance.md`` has the measured split of a send's CPU and what was tried.
 
 Each result carries ``failures`` (by status: send statuses other than SEND_OK, exceptions by
 class and broker code), latency percentiles in microseconds, ``cpu_cores`` (CPU seconds / wall
