@@ -992,6 +992,8 @@ def _copy_from_pipe(pipe_r: int, file_fd: int, offset: int, length: int) -> None
         view = memoryview(data)
         while view:
             put = os.pwrite(file_fd, view, offset)
+            if put <= 0:  # as the native copy: never a loop that writes nothing
+                raise OSError(errno.EIO, "the file took no bytes of a write")
             view = view[put:]
             offset += put
         length -= len(data)
