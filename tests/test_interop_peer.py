@@ -14,6 +14,7 @@ from trio_ha.testing.rocketmq import (
     RocketMQ,
     broker_properties_text,
     program_lines,
+    remove_unsized_commitlog_files,
 )
 
 pytestmark = pytest.mark.interop
@@ -110,3 +111,27 @@ def test_real_namesrv_broker_mqadmin_and_our_programs(rocketmq, tmp_path):
         assert not (tmp_path / "master" / "store" / "abort").exists(), broker.tail()
     finally:
         namesrv.kill()
+
+
+def test_rocketmq_refuses_its_own_empty_segment_and_the_helper_clears_it(rocketmq, tmp_path):
+    """A real 4.x broker killed between creating and sizing its next commitlog file will not
+    start again (seen in test_their_master_restarting_while_our_slave_copies); the helper
+    removes the empty file, which holds no bytes, and the broker starts."""
+    store = tmp_path / "broker" / "store"
+    (store / "commitlog").mkdir(parents=True)
+    (store / "commitlog" / "00000000000000000000").touch()
+    properties = {
+        "brokerClusterName": "PeerCluster", "brokerName": "peer-a", "brokerId": 0,
+        "brokerRole": "ASYNC_MASTER", "namesrvAddr": "127.0.0.1:1",
+        "listenPort": free_broker_port(), "mappedFileSizeCommitLog": 1 << 20,
+        "maxHashSlotNum": 1000, "maxIndexNum": 4000,
+    }
+    with pytest.raises(RuntimeError, match="exited with status"):
+        rocketmq.start_broker(tmp_path / "broker", properties, name="refused")
+    log = (tmp_path / "broker" / "logs" / "rocketmq.log").read_text()
+    assert "length not matched message store config value" in log
+
+    assert remove_unsized_commitlog_files(store) == [store / "commitlog" / "00000000000000000000"]
+    assert remove_unsized_commitlog_files(store) == []
+    broker = rocketmq.start_broker(tmp_path / "broker", properties, name="started")
+    broker.kill()

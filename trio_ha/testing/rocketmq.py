@@ -62,6 +62,7 @@ __all__ = [
     "RocketMQUnavailable",
     "broker_properties_text",
     "program_lines",
+    "remove_unsized_commitlog_files",
 ]
 
 #: the 4.x peer's servers (see the module's docstring for why not 4.9.8)
@@ -153,6 +154,23 @@ def broker_properties_text(properties: Mapping[str, object]) -> str:
             raise ValueError(f"broker.conf cannot hold {key}={text!r}")
         lines.append(f"{key}={text}")
     return "\n".join(lines) + "\n"
+
+
+def remove_unsized_commitlog_files(store_dir: str | os.PathLike) -> list[Path]:
+    """Delete the empty commitlog files a SIGKILLed RocketMQ 4.x broker can leave, and return
+    them. Its AllocateMappedFileService creates the next segment before sizing it; killed in
+    between, the broker leaves a 0-byte file, and its restart then stops with "length not
+    matched message store config value, please check it manually" (load commit log Failed).
+    Removing the empty file is that manual check: it holds no bytes. (Our store sizes a new
+    segment under ``.tmp`` and renames it, so it never leaves one: docs/differences.md,
+    "Stricter segment files".)"""
+    directory = Path(store_dir) / "commitlog"
+    removed = []
+    for path in sorted(directory.iterdir()) if directory.is_dir() else ():
+        if path.is_file() and path.stat().st_size == 0:
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def program_lines(output: str) -> list[dict]:
