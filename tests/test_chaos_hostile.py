@@ -42,7 +42,7 @@ from trio_ha.wire.remoting import NEED_DATA, FrameDecoder
 EVERY_ATTACK = {
     "non-reading clients", "partial frames", "slowloris", "abandoned long polls", "bad frames",
     "connection flood", "HA connection flood", "invalid input", "metadata flood",
-    "HA report flood", "rogue HA slave", "rogue HA master",
+    "HA report flood", "rogue HA slave", "rogue HA master", "leave with requests unsent",
 }
 
 

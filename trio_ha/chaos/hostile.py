@@ -926,3 +926,59 @@ class RogueHAMaster:
             else:
                 if node_has_closed(stream):
                     self.ended_by_slave += 1
+
+
+# ---- connections a node no longer reads, and the metrics endpoint (issue 35) ----------------
+
+__all__ += ["leave_with_requests_unsent"]
+
+#: the send buffer of a client that leaves with requests unsent: small, so that the node's
+#: full receive window leaves bytes — and the FIN behind them — in the client's send queue
+_UNSENT_SEND_BUFFER = 64 * 1024
+
+
+async def leave_with_requests_unsent(address: str, requests: bytes, *, seconds: float,
+                                     stall: float = 0.5, max_bytes: int = 64 * 1024 * 1024
+                                     ) -> AttackOutcome:
+    """Send ``requests`` (held ones: long-polled pulls) again and again until the node stops
+    reading — its in-flight limit is full, its receive window shut — and no send progresses
+    for ``stall`` seconds (or ``max_bytes`` went out), then hang up (shutdown for writing).
+    The FIN waits in this side's send queue behind the requests the node will not take, so
+    the node never sees it; its connection is ESTABLISHED, with unread bytes, held requests
+    and their memory. The node must still let it go — by its idle timeout at the latest
+    (``serverChannelMaxIdleTimeSeconds``): ``closed_by_node`` is 1 if it did (a reset, as it
+    closes with our requests unread) within ``seconds``."""
+    tally = _Tally("leave with requests unsent", address)
+    deadline = trio.current_time() + seconds
+    stream = await tally.connect(address)
+    if stream is None:
+        return tally.outcome()
+    try:
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _UNSENT_SEND_BUFFER)
+        view = memoryview(requests)
+        stalled = False
+        while not stalled and tally.bytes_sent < max_bytes:  # bounded by max_bytes
+            for start in range(0, len(view), _SEND_SLICE):
+                piece = view[start:start + _SEND_SLICE]
+                with trio.move_on_after(stall):
+                    if not await send_until_closed(stream, piece):
+                        tally.closed_by_node += 1
+                        tally.note = "closed by the node while it was still reading"
+                        return tally.outcome()
+                    tally.bytes_sent += len(piece)
+                    continue
+                stalled = True  # (a part of this piece may have gone: not counted)
+                break
+            else:
+                tally.frames_sent += 1  # one batch of ``requests`` went out whole
+        if not stalled:
+            tally.note = f"the node read all {tally.bytes_sent} bytes: it never stopped reading"
+        with contextlib.suppress(OSError):
+            stream.socket.shutdown(socket.SHUT_WR)  # the FIN, queued behind the unsent bytes
+        if await closed_by_node(stream, deadline - trio.current_time()):
+            tally.closed_by_node += 1
+        elif not tally.note:
+            tally.note = "still open at the attack's bound (the node's idle timeout is longer)"
+    finally:
+        await close_quietly(stream)
+    return tally.outcome()
