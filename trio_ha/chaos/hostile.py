@@ -1017,9 +1017,11 @@ async def crowd_the_metrics(address: str, *, idle: int = 3000, slowloris: int = 
                             attack: str = "metrics crowd") -> AttackOutcome:
     """Against a metrics endpoint (``metricsPort``): ``idle`` connections that send nothing and
     ``slowloris`` that trickle a request head one byte every ``interval`` seconds, all held
-    open; meanwhile ``scrapes`` scrapes, one after another, as Prometheus makes them. Every
-    scrape must be answered (``answers``: HTTP statuses, ``none`` for a scrape closed or timed
-    out unanswered); ``closed_by_node`` counts the crowd's connections the node let go."""
+    open (as many as half of ``seconds`` allows); then ``scrapes`` scrapes, one after another,
+    as Prometheus makes them, each given at least a second (a short attack may end a few
+    seconds late). Every scrape must be answered (``answers``: HTTP statuses, ``none`` for
+    a scrape closed or timed out unanswered); ``closed_by_node`` counts the crowd's
+    connections the node let go."""
     tally = _Tally(attack, address)
     deadline = trio.current_time() + seconds
     streams: list[trio.SocketStream] = []
@@ -1032,8 +1034,10 @@ async def crowd_the_metrics(address: str, *, idle: int = 3000, slowloris: int = 
             await trio.sleep(interval)
 
     try:
-        with trio.move_on_at(deadline):
-            async with trio.open_nursery() as crowd:
+        async with trio.open_nursery() as crowd:
+            # the crowd gathers for half the time at most; the scrapes are made whatever
+            # the time left, each given a second at least
+            with trio.move_on_at(deadline - seconds / 2):
                 for n in range(idle + slowloris):
                     stream = await tally.connect(address)
                     if stream is None:
@@ -1041,11 +1045,11 @@ async def crowd_the_metrics(address: str, *, idle: int = 3000, slowloris: int = 
                     streams.append(stream)
                     if n >= idle:
                         crowd.start_soon(trickle, stream)
-                for _ in range(scrapes):
-                    status = await scrape_status(
-                        address, timeout=max(0.1, min(5.0, deadline - trio.current_time())))
-                    tally.answers["none" if status is None else str(status)] += 1
-                crowd.cancel_scope.cancel()
+            for _ in range(scrapes):
+                status = await scrape_status(
+                    address, timeout=max(1.0, min(5.0, deadline - trio.current_time())))
+                tally.answers["none" if status is None else str(status)] += 1
+            crowd.cancel_scope.cancel()
         tally.closed_by_node = sum(node_has_closed(stream) for stream in streams)
     finally:
         for stream in streams:
