@@ -327,7 +327,8 @@ async def test_held_pulls_of_a_client_gone_behind_unread_bytes_are_released_with
     with trio.fail_after(60):
         async with open_cluster(config) as cluster:
             addresses = cluster.master.started_addresses
-            assert addresses.metrics_addr is not None
+            metrics = addresses.metrics_addr
+            assert metrics is not None
             async with open_remoting_client(addresses.broker_addr) as client:
                 created = await client.invoke(hostile.create_topic_request(HELD_TOPIC), 5)
                 assert created.code == ResponseCode.SUCCESS
@@ -339,7 +340,7 @@ async def test_held_pulls_of_a_client_gone_behind_unread_bytes_are_released_with
             async def watch(done: trio.Event) -> None:
                 nonlocal most_held
                 while not done.is_set():
-                    series = await remoting_series(addresses.metrics_addr)
+                    series = await remoting_series(metrics)
                     most_held = max(most_held, series["trio_ha_remoting_requests_in_flight"])
                     await trio.sleep(0.05)
 
@@ -356,7 +357,7 @@ async def test_held_pulls_of_a_client_gone_behind_unread_bytes_are_released_with
             assert most_held >= 64
             assert await closed_by_node(silent, 10)
             await silent.aclose()
-            series = await remoting_series(addresses.metrics_addr)
+            series = await remoting_series(metrics)
             assert series["trio_ha_remoting_connections"] == 0
             assert series["trio_ha_remoting_requests_in_flight"] == 0
 
