@@ -1018,8 +1018,8 @@ async def crowd_the_metrics(address: str, *, idle: int = 3000, slowloris: int = 
     """Against a metrics endpoint (``metricsPort``): ``idle`` connections that send nothing and
     ``slowloris`` that trickle a request head one byte every ``interval`` seconds, all held
     open (as many as half of ``seconds`` allows); then ``scrapes`` scrapes, one after another,
-    as Prometheus makes them, each given at least a second (a short attack may end a few
-    seconds late). Every scrape must be answered (``answers``: HTTP statuses, ``none`` for
+    as Prometheus makes them, each given 5 s at least (a short attack may end late when
+    scrapes are slow). Every scrape must be answered (``answers``: HTTP statuses, ``none`` for
     a scrape closed or timed out unanswered); ``closed_by_node`` counts the crowd's
     connections the node let go."""
     tally = _Tally(attack, address)
@@ -1036,7 +1036,8 @@ async def crowd_the_metrics(address: str, *, idle: int = 3000, slowloris: int = 
     try:
         async with trio.open_nursery() as crowd:
             # the crowd gathers for half the time at most; the scrapes are made whatever
-            # the time left, each given a second at least
+            # the time left, each given 5 s at least (Prometheus gives 10 by default): the
+            # node may still be accepting the crowd from its backlog
             with trio.move_on_at(deadline - seconds / 2):
                 for n in range(idle + slowloris):
                     stream = await tally.connect(address)
@@ -1047,7 +1048,7 @@ async def crowd_the_metrics(address: str, *, idle: int = 3000, slowloris: int = 
                         crowd.start_soon(trickle, stream)
             for _ in range(scrapes):
                 status = await scrape_status(
-                    address, timeout=max(1.0, min(5.0, deadline - trio.current_time())))
+                    address, timeout=max(5.0, min(10.0, deadline - trio.current_time())))
                 tally.answers["none" if status is None else str(status)] += 1
             crowd.cancel_scope.cancel()
         tally.closed_by_node = sum(node_has_closed(stream) for stream in streams)
