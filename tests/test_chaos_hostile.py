@@ -42,7 +42,8 @@ from trio_ha.wire.remoting import NEED_DATA, FrameDecoder
 EVERY_ATTACK = {
     "non-reading clients", "partial frames", "slowloris", "abandoned long polls", "bad frames",
     "connection flood", "HA connection flood", "invalid input", "metadata flood",
-    "HA report flood", "rogue HA slave", "rogue HA master",
+    "HA report flood", "rogue HA slave", "rogue HA master", "leave with requests unsent",
+    "metrics crowd",
 }
 
 
@@ -71,6 +72,7 @@ def test_a_short_seeded_run_passes_and_its_report_adds_up(tmp_path):
     assert any(a["refused"] > 0 for a in by_name["connection flood"])  # the broker's limit
     assert by_name["HA connection flood"][0]["refused"] > 0
     assert by_name["abandoned long polls"][0]["answers"] == {}
+    assert by_name["metrics crowd"][0]["answers"] == {"200": 3}  # issue 35: scrapes get through
     invalid = by_name["invalid input"][0]
     assert invalid["frames_sent"] > 0 and "SUCCESS" not in invalid["answers"]
     assert invalid["note"] == ""

@@ -9,6 +9,7 @@ connections): each costs only its own connection, and the node keeps serving. Th
 wait histogram, which the flush and replication wait series come from, is checked alone.
 """
 
+import contextlib
 import math
 
 import pytest
@@ -20,6 +21,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from conftest import wait_until
 from trio_ha.broker import BrokerAddresses, BrokerConfig
+from trio_ha.chaos import hostile
 from trio_ha.client import Message, SendStatus, open_admin, open_producer, open_pull_consumer
 from trio_ha.client.consumer import PullStatus
 from trio_ha.config import ConfigError, StoreConfig
@@ -295,28 +297,56 @@ async def test_a_silent_client_is_closed_at_the_timeout_and_does_not_hold_others
         await silent.aclose()
 
 
-async def test_connections_beyond_the_cap_are_closed_and_the_endpoint_recovers(nursery):
+async def test_a_connection_over_the_budget_takes_the_place_of_the_oldest_waiting_one(nursery):
     limits = MetricsHttpLimits(max_connections=2)
     host, port = await nursery.start(
         lambda task_status: serve_metrics(one_counter_registry(), host="127.0.0.1", port=0,
                                           limits=limits, task_status=task_status))
     address = f"{host}:{port}"
     with trio.fail_after(20):
-        idle = [await trio.open_tcp_stream(host, port) for _ in range(limits.max_connections)]
+        oldest = await trio.open_tcp_stream(host, port)
+        await trio.sleep(0.05)  # (accepted first: the order is the endpoint's, not ours)
+        newer = await trio.open_tcp_stream(host, port)
+        # The budget is full of connections waiting for their heads: a scrape is answered,
+        # the oldest waiting one closed for it, the newer one kept.
+        samples = await scrape(address)
+        assert value(samples, "trio_ha_test_things_total", x="y") == 7
+        assert await oldest.receive_some(1024) == b""
+        assert await hostile.scrape_status(address) == 200  # now the newer one makes way
+        assert await newer.receive_some(1024) == b""
+        await oldest.aclose()
+        await newer.aclose()
 
-        async def refused():
-            return await http(address, get("/metrics")) is None
 
-        # Once the idle ones are served (waiting for their heads), another is closed at once.
-        await wait_until(refused, "a connection over the cap to be closed")
-        for stream in idle:
-            await stream.aclose()
-
-        async def served():
-            reply = await http(address, get("/metrics"))
-            return reply is not None and reply[0] == 200
-
-        await wait_until(served, "the endpoint to serve again")
+@pytest.mark.parametrize("node", ["namesrv", "broker"])
+async def test_a_scrape_gets_through_hundreds_of_idle_and_slowloris_connections(
+        node, tmp_path):
+    """Issue 35, defect 5: 300 slowloris or 3,000 idle connections made every scrape fail (the
+    first 16 held the endpoint's places, every later connection was closed at once). The
+    endpoint's budget now makes room for a newcomer by closing the connection that has waited
+    longest for its request, so every scrape is answered while the crowd is held, for the
+    name server's endpoint and the broker's alike."""
+    async with contextlib.AsyncExitStack() as stack:
+        if node == "namesrv":
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            stack.callback(nursery.cancel_scope.cancel)
+            namesrv = NameServer(NamesrvConfig(listen_port=0, bind_address="127.0.0.1",
+                                               metrics_port=0, kv_config_path=None))
+            await nursery.start(namesrv.serve)
+            assert namesrv.metrics_address is not None
+            address = "{}:{}".format(*namesrv.metrics_address)
+        else:
+            cluster = await stack.enter_async_context(open_cluster(ClusterConfig(
+                data_dir=tmp_path, slaves=0, properties={"metricsPort": 0})))
+            address = cluster.master.started_addresses.metrics_addr
+            assert address is not None
+        with trio.fail_after(60):
+            crowd = await hostile.crowd_the_metrics(address, idle=600, slowloris=300,
+                                                    scrapes=3, seconds=40)
+            assert crowd.connections == 900 and crowd.refused == 0, crowd
+            assert crowd.answers == {"200": 3}, crowd
+            assert crowd.closed_by_node >= 900 - MetricsHttpLimits().max_connections, crowd
+            assert await hostile.scrape_status(address) == 200
 
 
 async def test_a_failing_collector_answers_500_and_the_endpoint_goes_on(nursery, caplog):

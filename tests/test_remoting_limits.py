@@ -15,6 +15,7 @@ import tracemalloc
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import wait_until
 from trio_ha.chaos import hostile
@@ -29,6 +30,7 @@ from trio_ha.remoting import (
     open_remoting_client,
 )
 from trio_ha.remoting.limits import FD_RESERVE_MIN
+from trio_ha.testing import ClusterConfig, open_cluster
 from trio_ha.testing.processes import child_env
 from trio_ha.wire.remoting import (
     NEED_DATA,
@@ -279,6 +281,85 @@ async def test_point_7_a_closed_connection_cancels_its_held_requests_promptly(nu
                      timeout=5)
     assert handlers.sleeping == 0
     assert served.reasons() == [CloseReason.PEER_CLOSED]
+
+
+# ---- issue 35, defect 6: held pulls of a client gone behind unread bytes ---------------------
+
+HELD_TOPIC = "Held"
+
+
+def held_pulls(count: int) -> bytes:
+    """``count`` pulls the broker holds for an hour: the queue is empty."""
+    return frames(RequestCode.PULL_MESSAGE, count, consumerGroup="held", topic=HELD_TOPIC,
+                  queueId=0, queueOffset=0, maxMsgNums=32, sysFlag=2, commitOffset=0,
+                  suspendTimeoutMillis=3_600_000, subVersion=0)
+
+
+async def remoting_series(metrics_addr: str) -> dict[str, float]:
+    """The broker's remoting series for its main listener, from a real scrape."""
+    host, port = metrics_addr.rsplit(":", 1)
+    data = bytearray()
+    with trio.fail_after(10):
+        async with await trio.open_tcp_stream(host, int(port)) as stream:
+            await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+    body = bytes(data).partition(b"\r\n\r\n")[2].decode()
+    return {sample.name: sample.value
+            for family in text_string_to_metric_families(body) for sample in family.samples
+            if sample.name.startswith("trio_ha_remoting_")
+            and sample.labels.get("listener") == "main"}
+
+
+async def test_held_pulls_of_a_client_gone_behind_unread_bytes_are_released_within_the_idle_timeout(
+        tmp_path):
+    """Issue 35, defect 6. A client fills the broker's in-flight limit with long-polled pulls
+    and keeps sending, so the broker stops reading it and its receive window shuts; then it
+    hangs up. Its FIN waits behind the requests the broker will not take, in the client's
+    send queue: the broker never sees it, and on main held the socket (ESTABLISHED, bytes
+    unread), the pulls and their memory until a message arrived. Now the idle timeout holds
+    while the broker is not reading: the connection is reset and the held pulls are gone
+    within it. A client that holds pulls and falls silent without a FIN, the reader still
+    reading, ends by the same timeout."""
+    config = ClusterConfig(data_dir=tmp_path, slaves=0, properties={
+        "serverChannelMaxIdleTimeSeconds": 2, "serverMaxInFlightRequests": 64,
+        "metricsPort": 0})
+    with trio.fail_after(60):
+        async with open_cluster(config) as cluster:
+            addresses = cluster.master.started_addresses
+            metrics = addresses.metrics_addr
+            assert metrics is not None
+            async with open_remoting_client(addresses.broker_addr) as client:
+                created = await client.invoke(hostile.create_topic_request(HELD_TOPIC), 5)
+                assert created.code == ResponseCode.SUCCESS
+            # the silent one: eight pulls held, then nothing, and no FIN either
+            silent = await connect_raw(addresses.broker_addr)
+            await silent.send_all(held_pulls(8))
+            most_held = 0
+
+            async def watch(done: trio.Event) -> None:
+                nonlocal most_held
+                while not done.is_set():
+                    series = await remoting_series(metrics)
+                    most_held = max(most_held, series["trio_ha_remoting_requests_in_flight"])
+                    await trio.sleep(0.05)
+
+            done = trio.Event()
+            async with trio.open_nursery() as watching:
+                watching.start_soon(watch, done)
+                attack = await hostile.leave_with_requests_unsent(
+                    addresses.broker_addr, held_pulls(512), seconds=10)
+                done.set()
+            # the broker had stopped reading with its limit of pulls held, then let the
+            # connection go (a reset: it closed with the client's requests unread)
+            assert attack.closed_by_node == 1, attack
+            assert attack.note == "" and attack.frames_sent >= 1, attack
+            assert most_held >= 64
+            assert await closed_by_node(silent, 10)
+            await silent.aclose()
+            series = await remoting_series(metrics)
+            assert series["trio_ha_remoting_connections"] == 0
+            assert series["trio_ha_remoting_requests_in_flight"] == 0
 
 
 # ---- point 8: shutdown -----------------------------------------------------------------------

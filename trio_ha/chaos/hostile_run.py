@@ -408,6 +408,8 @@ class _Addresses:
     slave_broker: str
     master_ha: str
     victim_broker: str
+    #: the master's metrics endpoint (metricsPort)
+    master_metrics: str
 
 
 @attrs.define
@@ -526,6 +528,9 @@ class _Run:
             lambda: hostile.partial_frames(a.namesrv, connections=3, sent=1 << 20,
                                            seconds=left(2)),
             lambda: hostile.slowloris(a.namesrv, slow, seconds=left(2)),
+            lambda: hostile.leave_with_requests_unsent(a.broker, held, seconds=left(waits)),
+            lambda: hostile.crowd_the_metrics(a.master_metrics, idle=n, slowloris=300,
+                                              seconds=left(waits)),
         ]
         share = max(0.1, self.plan.seconds / len(attacks))
         for _ in range(100):  # bounded: the deadline ends it long before
@@ -595,6 +600,7 @@ def run_hostile(plan: HostilePlan) -> HostileReport:
                 "serverRequestTimeoutSeconds": SERVER_TIMEOUT_SECONDS,
                 "serverMaxConnections": max(64, plan.connections // 2),
                 "shutdownWaitTimeSeconds": 2,
+                "metricsPort": 0,
             })
         rogue_socket = socket.socket()
         rogue_socket.bind(("127.0.0.1", 0))
@@ -610,7 +616,8 @@ def run_hostile(plan: HostilePlan) -> HostileReport:
             try:
                 run = _Run(plan, _Addresses(
                     cluster.namesrv_addr, cluster.master.addr, cluster.slave.addr,
-                    cluster.master.info["ha_addr"], victim.addr), nodes, rogue_socket)
+                    cluster.master.info["ha_addr"], victim.addr,
+                cluster.master.info["metrics_addr"]), nodes, rogue_socket)
                 trio.run(run.main)
                 up = {node.name: node.poll() is None for node in nodes}
             finally:

@@ -43,6 +43,9 @@ Every resource the peer can make us hold is bounded (``RemotingLimits``):
 While the reader is not reading (back-pressure), it cannot see the peer's FIN; it polls the
 socket for a hang-up every ``hangup_check_interval`` instead, so a peer that leaves with
 thousands of long-polled pulls in flight has them cancelled promptly, not when they time out.
+A FIN that never arrives (the peer closed while its requests still filled our receive window,
+so it waits in the peer's send queue) is ended by the idle timeout, which holds while not
+reading too (``_paused_wait``; issue 35, defect 6).
 A held request uses ``holding()`` for its wait, which also ends when the server drains the
 connection at shutdown (the request then answers as if its wait had timed out).
 """
@@ -53,6 +56,7 @@ import contextlib
 import enum
 import functools
 import logging
+import math
 import select
 import time
 from collections import deque
@@ -405,10 +409,7 @@ class RemotingConnection:
                 self.close(CloseReason.REQUEST_TIMEOUT,
                            f"{buffered} bytes of a frame; the server's read budget is spent")
                 await trio.lowlevel.checkpoint()  # cancelled: the connection is closed
-            with trio.move_on_at(min(deadline,
-                                     trio.current_time() + self.limits.hangup_check_interval)):
-                await self.budgets.requests.wait_released()
-            self._check_hangup()
+            await self._paused_wait(self.budgets.requests.wait_released, deadline)
 
     def _settle_read(self, buffered: int) -> None:
         """Return the read budget the decoder no longer needs."""
@@ -438,9 +439,7 @@ class RemotingConnection:
                 return largest
         await self._wait_for_room()
         while self._in_flight >= self.limits.max_in_flight:
-            with trio.move_on_after(self.limits.hangup_check_interval):
-                await self._slot_lot.park()
-            self._check_hangup()
+            await self._paused_wait(self._slot_lot.park)
         # Started after a checkpoint: it promises a reply too (once sizes are known), so the
         # fast path's next look counts it.
         return self._largest_reply or 0
@@ -455,9 +454,34 @@ class RemotingConnection:
                 wait = self.budgets.replies.wait_released
             else:
                 return
-            with trio.move_on_after(self.limits.hangup_check_interval):
-                await wait()
-            self._check_hangup()
+            await self._paused_wait(wait)
+
+    async def _paused_wait(self, wait: Callable[[], Awaitable[object]],
+                           until: float = math.inf) -> None:
+        """One wait of a reader that is not reading (back-pressure), until ``wait`` returns,
+        ``until``, the next hang-up check or the idle deadline, whichever is first; then the
+        connection is closed if the peer has gone or it has idled out (the caller loops, and
+        its next checkpoint is cancelled).
+
+        Not reading, the reader's receive cannot see the peer leave: a FIN queued behind
+        unread bytes is seen by ``_check_hangup``, and one that never arrives — it sits in the
+        peer's send queue behind requests our full receive window refuses (the peer closed
+        while still sending), or the peer vanished — is ended by the idle timeout, which holds
+        here as while reading: no byte read or written for ``idle_timeout`` closes the
+        connection. (A periodic check, not an event: trio waits for a socket to be readable,
+        which one with unread bytes always is; POLLRDHUP alone cannot be waited for without
+        an epoll descriptor per paused connection.)"""
+        idle_at = self._last_activity + self.limits.idle_timeout
+        with trio.move_on_at(min(until, idle_at,
+                                 trio.current_time() + self.limits.hangup_check_interval)):
+            await wait()
+        self._check_hangup()
+        now = trio.current_time()
+        if not self.closed and now >= self._last_activity + self.limits.idle_timeout:
+            self.close(CloseReason.IDLE,
+                       f"{self.limits.idle_timeout:g} s without a byte either way while not "
+                       f"reading ({self._in_flight} requests running, "
+                       f"{len(self._holds)} of them held)")
 
     def _check_hangup(self) -> None:
         """Close the connection if the peer has gone (FIN, RST), which a reader that is not

@@ -15,8 +15,19 @@ owns, so they must run on the loop, between its tasks, where nothing changes und
 scrape is one request per connection (``Connection: close``; Prometheus reconnects each scrape
 at no cost that matters at scrape intervals). The peer is untrusted like every other listener's
 (design card, section 7): a request head is at most ``max_request_head`` bytes, it and the
-reply each get ``timeout`` seconds, at most ``max_connections`` are served at once (more are
-closed when accepted), and whatever a client sends or does costs only its own connection.
+reply each get ``timeout`` seconds, a client silent for ``idle_timeout`` is closed, and
+whatever a client sends or does costs only its own connection.
+
+The endpoint has its own connection budget, apart from the remoting listeners':
+``max_connections`` at once. A scrape must get through while idle or trickling (slowloris)
+connections hold the budget (issue 35: 300 slowloris or 3,000 idle connections made every scrape
+fail, as each new connection was closed at once), so the accept is fair to the newcomer: when
+the budget is full, the connection that has waited longest for its request head makes way
+(closed, one rate-limited log line for the lot); only when every connection is already being
+answered is the newcomer closed instead. A scrape sends its head at once and is answered in
+milliseconds, so under a flood it is evicted only if ``max_connections`` more connections
+arrive before its head does; a held connection, idle or trickling, lasts only until
+``max_connections`` newer ones come (and ``idle_timeout`` or ``timeout`` at most).
 Only ``GET`` and ``HEAD`` of ``/metrics`` answer with the series (a query string is ignored);
 any other path is 404, any other method 405, a malformed head 400, an oversized one 431. A
 collector that fails answers 500 and is logged, rate-limited: a bug in a series must not stop
@@ -56,10 +67,13 @@ class MetricsHttpLimits:
 
     #: bytes of a request's line and headers (a scrape's are a few hundred)
     max_request_head: int = attrs.field(default=8192, validator=attrs.validators.ge(64))
-    #: seconds for the request to arrive, and again for the reply to be taken
+    #: seconds for the whole request head to arrive, and again for the reply to be taken
     timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
-    #: connections served at once; more are closed as they are accepted
-    max_connections: int = attrs.field(default=16, validator=attrs.validators.ge(1))
+    #: seconds a client may send nothing while its request head is unfinished
+    idle_timeout: float = attrs.field(default=3.0, validator=attrs.validators.gt(0))
+    #: connections open at once (the endpoint's own budget); a new one beyond it takes the
+    #: place of the one that has waited longest for its request head (see the module)
+    max_connections: int = attrs.field(default=32, validator=attrs.validators.ge(1))
 
 
 class _HeadTooLarge(Exception):
@@ -70,31 +84,72 @@ class _HeadTooLarge(Exception):
 class _MetricsEndpoint:
     registry: CollectorRegistry
     limits: MetricsHttpLimits
+    #: connections holding a place in the budget (an evicted one no longer does)
     open_connections: int = 0
+    #: connections still reading their request head, oldest first, by their scopes: the ones
+    #: that make way for a new connection when the budget is full (cancelled to close them)
+    _unfinished: dict[trio.CancelScope, None] = attrs.field(factory=dict)
+    _evicted: set[trio.CancelScope] = attrs.field(factory=set)
+    #: connections closed to make room, and newcomers refused, since the last log line
+    _evictions: int = 0
+    _refusals: int = 0
     _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
 
     async def serve_connection(self, stream: trio.SocketStream) -> None:
         async with stream:
-            if self.open_connections >= self.limits.max_connections:
-                return  # closed at once: a flood of connections costs the flooder
+            if self.open_connections >= self.limits.max_connections and not self._make_room():
+                self._refusals += 1
+                self._log_crowding()
+                return  # every place is being answered: the newcomer is closed at once
             self.open_connections += 1
+            scope = trio.CancelScope()
             try:
-                await self._answer(stream)
+                with scope:
+                    await self._answer(stream, scope)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # the client went away: only its connection ends
             finally:
-                self.open_connections -= 1
+                self._unfinished.pop(scope, None)
+                if scope in self._evicted:
+                    self._evicted.discard(scope)  # its place was given away already
+                else:
+                    self.open_connections -= 1
 
-    async def _answer(self, stream: trio.SocketStream) -> None:
+    def _make_room(self) -> bool:
+        """Close the connection that has waited longest for its request head (it ends as
+        one that timed out, without a reply); False when every one is being answered."""
+        for scope in self._unfinished:
+            del self._unfinished[scope]
+            self._evicted.add(scope)
+            scope.cancel()
+            self.open_connections -= 1
+            self._evictions += 1
+            self._log_crowding()
+            return True
+        return False
+
+    def _log_crowding(self) -> None:
+        if self._log.log(logging.WARNING, "crowded",
+                         "metrics: more than %d connections at once: %d closed while waiting "
+                         "for their request (oldest first), %d refused while all were being "
+                         "answered", self.limits.max_connections, self._evictions,
+                         self._refusals):
+            self._evictions = self._refusals = 0
+
+    async def _answer(self, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
         reply = None
+        self._unfinished[scope] = None
         with trio.move_on_after(self.limits.timeout):
             try:
-                head = await _read_head(stream, self.limits.max_request_head)
+                head = await _read_head(stream, self.limits.max_request_head,
+                                        self.limits.idle_timeout)
             except _HeadTooLarge:
                 reply = _reply(431, b"request head too large\n")
             else:
                 if head is not None:
                     reply = self._reply_to(head)
+        # a whole head came (or none will): no longer a candidate to make way
+        self._unfinished.pop(scope, None)
         if reply is None:
             return  # the client closed, or was too slow, before a whole request head came
         with trio.move_on_after(self.limits.timeout):
@@ -119,10 +174,12 @@ class _MetricsEndpoint:
         return _reply(200, body, content_type=CONTENT_TYPE_LATEST, head_only=method == b"HEAD")
 
 
-async def _read_head(stream: trio.SocketStream, limit: int) -> bytes | None:
+async def _read_head(stream: trio.SocketStream, limit: int, idle_timeout: float
+                     ) -> bytes | None:
     """The request's line and headers (without the blank line that ends them), or None if the
-    client closes first. Raises _HeadTooLarge past ``limit`` bytes. A body is never read: a
-    scrape has none, and the connection closes after the reply."""
+    client closes first or sends nothing for ``idle_timeout`` seconds. Raises _HeadTooLarge
+    past ``limit`` bytes. A body is never read: a scrape has none, and the connection closes
+    after the reply."""
     buffer = bytearray()
     while True:
         for terminator in (b"\r\n\r\n", b"\n\n"):
@@ -132,7 +189,9 @@ async def _read_head(stream: trio.SocketStream, limit: int) -> bytes | None:
         room = limit + 4 - len(buffer)
         if room <= 0:
             raise _HeadTooLarge
-        chunk = await stream.receive_some(room)
+        chunk = b""
+        with trio.move_on_after(idle_timeout):
+            chunk = await stream.receive_some(room)
         if not chunk:
             return None
         buffer += chunk

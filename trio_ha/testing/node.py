@@ -101,7 +101,8 @@ async def serve_node(spec: dict) -> None:
                 config = BrokerConfig.from_properties(spec["properties"])
                 addresses = await nursery.start(serve_broker, config)
                 info = {"addr": addresses.broker_addr, "ha_addr": addresses.ha_addr,
-                        "vip_addr": addresses.vip_addr, "role": config.role.value}
+                        "vip_addr": addresses.vip_addr, "role": config.role.value,
+                        "metrics_addr": addresses.metrics_addr}
             info["pid"] = os.getpid()
             print(json.dumps(info), flush=True)
             await serve_until_stopped(profiler)
