@@ -6,6 +6,9 @@ within 10..60 s, as RocketMQ does) and as soon as its topics change; it unregist
 shuts down. REGISTER_BROKER carries the topic table (with the
 broker's permission applied) and its CRC; each name server is asked in parallel, each call
 bounded by ``registerBrokerTimeoutMills``, so one dead name server delays none of the others.
+With ``innerClientAuthenticationCredentials`` (RocketMQ 5's key) every request is signed with
+that ACL account (the pool signs), which a name server with ``aclEnable`` requires: an admin
+account of its plain_acl.yml.
 
 A name server's answer to a slave names its master (remoting and HA addresses). The slave
 remembers the former (where the metadata sync reads from) and points its HA client at the
@@ -198,10 +201,17 @@ class Registration:
 
         async def one(address: str) -> None:
             try:
-                async with open_remoting_client(address, connect_timeout=timeout) as client:
-                    await client.invoke(request, timeout)
+                async with open_remoting_client(address, connect_timeout=timeout,
+                                                credentials=self.pool.credentials) as client:
+                    response = await client.invoke(request, timeout)
             except RemotingError as exc:
                 log.info("broker: unregistering from %s failed: %s", address, exc)
+                return
+            if response.code != ResponseCode.SUCCESS:
+                # without ACL, a name server may take this for another's request while it
+                # has not yet seen the registering connection close (which removes us too)
+                log.info("broker: name server %s refused the unregistration: %s", address,
+                         response.remark)
 
         with trio.move_on_after(timeout):
             async with trio.open_nursery() as nursery:

@@ -1,0 +1,134 @@
+"""Issue 35, defect 1: nobody who merely reaches the name server, or the path between a slave
+and its master, can take a broker name over.
+
+RocketMQ 4.9's name server honours REGISTER_BROKER and UNREGISTER_BROKER from anyone: whoever
+reaches the port can unregister a live master and register their own address in its place,
+and every client route, and every slave that follows the name server, then points at them.
+Here, with the name server's ``aclEnable``, both need an admin account's signature (our
+broker signs with ``innerClientAuthenticationCredentials``), and even without ACL a live
+registration can be changed only over the connection that made it. The HA handshake
+(``haAuthSecret``) binds the slave's proof to the address it dialled, so a relay between a
+real slave and a real master cannot pass it, and a slave never follows a master whose
+authentication fails.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import trio
+
+from conftest import wait_until
+from trio_ha.chaos import hostile
+from trio_ha.client import Message, open_client_instance, open_producer
+from trio_ha.remoting import open_remoting_client
+from trio_ha.testing import ClusterConfig, open_cluster
+from trio_ha.wire.acl import Credentials
+from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
+from trio_ha.wire.route import ClusterInfo, KVTable
+
+BROKER_ACCOUNT = Credentials("brokerAdmin", "broker-secret-key")
+APP = Credentials("appAccount", "app-secret-key")
+ACL_YAML = textwrap.dedent(f"""\
+    accounts:
+      - accessKey: {BROKER_ACCOUNT.access_key}
+        secretKey: {BROKER_ACCOUNT.secret_key}
+        admin: true
+      - accessKey: {APP.access_key}
+        secretKey: {APP.secret_key}
+        admin: false
+        defaultTopicPerm: PUB|SUB
+        defaultGroupPerm: SUB
+    """)
+FAKE = "127.0.0.1:9"  # the attacker's "broker" (nothing listens there)
+
+
+async def _master_of(namesrv: str, broker_name: str = "broker-a") -> str | None:
+    async with open_remoting_client(namesrv) as client:
+        reply = await client.invoke(
+            RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO, {}), 5)
+    data = ClusterInfo.decode(reply.body).broker_addr_table.get(broker_name)
+    return data.broker_addrs.get(0) if data is not None else None
+
+
+async def _ha_master_of(slave_addr: str) -> str:
+    """The HA address the slave's client copies from (its runtime info)."""
+    async with open_remoting_client(slave_addr) as client:
+        reply = await client.invoke(
+            RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO, {}), 5)
+    return KVTable.decode(reply.body).table.get("haMasterAddress", "")
+
+
+async def _sync_sends_are_acknowledged(namesrv: str, topic: str, count: int = 5) -> None:
+    async with open_client_instance(namesrv, credentials=APP) as client, \
+            open_producer(client, "takeoverProducers") as producer:
+        for i in range(count):
+            sent = await producer.send(Message(topic, f"m{i}".encode()))
+            assert sent.send_status.name == "SEND_OK", sent
+
+
+async def _attack_and_check(cluster, signer: Credentials | None = None) -> None:
+    namesrv = cluster.namesrv_addr
+    master = cluster.master.addr
+    master_ha = cluster.master.started_addresses.ha_addr
+    await wait_until(lambda: _ha_master_of(cluster.slave.addr), "the slave to follow its master")
+    assert await _ha_master_of(cluster.slave.addr) == master_ha
+    outcome = await hostile.broker_name_takeover(namesrv, "broker-a", fake_addr=FAKE,
+                                                 fake_ha_addr=FAKE)
+    assert "taken over" not in outcome.answers, outcome
+    assert outcome.answers == {"NO_PERMISSION": 3}, outcome
+    assert await _master_of(namesrv) == master
+    if signer is not None:  # an account of the file, but not an admin one, is refused too
+        request = RemotingCommand.request(RequestCode.UNREGISTER_BROKER, {
+            "brokerName": "broker-a", "brokerAddr": master, "brokerId": 0,
+            "clusterName": "DefaultCluster"})
+        async with open_remoting_client(namesrv, credentials=signer) as client:
+            reply = await client.invoke(request, 5)
+        assert reply.code == ResponseCode.NO_PERMISSION
+        assert "needs an admin account" in (reply.remark or "")
+        assert await _master_of(namesrv) == master
+    # the slave still copies from the real master, so a SYNC send is acknowledged by it
+    assert await _ha_master_of(cluster.slave.addr) == master_ha
+    await _sync_sends_are_acknowledged(namesrv, "TakeoverTopic")
+
+
+async def test_broker_name_takeover_by_unsigned_unregister_and_register_is_refused_with_acl_as_rocketmq_does_not(  # noqa: E501
+        tmp_path):
+    """With the name server's aclEnable, an unsigned UNREGISTER_BROKER of the live master,
+    then REGISTER_BROKER of a fake master, or of the live master's own address with the
+    attacker's HA address, are refused NO_PERMISSION (so is a non-admin account's); our
+    brokers, signing with innerClientAuthenticationCredentials, register and serve."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL_YAML)
+    config = ClusterConfig(
+        data_dir=str(tmp_path / "data"), slaves=1,
+        properties={"innerClientAuthenticationCredentials":
+                    f'{{"accessKey":"{BROKER_ACCOUNT.access_key}",'
+                    f'"secretKey":"{BROKER_ACCOUNT.secret_key}"}}',
+                    "autoCreateTopicEnable": "true"},
+        namesrv_properties={"aclEnable": "true", "plainAclFile": str(acl)})
+    async with open_cluster(config) as cluster:
+        await _attack_and_check(cluster, signer=APP)
+        # the real master's own unregistration, signed, at shutdown, still goes through
+        await cluster.master.stop()
+        assert await _master_of(cluster.namesrv_addr) is None
+
+
+async def test_broker_name_takeover_from_another_connection_is_refused_without_acl_as_rocketmq_does_not(  # noqa: E501
+        tmp_path):
+    """Without ACL a live registration belongs to the connection that made it: another
+    connection can neither unregister it nor register a second master or the same address
+    over it while that connection is open. Once the broker is gone, its name is free."""
+    config = ClusterConfig(data_dir=str(tmp_path / "data"), slaves=1,
+                           properties={"autoCreateTopicEnable": "true"})
+    async with open_cluster(config) as cluster:
+        await _attack_and_check(cluster)
+        await cluster.master.stop()
+        assert await _master_of(cluster.namesrv_addr) is None
+        # the name is free now: a new master (here the attacker's) may take it
+        outcome = await hostile.broker_name_takeover(
+            cluster.namesrv_addr, "broker-a", fake_addr=FAKE, fake_ha_addr=FAKE)
+        assert "nothing to take" in outcome.note
+        with trio.fail_after(10):
+            await cluster.master.start()
+        assert await _master_of(cluster.namesrv_addr) == cluster.master.addr
