@@ -16,14 +16,22 @@ from __future__ import annotations
 
 import textwrap
 
+import attrs
 import trio
 
-from conftest import wait_until
+from conftest import ha_of, wait_until
+from test_ha import SEGMENT, master_config
+from trio_ha import Message as StoreMessage
+from trio_ha import PutMessageStatus, open_store
 from trio_ha.chaos import hostile
+from trio_ha.chaos.hostile import receive_exactly
 from trio_ha.client import Message, open_client_instance, open_producer
 from trio_ha.remoting import open_remoting_client
+from trio_ha.config import BrokerRole, StoreConfig
 from trio_ha.testing import ClusterConfig, open_cluster
+from trio_ha.wire import ha_auth
 from trio_ha.wire.acl import Credentials
+from trio_ha.wire.ha import FRAME_HEADER, REPORT
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from trio_ha.wire.route import ClusterInfo, KVTable
 
@@ -132,3 +140,78 @@ async def test_broker_name_takeover_from_another_connection_is_refused_without_a
         with trio.fail_after(10):
             await cluster.master.start()
         assert await _master_of(cluster.namesrv_addr) == cluster.master.addr
+
+
+# ---- a relay between a slave and its master (haAuthSecret) -------------------------------------
+
+
+SECRET = "correct horse battery staple"
+
+
+@attrs.define
+class AckingRelay:
+    """Plays slave to the real master with the real slave's handshake: it passes the
+    handshake's bytes between them, then acknowledges every frame the master sends without
+    storing it (a SYNC_MASTER would count that as a slave holding the bytes)."""
+
+    master_ha: tuple[str, int]
+    passed: int = 0
+    refused: int = 0
+    frames_acked: int = 0
+
+    async def serve(self, stream: trio.SocketStream) -> None:
+        try:
+            async with stream, await trio.open_tcp_stream(*self.master_ha) as master:
+                await self._relay(stream, master)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+
+    async def _relay(self, slave: trio.SocketStream, master: trio.SocketStream) -> None:
+        await slave.send_all(await receive_exactly(master, ha_auth.HELLO_SIZE, 5))
+        answer = await receive_exactly(slave, ha_auth.SLAVE_ANSWER_SIZE, 5)
+        await master.send_all(answer)
+        proof = await receive_exactly(master, ha_auth.MASTER_PROOF_SIZE, 5)
+        if len(proof) < ha_auth.MASTER_PROOF_SIZE:
+            self.refused += 1  # the master closed: it refused the relayed proof
+            return
+        self.passed += 1
+        await slave.send_all(proof)
+        await master.send_all(await receive_exactly(slave, REPORT.size, 5))  # its first report
+        for _ in range(10_000):  # bounded: the test ends long before
+            header = await receive_exactly(master, FRAME_HEADER.size, 30)
+            if len(header) < FRAME_HEADER.size:
+                return
+            offset, size = FRAME_HEADER.unpack(header)
+            if len(await receive_exactly(master, size, 30)) < size:
+                return
+            if size:
+                self.frames_acked += 1
+                await master.send_all(REPORT.pack(offset + size))  # acked, never stored
+
+
+async def test_a_relay_of_the_slaves_handshake_is_refused_and_a_sync_put_is_not_acknowledged_by_it(  # noqa: E501
+        tmp_path, nursery):
+    """A relay the slave dials (a name server could name it, a DNS entry could) passes the
+    real slave's handshake to the real master, then acknowledges frames without storing
+    them. The slave's proof names the relay's address, not the master's, so the master
+    refuses it: no SYNC put is PUT_OK, and nothing was acknowledged."""
+    async with open_store(master_config(tmp_path / "m", ha_auth_secret=SECRET,
+                                        slave_timeout=500)) as master:
+        assert master.ha_address is not None
+        relay = AckingRelay(master.ha_address)
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        nursery.start_soon(trio.serve_listeners, relay.serve, listeners)
+        port = listeners[0].socket.getsockname()[1]
+        slave = StoreConfig(
+            store_path_root_dir=str(tmp_path / "s"), mapped_file_size_commit_log=SEGMENT,
+            mapped_file_size_consume_queue=20 * 200, broker_role=BrokerRole.SLAVE,
+            ha_master_address=f"127.0.0.1:{port}", ha_reconnect_interval=100,
+            ha_auth_secret=SECRET)
+        async with open_store(slave):
+            await wait_until(lambda: relay.refused + relay.passed >= 1,
+                             "the slave's handshake through the relay")
+            statuses = [(await master.put_message(StoreMessage("Relayed", b"x" * 100),
+                                                  queue_id=0)).status for _ in range(5)]
+        assert PutMessageStatus.PUT_OK not in statuses, statuses
+        assert relay.passed == 0 and relay.frames_acked == 0
+        assert ha_of(master).auth_failures >= 1
