@@ -19,8 +19,8 @@ import textwrap
 import attrs
 import trio
 
-from conftest import ha_of, wait_until
-from test_ha import SEGMENT, master_config
+from conftest import ha_of, ha_slave_of, wait_until
+from test_ha import SEGMENT, master_config, slave_count
 from trio_ha import Message as StoreMessage
 from trio_ha import PutMessageStatus, open_store
 from trio_ha.chaos import hostile
@@ -215,3 +215,62 @@ async def test_a_relay_of_the_slaves_handshake_is_refused_and_a_sync_put_is_not_
         assert PutMessageStatus.PUT_OK not in statuses, statuses
         assert relay.passed == 0 and relay.frames_acked == 0
         assert ha_of(master).auth_failures >= 1
+
+
+# ---- a slave that follows the name server (no haMasterAddress) ---------------------------------
+
+
+def _wrong_proof(stream_sessions: list[int]) -> hostile.Script:
+    """A rogue master's script: a well-formed hello, then a proof of nothing."""
+
+    async def script(stream: trio.SocketStream, session: int) -> None:
+        stream_sessions.append(session)
+        await stream.send_all(ha_auth.hello(b"r" * ha_auth.NONCE_SIZE))
+        await receive_exactly(stream, ha_auth.SLAVE_ANSWER_SIZE, 5)
+        await stream.send_all(b"\0" * ha_auth.MASTER_PROOF_SIZE)
+        await hostile.closed_by_node(stream, 5)
+
+    return script
+
+
+async def test_a_slave_following_the_name_server_stays_with_its_master_when_the_named_one_fails_authentication(  # noqa: E501
+        tmp_path, nursery, caplog):
+    """The name server names another master at every registration, one that fails the
+    handshake: the slave keeps copying from the master it had (SYNC puts stay PUT_OK), tries
+    the other once, not once per reconnect, and says so in one line; the metadata sync's
+    master does not move either."""
+    from trio_ha.broker.config import BrokerConfig
+    from trio_ha.broker.registration import Registration
+
+    sessions: list[int] = []
+    rogue = hostile.RogueHAMaster(_wrong_proof(sessions))
+    await nursery.start(rogue.serve)
+    assert rogue.address is not None
+    async with open_store(master_config(tmp_path / "m", ha_auth_secret=SECRET)) as master:
+        assert master.ha_address is not None
+        master_ha = "{}:{}".format(*master.ha_address)
+        slave_config = StoreConfig(
+            store_path_root_dir=str(tmp_path / "s"), mapped_file_size_commit_log=SEGMENT,
+            mapped_file_size_consume_queue=20 * 200, broker_role=BrokerRole.SLAVE,
+            ha_reconnect_interval=100, ha_auth_secret=SECRET)
+        async with open_store(slave_config) as slave:
+            registration = Registration(  # only its answer-following part is used here
+                BrokerConfig(broker_id=1, store=slave_config), "127.0.0.1:2", None,
+                None, None, ha_client=slave.ha_client)  # type: ignore[arg-type]
+            registration._follow_master("127.0.0.1:1", master_ha)
+            await wait_until(lambda: slave_count(master) == 1, "the slave to follow its master")
+            caplog.clear()
+            for _ in range(50):  # what the name server says at every registration
+                registration._follow_master("127.0.0.1:9", rogue.address)
+                await trio.sleep(0.02)
+            await wait_until(lambda: sessions, "the slave to try the named master")
+            await trio.sleep(0.5)  # time in which a following slave would have redialled
+            stats = ha_slave_of(slave)
+            assert stats.master_address == master_ha
+            assert registration.master_addr == "127.0.0.1:1"
+            results = [await master.put_message(StoreMessage("Followed", b"x"), queue_id=0)
+                       for _ in range(5)]
+            assert {r.status for r in results} == {PutMessageStatus.PUT_OK}
+    assert len(sessions) == 1, sessions
+    lines = [r.getMessage() for r in caplog.records if "not following" in r.getMessage()]
+    assert len(lines) == 1 and rogue.address in lines[0] and master_ha in lines[0], lines
