@@ -26,8 +26,8 @@ from trio_ha import PutMessageStatus, open_store
 from trio_ha.chaos import hostile
 from trio_ha.chaos.hostile import receive_exactly
 from trio_ha.client import Message, open_client_instance, open_producer
-from trio_ha.remoting import open_remoting_client
 from trio_ha.config import BrokerRole, StoreConfig
+from trio_ha.remoting import open_remoting_client
 from trio_ha.testing import ClusterConfig, open_cluster
 from trio_ha.wire import ha_auth
 from trio_ha.wire.acl import Credentials
@@ -100,7 +100,7 @@ async def _attack_and_check(cluster, signer: Credentials | None = None) -> None:
     await _sync_sends_are_acknowledged(namesrv, "TakeoverTopic")
 
 
-async def test_broker_name_takeover_by_unsigned_unregister_and_register_is_refused_with_acl_as_rocketmq_does_not(  # noqa: E501
+async def test_broker_name_takeover_by_unsigned_unregister_and_register_is_refused_with_acl_as_rocketmq_does_not(
         tmp_path):
     """With the name server's aclEnable, an unsigned UNREGISTER_BROKER of the live master,
     then REGISTER_BROKER of a fake master, or of the live master's own address with the
@@ -122,7 +122,7 @@ async def test_broker_name_takeover_by_unsigned_unregister_and_register_is_refus
         assert await _master_of(cluster.namesrv_addr) is None
 
 
-async def test_broker_name_takeover_from_another_connection_is_refused_without_acl_as_rocketmq_does_not(  # noqa: E501
+async def test_broker_name_takeover_from_another_connection_is_refused_without_acl_as_rocketmq_does_not(
         tmp_path):
     """Without ACL a live registration belongs to the connection that made it: another
     connection can neither unregister it nor register a second master or the same address
@@ -189,7 +189,7 @@ class AckingRelay:
                 await master.send_all(REPORT.pack(offset + size))  # acked, never stored
 
 
-async def test_a_relay_of_the_slaves_handshake_is_refused_and_a_sync_put_is_not_acknowledged_by_it(  # noqa: E501
+async def test_a_relay_of_the_slaves_handshake_is_refused_and_a_sync_put_is_not_acknowledged_by_it(
         tmp_path, nursery):
     """A relay the slave dials (a name server could name it, a DNS entry could) passes the
     real slave's handshake to the real master, then acknowledges frames without storing
@@ -233,7 +233,7 @@ def _wrong_proof(stream_sessions: list[int]) -> hostile.Script:
     return script
 
 
-async def test_a_slave_following_the_name_server_stays_with_its_master_when_the_named_one_fails_authentication(  # noqa: E501
+async def test_a_slave_following_the_name_server_stays_with_its_master_when_the_named_one_fails_authentication(
         tmp_path, nursery, caplog):
     """The name server names another master at every registration, one that fails the
     handshake: the slave keeps copying from the master it had (SYNC puts stay PUT_OK), tries

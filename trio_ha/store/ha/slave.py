@@ -258,7 +258,7 @@ class HAClient:
                     await self._close(self._proven[1])
                     self._proven = None
 
-    async def _run(self, task_status) -> None:  # noqa: ANN001 (trio's TaskStatus)
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         task_status.started()
         shortest = self.config.ha_reconnect_min_interval / 1000
         longest = self.config.ha_reconnect_interval / 1000
