@@ -274,3 +274,24 @@ async def test_a_slave_following_the_name_server_stays_with_its_master_when_the_
     assert len(sessions) == 1, sessions
     lines = [r.getMessage() for r in caplog.records if "not following" in r.getMessage()]
     assert len(lines) == 1 and rogue.address in lines[0] and master_ha in lines[0], lines
+
+
+def test_inner_client_credentials_are_checked_json_and_never_shown():
+    """innerClientAuthenticationCredentials (RocketMQ 5's key): a JSON object with both keys,
+    else a one-line start error that does not quote the value; GET_BROKER_CONFIG and repr
+    hide it."""
+    import pytest
+
+    from trio_ha.broker.config import BrokerConfig
+    from trio_ha.config import ConfigError
+
+    good = '{"accessKey":"brokerAdmin","secretKey":"s3cret-value"}'
+    config = BrokerConfig.from_properties({"innerClientAuthenticationCredentials": good})
+    assert config.inner_client_credentials == Credentials("brokerAdmin", "s3cret-value")
+    assert config.to_properties()["innerClientAuthenticationCredentials"] == "<hidden>"
+    assert "s3cret-value" not in repr(config)
+    for bad in ('{"accessKey":"only-the-key"}', "s3cret-value", '["a","b"]',
+                '{"accessKey":"","secretKey":"x"}'):
+        with pytest.raises(ConfigError, match="innerClientAuthenticationCredentials") as caught:
+            BrokerConfig.from_properties({"innerClientAuthenticationCredentials": bad})
+        assert "s3cret-value" not in str(caught.value) and "\n" not in str(caught.value)

@@ -68,11 +68,13 @@ def parse_inner_credentials(text: str) -> Credentials:
     except ValueError:
         raise ConfigError('innerClientAuthenticationCredentials is not JSON: write '
                           '{"accessKey":"...","secretKey":"..."}') from None
-    keys = (data.get("accessKey"), data.get("secretKey")) if isinstance(data, dict) else ()
-    if len(keys) != 2 or not all(isinstance(k, str) and k.strip() for k in keys):
+    access_key = data.get("accessKey") if isinstance(data, dict) else None
+    secret_key = data.get("secretKey") if isinstance(data, dict) else None
+    if not (isinstance(access_key, str) and access_key.strip()
+            and isinstance(secret_key, str) and secret_key.strip()):
         raise ConfigError('innerClientAuthenticationCredentials needs "accessKey" and '
                           '"secretKey", both non-empty text')
-    return Credentials(keys[0].strip(), keys[1].strip())
+    return Credentials(access_key.strip(), secret_key.strip())
 
 
 #: BrokerConfig fields that are not one broker.conf key each
