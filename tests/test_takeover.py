@@ -238,7 +238,7 @@ async def test_a_slave_following_the_name_server_stays_with_its_master_when_the_
     """The name server names another master at every registration, one that fails the
     handshake: the slave keeps copying from the master it had (SYNC puts stay PUT_OK), tries
     the other once, not once per reconnect, and says so in one line; the metadata sync's
-    master does not move either."""
+    master does not move either. A master that passes the handshake is followed."""
     from trio_ha.broker.config import BrokerConfig
     from trio_ha.broker.registration import Registration
 
@@ -271,6 +271,14 @@ async def test_a_slave_following_the_name_server_stays_with_its_master_when_the_
             results = [await master.put_message(StoreMessage("Followed", b"x"), queue_id=0)
                        for _ in range(5)]
             assert {r.status for r in results} == {PutMessageStatus.PUT_OK}
+            # a master that does pass the handshake is followed, metadata sync and all
+            async with open_store(master_config(tmp_path / "m2", ha_auth_secret=SECRET)) as new:
+                assert new.ha_address is not None
+                new_ha = "{}:{}".format(*new.ha_address)
+                registration._follow_master("127.0.0.1:3", new_ha)
+                await wait_until(lambda: ha_slave_of(slave).master_address == new_ha,
+                                 "the slave to follow the master that proved itself")
+                assert registration.master_addr == "127.0.0.1:3"
     assert len(sessions) == 1, sessions
     lines = [r.getMessage() for r in caplog.records if "not following" in r.getMessage()]
     assert len(lines) == 1 and rogue.address in lines[0] and master_ha in lines[0], lines
@@ -295,3 +303,41 @@ def test_inner_client_credentials_are_checked_json_and_never_shown():
         with pytest.raises(ConfigError, match="innerClientAuthenticationCredentials") as caught:
             BrokerConfig.from_properties({"innerClientAuthenticationCredentials": bad})
         assert "s3cret-value" not in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_live_registration_is_changed_only_by_its_connection_or_account_until_it_expires():
+    """The route table's rule: another connection (with no or other credentials) can neither
+    unregister a live address nor register it again; the same account can, from anywhere;
+    once the registration expired, anyone can."""
+    import pytest
+
+    from trio_ha.namesrv import RegistrationHeld, RouteInfoManager
+
+    owner, intruder = object(), object()  # the table compares connections by identity only
+    routes = RouteInfoManager(broker_expiry=120)
+
+    def register(connection, now, principal=None, ha="m:2"):
+        return routes.register_broker(cluster="c", broker_addr="m:1", broker_name="b",
+                                      broker_id=0, ha_server_addr=ha, topics=None,
+                                      connection=connection, now=now,
+                                      principal=principal)
+
+    def unregister(connection, now, principal=None):
+        routes.unregister_broker(broker_addr="m:1", broker_name="b", broker_id=0,
+                                 connection=connection, principal=principal,
+                                 now=now)
+
+    register(owner, 0, principal="brokerAdmin")
+    with pytest.raises(RegistrationHeld, match="UNREGISTER_BROKER of m:1 refused"):
+        unregister(intruder, 10)
+    with pytest.raises(RegistrationHeld, match="registration of m:1 refused"):
+        register(intruder, 10, ha="attacker:2")
+    with pytest.raises(RegistrationHeld):
+        unregister(intruder, 10, principal="someoneElse")
+    assert routes.broker_live_table["m:1"].ha_server_addr == "m:2"
+    register(intruder, 20, principal="brokerAdmin")  # the same account, a new connection
+    unregister(owner, 30, principal="brokerAdmin")
+    assert "b" not in routes.broker_addr_table
+    register(owner, 40)
+    unregister(intruder, 40 + 121)  # expired: no longer held
+    assert "b" not in routes.broker_addr_table

@@ -163,7 +163,11 @@ class HAClient:
         haAuthSecret it is followed at once (``update_master_address``); with it, only once
         it passes the handshake on a connection of its own, while the current session goes
         on; then ``on_followed()`` runs. One that fails is not followed (see the module)."""
-        if address is None or address == self.master_address or address in self._probing:
+        if address is None or address in self._probing:
+            return
+        if address == self.master_address:  # followed already (its other address may move)
+            if on_followed is not None:
+                on_followed()
             return
         if self.config.ha_auth_secret is None or self._nursery is None:
             self.update_master_address(address)
@@ -180,21 +184,24 @@ class HAClient:
     async def _try_master(self, address: str, secret: str,
                           on_followed: Callable[[], None] | None) -> None:
         transport: HATransport | None = None
+        proven = False
         try:
             with trio.fail_after(CONNECT_TIMEOUT + HANDSHAKE_TIMEOUT):
                 transport = await self.connect(address)
                 await authenticate_master(transport, secret)
+            proven = True
         except OSError as exc:  # not there (yet): the next registration tries again
             log.debug("HA: master %s named by the name server not reachable: %s", address, exc)
-            await self._close(transport)
             return
         except (HAProtocolError, trio.TooSlowError, trio.BrokenResourceError,
                 trio.ClosedResourceError) as exc:
-            await self._close(transport)
             self._not_follow(address, exc)
             return
         finally:
             self._probing.discard(address)
+            if not proven:  # also when cancelled: the connection is not left open
+                await self._close(transport)
+        assert transport is not None
         self._not_followed.pop(address, None)
         if self._proven is not None:
             await self._close(self._proven[1])
