@@ -150,6 +150,12 @@ def test_a_real_5_3_broker_signs_its_registration_with_our_acl_name_server(
         })
         rows = _wait_registered(rocketmq5, tmp_path, ours.addr, "theirs5")
         assert rows == [["AclCluster", "theirs5", "0", f"127.0.0.1:{port}"]], rows
+        # at shutdown it unregisters over the connection it registered on: honoured
+        broker.stop()
+        broker = None
+        assert _registered(rocketmq5, tmp_path, ours.addr, "theirs5") == []
+        with open(ours.log_path, encoding="utf-8", errors="replace") as log:
+            assert "refused" not in log.read()
     finally:
         if broker is not None:
             broker.kill()
@@ -184,6 +190,10 @@ def test_a_real_4_9_broker_cannot_sign_and_registers_with_our_acl_name_server_on
         broker = rocketmq.start_broker(tmp_path / "theirs2", properties)
         rows = _wait_registered(rocketmq, tmp_path, ours.addr, "theirs4")
         assert rows == [["AclCluster", "theirs4", "0", f"127.0.0.1:{port}"]], rows
+        broker.stop()
+        broker = None
+        with open(ours.log_path, encoding="utf-8", errors="replace") as log:
+            assert "refused" not in log.read()
     finally:
         if broker is not None:
             broker.kill()

@@ -73,8 +73,9 @@ class NamesrvConfig:
     #: the Prometheus endpoint's port (GET /metrics on bind_address; 0: the OS chooses);
     #: None serves no metrics
     metrics_port: int | None = None
-    #: the admin verbs (delete topic, write permissions, KV config, config updates) need an
-    #: admin account of plain_acl.yml (our extension: RocketMQ's name server checks nothing)
+    #: the admin verbs (delete topic, write permissions, KV config, config updates) and the
+    #: brokers' REGISTER/UNREGISTER_BROKER need an admin account of plain_acl.yml (our
+    #: extension: RocketMQ's name server checks nothing)
     acl_enable: bool = False
     #: where plain_acl.yml is (default: $ROCKETMQ_HOME/conf/plain_acl.yml)
     plain_acl_file: str | None = None
