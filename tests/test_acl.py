@@ -358,7 +358,8 @@ async def test_a_name_server_with_acl_wants_an_admin_account_for_its_admin_verbs
         nursery, tmp_path):
     """Our extension (RocketMQ 4.9's name server checks nothing): with aclEnable, deleting a
     topic, changing a broker's write permission, the KV config and config updates need an
-    admin account's signed request; route lookups and broker registrations stay unsigned."""
+    admin account's signed request (so do broker registrations: test_takeover.py); route
+    lookups stay unsigned."""
     from trio_ha.namesrv import NamesrvConfig, serve_namesrv
     from trio_ha.remoting import open_remoting_client
 

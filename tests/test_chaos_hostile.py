@@ -43,7 +43,7 @@ EVERY_ATTACK = {
     "non-reading clients", "partial frames", "slowloris", "abandoned long polls", "bad frames",
     "connection flood", "HA connection flood", "invalid input", "metadata flood",
     "HA report flood", "rogue HA slave", "rogue HA master", "leave with requests unsent",
-    "metrics crowd",
+    "metrics crowd", "broker name takeover",
 }
 
 
@@ -78,6 +78,8 @@ def test_a_short_seeded_run_passes_and_its_report_adds_up(tmp_path):
     assert invalid["note"] == ""
     assert by_name["rogue HA master"][0]["connections"] >= 1
     assert report["victim_state"] == "refused"
+    for takeover in by_name["broker name takeover"]:  # issue 35: the routes held
+        assert "taken over" not in takeover["answers"] and "SUCCESS" not in takeover["answers"]
     # The fuzzer reached every port, and the nodes answered some of it.
     assert report["fuzz_frames"] > 0
     fuzz = {f["target"]: f for f in report["fuzz"]}

@@ -28,22 +28,43 @@ OTHER = "a different long secret"
 
 def test_each_side_proves_the_secret_over_both_fresh_nonces():
     key, master_nonce, slave_nonce = SECRET.encode(), b"m" * 32, b"s" * 32
+    dialled = ha_auth.endpoint("127.0.0.1", 10912)
     assert ha_auth.read_hello(ha_auth.hello(master_nonce)) == master_nonce
-    answer = ha_auth.slave_answer(key, master_nonce, slave_nonce)
-    assert ha_auth.check_slave_answer(key, master_nonce, answer) == slave_nonce
-    proof = ha_auth.master_proof(key, slave_nonce, master_nonce)
-    ha_auth.check_master_proof(key, slave_nonce, master_nonce, proof)
+    answer = ha_auth.slave_answer(key, master_nonce, slave_nonce, dialled)
+    checked = ha_auth.check_slave_answer(key, master_nonce, answer, dialled)
+    assert checked == ha_auth.SlaveAnswer(slave_nonce, dialled)
+    proof = ha_auth.master_proof(key, slave_nonce, master_nonce, dialled)
+    ha_auth.check_master_proof(key, slave_nonce, master_nonce, dialled, proof)
     # another secret, another challenge (a replayed answer), or the other side's label fail
     with pytest.raises(ha_auth.HAAuthError, match="does not know"):
-        ha_auth.check_slave_answer(OTHER.encode(), master_nonce, answer)
+        ha_auth.check_slave_answer(OTHER.encode(), master_nonce, answer, dialled)
     with pytest.raises(ha_auth.HAAuthError, match="does not know"):
-        ha_auth.check_slave_answer(key, b"n" * 32, answer)
+        ha_auth.check_slave_answer(key, b"n" * 32, answer, dialled)
     with pytest.raises(ha_auth.HAAuthError, match="does not know"):
-        ha_auth.check_master_proof(key, slave_nonce, master_nonce, answer[-32:])
+        ha_auth.check_master_proof(key, slave_nonce, master_nonce, dialled, answer[-32:])
     with pytest.raises(ha_auth.HAAuthError, match="does not speak|did not answer"):
-        ha_auth.check_slave_answer(key, master_nonce, b"\x00" * ha_auth.SLAVE_ANSWER_SIZE)
+        ha_auth.check_slave_answer(key, master_nonce, b"\x00" * ha_auth.SLAVE_ANSWER_SIZE,
+                                   dialled)
     with pytest.raises(ha_auth.HAAuthError, match="did not open"):
         ha_auth.read_hello(struct.pack(">q", 0) + b"\x00" * 36)  # a classic report
+
+
+def test_the_slaves_proof_names_the_address_it_dialled_and_a_master_elsewhere_refuses_it():
+    """Issue 35: the proof covers the address the slave's socket is connected to; a master
+    reached at another address (the slave dialled a relay) refuses it, naming both."""
+    key, master_nonce, slave_nonce = SECRET.encode(), b"m" * 32, b"s" * 32
+    relay, master = ha_auth.endpoint("127.0.0.1", 40001), ha_auth.endpoint("127.0.0.1", 10912)
+    answer = ha_auth.slave_answer(key, master_nonce, slave_nonce, relay)
+    with pytest.raises(ha_auth.HAAuthError,
+                       match="dialled 127.0.0.1:40001.*reached this master at 127.0.0.1:10912"):
+        ha_auth.check_slave_answer(key, master_nonce, answer, master)
+    # the address is inside the proof: rewriting it breaks the proof
+    forged = answer.replace(relay, master)
+    with pytest.raises(ha_auth.HAAuthError, match="does not know"):
+        ha_auth.check_slave_answer(key, master_nonce, forged, master)
+    # IPv4 and its IPv6-mapped form are one address; IPv6 keeps its brackets in logs
+    assert ha_auth.endpoint("::ffff:127.0.0.1", 5) == ha_auth.endpoint("127.0.0.1", 5)
+    assert ha_auth.endpoint_text(ha_auth.endpoint("::1", 7)) == "[::1]:7"
 
 
 def test_a_short_secret_is_a_config_error(tmp_path):

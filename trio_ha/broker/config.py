@@ -9,6 +9,7 @@ issue #6537). An unknown key is an error (``config_keys``: a typo is not a defau
 
 from __future__ import annotations
 
+import json
 import logging
 import typing
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from ..config import (
     render_value,
 )
 from ..remoting.tls import TLS_KEYS, TlsClientConfig, TlsServerConfig, tls_settings
+from ..wire.acl import Credentials
 from ..wire.metadata import DEFAULT_TOPIC_QUEUE_NUMS
 from ..wire.permission import Permission
 from .clients import DEFAULT_MAX_PRODUCER_GROUPS
@@ -51,8 +53,35 @@ def _namesrv_addr(instance: Any, attribute: attrs.Attribute[Any], value: Any) ->
         if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"namesrvAddr: {address!r} is not host:port (a port in 1..65535)")
 
+def _inner_credentials(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """RocketMQ 5's ``innerClientAuthenticationCredentials``: a JSON object with the
+    ``accessKey`` and ``secretKey`` of the account this broker signs its own requests with."""
+    if value is not None:
+        parse_inner_credentials(value)
+
+
+def parse_inner_credentials(text: str) -> Credentials:
+    """The account of an ``innerClientAuthenticationCredentials`` value; ConfigError (never
+    quoting the value: it holds a secret) when it is not a JSON object with both keys."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ConfigError('innerClientAuthenticationCredentials is not JSON: write '
+                          '{"accessKey":"...","secretKey":"..."}') from None
+    access_key = data.get("accessKey") if isinstance(data, dict) else None
+    secret_key = data.get("secretKey") if isinstance(data, dict) else None
+    if not (isinstance(access_key, str) and access_key.strip()
+            and isinstance(secret_key, str) and secret_key.strip()):
+        raise ConfigError('innerClientAuthenticationCredentials needs "accessKey" and '
+                          '"secretKey", both non-empty text')
+    return Credentials(access_key.strip(), secret_key.strip())
+
+
 #: BrokerConfig fields that are not one broker.conf key each
 _NOT_KEYS = frozenset({"store", "tls_server", "tls_client"})
+
+#: settings GET_BROKER_CONFIG must not reveal
+_SECRET_FIELDS = frozenset({"inner_client_authentication_credentials"})
 
 #: a broker's HA port, when not configured, is listenPort + 1 (RocketMQ's default)
 HA_PORT_OFFSET = 1
@@ -116,6 +145,11 @@ class BrokerConfig:
     #: where plain_acl.yml is (our key; RocketMQ reads $ROCKETMQ_HOME/conf/plain_acl.yml,
     #: which is the default here too)
     plain_acl_file: str | None = None
+    #: the ACL account this broker signs its own requests with (registration with the name
+    #: servers, a slave's metadata sync): RocketMQ 5's key, a JSON object
+    #: ``{"accessKey":"...","secretKey":"..."}``; GET_BROKER_CONFIG shows it hidden
+    inner_client_authentication_credentials: str | None = attrs.field(
+        default=None, repr=False, validator=_inner_credentials)
     #: remoting connections idle this long are closed
     server_channel_max_idle_time_seconds: int = attrs.field(default=120, validator=in_range(1))
     #: remoting limits (docs/remoting.md, "Limits and bad input"): reply bytes waiting on one
@@ -173,10 +207,19 @@ class BrokerConfig:
         for name in attrs.fields_dict(type(self)):
             if name in _NOT_KEYS:
                 continue
-            text = render_value(getattr(self, name))
+            value = getattr(self, name)
+            if name in _SECRET_FIELDS and value is not None:
+                value = "<hidden>"
+            text = render_value(value)
             if text is not None:
                 out[special.get(name, camel_case(name))] = text
         return dict(sorted(out.items()))
+
+    @property
+    def inner_client_credentials(self) -> Credentials | None:
+        """The account of ``innerClientAuthenticationCredentials``, or None."""
+        text = self.inner_client_authentication_credentials
+        return None if text is None else parse_inner_credentials(text)
 
     @property
     def role(self) -> BrokerRole:

@@ -6,11 +6,15 @@ within 10..60 s, as RocketMQ does) and as soon as its topics change; it unregist
 shuts down. REGISTER_BROKER carries the topic table (with the
 broker's permission applied) and its CRC; each name server is asked in parallel, each call
 bounded by ``registerBrokerTimeoutMills``, so one dead name server delays none of the others.
+With ``innerClientAuthenticationCredentials`` (RocketMQ 5's key) every request is signed with
+that ACL account (the pool signs), which a name server with ``aclEnable`` requires: an admin
+account of its plain_acl.yml.
 
 A name server's answer to a slave names its master (remoting and HA addresses). The slave
 remembers the former (where the metadata sync reads from) and points its HA client at the
 latter, following a new master when the answer changes — unless ``haMasterAddress`` is
-configured, which always wins.
+configured, which always wins. With ``haAuthSecret`` a new master is followed (HA and
+metadata sync both) only once it has passed the HA handshake (``HAClient.follow_master_address``).
 
 Our name server refuses a second master for a broker name whose master is live (RocketMQ's
 lets it replace the first, and the two then take turns in the routes, and the slave follows
@@ -164,12 +168,18 @@ class Registration:
                                 response.ext_fields.get("haServerAddr"))
 
     def _follow_master(self, master_addr: str | None, ha_addr: str | None) -> None:
+        client = self.ha_client
+        if client is not None and not self.config.store.ha_master_address and ha_addr:
+            # With haAuthSecret the HA client moves only to a master that passes the
+            # handshake; the metadata sync follows it then, not before.
+            client.follow_master_address(ha_addr, lambda: self._set_master(master_addr))
+        else:
+            self._set_master(master_addr)
+
+    def _set_master(self, master_addr: str | None) -> None:
         if master_addr != self.master_addr:
             log.info("broker: master of %s is now %s", self.config.broker_name, master_addr)
             self.master_addr = master_addr
-        client = self.ha_client
-        if client is not None and not self.config.store.ha_master_address and ha_addr:
-            client.update_master_address(ha_addr)
 
     async def run(self) -> None:
         """Register again every period, or sooner when asked, until cancelled. The first
@@ -198,10 +208,17 @@ class Registration:
 
         async def one(address: str) -> None:
             try:
-                async with open_remoting_client(address, connect_timeout=timeout) as client:
-                    await client.invoke(request, timeout)
+                async with open_remoting_client(address, connect_timeout=timeout,
+                                                credentials=self.pool.credentials) as client:
+                    response = await client.invoke(request, timeout)
             except RemotingError as exc:
                 log.info("broker: unregistering from %s failed: %s", address, exc)
+                return
+            if response.code != ResponseCode.SUCCESS:
+                # without ACL, a name server may take this for another's request while it
+                # has not yet seen the registering connection close (which removes us too)
+                log.info("broker: name server %s refused the unregistration: %s", address,
+                         response.remark)
 
         with trio.move_on_after(timeout):
             async with trio.open_nursery() as nursery:

@@ -155,7 +155,10 @@ async def _run(
         metrics_addr=address_of(metrics_listeners),
     )
     async with trio.open_nursery() as nursery:
-        pool = RemotingClientPool(nursery, tls=config.tls_client)
+        # Signed with innerClientAuthenticationCredentials when set: name servers and masters
+        # with aclEnable take this broker's registrations and metadata sync then.
+        pool = RemotingClientPool(nursery, tls=config.tls_client,
+                                  credentials=config.inner_client_credentials)
         registration = Registration(
             config, addresses.broker_addr, addresses.ha_addr, metadata.topics, pool,
             store.ha_client,

@@ -531,6 +531,8 @@ class _Run:
             lambda: hostile.leave_with_requests_unsent(a.broker, held, seconds=left(waits)),
             lambda: hostile.crowd_the_metrics(a.master_metrics, idle=n, slowloris=300,
                                               seconds=left(waits)),
+            lambda: hostile.broker_name_takeover(a.namesrv, "broker-a", fake_addr="127.0.0.1:9",
+                                                 fake_ha_addr="127.0.0.1:9", seconds=left(10)),
         ]
         share = max(0.1, self.plan.seconds / len(attacks))
         for _ in range(100):  # bounded: the deadline ends it long before

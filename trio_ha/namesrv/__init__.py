@@ -1,7 +1,7 @@
 """The name server: brokers register, clients look up routes, operators keep KV config."""
 
 from .kvconfig import KVConfigFileError, KVConfigManager
-from .routes import MasterConflict, RouteInfoManager
+from .routes import MasterConflict, RegistrationHeld, RouteInfoManager
 from .server import NameServer, NamesrvConfig, serve_namesrv
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "MasterConflict",
     "NameServer",
     "NamesrvConfig",
+    "RegistrationHeld",
     "RouteInfoManager",
     "serve_namesrv",
 ]

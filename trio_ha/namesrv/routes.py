@@ -18,6 +18,15 @@ is pointed at whichever registered last, whose commitlog is not the one it copie
 master's slot is free again once it unregisters, its connection closes, or it has been silent
 longer than the broker expiry.
 
+A second rule of ours: a live registration belongs to the connection that made it (and, with
+the name server's ACL on, to the account that signed it). An UNREGISTER_BROKER of it, or a
+registration of the same address, from another connection with other credentials is refused
+(``RegistrationHeld``) while that connection is open and the registration has not expired.
+RocketMQ honours both from anyone, which lets whoever reaches the port unregister a live
+master and register their own in its place (the routes, and a slave that follows the name
+server, then point at them). Brokers, ours and RocketMQ's, register and unregister over one
+connection per name server, so they are not affected.
+
 The admin requests mqadmin sends (RocketMQ 4.9.8's RouteInfoManager does the same): delete a
 topic's queues (everywhere, or in one cluster), take write permission away from a broker
 name's queues (``wipeWritePerm``, before stopping a broker) or give it back, and list the
@@ -50,6 +59,8 @@ class BrokerLiveInfo:
     cluster: str
     broker_name: str
     broker_id: int
+    #: the ACL account that signed the registration (None: the name server checks none)
+    principal: str | None = None
 
 
 @attrs.frozen
@@ -79,6 +90,19 @@ class MasterConflict(Exception):
         )
 
 
+class RegistrationHeld(Exception):
+    """A request to unregister, or register again, a live broker address came from another
+    connection than the one that registered it, with other credentials. Nothing changed."""
+
+    def __init__(self, broker_addr: str, verb: str, owner: str) -> None:
+        self.broker_addr = broker_addr
+        super().__init__(
+            f"{verb} of {broker_addr} refused: it is registered over another connection "
+            f"({owner}) that is still open; only that connection, or the same ACL account, "
+            "may change it until it closes or expires"
+        )
+
+
 @attrs.define(eq=False)
 class RouteInfoManager:
     #: seconds without a registration after which a broker counts as gone
@@ -102,9 +126,12 @@ class RouteInfoManager:
         topics: TopicConfigSerializeWrapper | None,
         connection: RemotingConnection | None,
         now: float,
+        principal: str | None = None,
     ) -> RegisterResult:
         """Record a registration; raises ``MasterConflict`` (and records nothing) for a second
-        master of a broker name whose master is live."""
+        master of a broker name whose master is live, and ``RegistrationHeld`` for an address
+        another open connection registered (``principal``: the ACL account that signed it)."""
+        self._check_owner(broker_addr, connection, principal, now, "registration")
         if broker_id == 0:
             self._check_single_master(broker_name, broker_addr, now)
         self.cluster_addr_table.setdefault(cluster, set()).add(broker_name)
@@ -122,13 +149,27 @@ class RouteInfoManager:
             # only a master's topics make routes, and only when its data version moved
             self._update_topic_queues(broker_name, topics)
         self.broker_live_table[broker_addr] = BrokerLiveInfo(
-            now, version, ha_server_addr, connection, cluster, broker_name, broker_id
+            now, version, ha_server_addr, connection, cluster, broker_name, broker_id, principal
         )
         if broker_id == 0:
             return RegisterResult(None, None)
         master = addrs.get(0)
         master_live = self.broker_live_table.get(master) if master else None
         return RegisterResult(master, master_live.ha_server_addr if master_live else None)
+
+    def _check_owner(self, broker_addr: str, connection: RemotingConnection | None,
+                     principal: str | None, now: float, verb: str) -> None:
+        """Raise ``RegistrationHeld`` unless ``connection`` (or ``principal``) may change the
+        registration of ``broker_addr``: it is not live, or it is theirs. A registration
+        without a connection (the table used alone) belongs to no one."""
+        live = self.broker_live_table.get(broker_addr)
+        if live is None or live.connection is None or live.connection is connection:
+            return
+        if now - live.last_update > self.broker_expiry:
+            return
+        if principal is not None and principal == live.principal:
+            return
+        raise RegistrationHeld(broker_addr, verb, str(getattr(live.connection, "peer", "?")))
 
     def _check_single_master(self, broker_name: str, broker_addr: str, now: float) -> None:
         entry = self.broker_addr_table.get(broker_name)
@@ -163,7 +204,17 @@ class RouteInfoManager:
             if not queues:
                 del self.topic_queue_table[topic]
 
-    def unregister_broker(self, *, broker_addr: str, broker_name: str, broker_id: int) -> None:
+    def unregister_broker(self, *, broker_addr: str, broker_name: str, broker_id: int,
+                          connection: RemotingConnection | None = None,
+                          principal: str | None = None, now: float = 0.0) -> None:
+        """UNREGISTER_BROKER; raises ``RegistrationHeld`` (and changes nothing) when
+        ``broker_addr`` is live and was registered over another open connection by other
+        credentials. Without a ``connection`` (the table used alone) it is not checked."""
+        if connection is not None:
+            self._check_owner(broker_addr, connection, principal, now, "UNREGISTER_BROKER")
+        self._forget(broker_addr, broker_name, broker_id)
+
+    def _forget(self, broker_addr: str, broker_name: str, broker_id: int) -> None:
         self.broker_live_table.pop(broker_addr, None)
         entry = self.broker_addr_table.get(broker_name)
         if entry is None:
@@ -184,9 +235,7 @@ class RouteInfoManager:
     def _remove_address(self, broker_addr: str) -> None:
         live = self.broker_live_table.get(broker_addr)
         if live is not None:
-            self.unregister_broker(
-                broker_addr=broker_addr, broker_name=live.broker_name, broker_id=live.broker_id
-            )
+            self._forget(broker_addr, live.broker_name, live.broker_id)
 
     def scan_not_active(self, now: float, expiry: float | None = None) -> list[str]:
         """Remove brokers whose last registration is older than ``expiry`` seconds (by default

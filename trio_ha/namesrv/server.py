@@ -10,8 +10,13 @@ It also serves what mqadmin asks a name server, as RocketMQ 4.9.8's DefaultReque
 does: the KV config (``kvconfig``, written to ``kvConfigPath``), deleting a topic's routes,
 wiping or adding back a broker's write permission, the topics of a cluster, and its own
 configuration (``getNamesrvConfig``; ``updateNamesrvConfig`` for the keys that can change while
-it runs). One answer differs on purpose: a second master for a live broker name is refused
-(``routes.MasterConflict``).
+it runs). Answers that differ on purpose: a second master for a live broker name is refused
+(``routes.MasterConflict``), and so is an UNREGISTER_BROKER (or a registration of the same
+address) from another connection than the live one that registered it
+(``routes.RegistrationHeld``). With ``aclEnable``, REGISTER_BROKER and UNREGISTER_BROKER need
+an admin account's signature as the admin verbs do (RocketMQ 5's brokers sign them with
+``innerClientAuthenticationCredentials``, ours too; a RocketMQ 4.9 broker cannot sign, and
+needs its address in ``globalWhiteRemoteAddresses``).
 """
 
 from __future__ import annotations
@@ -29,18 +34,27 @@ from .. import _backend
 from .._sockets import peer_host
 from ..acl import NAMESRV_ADMIN_CODES, AclFile, acl_file_path
 from ..config import ConfigError, check_keys, parse_properties_text, render_value
+from ..ratelog import RateLimitedLog
 from ..remoting import RemotingConnection, RemotingLimits, RemotingServer, not_supported
 from ..remoting.metrics import serve_metrics
 from ..remoting.tls import TLS_KEYS, TlsServerConfig, tls_settings
+from ..wire.acl import ACCESS_KEY
 from ..wire.errors import RouteDecodeError
 from ..wire.metadata import DataVersion
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from ..wire.route import RegisterBrokerBody, TopicList, wants_standard_json
 from .kvconfig import DEFAULT_KV_CONFIG_PATH, NAMESPACE_ORDER_TOPIC_CONFIG, KVConfigManager
 from .metrics import namesrv_registry
-from .routes import BROKER_EXPIRY_SECONDS, MasterConflict, RouteInfoManager
+from .routes import BROKER_EXPIRY_SECONDS, MasterConflict, RegistrationHeld, RouteInfoManager
 
 log = logging.getLogger(__name__)
+
+#: the brokers' own verbs that change routes: with aclEnable they need an admin account's
+#: signature, as the admin verbs do (our extension: RocketMQ's name server checks nothing, and
+#: anyone who reaches it could unregister a live master and register their own)
+BROKER_CODES = frozenset({RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER})
+#: what the name server's ACL checks (every other request is a lookup, open to all)
+ACL_CHECKED_CODES = NAMESRV_ADMIN_CODES | BROKER_CODES
 
 
 @attrs.frozen(kw_only=True)
@@ -59,8 +73,9 @@ class NamesrvConfig:
     #: the Prometheus endpoint's port (GET /metrics on bind_address; 0: the OS chooses);
     #: None serves no metrics
     metrics_port: int | None = None
-    #: the admin verbs (delete topic, write permissions, KV config, config updates) need an
-    #: admin account of plain_acl.yml (our extension: RocketMQ's name server checks nothing)
+    #: the admin verbs (delete topic, write permissions, KV config, config updates) and the
+    #: brokers' REGISTER/UNREGISTER_BROKER need an admin account of plain_acl.yml (our
+    #: extension: RocketMQ's name server checks nothing)
     acl_enable: bool = False
     #: where plain_acl.yml is (default: $ROCKETMQ_HOME/conf/plain_acl.yml)
     plain_acl_file: str | None = None
@@ -209,6 +224,8 @@ class NameServer:
     metrics_address: tuple[str, int] | None = None
     #: with aclEnable: the accounts the admin verbs are checked against
     acl: AclFile | None = None
+    #: refusals a hostile peer can repeat at will: one line per kind every 10 s
+    refusals: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
 
     async def handle(
         self, request: RemotingCommand, connection: RemotingConnection
@@ -217,12 +234,13 @@ class NameServer:
         if handler is None:
             await trio.lowlevel.checkpoint()
             return not_supported(request)
-        if self.acl is not None and request.code in NAMESRV_ADMIN_CODES:
-            refusal = self.acl.check(request, peer_host(connection.peer), NAMESRV_ADMIN_CODES)
+        if self.acl is not None and request.code in ACL_CHECKED_CODES:
+            refusal = self.acl.check(request, peer_host(connection.peer), ACL_CHECKED_CODES)
             if refusal is not None:
                 await trio.lowlevel.checkpoint()
-                log.info("namesrv: ACL refused request code %d from %s: %s", request.code,
-                         connection.peer, refusal)
+                self.refusals.log(logging.WARNING, ("acl", request.code, peer_host(
+                    connection.peer)), "namesrv: ACL refused request code %d from %s: %s",
+                    request.code, connection.peer, refusal)
                 return RemotingCommand.response_to(request, ResponseCode.NO_PERMISSION,
                                                    remark=refusal)
         return await handler(self, request, connection)
@@ -258,7 +276,10 @@ class NameServer:
                 topics=topics,
                 connection=connection,
                 now=trio.current_time(),
+                principal=self._principal(request),
             )
+        except RegistrationHeld as exc:
+            return self._held(request, connection, exc)
         except MasterConflict as exc:
             log.warning("namesrv: refused a second master: %s", exc)
             # masterAddr names who holds the broker name (our broker stops on this answer)
@@ -280,12 +301,31 @@ class NameServer:
         self, request: RemotingCommand, connection: RemotingConnection
     ) -> RemotingCommand:
         await trio.lowlevel.checkpoint()
-        self.routes.unregister_broker(
-            broker_addr=request.field_str("brokerAddr"),
-            broker_name=request.field_str("brokerName"),
-            broker_id=request.field_long("brokerId"),
-        )
+        try:
+            self.routes.unregister_broker(
+                broker_addr=request.field_str("brokerAddr"),
+                broker_name=request.field_str("brokerName"),
+                broker_id=request.field_long("brokerId"),
+                connection=connection,
+                principal=self._principal(request),
+                now=trio.current_time(),
+            )
+        except RegistrationHeld as exc:
+            return self._held(request, connection, exc)
         return RemotingCommand.response_to(request, ResponseCode.SUCCESS)
+
+    def _principal(self, request: RemotingCommand) -> str | None:
+        """The ACL account a broker's request was signed by (checked in ``handle``), which may
+        also change what it registered from another connection; None without ACL."""
+        if self.acl is None:
+            return None
+        return request.ext_fields.get(ACCESS_KEY)
+
+    def _held(self, request: RemotingCommand, connection: RemotingConnection,
+              exc: RegistrationHeld) -> RemotingCommand:
+        self.refusals.log(logging.WARNING, ("held", exc.broker_addr),
+                          "namesrv: refused a request from %s: %s", connection.peer, exc)
+        return RemotingCommand.response_to(request, ResponseCode.NO_PERMISSION, remark=str(exc))
 
     async def query_data_version(
         self, request: RemotingCommand, connection: RemotingConnection

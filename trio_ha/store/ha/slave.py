@@ -13,6 +13,16 @@ second answers SLAVE_NOT_AVAILABLE for seconds more; here the slave is back with
 ha_reconnect_interval of the master's port opening, and a master that stays down costs one
 refused connect per interval.
 
+A slave without haMasterAddress follows the master the name server names
+(``follow_master_address``). With haAuthSecret it moves only to a master that passes the
+handshake: the new address is tried on a connection of its own while the current session
+goes on, and the connection becomes the session once the master has proved itself. One that
+fails is not followed: the slave stays with the master it had, says so in one line, and does
+not try that address again for NOT_FOLLOWED_RETRY seconds, however often it is named (the
+name server answers every registration, every 30 s or every second while the slave has no
+master). A master the name server names that cannot be reached is not held against it: it
+is tried again at the next registration, since a new master's port may simply not be open yet.
+
 A master that goes silent for haHousekeepingInterval ends the session too (RocketMQ 4.9.8
 times out only on its own writes, so a silent master is never noticed).
 
@@ -59,6 +69,10 @@ from .transfer import HATransport, SocketTransport
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5.0
+#: a master the name server named that failed the handshake is not tried again for this long
+NOT_FOLLOWED_RETRY = 10.0
+#: addresses remembered as not followed, at most (a name server cannot grow the table)
+MAX_NOT_FOLLOWED = 64
 #: a slave whose socket never empties (catching up) reports and yields every this many bytes
 YIELD_BYTES = 1024 * 1024
 
@@ -135,6 +149,84 @@ class HAClient:
     #: a master that stays down fails a connect every back-off ceiling (25 a second): one
     #: line per 10 s says so, with the count
     _failures: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
+    #: where ``follow_master_address`` tries a new master (the client's own, while it runs)
+    _nursery: trio.Nursery | None = None
+    #: addresses being tried, and those that failed the handshake (-> when, trio clock)
+    _probing: set[str] = attrs.field(factory=set)
+    _not_followed: dict[str, float] = attrs.field(factory=dict)
+    #: a connection to a new master that passed the handshake, for the next session
+    _proven: tuple[str, HATransport] | None = None
+
+    def follow_master_address(self, address: str | None,
+                              on_followed: Callable[[], None] | None = None) -> None:
+        """The name server names ``address`` as the master's HA address. Without
+        haAuthSecret it is followed at once (``update_master_address``); with it, only once
+        it passes the handshake on a connection of its own, while the current session goes
+        on; then ``on_followed()`` runs. One that fails is not followed (see the module)."""
+        if address is None or address in self._probing:
+            return
+        if address == self.master_address:  # followed already (its other address may move)
+            if on_followed is not None:
+                on_followed()
+            return
+        if self.config.ha_auth_secret is None or self._nursery is None:
+            self.update_master_address(address)
+            if on_followed is not None:
+                on_followed()
+            return
+        failed_at = self._not_followed.get(address)
+        if failed_at is not None and trio.current_time() - failed_at < NOT_FOLLOWED_RETRY:
+            return
+        self._probing.add(address)
+        self._nursery.start_soon(self._try_master, address, self.config.ha_auth_secret,
+                                 on_followed)
+
+    async def _try_master(self, address: str, secret: str,
+                          on_followed: Callable[[], None] | None) -> None:
+        transport: HATransport | None = None
+        proven = False
+        try:
+            with trio.fail_after(CONNECT_TIMEOUT + HANDSHAKE_TIMEOUT):
+                transport = await self.connect(address)
+                await authenticate_master(transport, secret)
+            proven = True
+        except OSError as exc:  # not there (yet): the next registration tries again
+            log.debug("HA: master %s named by the name server not reachable: %s", address, exc)
+            return
+        except (HAProtocolError, trio.TooSlowError, trio.BrokenResourceError,
+                trio.ClosedResourceError) as exc:
+            self._not_follow(address, exc)
+            return
+        finally:
+            self._probing.discard(address)
+            if not proven:  # also when cancelled: the connection is not left open
+                await self._close(transport)
+        assert transport is not None
+        self._not_followed.pop(address, None)
+        if self._proven is not None:
+            await self._close(self._proven[1])
+        self._proven = (address, transport)
+        self.update_master_address(address)
+        if on_followed is not None:
+            on_followed()
+
+    def _not_follow(self, address: str, exc: BaseException) -> None:
+        again = address in self._not_followed
+        if not again and len(self._not_followed) >= MAX_NOT_FOLLOWED:
+            del self._not_followed[min(self._not_followed, key=self._not_followed.__getitem__)]
+        self._not_followed[address] = trio.current_time()
+        if not again:  # one line per address, not one per try
+            why = (str(exc) or type(exc).__name__) if not isinstance(exc, trio.TooSlowError) \
+                else "no handshake within the timeout"
+            log.warning("HA: not following %s, which the name server names as master: it "
+                        "failed authentication (%s); staying with %s", address, why,
+                        self.master_address or "no master")
+
+    @staticmethod
+    async def _close(transport: HATransport | None) -> None:
+        if transport is not None:
+            with trio.CancelScope(shield=True):
+                await transport.aclose()
 
     def update_master_address(self, address: str | None) -> None:
         """Follow a (new) master. A session with the old one ends; a divergence recorded
@@ -163,6 +255,17 @@ class HAClient:
         return None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                await self._run(task_status)
+            finally:
+                self._nursery = None
+                if self._proven is not None:
+                    await self._close(self._proven[1])
+                    self._proven = None
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         task_status.started()
         shortest = self.config.ha_reconnect_min_interval / 1000
         longest = self.config.ha_reconnect_interval / 1000
@@ -239,12 +342,19 @@ class HAClient:
     async def _session(self, address: str) -> None:
         self.state = HAClientState.CONNECTING
         self._served = False
-        with trio.fail_after(CONNECT_TIMEOUT):
-            transport = await self.connect(address)
+        proven, self._proven = self._proven, None
+        if proven is not None and proven[0] == address:
+            transport = proven[1]  # it passed the handshake already (follow_master_address)
+        else:
+            if proven is not None:
+                await self._close(proven[1])
+            proven = None
+            with trio.fail_after(CONNECT_TIMEOUT):
+                transport = await self.connect(address)
         self._transport = transport
         try:
             secret = self.config.ha_auth_secret
-            if secret is not None:
+            if secret is not None and proven is None:
                 self.state = HAClientState.AUTHENTICATING
                 with trio.fail_after(HANDSHAKE_TIMEOUT):
                     await authenticate_master(transport, secret)
