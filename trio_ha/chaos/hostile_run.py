@@ -526,6 +526,10 @@ class _Run:
             lambda: hostile.partial_frames(a.namesrv, connections=3, sent=1 << 20,
                                            seconds=left(2)),
             lambda: hostile.slowloris(a.namesrv, slow, seconds=left(2)),
+            lambda: hostile.lock_hoarding(a.broker, requests=20, seconds=left(10),
+                                          prefix="chaoshoard"),
+            lambda: hostile.group_flood(a.broker, heartbeats=2, groups=2000, seconds=left(10),
+                                        prefix="chaosgflood"),
         ]
         share = max(0.1, self.plan.seconds / len(attacks))
         for _ in range(100):  # bounded: the deadline ends it long before
