@@ -146,9 +146,10 @@ async def test_a_deeply_nested_subscription_group_body_is_not_valid_json_without
     async with open_remoting_client(broker) as client:
         reply = await client.invoke(RemotingCommand.request(
             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=deep), 5)
+        remark = reply.remark or ""
         assert reply.code == ResponseCode.SYSTEM_ERROR
-        assert "not valid JSON" in reply.remark and "\n" not in reply.remark
-        assert len(reply.remark) < 300
+        assert "not valid JSON" in remark and "\n" not in remark
+        assert len(remark) < 300
         # The connection and the broker are fine.
         reply = await client.invoke(hostile.subscription_group_request("fine"), 5)
         assert reply.code == ResponseCode.SUCCESS
@@ -171,8 +172,9 @@ async def test_update_broker_config_range_checks_what_it_changes(nursery, tmp_pa
         before = (await current())[key]
         reply = await client.invoke(RemotingCommand.request(
             RequestCode.UPDATE_BROKER_CONFIG, body=setting.encode()), 5)
+        remark = reply.remark or ""
         assert reply.code == ResponseCode.SYSTEM_ERROR
-        assert f"{key}=" in reply.remark and "outside" in reply.remark
+        assert f"{key}=" in remark and "outside" in remark
         assert (await current())[key] == before
 
 
@@ -186,9 +188,10 @@ async def test_a_subscription_group_refuses_negative_fields(nursery, tmp_path, f
         reply = await client.invoke(RemotingCommand.request(
             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
             body=json.dumps({"groupName": "neg", field: value}).encode()), 5)
+        remark = reply.remark or ""
         assert reply.code == ResponseCode.SYSTEM_ERROR
-        assert reply.remark == f"group neg: {field} must be in 0..{reply.remark.split('..')[1]}"
-        assert str(value) in reply.remark
+        assert remark.startswith(f"group neg: {field} must be in 0..")
+        assert remark.endswith(f", got {value}")
         reply = await client.invoke(RemotingCommand.request(
             RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG), 5)
         assert "neg" not in decode_subscription_groups(reply.body).subscription_group_table
