@@ -955,7 +955,8 @@ async def lock_hoarding(address: str, *, requests: int = 70, queues: int = 4096,
     under a new group and client id (a hoarder that would hold every lock the broker has);
     then an orderly consumer on another connection locks four queues of its own group.
     ``answers``: the replies by code, ``hoarded`` the locks the hoarder got, ``honest
-    locked`` those the consumer got (4 when the broker bounds the hoarder)."""
+    locked`` those the consumer got (4 when the broker bounds the hoarder). The consumer
+    asks after the hoarding, which ``seconds`` bounds, even when that was cut short."""
     tally = _Tally("lock hoarding", address)
     with trio.move_on_after(seconds):
         async with open_remoting_client(address) as hoarder:
@@ -967,13 +968,13 @@ async def lock_hoarding(address: str, *, requests: int = 70, queues: int = 4096,
                 tally.frames_sent += 1
                 tally.answers[f"LOCK_BATCH_MQ:{code_name(reply.code)}"] += 1
                 tally.answers["hoarded"] += _locked(reply)
-        async with open_remoting_client(address) as honest:
-            tally.connections += 1
-            reply = await honest.invoke(lock_request(
-                f"{prefix}_orderly", f"{prefix}_orderly@1",
-                [(f"{prefix}Orders", broker_name, q) for q in range(4)]), 10)
-            tally.frames_sent += 1
-            tally.answers["honest locked"] += _locked(reply)
+    async with open_remoting_client(address) as honest:
+        tally.connections += 1
+        reply = await honest.invoke(lock_request(
+            f"{prefix}_orderly", f"{prefix}_orderly@1",
+            [(f"{prefix}Orders", broker_name, q) for q in range(4)]), 10)
+        tally.frames_sent += 1
+        tally.answers["honest locked"] += _locked(reply)
     return tally.outcome()
 
 
@@ -990,7 +991,8 @@ async def group_flood(address: str, *, heartbeats: int = 10, groups: int = 10_00
     group (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP) and a consumer on another connection
     heartbeats and pulls as a member of it. ``answers``: the replies as
     ``<request>:<code>``; the pull's SUCCESS (or PULL_NOT_FOUND, on a topic without
-    messages) means the group works."""
+    messages) means the group works. The operator's turn comes after the flood, which
+    ``seconds`` bounds, even when that was cut short."""
     tally = _Tally("group flood", address)
     with trio.move_on_after(seconds):
         async with open_remoting_client(address) as flooder:
@@ -1001,15 +1003,15 @@ async def group_flood(address: str, *, heartbeats: int = 10, groups: int = 10_00
                                              30)
                 tally.frames_sent += 1
                 tally.answers[f"HEART_BEAT:{code_name(reply.code)}"] += 1
-        async with open_remoting_client(address) as operator:
-            tally.connections += 1
-            group = f"{prefix}_admin"
-            for kind, request in (
-                ("UPDATE_AND_CREATE_SUBSCRIPTIONGROUP", subscription_group_request(group)),
-                ("HEART_BEAT", heartbeat_request(f"{prefix}-member", consumers=[group])),
-                ("PULL_MESSAGE", pull_request(group=group)),
-            ):
-                reply = await operator.invoke(request, 10)
-                tally.frames_sent += 1
-                tally.answers[f"admin {kind}:{code_name(reply.code)}"] += 1
+    async with open_remoting_client(address) as operator:
+        tally.connections += 1
+        group = f"{prefix}_admin"
+        for kind, request in (
+            ("UPDATE_AND_CREATE_SUBSCRIPTIONGROUP", subscription_group_request(group)),
+            ("HEART_BEAT", heartbeat_request(f"{prefix}-member", consumers=[group])),
+            ("PULL_MESSAGE", pull_request(group=group)),
+        ):
+            reply = await operator.invoke(request, 10)
+            tally.frames_sent += 1
+            tally.answers[f"admin {kind}:{code_name(reply.code)}"] += 1
     return tally.outcome()

@@ -526,8 +526,8 @@ class _Run:
             lambda: hostile.partial_frames(a.namesrv, connections=3, sent=1 << 20,
                                            seconds=left(2)),
             lambda: hostile.slowloris(a.namesrv, slow, seconds=left(2)),
-            lambda: hostile.lock_hoarding(a.broker, requests=20, seconds=left(10),
-                                          prefix="chaoshoard"),
+            lambda: hostile.lock_hoarding(a.broker, requests=20, queues=1024,
+                                          seconds=left(10), prefix="chaoshoard"),
             lambda: hostile.group_flood(a.broker, heartbeats=2, groups=2000, seconds=left(10),
                                         prefix="chaosgflood"),
         ]
