@@ -57,8 +57,18 @@ async def test_queue_locks_are_bounded_per_client_per_group_and_in_all(autojump_
     assert len(locks.lock("g1", "a", queues[:2], owner="conn1")) == 2
     assert len(locks.lock("g2", "b", queues, owner="conn1")) == 1
     assert locks.lock("g3", "c", queues, owner="conn1") == set()
-    # Renewing what it holds is never refused.
+    # Renewing what it holds through the same connection is never refused; through
+    # another, within that one's bound (a hoarder cannot gather locks connection by
+    # connection, then renew them all through one).
     assert locks.lock("g1", "a", queues[:2], owner="conn1") == set(queues[:2])
+    assert locks.lock("g1", "a", queues[:2], owner="conn9") == set(queues[:2])  # moved
+    assert locks.lock("g2", "b", queues[:1], owner="conn9") == {queues[0]}  # 3 on conn9
+    assert locks.lock("g3", "x", queues[5:6], owner="conn5") == {queues[5]}
+    assert locks.lock("g3", "x", queues[5:6], owner="conn9") == set()  # conn9 is full
+    assert locks.holder("g3", queues[5]) == "x"
+    locks.unlock("g3", "x", queues)
+    locks.lock("g1", "a", queues[:2], owner="conn1")  # back where they were
+    locks.lock("g2", "b", queues[:1], owner="conn1")
     # Per group, across connections.
     assert len(locks.lock("g4", "d", queues, owner="conn2")) == 3
     assert len(locks.lock("g4", "e", queues, owner="conn3")) == 2  # 5 in g4

@@ -22,7 +22,8 @@ request gets only the locks that fit (expired entries are swept first, once per 
   A client id is whatever the request body says, so a hoarder would invent one per request;
   the connection it sends on is not its to choose. A real client locks at most the queues
   rebalancing gives it, over its one connection to this broker, for all its groups; 4,096
-  is also the most one request may name.
+  is also the most one request may name. A renewal through another connection (a client
+  that reconnected) moves the lock there, within that connection's bound.
 
 A request that is refused some of its queues is logged in one line (rate-limited), never one
 per queue.
@@ -89,10 +90,20 @@ class QueueLockManager:
         swept = False
         for queue in queues:
             lock = locks.get(queue)
-            if lock is not None and lock.client_id == client_id:
+            if lock is not None and lock.client_id == client_id and (
+                    lock.owner == owner
+                    or self._owned.get(owner, 0) < self.max_locks_per_client):
+                # A renewal; through another connection (a client that reconnected) it counts
+                # there from now on, within that connection's bound: else a hoarder could
+                # gather locks through one connection after another and renew them all
+                # through one.
                 self._move(lock, owner)
                 lock.renewed_at = now
                 held.add(queue)
+                continue
+            if lock is not None and lock.client_id == client_id:
+                refused += 1
+                bound = f"maxQueueLockNumsPerClient={self.max_locks_per_client} reached"
                 continue
             if lock is not None and now - lock.renewed_at <= self.lifetime:
                 continue  # another client's
