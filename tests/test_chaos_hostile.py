@@ -43,7 +43,7 @@ EVERY_ATTACK = {
     "non-reading clients", "partial frames", "slowloris", "abandoned long polls", "bad frames",
     "connection flood", "HA connection flood", "invalid input", "metadata flood",
     "HA report flood", "rogue HA slave", "rogue HA master", "leave with requests unsent",
-    "metrics crowd", "broker name takeover",
+    "metrics crowd", "broker name takeover", "lock hoarding", "group flood",
 }
 
 
@@ -77,6 +77,11 @@ def test_a_short_seeded_run_passes_and_its_report_adds_up(tmp_path):
     assert invalid["frames_sent"] > 0 and "SUCCESS" not in invalid["answers"]
     assert invalid["note"] == ""
     assert by_name["rogue HA master"][0]["connections"] >= 1
+    # No one client locks the others out: an orderly consumer locks its queues after the
+    # hoarder, an operator creates a group after the heartbeat flood.
+    assert by_name["lock hoarding"][0]["answers"]["honest locked"] == 4
+    assert by_name["group flood"][0]["answers"][
+        "admin UPDATE_AND_CREATE_SUBSCRIPTIONGROUP:SUCCESS"] == 1
     assert report["victim_state"] == "refused"
     for takeover in by_name["broker name takeover"]:  # issue 35: the routes held
         assert "taken over" not in takeover["answers"] and "SUCCESS" not in takeover["answers"]

@@ -42,7 +42,7 @@ from ..remoting import RemotingConnection
 from ..store import MessageStore
 from ..wire import layout
 from ..wire.errors import MetadataDecodeError, RouteDecodeError
-from ..wire.fastjson import write_json
+from ..wire.fastjson import read_json, write_json
 from ..wire.heartbeat import HeartbeatData
 from ..wire.metadata import (
     RETRY_GROUP_TOPIC_PREFIX,
@@ -142,11 +142,18 @@ def heart_beat(
         if problem is not None:
             return error(request, f"bad heartbeat body: {problem}")
     # As RocketMQ: a consumer's group is created on demand when autoCreateSubscriptionGroup
-    # allows it (and, here, while the table is below its cap). Only consumers of groups the
-    # broker has are registered: a pull of any other group is refused anyway.
+    # allows it (and, here, within the on-demand bounds: in all, and per connection). Only
+    # consumers of groups the broker has are registered: a pull of any other group is refused
+    # anyway. The heartbeat answers SUCCESS whatever was refused, as RocketMQ's does: a client
+    # whose heartbeat fails logs it every 30 s and its groups that exist would gain nothing.
     subscriptions = broker.metadata.subscriptions
     consumers = tuple(c for c in data.consumer_data_set
-                      if subscriptions.find_or_create(c.group_name) is not None)
+                      if subscriptions.find_or_create(c.group_name, creator=connection)
+                      is not None)
+    refused = len(data.consumer_data_set) - len(consumers)
+    if refused and subscriptions.auto_create:
+        subscriptions.log_refusal(f"a heartbeat of {data.client_id} from {connection.peer}",
+                                  refused, connection)
     if not broker.is_slave:
         _create_retry_topics(broker, [c.group_name for c in consumers])
     broker.clients.heartbeat(attrs.evolve(data, consumer_data_set=consumers), connection,
@@ -410,14 +417,16 @@ def update_subscription_group(
     if refused is not None:
         return refused
     try:
-        obj = json.loads(request.body)
+        # read_json, as HEART_BEAT reads its body: a deeply nested document is "not valid
+        # JSON", not a RecursionError and a traceback
+        obj = read_json(request.body, error=MetadataDecodeError, what="subscription group")
         if not isinstance(obj, dict):
             raise TypeError(f"expected a JSON object, got {type(obj).__name__}")
         wrapped = decode_subscription_groups(
             json.dumps({"subscriptionGroupTable": {obj["groupName"]: obj}})
         )
         (config,) = wrapped.subscription_group_table.values()
-    except (ValueError, KeyError, TypeError, MetadataDecodeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError, MetadataDecodeError) as exc:
         return error(request, f"bad subscription group body: {exc}")
     assert isinstance(config, SubscriptionGroupConfig)
     try:
@@ -759,7 +768,8 @@ def lock_batch_mq(
         body = LockBatchRequest.decode(request.body)
     except RouteDecodeError as exc:
         return error(request, f"bad lock request body: {exc}")
-    held = broker.queue_locks.lock(body.consumer_group, body.client_id, body.mq_set)
+    held = broker.queue_locks.lock(body.consumer_group, body.client_id, body.mq_set,
+                                   owner=connection.peer)
     return ok(request, body=LockBatchResponse(tuple(held)).encode())
 
 

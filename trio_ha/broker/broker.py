@@ -207,7 +207,16 @@ class Broker:
         )
     )
     #: which client of a group holds which queue (orderly consumption)
-    queue_locks: QueueLockManager = attrs.field(factory=QueueLockManager)
+    queue_locks: QueueLockManager = attrs.field(
+        default=attrs.Factory(
+            lambda self: QueueLockManager(
+                max_locks=self.config.max_queue_lock_nums,
+                max_locks_per_group=self.config.max_queue_lock_nums_per_group,
+                max_locks_per_client=self.config.max_queue_lock_nums_per_client,
+            ),
+            takes_self=True,
+        )
+    )
     started_at: float = attrs.field(factory=time.time)
     #: set when a table should be written before the next periodic round
     _persist_soon: trio.Event = attrs.field(factory=trio.Event, init=False)

@@ -35,8 +35,13 @@ from ..wire.metadata import DEFAULT_TOPIC_QUEUE_NUMS
 from ..wire.permission import Permission
 from .clients import DEFAULT_MAX_PRODUCER_GROUPS
 from .config_keys import check_keys
-from .metadata import DEFAULT_MAX_CONSUMER_OFFSETS, DEFAULT_MAX_SUBSCRIPTION_GROUPS
+from .metadata import (
+    DEFAULT_MAX_AUTO_CREATED_PER_CLIENT,
+    DEFAULT_MAX_CONSUMER_OFFSETS,
+    DEFAULT_MAX_SUBSCRIPTION_GROUPS,
+)
 from .metadata.validation import MAX_PERMISSION, MAX_QUEUE_NUMS
+from .queue_locks import DEFAULT_MAX_LOCKS_PER_CLIENT, DEFAULT_MAX_LOCKS_PER_GROUP, MAX_LOCKS
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +112,19 @@ class BrokerConfig:
     #: name servers, ``host:port;host:port`` (each checked when the config is made)
     namesrv_addr: str | None = attrs.field(default=None, validator=_namesrv_addr)
     register_name_server_period: int = attrs.field(default=30_000, validator=in_range(1))
-    register_broker_timeout_mills: int = attrs.field(default=6000, validator=in_range(1))
+    #: each registration call's bound (ms): at most a minute, two registration periods
+    register_broker_timeout_mills: int = attrs.field(default=6000, validator=in_range(1, 60_000))
     auto_create_topic_enable: bool = True
     auto_create_subscription_group: bool = True
     # Caps on what clients make the broker keep (trio_ha's keys; RocketMQ has no such limits).
     #: subscription groups: none is created beyond it, on demand or by request
     max_subscription_group_nums: int = attrs.field(
         default=DEFAULT_MAX_SUBSCRIPTION_GROUPS, validator=in_range(1)
+    )
+    #: subscription groups one client (one connection) may create on demand (heartbeats);
+    #: on-demand creation also stops at nine tenths of maxSubscriptionGroupNums
+    max_auto_create_subscription_group_nums_per_client: int = attrs.field(
+        default=DEFAULT_MAX_AUTO_CREATED_PER_CLIENT, validator=in_range(0, 1_000_000)
     )
     #: consumer offsets (topic, group, queue) in all: commits of new ones beyond it are refused
     max_consumer_offset_nums: int = attrs.field(
@@ -123,6 +134,15 @@ class BrokerConfig:
     max_producer_group_nums: int = attrs.field(
         default=DEFAULT_MAX_PRODUCER_GROUPS, validator=in_range(1)
     )
+    #: queue locks (LOCK_BATCH_MQ) held in all, per consumer group, and per client (the
+    #: locks taken through one connection): beyond one, a request gets only what fits
+    max_queue_lock_nums: int = attrs.field(default=MAX_LOCKS, validator=in_range(1))
+    max_queue_lock_nums_per_group: int = attrs.field(
+        default=DEFAULT_MAX_LOCKS_PER_GROUP, validator=in_range(1)
+    )
+    max_queue_lock_nums_per_client: int = attrs.field(
+        default=DEFAULT_MAX_LOCKS_PER_CLIENT, validator=in_range(1)
+    )
     default_topic_queue_nums: int = attrs.field(
         default=DEFAULT_TOPIC_QUEUE_NUMS, validator=in_range(1, MAX_QUEUE_NUMS)
     )
@@ -130,12 +150,19 @@ class BrokerConfig:
         default=Permission.READ | Permission.WRITE, validator=in_range(0, MAX_PERMISSION)
     )
     long_polling_enable: bool = True
-    short_polling_time_mills: int = attrs.field(default=1000, validator=in_range(1))
+    #: how long a pull waits without long polling (ms): at most the 30 s a client waits for
+    #: a suspended pull's answer
+    short_polling_time_mills: int = attrs.field(default=1000, validator=in_range(1, 30_000))
     slave_read_enable: bool = False
     access_message_in_memory_max_ratio: int = attrs.field(default=40, validator=in_range(0, 100))
-    max_transfer_count_on_message_in_memory: int = attrs.field(default=32, validator=in_range(1))
+    #: what one pull returns at most: messages (at most a client's largest pull batch, 1024),
+    #: and bytes (at least 1 KiB, so a pull moves more than a header; at most 8 MiB, well
+    #: inside the 16 MiB frame a RocketMQ client reads)
+    max_transfer_count_on_message_in_memory: int = attrs.field(
+        default=32, validator=in_range(1, 1024)
+    )
     max_transfer_bytes_on_message_in_memory: int = attrs.field(
-        default=256 * 1024, validator=in_range(1)
+        default=256 * 1024, validator=in_range(1024, 8 * MiB)
     )
     flush_consumer_offset_interval: int = attrs.field(default=5000, validator=in_range(1))
     #: also listen on listenPort - 2 (RocketMQ's "VIP" channel)

@@ -106,7 +106,8 @@ async def _route(broker: Broker, request: RemotingCommand,
             return RemotingCommand.response_to(
                 request, ResponseCode.SLAVE_NOT_AVAILABLE,
                 remark="a slave keeps no transactions; end it at the master")
-        return await end_transaction(broker.store, request)
+        return await end_transaction(broker.store, request,
+                                     broker.transaction_check.decisions)
     handler = admin.HANDLERS.get(code)
     await trio.lowlevel.checkpoint()
     if handler is not None:

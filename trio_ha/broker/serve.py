@@ -80,6 +80,8 @@ def load_metadata(config: BrokerConfig) -> BrokerMetadata:
         auto_create_subscription_group=config.auto_create_subscription_group,
         broker_permission=config.broker_permission,
         max_subscription_groups=config.max_subscription_group_nums,
+        max_auto_created_groups_per_client=(
+            config.max_auto_create_subscription_group_nums_per_client),
         max_consumer_offsets=config.max_consumer_offset_nums,
     )
     metadata.topics.ensure_system_topics(config.broker_cluster_name, config.broker_name)

@@ -22,9 +22,19 @@ TRANS_CHECK_MAX_TIME_TOPIC, as RocketMQ does.
 
 How far the check got is kept as RocketMQ keeps it, as the consumer offsets of group
 CID_RMQ_SYS_TRANS on the half and op queues (consumerOffset.json), so it survives restarts and
-crashes and reaches the slaves with the other offsets. Everything is at-least-once: a crash
-between a commit's copy and its op message makes the check ask again, and a producer that
-commits twice gets two copies, as with RocketMQ.
+crashes and reaches the slaves with the other offsets.
+
+A transaction is decided once (``TransactionDecisions``), where RocketMQ 4.9 commits a message
+as often as END_TRANSACTION asks. The producer's own END and its answer to a check (which names
+the check's copy of the half message) are two ENDs of one transaction, and a retried or
+replayed END is a third: a repeat of the decision answers as the first did and delivers
+nothing more; the other decision answers ILLEGAL_OPERATION (RocketMQ 5's answer to an END it
+will not apply). A transaction is its producer group and its UNIQ_KEY, which the check's
+copies keep. Each op message records its decision (``TRAN_DECISION``) and the transaction
+(``KEYS``, so the index finds it): the decisions of the last ``MAX_REMEMBERED`` transactions
+are answered from memory, older ones and those made before a restart from the index (with
+messageIndexEnable=false, from memory only). A crash between a commit's copy and its op
+message still makes the check ask again: that window stays at-least-once, as in RocketMQ.
 """
 
 from __future__ import annotations
@@ -46,8 +56,8 @@ from .clients import ClientManager
 from .metadata import BrokerMetadata
 
 __all__ = [
-    "TransactionCheck",
-    "end_transaction", "half_message", "is_transactional",
+    "TransactionCheck", "TransactionDecisions",
+    "end_transaction", "half_message", "is_transactional", "transaction_key",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,6 +66,16 @@ PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 #: the op message's tag: the half message is done (committed or rolled back)
 REMOVE_TAG = "d"
+#: the op message's property naming its decision, COMMIT or ROLLBACK (ours: RocketMQ reads
+#: only an op message's tag and body, so its brokers read our op queues as before)
+PROPERTY_TRANSACTION_DECISION = "TRAN_DECISION"
+#: transactions whose decisions are answered from memory (the index answers for older ones)
+MAX_REMEMBERED = 65536
+#: op messages of one transaction the index lookup reads at most (one per check's copy)
+MAX_OPS_PER_TRANSACTION = 64
+#: ms before a half message's birth an op message of its transaction is looked for (a
+#: producer's clock may run ahead of the broker's)
+CLOCK_SKEW_MS = 3_600_000
 #: the group whose consumer offsets record how far the check got
 CHECK_GROUP = "CID_RMQ_SYS_TRANS"
 #: half and op messages read per step of a check round
@@ -65,6 +85,8 @@ MAX_OPS_PER_ROUND = 65536
 
 COMMIT = rec.TRANSACTION_COMMIT
 ROLLBACK = rec.TRANSACTION_ROLLBACK
+_DECISION_NAMES = {COMMIT: "COMMIT", ROLLBACK: "ROLLBACK"}
+_DECISIONS_BY_NAME = {name: decision for decision, name in _DECISION_NAMES.items()}
 
 
 def is_transactional(properties: dict[str, str]) -> bool:
@@ -81,9 +103,111 @@ def half_message(topic: str, queue_id: int, properties: dict[str, str]) -> dict[
     return moved
 
 
-async def _put_op(store: MessageStore, half: rec.StoredMessage) -> bool:
-    """Mark ``half`` done: an op message naming its queue offset."""
-    properties = {rec.PROPERTY_TAGS: REMOVE_TAG, rec.PROPERTY_WAIT_STORE_MSG_OK: "false"}
+def transaction_key(half: rec.StoredMessage) -> str:
+    """The transaction a half message belongs to: its producer group and UNIQ_KEY, which the
+    check's copies keep (a half message without a UNIQ_KEY is its own transaction)."""
+    group = half.properties.get(rec.PROPERTY_PRODUCER_GROUP, "")
+    uniq = half.properties.get(rec.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
+    if not uniq or " " in uniq:
+        uniq = f"@{half.commitlog_offset}"
+    return f"{group}/{uniq}"
+
+
+@attrs.define(eq=False)
+class _Decision:
+    decision: int
+    #: set once the decision is stored (its commit copy and op message), or failed
+    stored: trio.Event = attrs.field(factory=trio.Event)
+    ok: bool = False
+    #: half queue offsets (the half message and the check's copies) an op message marks done
+    marked: set[int] = attrs.field(factory=set)
+
+
+@attrs.define(eq=False)
+class TransactionDecisions:
+    """What each transaction was decided (see the module's docstring)."""
+
+    store: MessageStore
+    max_remembered: int = MAX_REMEMBERED
+    #: transaction key -> its decision, oldest first
+    _recent: dict[str, _Decision] = attrs.field(factory=dict)
+
+    async def decided(self, half: rec.StoredMessage) -> _Decision | None:
+        """The stored decision of ``half``'s transaction, or None: from memory, waiting for
+        one being stored now, else from the op messages the index finds."""
+        key = transaction_key(half)
+        known = self._recent.get(key)
+        if known is not None:
+            await known.stored.wait()
+            if known.ok:
+                return known
+            return None
+        await trio.lowlevel.checkpoint()
+        found = self._recorded(key, half)
+        if found is not None:
+            if key in self._recent:  # decided while we looked
+                return await self.decided(half)
+            self._remember(key, found)
+        return found
+
+    def _recorded(self, key: str, half: rec.StoredMessage) -> _Decision | None:
+        """The decision an op message records for ``key``, found by the index."""
+        begin = max(0, min(half.born_timestamp, half.store_timestamp) - CLOCK_SKEW_MS)
+        found = self.store.query_message(TRANS_OP_HALF_TOPIC, key, MAX_OPS_PER_TRANSACTION,
+                                         begin, 2**63 - 1)
+        result: _Decision | None = None
+        for record in found.records:
+            op = rec.decode_record(record)
+            decision = _DECISIONS_BY_NAME.get(op.properties.get(PROPERTY_TRANSACTION_DECISION, ""))
+            if decision is None:
+                continue
+            if result is None:
+                result = _Decision(decision, ok=True)
+                result.stored.set()
+            if op.body.isdigit():
+                result.marked.add(int(op.body))
+        return result
+
+    def begin(self, half: rec.StoredMessage, decision: int) -> _Decision | None:
+        """Claim ``half``'s transaction for ``decision``: None when another END claimed it
+        first (then ask ``decided``). No checkpoint between the caller's ``decided`` and this,
+        so two ENDs cannot both claim it."""
+        key = transaction_key(half)
+        if key in self._recent:
+            return None
+        entry = _Decision(decision)
+        self._remember(key, entry)
+        return entry
+
+    def finish(self, half: rec.StoredMessage, entry: _Decision, *, took_effect: bool,
+               marked: bool) -> None:
+        """The claimed decision took effect (a commit's copy is stored; ``marked``: its op
+        message too) or not: one that did not is forgotten, so a retry decides again."""
+        entry.ok = took_effect
+        if marked:
+            entry.marked.add(half.queue_offset)
+        if not took_effect:
+            key = transaction_key(half)
+            if self._recent.get(key) is entry:
+                del self._recent[key]
+        entry.stored.set()
+
+    def _remember(self, key: str, entry: _Decision) -> None:
+        recent = self._recent
+        recent[key] = entry
+        while len(recent) > self.max_remembered:
+            oldest = next(iter(recent))
+            if not recent[oldest].stored.is_set():
+                break  # still being stored: kept (only max_remembered claims can be pending)
+            del recent[oldest]
+
+
+async def _put_op(store: MessageStore, half: rec.StoredMessage, decision: int) -> bool:
+    """Mark ``half`` done: an op message naming its queue offset, its transaction (KEYS, for
+    the index) and the decision."""
+    properties = {rec.PROPERTY_TAGS: REMOVE_TAG, rec.PROPERTY_WAIT_STORE_MSG_OK: "false",
+                  rec.PROPERTY_KEYS: transaction_key(half),
+                  PROPERTY_TRANSACTION_DECISION: _DECISION_NAMES[decision]}
     result = await store.put_encoded(
         TRANS_OP_HALF_TOPIC, half.queue_id, str(half.queue_offset).encode(),
         rec.encode_properties(properties).encode(), wait_store_msg_ok=False,
@@ -91,9 +215,11 @@ async def _put_op(store: MessageStore, half: rec.StoredMessage) -> bool:
     return result.status is PutMessageStatus.PUT_OK
 
 
-async def end_transaction(store: MessageStore, request: RemotingCommand) -> RemotingCommand:
+async def end_transaction(store: MessageStore, request: RemotingCommand,
+                          decisions: TransactionDecisions) -> RemotingCommand:
     """END_TRANSACTION: commit or roll back the half message the request names (RocketMQ
-    4.9.8's EndTransactionProcessor, after the slave check). UNKNOW (0) changes nothing."""
+    4.9.8's EndTransactionProcessor, after the slave check), once per transaction. UNKNOW
+    (0) changes nothing."""
     decision = request.field_int("commitOrRollback")
     offset = request.field_long("commitLogOffset")
     group = request.field_str("producerGroup")
@@ -111,6 +237,56 @@ async def end_transaction(store: MessageStore, request: RemotingCommand) -> Remo
         problem = "The transaction state table offset wrong"
     if problem is not None or half is None:
         return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR, remark=problem)
+    for _ in range(3):  # a claim that fails while we wait is tried again, a few times
+        earlier = await decisions.decided(half)
+        if earlier is not None:
+            return await _answer_decided(store, request, half, decision, earlier)
+        entry = decisions.begin(half, decision)
+        if entry is not None:
+            break
+    else:
+        return RemotingCommand.response_to(request, ResponseCode.SYSTEM_BUSY,
+                                           remark="the transaction is being decided; retry")
+    outcome = _Outcome()
+    try:
+        return await _decide(store, request, half, decision, outcome)
+    finally:
+        decisions.finish(half, entry, took_effect=outcome.took_effect, marked=outcome.marked)
+
+
+async def _answer_decided(store: MessageStore, request: RemotingCommand,
+                          half: rec.StoredMessage, decision: int,
+                          earlier: _Decision) -> RemotingCommand:
+    """An END of a transaction already decided: nothing is delivered again; the half message
+    it names (a check's copy, say) is marked done if no op message marks it yet."""
+    if half.queue_offset not in earlier.marked:
+        if not await _put_op(store, half, earlier.decision):
+            return RemotingCommand.response_to(
+                request, ResponseCode.SYSTEM_ERROR,
+                remark="cannot store the transaction's op message")
+        earlier.marked.add(half.queue_offset)
+    else:
+        await trio.lowlevel.checkpoint()
+    if decision == earlier.decision:
+        return RemotingCommand.response_to(request, ResponseCode.SUCCESS)
+    return RemotingCommand.response_to(
+        request, ResponseCode.ILLEGAL_OPERATION,
+        remark=f"the transaction was already decided: {_DECISION_NAMES[earlier.decision]}")
+
+
+@attrs.define
+class _Outcome:
+    #: a commit's copy is stored (or it is a rollback, which delivers nothing)
+    took_effect: bool = False
+    #: the op message is stored
+    marked: bool = False
+
+
+async def _decide(store: MessageStore, request: RemotingCommand, half: rec.StoredMessage,
+                  decision: int, outcome: _Outcome) -> RemotingCommand:
+    """Store the decision: the commit's copy in the real topic, then the op message. A
+    commit whose op message fails stays decided (its copy is delivered): a retry only marks
+    the half message done."""
     if decision == COMMIT:
         properties = dict(half.properties)
         for name in (rec.PROPERTY_TRANSACTION_PREPARED, rec.PROPERTY_REAL_TOPIC,
@@ -127,15 +303,17 @@ async def end_transaction(store: MessageStore, request: RemotingCommand) -> Remo
             real_topic, int(real_queue), half.body, rec.encode_properties(properties).encode(),
             flag=half.flag, sys_flag=(half.sys_flag & ~rec.TRANSACTION_TYPE_MASK) | COMMIT,
             born_timestamp=half.born_timestamp, born_host=half.born_host,
-            reconsume_times=half.reconsume_times, prepared_transaction_offset=offset,
+            reconsume_times=half.reconsume_times, prepared_transaction_offset=half.commitlog_offset,
             wait_store_msg_ok=False,
         )
         if result.status is not PutMessageStatus.PUT_OK:
             return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
                                                remark=result.remark or result.status.name)
-    if not await _put_op(store, half):
+        outcome.took_effect = True
+    if not await _put_op(store, half, decision):
         return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
                                            remark="cannot store the transaction's op message")
+    outcome.took_effect = outcome.marked = True
     return RemotingCommand.response_to(request, ResponseCode.SUCCESS)
 
 
@@ -172,6 +350,9 @@ class TransactionCheck:
     #: the op queue is read up to here
     _op_read_to: int = 0
     _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
+    #: what each transaction was decided (END_TRANSACTION's and this check's)
+    decisions: TransactionDecisions = attrs.field(
+        default=attrs.Factory(lambda self: TransactionDecisions(self.store), takes_self=True))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -257,6 +438,9 @@ class TransactionCheck:
                 immune_text = half.properties.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, "")
                 if immune_text.isdigit():
                     immunity = int(immune_text) * 1000
+                if await self._decided_already(half):
+                    half_offset += 1
+                    continue
                 if now - half.born_timestamp < immunity or not await self._check(half, checks + 1):
                     # Too young, and so is every later one; or the copy could not be stored
                     # (tried again next round).
@@ -271,6 +455,18 @@ class TransactionCheck:
         offsets = self.metadata.offsets
         offsets.commit(CHECK_GROUP, TRANS_HALF_TOPIC, 0, half_offset)
         offsets.commit(CHECK_GROUP, TRANS_OP_HALF_TOPIC, 0, op_offset)
+
+    async def _decided_already(self, half: rec.StoredMessage) -> bool:
+        """Whether ``half``'s transaction was decided through another of its half messages
+        (the producer's END for the original, a check's copy answered): then this one is
+        marked done instead of asked about again."""
+        earlier = await self.decisions.decided(half)
+        if earlier is None:
+            return False
+        if half.queue_offset not in earlier.marked and await _put_op(self.store, half,
+                                                                     earlier.decision):
+            earlier.marked.add(half.queue_offset)
+        return True
 
     async def _check(self, half: rec.StoredMessage, checks: int) -> bool:
         """Store ``half`` again at the end of the half queue with its check count, and ask a

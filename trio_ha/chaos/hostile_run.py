@@ -533,6 +533,10 @@ class _Run:
                                               seconds=left(waits)),
             lambda: hostile.broker_name_takeover(a.namesrv, "broker-a", fake_addr="127.0.0.1:9",
                                                  fake_ha_addr="127.0.0.1:9", seconds=left(10)),
+            lambda: hostile.lock_hoarding(a.broker, requests=20, queues=1024,
+                                          seconds=left(10), prefix="chaoshoard"),
+            lambda: hostile.group_flood(a.broker, heartbeats=2, groups=2000, seconds=left(10),
+                                        prefix="chaosgflood"),
         ]
         share = max(0.1, self.plan.seconds / len(attacks))
         for _ in range(100):  # bounded: the deadline ends it long before

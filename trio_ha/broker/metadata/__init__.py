@@ -28,6 +28,7 @@ from .consumer_offsets import DEFAULT_MAX_CONSUMER_OFFSETS, ConsumerOffsetManage
 from .delay_offsets import DelayOffsetManager
 from .files import CONFIG_DIR_NAME, MetadataLoadError, atomic_write, config_dir_of, load_with_backup
 from .subscription_groups import (
+    DEFAULT_MAX_AUTO_CREATED_PER_CLIENT,
     DEFAULT_MAX_SUBSCRIPTION_GROUPS,
     SYSTEM_CONSUMER_GROUPS,
     SubscriptionGroupManager,
@@ -57,6 +58,7 @@ __all__ = [
     "AUTO_CREATE_TOPIC_KEY_TOPIC",
     "BENCHMARK_TOPIC",
     "CONFIG_DIR_NAME",
+    "DEFAULT_MAX_AUTO_CREATED_PER_CLIENT",
     "DEFAULT_MAX_CONSUMER_OFFSETS",
     "DEFAULT_MAX_SUBSCRIPTION_GROUPS",
     "MAX_QUEUE_NUMS",

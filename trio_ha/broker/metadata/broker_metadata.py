@@ -22,7 +22,11 @@ from trio_ha.wire.permission import Permission
 from .config_file import ConfigFile, now_ms
 from .consumer_offsets import DEFAULT_MAX_CONSUMER_OFFSETS, ConsumerOffsetManager
 from .delay_offsets import DelayOffsetManager
-from .subscription_groups import DEFAULT_MAX_SUBSCRIPTION_GROUPS, SubscriptionGroupManager
+from .subscription_groups import (
+    DEFAULT_MAX_AUTO_CREATED_PER_CLIENT,
+    DEFAULT_MAX_SUBSCRIPTION_GROUPS,
+    SubscriptionGroupManager,
+)
 from .topics import TopicConfigManager
 
 __all__ = ["BrokerMetadata"]
@@ -49,6 +53,7 @@ class BrokerMetadata:
         auto_create_subscription_group: bool = True,
         broker_permission: int = Permission.READ | Permission.WRITE,
         max_subscription_groups: int = DEFAULT_MAX_SUBSCRIPTION_GROUPS,
+        max_auto_created_groups_per_client: int = DEFAULT_MAX_AUTO_CREATED_PER_CLIENT,
         max_consumer_offsets: int = DEFAULT_MAX_CONSUMER_OFFSETS,
         clock: Callable[[], int] = now_ms,
     ) -> BrokerMetadata:
@@ -68,6 +73,7 @@ class BrokerMetadata:
             SubscriptionGroupManager.load(
                 config_dir, auto_create=auto_create_subscription_group,
                 max_groups=max_subscription_groups, clock=clock,
+                max_auto_created_per_creator=max_auto_created_groups_per_client,
             ),
             DelayOffsetManager.load(config_dir),
         )

@@ -138,6 +138,8 @@ class ResponseCode(enum.IntEnum):
     CONSUME_MSG_TIMEOUT = 207
     NO_MESSAGE = 208
     FLOW_CONTROL = 215
+    #: RocketMQ 5: an END_TRANSACTION the broker will not apply (here: the other decision)
+    ILLEGAL_OPERATION = 604
 
 
 class RemotingFlag(enum.IntFlag):
