@@ -51,6 +51,7 @@ from ..remoting import RemotingError, open_remoting_client
 from ..store.offline import OfflineStoreError, verify_store
 from ..testing import ClusterConfig, NodeProcess, ProcessCluster
 from ..testing.processes import log_tail
+from ..wire.acl import Credentials, sign
 from ..wire.errors import WireError
 from ..wire.record import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
@@ -526,6 +527,11 @@ class _Run:
             lambda: hostile.partial_frames(a.namesrv, connections=3, sent=1 << 20,
                                            seconds=left(2)),
             lambda: hostile.slowloris(a.namesrv, slow, seconds=left(2)),
+            # a signed read of a topic no one uses, replayed as its delete (issue 35)
+            lambda: hostile.replay_signatures(a.broker, sign(RemotingCommand.request(
+                RequestCode.GET_TOPIC_CONFIG, {"topic": "chaosReplayed"}),
+                Credentials("chaosAdmin", "chaosSecret")), RequestCode.DELETE_TOPIC_IN_BROKER,
+                seconds=left(5)),
         ]
         share = max(0.1, self.plan.seconds / len(attacks))
         for _ in range(100):  # bounded: the deadline ends it long before
