@@ -94,8 +94,8 @@ async def test_a_captured_read_or_create_replayed_as_delete_topic_deletes_nothin
         for topic, capture in captured.items():
             outcome = await replay_signatures(cluster.master.addr, capture,
                                               RequestCode.DELETE_TOPIC_IN_BROKER)
-            assert outcome.frames_sent == len(replayed_as(capture, 0)) >= 3
             assert await topic_exists(client, topic), outcome.answers
+            assert outcome.frames_sent == len(replayed_as(capture, 0)) >= 2
             assert not [way for way in outcome.answers if way.endswith(":SUCCESS")] or \
                 all("into topic" in way for way in outcome.answers
                     if way.endswith(":SUCCESS")), outcome.answers
