@@ -75,6 +75,16 @@ def read_acl_file(path: str) -> bytes:
         os.close(fd)
 
 
+#: the AccessKeys a load's log line names (a file of thousands makes one short line)
+_NAMED = 10
+
+
+def _some_names(acl: PlainAcl) -> str:
+    names = sorted(acl.accounts)
+    shown = ", ".join(names[:_NAMED]) or "none"
+    return shown if len(names) <= _NAMED else f"{shown} and {len(names) - _NAMED} more"
+
+
 def _stamp(path: str) -> tuple[int, ...] | None:
     """What says the file may have changed: its inode (replaced by a rename), size, mtime,
     and ctime (a chmod that makes an unreadable file readable moves only that)."""
@@ -113,7 +123,7 @@ class AclFile:
                                  f"{exc.strerror or exc}") from None
         acl = PlainAcl.parse(text, path)
         log.info("ACL: %d account(s) from %s (%s)", len(acl.accounts), path,
-                 ", ".join(sorted(acl.accounts)) or "none")
+                 _some_names(acl))
         return cls(path, acl, stamp, text, guard)
 
     def check(self, request: RemotingCommand, peer_host: str,
@@ -148,7 +158,7 @@ class AclFile:
         self.acl = acl
         self.reloads += 1
         log.info("ACL: reloaded %s: %d account(s) (%s)", self.path, len(acl.accounts),
-                 ", ".join(sorted(acl.accounts)) or "none")
+                 _some_names(acl))
         return True
 
     async def watch(self, interval: float = WATCH_INTERVAL) -> None:
