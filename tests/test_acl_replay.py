@@ -75,7 +75,7 @@ def acl_cluster(tmp_path, **properties: str) -> ClusterConfig:
                                      **properties})
 
 
-async def test_a_captured_read_or_create_replayed_as_delete_topic_deletes_nothing_as_rocketmq_does_not(  # noqa: E501
+async def test_a_captured_read_or_create_replayed_as_delete_topic_deletes_nothing_as_rocketmq_does_not(
         tmp_path):
     """An admin's signed GET_TOPIC_CONFIG (our client's), and mqadmin's signed create-topic,
     captured and sent again as DELETE_TOPIC_IN_BROKER in every way that keeps the signed
