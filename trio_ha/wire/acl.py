@@ -48,7 +48,7 @@ SECURITY_TOKEN = "SecurityToken"
 UNSIGNED_FIELDS = frozenset({SIGNATURE})
 #: our extField binding a signed request to its code, a time and a nonce (see the docstring)
 SEAL = "AclSeal"
-#: the seal's format: ``1:<code>:<unix ms>:<nonce>:<base64 HMAC-SHA256>``. Its ':' cannot
+#: the seal's format: ``1:<code>:<unix ms>:<nonce>:<base64 HMAC-SHA256>`` (``seal_mac``). Its ':' cannot
 #: be part of a topic or group name, so a seal's bytes cannot pass for one
 _SEAL_VERSION = "1"
 #: what the seal's MAC covers begins with this (a seal's MAC can never pass for a signature)
@@ -142,17 +142,15 @@ def _decimal(text: str) -> bool:
 
 def seal_mac(secret_key: str, code: int, time_ms: int, nonce: str,
              ext_fields: dict[str, str]) -> str:
-    """The seal's MAC: HMAC-SHA256 over its code, time and nonce and every extField but
-    Signature and the seal itself, each key and value prefixed by its length, in key order
-    (the body is covered by the RocketMQ signature, which covers the seal)."""
-    mac = hmac.new(_java_utf8(secret_key), _SEAL_DOMAIN, hashlib.sha256)
-    mac.update(f"{code}:{time_ms}:{len(nonce)}:{nonce}\n".encode("ascii", "replace"))
-    for key in sorted(ext_fields):
-        if key in UNSIGNED_FIELDS or key == SEAL:
-            continue
-        name, value = _java_utf8(key), _java_utf8(ext_fields[key])
-        mac.update(b"%d:%s%d:%s" % (len(name), name, len(value), value))
-    return _base64(mac)
+    """The seal's MAC: HMAC-SHA256 over its code, time and nonce and every extField's key
+    and value but Signature's and the seal's, in key order, each prefixed by its length in
+    characters, so that no two different requests share it (the body is covered by the
+    RocketMQ signature, which covers the seal)."""
+    content = "".join([f"{code}:{time_ms}:{len(nonce)}:{nonce}\n", *[
+        f"{len(key)}:{key}{len(value)}:{value}" for key, value in sorted(ext_fields.items())
+        if key not in UNSIGNED_FIELDS and key != SEAL]])
+    digest = hmac.digest(_java_utf8(secret_key), _SEAL_DOMAIN + _java_utf8(content), "sha256")
+    return base64.b64encode(digest).decode("ascii")
 
 
 def sign(command: RemotingCommand, credentials: Credentials) -> RemotingCommand:
