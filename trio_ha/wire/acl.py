@@ -48,8 +48,8 @@ SECURITY_TOKEN = "SecurityToken"
 UNSIGNED_FIELDS = frozenset({SIGNATURE})
 #: our extField binding a signed request to its code, a time and a nonce (see the docstring)
 SEAL = "AclSeal"
-#: the seal's format: ``1:<code>:<unix ms>:<nonce>:<base64 HMAC-SHA256>`` (``seal_mac``). Its ':' cannot
-#: be part of a topic or group name, so a seal's bytes cannot pass for one
+#: the seal's format: ``1:<code>:<unix ms>:<nonce>:<base64 HMAC-SHA256>`` (``seal_mac``).
+#: Its ':' cannot be part of a topic or group name, so a seal's bytes cannot pass for one
 _SEAL_VERSION = "1"
 #: what the seal's MAC covers begins with this (a seal's MAC can never pass for a signature)
 _SEAL_DOMAIN = b"trio-ha acl seal 1\n"
