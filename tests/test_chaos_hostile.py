@@ -43,6 +43,7 @@ EVERY_ATTACK = {
     "non-reading clients", "partial frames", "slowloris", "abandoned long polls", "bad frames",
     "connection flood", "HA connection flood", "invalid input", "metadata flood",
     "HA report flood", "rogue HA slave", "rogue HA master",
+    "signature replayed",
 }
 
 
