@@ -99,7 +99,7 @@ def test_sigterm_stops_a_broker_whose_plain_acl_yml_became_a_fifo(tmp_path):
         assert "serving on" in proc.stdout.readline()
         os.replace(fifo, acl)
         ends = time.monotonic() + 5
-        while time.monotonic() < ends and "is not a regular file" not in log_path.read_text():
+        while time.monotonic() < ends and "not a regular file" not in log_path.read_text():
             time.sleep(0.05)  # the broker looks every 0.5 s; main says nothing, so bounded
         proc.send_signal(signal.SIGTERM)
         try:
@@ -108,7 +108,7 @@ def test_sigterm_stops_a_broker_whose_plain_acl_yml_became_a_fifo(tmp_path):
             pytest.fail("SIGTERM did not stop the broker: its ACL reload is stuck")
         assert proc.returncode == 0, log_path.read_text()[-2000:]
         lines = [line for line in log_path.read_text().splitlines() if "plain_acl.yml" in line
-                 and "not a regular file" in line]
+                 and "a FIFO, not a regular file" in line]
         assert len(lines) == 1, lines  # one line, not one per look
     finally:
         unwedge(keep)
@@ -146,3 +146,34 @@ def test_a_4mb_plain_acl_yml_is_refused_before_parsing_and_the_old_accounts_keep
     assert live.check(read_request("new-secret"), "127.0.0.1") is None
     if yaml.__with_libyaml__:
         assert plain_acl._YAML_LOADER is yaml.CSafeLoader
+
+
+async def test_stopping_never_waits_for_a_reload_stuck_in_its_read(tmp_path, monkeypatch):
+    """A read stuck on a dead mount, stood in for by one that waits on an event (a hung mount
+    cannot be made here): cancelling the watch (what SIGTERM does) returns at once, the
+    worker thread left to finish on its own."""
+    import threading
+
+    from trio_ha.acl import watch as watch_module
+
+    path = tmp_path / "plain_acl.yml"
+    path.write_text(acl_yaml("old-secret"))
+    live = AclFile.open(str(path))
+    started, release = threading.Event(), threading.Event()
+
+    def stuck_read(_path: str) -> bytes:
+        started.set()
+        release.wait(15)
+        return b""
+
+    monkeypatch.setattr(watch_module, "read_acl_file", stuck_read)
+    replace_file(path, acl_yaml("new-secret"))
+    try:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(live.watch, 0.02)
+                assert await trio.to_thread.run_sync(started.wait, 5)
+                nursery.cancel_scope.cancel()
+        assert live.check(read_request("old-secret"), "127.0.0.1") is None
+    finally:
+        release.set()

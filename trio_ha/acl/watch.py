@@ -60,8 +60,11 @@ def read_acl_file(path: str) -> bytes:
     more). Raises ``OSError``, with a reason, for anything else."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
-        if not stat_mode.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
+        mode = os.fstat(fd).st_mode
+        if not stat_mode.S_ISREG(mode):
+            kind = "a FIFO" if stat_mode.S_ISFIFO(mode) else "a directory" \
+                if stat_mode.S_ISDIR(mode) else "a device or socket"
+            raise OSError(f"{kind}, not a regular file")
         chunks: list[bytes] = []
         left = MAX_FILE_BYTES + 1
         while left > 0:
@@ -168,7 +171,6 @@ class AclFile:
             await trio.sleep(interval)
             if self._reading:
                 continue  # the last read has not returned: said once, when it began to hang
-            self._reading = True
             patience = max(10 * interval, 5.0)
             with trio.move_on_after(patience) as slow:
                 await trio.to_thread.run_sync(self._reload_in_thread, abandon_on_cancel=True)
@@ -178,6 +180,9 @@ class AclFile:
                           self.path, patience)
 
     def _reload_in_thread(self) -> None:
+        # set here, not by the caller: a call abandoned before its thread started (waiting
+        # for a free worker) must not leave the flag set for ever
+        self._reading = True
         try:
             self.reload_if_changed()
         finally:
