@@ -10,8 +10,9 @@ Real clients sign that way and must keep working, so two defences, one per mode:
 * **The seal, when a request has one** (our client always adds it): ``AclSeal`` carries the
   request code, a time and a nonce, and an HMAC over them and every field's key and value.
   A sealed request whose seal does not verify, or names another code, is refused in either
-  mode; a seal cannot be taken off, since its bytes would have to land in other fields
-  (below) or in a topic name, which its ``:`` cannot be part of.
+  mode. Taking the seal off to make a destructive verb does not work either: its bytes would
+  have to land in fields that verb does not carry (below) or in a topic or group name, which
+  its ``:`` cannot be part of.
 * **Default mode, a request without a seal** (RocketMQ's clients, mqadmin): the verbs that
   destroy or change the broker's configuration must have exactly the shape mqadmin sends
   (``LEGACY_SHAPES``): only their own header's fields, typed values (a count is digits, a
@@ -69,15 +70,18 @@ class LegacyShape:
     body: bool = False
 
 
-#: the destructive verbs, as RocketMQ 4.9.7's mqadmin sends them (their request headers)
+#: the destructive verbs, as the mqadmin of RocketMQ 4.9.7 and of 5.3.3 sends them (their
+#: request headers' fields; 5's ``attributes``, ``force``, ``cleanOffset`` and its flag
+#: ``lo``, which it sends only when set)
 LEGACY_SHAPES: Mapping[int, LegacyShape] = {
-    RequestCode.DELETE_TOPIC_IN_BROKER: LegacyShape({"topic": _TEXT}),
+    RequestCode.DELETE_TOPIC_IN_BROKER: LegacyShape({"topic": _TEXT, "lo": _BOOL}),
     RequestCode.DELETE_SUBSCRIPTIONGROUP: LegacyShape(
-        {"groupName": _TEXT, "removeOffset": _BOOL}),
+        {"groupName": _TEXT, "removeOffset": _BOOL, "cleanOffset": _BOOL}),
     RequestCode.UPDATE_AND_CREATE_TOPIC: LegacyShape({
         "topic": _TEXT, "defaultTopic": _TEXT, "readQueueNums": _INT,
         "writeQueueNums": _INT, "perm": _INT, "topicFilterType": _TEXT,
-        "topicSysFlag": _INT, "order": _BOOL}),
+        "topicSysFlag": _INT, "order": _BOOL, "attributes": _TEXT, "force": _BOOL,
+        "lo": _BOOL}),
     RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: LegacyShape({}, body=True),
     RequestCode.UPDATE_BROKER_CONFIG: LegacyShape({}, body=True),
 }
