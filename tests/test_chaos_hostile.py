@@ -44,6 +44,7 @@ EVERY_ATTACK = {
     "connection flood", "HA connection flood", "invalid input", "metadata flood",
     "HA report flood", "rogue HA slave", "rogue HA master", "leave with requests unsent",
     "metrics crowd", "broker name takeover", "lock hoarding", "group flood",
+    "signature replayed",
 }
 
 

@@ -1,7 +1,8 @@
 """Access control: RocketMQ 4.9's plain ACL (``plain_acl.yml`` accounts, signed requests).
 
 ``PlainAcl`` decides whether a request may proceed; ``AclFile`` keeps it loaded from the
-file and reloads it on change. What a client signs is ``trio_ha.wire.acl``.
+file and reloads it on change; ``replay`` is what stops a signed request from being sent
+again, or as another request. What a client signs is ``trio_ha.wire.acl``.
 """
 
 from .plain import (
@@ -13,9 +14,10 @@ from .plain import (
     PlainAcl,
     needed_permissions,
 )
+from .replay import ReplayGuard
 from .watch import AclFile, acl_file_path
 
 __all__ = [
     "ADMIN_CODES", "NAMESRV_ADMIN_CODES", "AclConfigError", "AclFile", "AddressPattern",
-    "PlainAccount", "PlainAcl", "acl_file_path", "needed_permissions",
+    "PlainAccount", "PlainAcl", "ReplayGuard", "acl_file_path", "needed_permissions",
 ]

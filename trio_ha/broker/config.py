@@ -177,6 +177,15 @@ class BrokerConfig:
     #: ``{"accessKey":"...","secretKey":"..."}``; GET_BROKER_CONFIG shows it hidden
     inner_client_authentication_credentials: str | None = attrs.field(
         default=None, repr=False, validator=_inner_credentials)
+    #: ACL strict mode (ours, trio_ha.acl.replay): a signed request must carry our client's
+    #: seal (its request code, a time within aclFreshnessWindowSeconds, a nonce not seen in
+    #: that window); RocketMQ's clients, which cannot seal, are refused
+    acl_require_freshness: bool = False
+    acl_freshness_window_seconds: int = attrs.field(default=300, validator=in_range(1, 3600))
+    #: strict mode: the nonces remembered at once (about 200 bytes each); more sealed requests
+    #: than this in one window are refused, never a nonce forgotten early
+    acl_nonce_cache_size: int = attrs.field(default=1_000_000,
+                                            validator=in_range(1_000, 50_000_000))
     #: remoting connections idle this long are closed
     server_channel_max_idle_time_seconds: int = attrs.field(default=120, validator=in_range(1))
     #: remoting limits (docs/remoting.md, "Limits and bad input"): reply bytes waiting on one

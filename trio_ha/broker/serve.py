@@ -43,7 +43,7 @@ import attrs
 import trio
 
 from .._sockets import listen_named, peer_host
-from ..acl import AclFile, acl_file_path
+from ..acl import AclFile, ReplayGuard, acl_file_path
 from ..remoting import (
     FastHandler,
     PendingReply,
@@ -236,7 +236,12 @@ async def _serve(
     if config.acl_enable:
         # Every request reaches the fast handler first (it hands the rest to tasks), so the
         # check there covers both ports and every code, once.
-        acl = await trio.to_thread.run_sync(AclFile.open, acl_file_path(config.plain_acl_file))
+        guard = ReplayGuard.of(config.acl_freshness_window_seconds,
+                               config.acl_nonce_cache_size) \
+            if config.acl_require_freshness else None
+        # abandoned, not waited for, if the broker is stopped while the file will not open
+        acl = await trio.to_thread.run_sync(functools.partial(
+            AclFile.open, acl_file_path(config.plain_acl_file), guard), abandon_on_cancel=True)
         nursery.start_soon(acl.watch)
         fast = acl_checked(acl, fast)
     # A master's slaves get each read round's puts at once, from the reader's task.

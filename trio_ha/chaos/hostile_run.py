@@ -51,6 +51,7 @@ from ..remoting import RemotingError, open_remoting_client
 from ..store.offline import OfflineStoreError, verify_store
 from ..testing import ClusterConfig, NodeProcess, ProcessCluster
 from ..testing.processes import log_tail
+from ..wire.acl import Credentials, sign
 from ..wire.errors import WireError
 from ..wire.record import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
@@ -537,6 +538,11 @@ class _Run:
                                           seconds=left(10), prefix="chaoshoard"),
             lambda: hostile.group_flood(a.broker, heartbeats=2, groups=2000, seconds=left(10),
                                         prefix="chaosgflood"),
+            # a signed read of a topic no one uses, replayed as its delete (issue 35)
+            lambda: hostile.replay_signatures(a.broker, sign(RemotingCommand.request(
+                RequestCode.GET_TOPIC_CONFIG, {"topic": "chaosReplayed"}),
+                Credentials("chaosAdmin", "chaosSecret")), RequestCode.DELETE_TOPIC_IN_BROKER,
+                seconds=left(5)),
         ]
         share = max(0.1, self.plan.seconds / len(attacks))
         for _ in range(100):  # bounded: the deadline ends it long before
