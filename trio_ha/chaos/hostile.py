@@ -1062,6 +1062,9 @@ async def crowd_the_metrics(address: str, *, idle: int = 3000, slowloris: int = 
     finally:
         for stream in streams:
             await close_quietly(stream)
+    return tally.outcome()
+
+
 # ---- a broker name's takeover at the name server (issue 35) ----------------------------------
 
 
@@ -1124,6 +1127,9 @@ async def broker_name_takeover(namesrv: str, broker_name: str, *, fake_addr: str
         tally.answers["taken over"] += 1
     tally.note = tally.note or (f"master before {before}, after {after}; "
                                 f"{'TAKEN OVER' if taken else 'held'}")
+    return tally.outcome()
+
+
 # ---- broker: queue locks and groups made by heartbeats (issue 35) ----------------------------
 
 
@@ -1208,6 +1214,9 @@ async def group_flood(address: str, *, heartbeats: int = 10, groups: int = 10_00
             reply = await operator.invoke(request, 10)
             tally.frames_sent += 1
             tally.answers[f"admin {kind}:{code_name(reply.code)}"] += 1
+    return tally.outcome()
+
+
 # ---- ACL: signatures replayed (issue 35) ------------------------------------------------------
 
 
