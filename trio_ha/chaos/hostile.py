@@ -68,6 +68,8 @@ __all__ = [
     "open_ha_peer", "partial_frames", "present_log_end", "pull_request", "read_until_closed",
     "receive_exactly", "request_frames", "rogue_slave", "send_request", "send_until_closed",
     "slowloris", "start_at", "stream_reports",
+    # HA slots (issue 35)
+    "ha_slot_squatters",
 ]
 
 #: a 250-character group name ending in "/" (issue 9, point 11)
@@ -926,3 +928,63 @@ class RogueHAMaster:
             else:
                 if node_has_closed(stream):
                     self.ended_by_slave += 1
+
+
+# ---- HA slots (issue 35) ---------------------------------------------------------------------
+
+
+async def _squat(stream: trio.SocketStream, end: int, interval: float, tally: _Tally) -> bool:
+    """Hold one HA slot: ask for ``end``, then say ``end`` again every ``interval``, reading
+    and dropping what the master sends; True when the master closed the connection."""
+    closed = False
+    async with trio.open_nursery() as nursery:
+        async def drain() -> None:
+            nonlocal closed
+            closed = await _drain(stream, 1 << 40, tally)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(drain)
+        for _ in range(1_000_000):  # bounded: the caller's deadline ends it first
+            if not await send_until_closed(stream, REPORT.pack(end)):
+                closed = True
+                break
+            tally.frames_sent += 1
+            tally.bytes_sent += REPORT.size
+            await trio.sleep(interval)
+        nursery.cancel_scope.cancel()
+    return closed
+
+
+async def ha_slot_squatters(ha_address: str, *, peers: int = 16, seconds: float = 10.0,
+                            interval: float = 0.2, end: int | None = None) -> AttackOutcome:
+    """``peers`` connections that each ask for the master's log end (learnt as a slave learns
+    it, unless given) and restate it every ``interval``, acknowledging none of the bytes
+    they are sent; one the master closes comes back ``interval`` later, until ``seconds``.
+    Without haAuthSecret, 16 of them used to hold every HA slot (haMaxConnections) for as
+    long as they stayed, and the real slave was refused: a master must let a slave in and
+    keep it. ``closed_by_node`` counts the squatters the master closed (evicted, or turned
+    away with every slot held by a proven slave)."""
+    tally = _Tally("HA slot squatters", ha_address)
+    deadline = trio.current_time() + seconds
+
+    async def squatter() -> None:
+        assert end is not None
+        for _ in range(100_000):  # bounded: the deadline ends it first
+            stream = await tally.connect(ha_address)
+            if stream is not None:
+                async with stream:
+                    if await _squat(stream, end, interval, tally):
+                        tally.closed_by_node += 1
+            await trio.sleep(interval)
+
+    with trio.move_on_at(deadline):
+        if end is None:
+            end = await _learn_the_end(ha_address, timeout=min(5.0, seconds), limit=64 << 20)
+            tally.connections += 1
+            if end is None:
+                tally.note = "could not learn the log end"
+                return tally.outcome()
+        async with trio.open_nursery() as nursery:
+            for _ in range(peers):
+                nursery.start_soon(squatter)
+    return tally.outcome()

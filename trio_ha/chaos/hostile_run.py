@@ -526,6 +526,7 @@ class _Run:
             lambda: hostile.partial_frames(a.namesrv, connections=3, sent=1 << 20,
                                            seconds=left(2)),
             lambda: hostile.slowloris(a.namesrv, slow, seconds=left(2)),
+            lambda: hostile.ha_slot_squatters(a.master_ha, seconds=left(10)),
         ]
         share = max(0.1, self.plan.seconds / len(attacks))
         for _ in range(100):  # bounded: the deadline ends it long before

@@ -5,7 +5,10 @@ either fails — the peer closed, broke the protocol, went silent past haHouseke
 the nursery cancels the other, and ``_handle`` closes the socket and drops the connection from
 the table, in one place. RocketMQ's HAConnection runs two threads that each poll with 1 s
 selects and tear each other down by flags. At most ``ha_max_connections`` connections live at
-once; the listener closes any beyond that at once (and logs so, at most every 10 s).
+once. A newcomer beyond that takes the slot of the longest-unproven connection (one whose peer
+never acknowledged a byte it carried: ``HAConnection.proven``), so that peers restating the log
+end cannot keep a slave out; with every slot proven it is closed at once (and logged so, at
+most every 10 s).
 
 Which acks count. RocketMQ keeps one global ``push2SlaveMaxOffset``, the highest report of any
 socket, first reports included, so any peer that knows the log end can make a SYNC_MASTER put
@@ -129,6 +132,8 @@ class HAMasterStatistics:
     refused_connections: int = 0
     #: peers turned away by the authentication handshake (haAuthSecret)
     auth_failures: int = 0
+    #: unproven connections closed to make room for a newcomer (``HAService._evict``)
+    evicted_connections: int = 0
 
 
 @attrs.define(eq=False)
@@ -170,16 +175,30 @@ class HAConnection:
     _first_report: trio.Event = attrs.field(factory=trio.Event)
     #: set when an ack could not count yet: ``_count_when_due`` judges it again later
     _uncounted: trio.Event = attrs.field(factory=trio.Event)
+    #: ends the connection's tasks when it is evicted (``HAService._evict_unproven``)
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
 
     @property
     def commitlog(self) -> CommitLog:
         return self.service.commitlog
 
+    @property
+    def proven(self) -> bool:
+        """Whether its peer acknowledged a byte this connection carried to it (a report past
+        its start, within what it was sent): what a slave does and a peer that only
+        restates an offset it learnt cannot. Once proven, for the connection's life."""
+        return self.confirmed_offset is not None
+
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_acks)
-            nursery.start_soon(self._write_log)
-            nursery.start_soon(self._count_when_due)
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_acks)
+                nursery.start_soon(self._write_log)
+                nursery.start_soon(self._count_when_due)
+
+    def evict(self) -> None:
+        """End the connection (its tasks are cancelled; ``handle_stream`` closes it)."""
+        self._scope.cancel()
 
     # ---- reader ----------------------------------------------------------------------------
 
@@ -452,6 +471,8 @@ class HAService:
     peer_log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
     #: peers turned away by the authentication handshake (haAuthSecret)
     auth_failures: int = 0
+    #: unproven connections closed to make room for a newcomer (``_room_for_newcomer``)
+    evicted_connections: int = 0
     #: the handshakes under way, oldest first (``_authenticate``)
     _handshakes: collections.deque[trio.CancelScope] = attrs.field(factory=collections.deque)
     _refused: int = 0
@@ -495,13 +516,17 @@ class HAService:
         listener passes TCP streams; tests may pass memory streams)."""
         transport = transport_for(stream, method=self.config.ha_transfer_method)
         address = transport.peer
-        if len(self.connections) >= self.config.ha_max_connections:
-            self._refuse_connection(address)
-            with trio.CancelScope(shield=True):
-                await transport.aclose()
+        # Judged twice: before the handshake, so that a newcomer with no slot to win costs
+        # none; and after it, when it takes its slot (an unproven connection may have to
+        # make way then), so that a peer that fails the handshake evicts no one.
+        if not self._room_for_newcomer(evict=False):
+            await self._close_refused(transport, address)
             return
         if self.config.ha_auth_secret is not None and not await self._authenticate(
                 transport, address, self.config.ha_auth_secret):
+            return
+        if not self._room_for_newcomer(evict=True):
+            await self._close_refused(transport, address)
             return
         connection = HAConnection(self, transport, address)
         self.connections[id(connection)] = connection
@@ -515,10 +540,47 @@ class HAService:
                 self.peer_log.log(logging.WARNING, ("closed", peer_host(address), type(exc)),
                                   "HA: connection to slave %s closed: %s", address, exc)
         finally:
-            del self.connections[id(connection)]
-            self._connection_dropped(connection)
+            self._drop(connection)
             with trio.CancelScope(shield=True):
                 await transport.aclose()
+
+    def _room_for_newcomer(self, *, evict: bool) -> bool:
+        """Whether a new peer may have a slot: one is free, or an unproven connection holds
+        one (with ``evict``, the longest-unproven one is closed to free it).
+
+        Why evict at all: without haAuthSecret nothing tells a slave from a squatter but what
+        it does, and a squatter that restates the log end it learnt never acknowledges a byte
+        it was carried. Sixteen of them used to hold every slot for as long as they stayed,
+        and the real slave was refused. A proven connection (``HAConnection.proven``) is
+        never evicted by a newcomer, which has proven nothing yet; the longest-unproven one
+        goes first, so that the newest peer — a slave that just reconnected — has the most
+        time to prove itself."""
+        if len(self.connections) < self.config.ha_max_connections:
+            return True
+        victim = next((c for c in self.connections.values() if not c.proven), None)
+        if victim is None:
+            return False
+        if evict:
+            self._evict(victim)
+        return True
+
+    def _evict(self, connection: HAConnection) -> None:
+        """Close ``connection`` to make room; its slot is free at once (its tasks end in
+        their own time)."""
+        self._drop(connection)
+        connection.evict()
+        self.evicted_connections += 1
+        self.peer_log.log(
+            logging.WARNING, ("evicted", peer_host(connection.address)),
+            "HA: closed connection %s, which had acknowledged no byte it was sent, to make "
+            "room for a new peer (haMaxConnections %d); %d evicted so far",
+            connection.address, self.config.ha_max_connections, self.evicted_connections,
+        )
+
+    async def _close_refused(self, transport: HATransport, address: str) -> None:
+        self._refuse_connection(address)
+        with trio.CancelScope(shield=True):
+            await transport.aclose()
 
     async def _authenticate(self, transport: HATransport, address: str, secret: str) -> bool:
         """With haAuthSecret: the peer proves it knows the secret before anything else
@@ -576,11 +638,15 @@ class HAService:
 
     def connection_accepted(self, connection: HAConnection, reported: int) -> None:
         """A connection's request was accepted; ``reported`` is where the slave's log ends."""
+        if not self._serving(connection):
+            return
         connection.acked_offset = reported
         bisect.insort(self._positions, reported)
 
     def report_moved(self, connection: HAConnection, offset: int) -> None:
         """An accepted connection's slave reported a new log end."""
+        if not self._serving(connection):
+            return
         old = connection.acked_offset
         assert old is not None  # set when the request was accepted
         _move(self._positions, old, offset)
@@ -589,6 +655,8 @@ class HAService:
     def confirm(self, connection: HAConnection, offset: int) -> None:
         """``connection`` carried the log up to ``offset`` and its slave acknowledged it (or
         acknowledges it again, while the connection is not counted yet)."""
+        if not self._serving(connection):
+            return
         if connection.counted:
             old = connection.confirmed_offset
             assert old is not None  # a counted connection has confirmed something
@@ -613,6 +681,18 @@ class HAService:
         start, accepted_end = connection.start_offset, connection.accepted_end
         assert start is not None and accepted_end is not None  # set when accepted
         return waiting.end > accepted_end or start <= waiting.floor
+
+    def _serving(self, connection: HAConnection) -> bool:
+        """Whether ``connection`` is in the table. An evicted one is out of it (and of the
+        ack lists) at once, but its tasks may run a step before their cancellation lands:
+        what they report then must change nothing."""
+        return self.connections.get(id(connection)) is connection
+
+    def _drop(self, connection: HAConnection) -> None:
+        """Take ``connection`` out of the table and the ack lists (once: an evicted one is
+        taken out when it is evicted, and again when its tasks end)."""
+        if self.connections.pop(id(connection), None) is not None:
+            self._connection_dropped(connection)
 
     def _connection_dropped(self, connection: HAConnection) -> None:
         if connection.acked_offset is not None and connection.start_offset is not None:
@@ -648,6 +728,7 @@ class HAService:
             max_connections=self.config.ha_max_connections,
             refused_connections=self._refused,
             auth_failures=self.auth_failures,
+            evicted_connections=self.evicted_connections,
         )
 
 
