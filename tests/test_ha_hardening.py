@@ -314,7 +314,7 @@ async def test_point_9_a_report_flood_is_decoded_once_per_read(tmp_path, monkeyp
 async def prove(peer: trio.SocketStream) -> None:
     """Do what a slave does on ``peer`` (whose request the master accepted): read frames
     until one carries bytes, and acknowledge them."""
-    size = 0
+    offset = size = 0
     while size == 0:  # heartbeats first, perhaps
         offset, size = FRAME.unpack(await receive_exactly(peer, FRAME.size))
     await receive_exactly(peer, size)

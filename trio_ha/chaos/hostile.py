@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import socket
 import struct
@@ -725,13 +726,14 @@ async def open_ha_peer(ha_address: str, first_report: int, *,
 
 
 async def stream_reports(stream: trio.SocketStream, offset: int, *, reports: int,
-                         block: int = 8192) -> int:
+                         block: int = 8192, deadline: float = math.inf) -> int:
     """Stream ``reports`` reports of ``offset`` as fast as the socket takes them, ``block``
-    per write; returns how many went out before the master closed the connection."""
+    per write, until ``deadline``; returns how many went out before the master closed the
+    connection (or the deadline passed)."""
     chunk = REPORT.pack(offset) * block
     sent = 0
     await trio.lowlevel.checkpoint()
-    while sent < reports:
+    while sent < reports and trio.current_time() < deadline:
         n = min(block, reports - sent)
         if not await send_until_closed(stream, chunk if n == block else chunk[:n * REPORT.size]):
             break
@@ -759,30 +761,35 @@ async def _drain(stream: trio.SocketStream, limit: int, tally: _Tally | None = N
 async def ha_report_flood(ha_address: str, *, reports: int = 131_072, seconds: float = 10.0
                           ) -> AttackOutcome:
     """One connection that asks for the log from 0 (reading and dropping what comes) and
-    streams ``reports`` acks of 0: the master must decode at most one report per read and
-    keep replicating to its real slaves."""
+    streams ``reports`` acks of 0, as fast as the master takes them, for at most ``seconds``:
+    the master must decode at most one report per read and keep replicating to its real
+    slaves. ``frames_sent`` counts the reports that went out."""
     tally = _Tally("HA report flood", ha_address)
-    with trio.move_on_after(seconds):
+    deadline = trio.current_time() + seconds
+    stream = None
+    with trio.move_on_at(deadline):
         try:
             stream = await open_ha_peer(ha_address, 0)
         except (OSError, trio.BrokenResourceError):
             tally.refused += 1
-            return tally.outcome()
-        tally.connections += 1
-        tally.frames_sent += 1
-        try:
-            async with trio.open_nursery() as nursery:
-                async def drain() -> None:
-                    if await _drain(stream, 1 << 30, tally):
-                        tally.closed_by_node += 1
+    if stream is None:
+        return tally.outcome()
+    tally.connections += 1
+    tally.frames_sent += 1
+    try:
+        async with trio.open_nursery() as nursery:
+            async def drain() -> None:
+                if await _drain(stream, 1 << 40, tally):
+                    tally.closed_by_node += 1
 
-                nursery.start_soon(drain)
-                sent = await stream_reports(stream, 0, reports=reports)
+            nursery.start_soon(drain)
+            with trio.move_on_at(deadline + 1):  # a send the master never takes ends too
+                sent = await stream_reports(stream, 0, reports=reports, deadline=deadline)
                 tally.frames_sent += sent
                 tally.bytes_sent += (sent + 1) * REPORT.size
-                nursery.cancel_scope.cancel()
-        finally:
-            await close_quietly(stream)
+            nursery.cancel_scope.cancel()
+    finally:
+        await close_quietly(stream)
     return tally.outcome()
 
 

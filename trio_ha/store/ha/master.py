@@ -24,11 +24,14 @@ counted connections. A real slave that reconnects with a full log reports its en
 continues from there, and its acks count from the first byte it is sent (docs/ha-protocol.md,
 *Which acks count*).
 
-Cost. A peer may stream reports as fast as it likes: the protocol hands over only the last
-whole report of a read, a report that repeats the last one costs a comparison, and a changed
-ack moves one entry of two sorted lists (a binary search and a move of at most
-``ha_max_connections`` pointers) instead of sorting every connection's ack. ``is_slave_ok`` is
-a binary search too.
+Cost. A peer may stream reports as fast as it likes, and it costs the master little: one
+read is one processing round, in which the protocol keeps and hands over only the last whole
+report (a report is a cumulative offset); a report that repeats the last one costs a
+comparison, and a changed ack moves one entry of two sorted lists (a binary search and a move
+of at most ``ha_max_connections`` pointers) instead of sorting every connection's ack. A read
+that brings more reports than a slave has to say (one per frame it was sent, and a few) makes
+the reader wait FLOOD_PAUSE before it reads again, so a flood costs a few reads a second and
+TCP slows the peer (it cost 63% of a CPU before). ``is_slave_ok`` is a binary search too.
 
 The writer sleeps on the commitlog's ``written`` watermark: a put wakes it at once (RocketMQ
 polls every 100 ms on an ASYNC_MASTER), and with nothing to send it sends a heartbeat every
@@ -62,7 +65,7 @@ from ..._sockets import listen_named, peer_host
 from ...config import StoreConfig
 from ...ratelog import RateLimitedLog
 from ...watermark import Watermark
-from ...wire.ha import NEED_DATA, HAProtocolError, MasterProtocol
+from ...wire.ha import NEED_DATA, REPORT, HAProtocolError, MasterProtocol
 from ..commitlog import CommitLog
 from ..segment import Segment
 from .auth import HANDSHAKE_TIMEOUT, authenticate_slave
@@ -72,6 +75,12 @@ from .transfer import HATransport, transport_for
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 64 * 1024
+#: reports a read may bring beyond one per frame sent since the previous read before the
+#: connection counts as flooding (``HAConnection._flooding``)
+REPORT_SLACK = 16
+#: how long the reader of a flooding connection waits before it reads again
+FLOOD_PAUSE = 0.02
+REPORT_SIZE = REPORT.size
 #: a writer whose frames the socket keeps taking at once yields every this many bytes
 YIELD_BYTES = 1024 * 1024
 DIFF_LOG_INTERVAL = 60.0
@@ -119,6 +128,10 @@ class SlaveConnectionStatistics:
     #: pushed itself (``MessageStore.replicate_now``) rather than the connection's writer
     frames_sent: int = 0
     frames_pushed: int = 0
+    #: reads of reports the master processed, and those after which it paused the reader
+    #: because the peer said more than a slave has to (a report flood)
+    reads: int = 0
+    reads_paused: int = 0
 
 
 @attrs.frozen
@@ -162,6 +175,10 @@ class HAConnection:
     bytes_sent: int = 0
     frames_sent: int = 0
     frames_pushed: int = 0
+    #: reads of reports processed, and those after which the reader paused (a flood)
+    reads: int = 0
+    reads_paused: int = 0
+    _frames_at_last_read: int = 0
     lag_since: float | None = None
     #: the start offset of a request the master cannot serve (the writer refuses it)
     _refused: int | None = None
@@ -204,21 +221,48 @@ class HAConnection:
 
     async def _read_acks(self) -> None:
         silence = self.service.config.ha_housekeeping_interval / 1000
-        with trio.CancelScope(deadline=trio.current_time() + silence) as quiet:
-            while True:
-                data = await self.transport.receive_some(RECEIVE_SIZE)
-                if not data:
-                    raise HAConnectionClosed("slave closed the connection")
-                quiet.deadline = trio.current_time() + silence
-                self.protocol.log_end = self.commitlog.max_offset
-                self.protocol.receive_data(data)
-                # At most two events per read: the first report, and the last of the rest.
-                while (event := self.protocol.next_event()) is not NEED_DATA:
-                    if event.first:
-                        self._on_request(event.offset)
-                    else:
-                        self._on_report(event.offset)
+        heard = trio.current_time()
+        # The silence deadline is armed once per silence interval, not moved at every read
+        # (moving a cancel scope's deadline is a heap operation: a peer that streams reports
+        # paid it per read). When it fires early, the loop looks at when the peer was last
+        # heard and arms it again from there; a cancelled receive has read nothing.
+        while True:  # until the peer is silent for ``silence``, closes, or breaks the protocol
+            with trio.move_on_at(heard + silence):
+                while True:
+                    data = await self.transport.receive_some(RECEIVE_SIZE)
+                    if not data:
+                        raise HAConnectionClosed("slave closed the connection")
+                    heard = trio.current_time()
+                    self._on_read(data)
+                    if self._flooding(len(data)):
+                        self.reads_paused += 1
+                        await trio.sleep(FLOOD_PAUSE)
+            if trio.current_time() >= heard + silence:
+                break
         raise HAConnectionClosed(f"no report from the slave for {silence:g} s")
+
+    def _on_read(self, data: bytes | bytearray) -> None:
+        """One processing round: what one read brought, however many reports that is."""
+        self.reads += 1
+        self.protocol.log_end = self.commitlog.max_offset
+        self.protocol.receive_data(data)
+        # At most two events per read: the first report, and the last of the rest.
+        while (event := self.protocol.next_event()) is not NEED_DATA:
+            if event.first:
+                self._on_request(event.offset)
+            else:
+                self._on_report(event.offset)
+
+    def _flooding(self, size: int) -> bool:
+        """Whether a read of ``size`` bytes brought more reports than a slave has to say: one
+        per frame it was sent since the previous read, one per haSendHeartbeatInterval, and
+        REPORT_SLACK for reads that cut a burst in two. Such a peer (a slave never is one)
+        is read at most once per FLOOD_PAUSE, so that streaming reports as fast as the
+        socket takes them costs the master a few reads a second, and TCP slows the peer
+        down instead of the master speeding up."""
+        frames = self.frames_sent - self._frames_at_last_read
+        self._frames_at_last_read = self.frames_sent
+        return size // REPORT_SIZE > frames + REPORT_SLACK
 
     def _on_request(self, requested: int) -> None:
         """The first report: where the slave's log ends, so where to start. It acknowledges
@@ -437,6 +481,8 @@ class HAConnection:
             bytes_sent=self.bytes_sent,
             frames_sent=self.frames_sent,
             frames_pushed=self.frames_pushed,
+            reads=self.reads,
+            reads_paused=self.reads_paused,
             start_offset=self.start_offset,
             confirmed_offset=self.confirmed_offset,
             counted=self.counted,
