@@ -43,6 +43,7 @@ EVERY_ATTACK = {
     "non-reading clients", "partial frames", "slowloris", "abandoned long polls", "bad frames",
     "connection flood", "HA connection flood", "invalid input", "metadata flood",
     "HA report flood", "rogue HA slave", "rogue HA master",
+    "HA slot squatters",
 }
 
 
@@ -75,6 +76,8 @@ def test_a_short_seeded_run_passes_and_its_report_adds_up(tmp_path):
     assert invalid["frames_sent"] > 0 and "SUCCESS" not in invalid["answers"]
     assert invalid["note"] == ""
     assert by_name["rogue HA master"][0]["connections"] >= 1
+    # 16 squatters and the real slave want 16 HA slots: squatters make way (issue 35)
+    assert by_name["HA slot squatters"][0]["closed_by_node"] >= 1
     assert report["victim_state"] == "refused"
     # The fuzzer reached every port, and the nodes answered some of it.
     assert report["fuzz_frames"] > 0
