@@ -192,7 +192,7 @@ class HAConnection:
     _first_report: trio.Event = attrs.field(factory=trio.Event)
     #: set when an ack could not count yet: ``_count_when_due`` judges it again later
     _uncounted: trio.Event = attrs.field(factory=trio.Event)
-    #: ends the connection's tasks when it is evicted (``HAService._evict_unproven``)
+    #: ends the connection's tasks when it is evicted (``HAService._evict``)
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
 
     @property
@@ -503,6 +503,9 @@ class HAService:
     #: for
     replicated: Watermark = attrs.field(factory=Watermark)
     connections: dict[int, HAConnection] = attrs.field(factory=dict)
+    #: the connections of the table that are not proven yet, oldest first (so the
+    #: longest-unproven one, which makes way for a newcomer, is found at once)
+    _unproven: dict[int, HAConnection] = attrs.field(factory=dict)
     listen_address: tuple[str, int] | None = None
     #: the oldest SYNC_MASTER put still waiting (the group transfer service's, once there is
     #: one: ``group_transfer_service``); none on a master whose puts never wait
@@ -576,6 +579,7 @@ class HAService:
             return
         connection = HAConnection(self, transport, address)
         self.connections[id(connection)] = connection
+        self._unproven[id(connection)] = connection
         self.peer_log.log(logging.INFO, ("connected", peer_host(address)),
                           "HA: slave %s connected", address)
         try:
@@ -603,11 +607,10 @@ class HAService:
         time to prove itself."""
         if len(self.connections) < self.config.ha_max_connections:
             return True
-        victim = next((c for c in self.connections.values() if not c.proven), None)
-        if victim is None:
+        if not self._unproven:
             return False
         if evict:
-            self._evict(victim)
+            self._evict(next(iter(self._unproven.values())))
         return True
 
     def _evict(self, connection: HAConnection) -> None:
@@ -703,6 +706,7 @@ class HAService:
         acknowledges it again, while the connection is not counted yet)."""
         if not self._serving(connection):
             return
+        self._unproven.pop(id(connection), None)  # proven now (``HAConnection.proven``)
         if connection.counted:
             old = connection.confirmed_offset
             assert old is not None  # a counted connection has confirmed something
@@ -737,6 +741,7 @@ class HAService:
     def _drop(self, connection: HAConnection) -> None:
         """Take ``connection`` out of the table and the ack lists (once: an evicted one is
         taken out when it is evicted, and again when its tasks end)."""
+        self._unproven.pop(id(connection), None)
         if self.connections.pop(id(connection), None) is not None:
             self._connection_dropped(connection)
 
