@@ -30,8 +30,9 @@ report (a report is a cumulative offset); a report that repeats the last one cos
 comparison, and a changed ack moves one entry of two sorted lists (a binary search and a move
 of at most ``ha_max_connections`` pointers) instead of sorting every connection's ack. A read
 that brings more reports than a slave has to say (one per frame it was sent, and a few) makes
-the reader wait FLOOD_PAUSE before it reads again, so a flood costs a few reads a second and
-TCP slows the peer (it cost 63% of a CPU before). ``is_slave_ok`` is a binary search too.
+the reader wait FLOOD_PAUSE before it reads again, so a flood costs a few dozen reads a second
+and TCP slows the peer down (issue 35 measured 63% of a CPU for one flood before).
+``is_slave_ok`` is a binary search too.
 
 The writer sleeps on the commitlog's ``written`` watermark: a put wakes it at once (RocketMQ
 polls every 100 ms on an ASYNC_MASTER), and with nothing to send it sends a heartbeat every
@@ -80,7 +81,6 @@ RECEIVE_SIZE = 64 * 1024
 REPORT_SLACK = 16
 #: how long the reader of a flooding connection waits before it reads again
 FLOOD_PAUSE = 0.02
-REPORT_SIZE = REPORT.size
 #: a writer whose frames the socket keeps taking at once yields every this many bytes
 YIELD_BYTES = 1024 * 1024
 DIFF_LOG_INTERVAL = 60.0
@@ -262,7 +262,7 @@ class HAConnection:
         down instead of the master speeding up."""
         frames = self.frames_sent - self._frames_at_last_read
         self._frames_at_last_read = self.frames_sent
-        return size // REPORT_SIZE > frames + REPORT_SLACK
+        return size // REPORT.size > frames + REPORT_SLACK
 
     def _on_request(self, requested: int) -> None:
         """The first report: where the slave's log ends, so where to start. It acknowledges
