@@ -15,6 +15,7 @@ Everything runs over real loopback sockets against a real store; no test asserts
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,9 @@ async def put(master: MessageStore, i: int) -> PutMessageStatus:
 
 
 async def test_defect_5a_sixteen_squatters_restating_the_log_end_cannot_keep_the_real_slave_out(
-    tmp_path,
+    tmp_path, caplog,
 ):
+    caplog.set_level(logging.INFO, logger="trio_ha.store.ha.master")
     config = master_config(tmp_path / "m")
     async with open_store(config) as master:
         for i in range(5):  # a log to learn the end of (no slave yet: not replicated)
@@ -113,6 +115,9 @@ async def test_defect_5a_sixteen_squatters_restating_the_log_end_cannot_keep_the
                 assert [c.connected_since for c in now.connections if c.counted] == [
                     slave.connected_since]
                 assert len(now.connections) == config.ha_max_connections
+                # Evictions are counted, not logged one by one: a line per peer host per 10 s.
+                lines = [r.getMessage() for r in caplog.records if "to make room" in r.getMessage()]
+                assert len(lines) == 1 < now.evicted_connections, lines
             nursery.cancel_scope.cancel()
 
 
