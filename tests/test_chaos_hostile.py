@@ -44,7 +44,7 @@ EVERY_ATTACK = {
     "connection flood", "HA connection flood", "invalid input", "metadata flood",
     "HA report flood", "rogue HA slave", "rogue HA master", "leave with requests unsent",
     "metrics crowd", "broker name takeover", "lock hoarding", "group flood",
-    "signature replayed",
+    "signature replayed", "HA slot squatters",
 }
 
 
@@ -83,6 +83,8 @@ def test_a_short_seeded_run_passes_and_its_report_adds_up(tmp_path):
     assert by_name["lock hoarding"][0]["answers"]["honest locked"] == 4
     assert by_name["group flood"][0]["answers"][
         "admin UPDATE_AND_CREATE_SUBSCRIPTIONGROUP:SUCCESS"] == 1
+    # 16 squatters and the real slave want 16 HA slots: squatters make way (issue 35)
+    assert by_name["HA slot squatters"][0]["closed_by_node"] >= 1
     assert report["victim_state"] == "refused"
     for takeover in by_name["broker name takeover"]:  # issue 35: the routes held
         assert "taken over" not in takeover["answers"] and "SUCCESS" not in takeover["answers"]

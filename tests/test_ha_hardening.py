@@ -311,7 +311,19 @@ async def test_point_9_a_report_flood_is_decoded_once_per_read(tmp_path, monkeyp
             assert len(flood_events) <= reports // 16, len(flood_events)
 
 
+async def prove(peer: trio.SocketStream) -> None:
+    """Do what a slave does on ``peer`` (whose request the master accepted): read frames
+    until one carries bytes, and acknowledge them."""
+    offset = size = 0
+    while size == 0:  # heartbeats first, perhaps
+        offset, size = FRAME.unpack(await receive_exactly(peer, FRAME.size))
+    await receive_exactly(peer, size)
+    await peer.send_all(REPORT.pack(offset + size))
+
+
 async def test_point_9_ha_connections_beyond_the_limit_are_closed_at_once(tmp_path):
+    """Once every slot is held by a proven connection (one that acknowledged bytes it
+    carried: issue 35 lets a newcomer evict an unproven one), a newcomer is closed at once."""
     limit = 8
     config = master_config(tmp_path / "m", ha_max_connections=limit, slave_timeout=2000)
     async with open_store(config) as master:
@@ -321,9 +333,16 @@ async def test_point_9_ha_connections_beyond_the_limit_are_closed_at_once(tmp_pa
         async with open_store(slave_config):
             puts = Puts(master)
             await puts.until_ok()
-            idle = [await connect(master) for _ in range(limit - 1)]  # the slave is one
-            await wait_until(lambda: len(ha_of(master).connections) == limit,
-                             "the master to hold its limit")
+            peers = [await connect(master) for _ in range(limit - 1)]  # the slave is one
+            for peer in peers:
+                await peer.send_all(REPORT.pack(max_offset(master)))
+            await wait_until(lambda: accepted(master) == limit, "the master to hold its limit")
+            assert (await puts.put(1)).status is OK
+            for peer in peers:
+                await prove(peer)
+            await wait_until(lambda: all(c.confirmed_offset is not None
+                                         for c in ha_of(master).connections),
+                             "every connection to be proven")
             extra = [await connect(master) for _ in range(20)]
             for stream in extra:
                 # Closed at once, without a report: nothing to read, then the end.
@@ -331,11 +350,12 @@ async def test_point_9_ha_connections_beyond_the_limit_are_closed_at_once(tmp_pa
             stats = ha_of(master)
             assert len(stats.connections) == limit
             assert stats.max_connections == limit and stats.refused_connections == 20
-            assert {(await puts.put(i)).status for i in range(1, 11)} == {OK}
-            for stream in idle + extra:
+            assert stats.evicted_connections == 0
+            assert {(await puts.put(i)).status for i in range(2, 11)} == {OK}
+            for stream in peers + extra:
                 await stream.aclose()
             # Room again once connections leave.
-            await wait_until(lambda: len(ha_of(master).connections) == 1, "the idle ones to go")
+            await wait_until(lambda: len(ha_of(master).connections) == 1, "the peers to go")
             again = await connect(master)
             async with again:
                 await again.send_all(REPORT.pack(max_offset(master)))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import socket
 import struct
@@ -75,6 +76,8 @@ __all__ = [
     "group_flood", "lock_hoarding", "lock_request", "subscription_group_request",
     # ACL
     "replay_signatures", "replayed_as",
+    # HA slots (issue 35)
+    "ha_slot_squatters",
 ]
 
 #: a 250-character group name ending in "/" (issue 9, point 11)
@@ -730,13 +733,14 @@ async def open_ha_peer(ha_address: str, first_report: int, *,
 
 
 async def stream_reports(stream: trio.SocketStream, offset: int, *, reports: int,
-                         block: int = 8192) -> int:
+                         block: int = 8192, deadline: float = math.inf) -> int:
     """Stream ``reports`` reports of ``offset`` as fast as the socket takes them, ``block``
-    per write; returns how many went out before the master closed the connection."""
+    per write, until ``deadline``; returns how many went out before the master closed the
+    connection (or the deadline passed)."""
     chunk = REPORT.pack(offset) * block
     sent = 0
     await trio.lowlevel.checkpoint()
-    while sent < reports:
+    while sent < reports and trio.current_time() < deadline:
         n = min(block, reports - sent)
         if not await send_until_closed(stream, chunk if n == block else chunk[:n * REPORT.size]):
             break
@@ -764,30 +768,35 @@ async def _drain(stream: trio.SocketStream, limit: int, tally: _Tally | None = N
 async def ha_report_flood(ha_address: str, *, reports: int = 131_072, seconds: float = 10.0
                           ) -> AttackOutcome:
     """One connection that asks for the log from 0 (reading and dropping what comes) and
-    streams ``reports`` acks of 0: the master must decode at most one report per read and
-    keep replicating to its real slaves."""
+    streams ``reports`` acks of 0, as fast as the master takes them, for at most ``seconds``:
+    the master must decode at most one report per read and keep replicating to its real
+    slaves. ``frames_sent`` counts the reports that went out."""
     tally = _Tally("HA report flood", ha_address)
-    with trio.move_on_after(seconds):
+    deadline = trio.current_time() + seconds
+    stream = None
+    with trio.move_on_at(deadline):
         try:
             stream = await open_ha_peer(ha_address, 0)
         except (OSError, trio.BrokenResourceError):
             tally.refused += 1
-            return tally.outcome()
-        tally.connections += 1
-        tally.frames_sent += 1
-        try:
-            async with trio.open_nursery() as nursery:
-                async def drain() -> None:
-                    if await _drain(stream, 1 << 30, tally):
-                        tally.closed_by_node += 1
+    if stream is None:
+        return tally.outcome()
+    tally.connections += 1
+    tally.frames_sent += 1
+    try:
+        async with trio.open_nursery() as nursery:
+            async def drain() -> None:
+                if await _drain(stream, 1 << 40, tally):
+                    tally.closed_by_node += 1
 
-                nursery.start_soon(drain)
-                sent = await stream_reports(stream, 0, reports=reports)
+            nursery.start_soon(drain)
+            with trio.move_on_at(deadline + 1):  # a send the master never takes ends too
+                sent = await stream_reports(stream, 0, reports=reports, deadline=deadline)
                 tally.frames_sent += sent
                 tally.bytes_sent += (sent + 1) * REPORT.size
-                nursery.cancel_scope.cancel()
-        finally:
-            await close_quietly(stream)
+            nursery.cancel_scope.cancel()
+    finally:
+        await close_quietly(stream)
     return tally.outcome()
 
 
@@ -1270,4 +1279,64 @@ async def replay_signatures(address: str, captured: RemotingCommand, code: int, 
                     continue
                 tally.frames_sent += 1
                 tally.answers[f"{way}:{code_name(reply.code)}"] += 1
+    return tally.outcome()
+
+
+# ---- HA slots (issue 35) ---------------------------------------------------------------------
+
+
+async def _squat(stream: trio.SocketStream, end: int, interval: float, tally: _Tally) -> bool:
+    """Hold one HA slot: ask for ``end``, then say ``end`` again every ``interval``, reading
+    and dropping what the master sends; True when the master closed the connection."""
+    closed = False
+    async with trio.open_nursery() as nursery:
+        async def drain() -> None:
+            nonlocal closed
+            closed = await _drain(stream, 1 << 40, tally)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(drain)
+        for _ in range(1_000_000):  # bounded: the caller's deadline ends it first
+            if not await send_until_closed(stream, REPORT.pack(end)):
+                closed = True
+                break
+            tally.frames_sent += 1
+            tally.bytes_sent += REPORT.size
+            await trio.sleep(interval)
+        nursery.cancel_scope.cancel()
+    return closed
+
+
+async def ha_slot_squatters(ha_address: str, *, peers: int = 16, seconds: float = 10.0,
+                            interval: float = 0.2, end: int | None = None) -> AttackOutcome:
+    """``peers`` connections that each ask for the master's log end (learnt as a slave learns
+    it, unless given) and restate it every ``interval``, acknowledging none of the bytes
+    they are sent; one the master closes comes back ``interval`` later, until ``seconds``.
+    Without haAuthSecret, 16 of them used to hold every HA slot (haMaxConnections) for as
+    long as they stayed, and the real slave was refused: a master must let a slave in and
+    keep it. ``closed_by_node`` counts the squatters the master closed (evicted, or turned
+    away with every slot held by a proven slave)."""
+    tally = _Tally("HA slot squatters", ha_address)
+    deadline = trio.current_time() + seconds
+
+    async def squatter() -> None:
+        assert end is not None
+        for _ in range(100_000):  # bounded: the deadline ends it first
+            stream = await tally.connect(ha_address)
+            if stream is not None:
+                async with stream:
+                    if await _squat(stream, end, interval, tally):
+                        tally.closed_by_node += 1
+            await trio.sleep(interval)
+
+    with trio.move_on_at(deadline):
+        if end is None:
+            end = await _learn_the_end(ha_address, timeout=min(5.0, seconds), limit=64 << 20)
+            tally.connections += 1
+            if end is None:
+                tally.note = "could not learn the log end"
+                return tally.outcome()
+        async with trio.open_nursery() as nursery:
+            for _ in range(peers):
+                nursery.start_soon(squatter)
     return tally.outcome()

@@ -543,6 +543,7 @@ class _Run:
                 RequestCode.GET_TOPIC_CONFIG, {"topic": "chaosReplayed"}),
                 Credentials("chaosAdmin", "chaosSecret")), RequestCode.DELETE_TOPIC_IN_BROKER,
                 seconds=left(5)),
+            lambda: hostile.ha_slot_squatters(a.master_ha, seconds=left(10)),
         ]
         share = max(0.1, self.plan.seconds / len(attacks))
         for _ in range(100):  # bounded: the deadline ends it long before

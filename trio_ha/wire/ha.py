@@ -120,7 +120,20 @@ class MasterProtocol:
         return self._last_report
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        self._buffer += data
+        buffer = self._buffer
+        if self._last_report is None:
+            buffer += data  # the first report is a request: never skipped
+            return
+        # After the first report only the last whole report and the torn one after it can
+        # matter (``next_event``): keep those bytes and drop the rest unread, so that a read
+        # full of reports costs a copy of at most 15 bytes, not of the read.
+        total = len(buffer) + len(data)
+        keep = min(total, REPORT.size + total % REPORT.size)
+        if keep <= len(data):
+            buffer[:] = memoryview(data)[len(data) - keep:]
+        else:
+            buffer += data
+            del buffer[: len(buffer) - keep]
 
     def next_event(self) -> SlaveReport | NeedData:
         """The next report, or NEED_DATA. After the first report of a connection, only the

@@ -5,7 +5,10 @@ either fails — the peer closed, broke the protocol, went silent past haHouseke
 the nursery cancels the other, and ``_handle`` closes the socket and drops the connection from
 the table, in one place. RocketMQ's HAConnection runs two threads that each poll with 1 s
 selects and tear each other down by flags. At most ``ha_max_connections`` connections live at
-once; the listener closes any beyond that at once (and logs so, at most every 10 s).
+once. A newcomer beyond that takes the slot of the longest-unproven connection (one whose peer
+never acknowledged a byte it carried: ``HAConnection.proven``), so that peers restating the log
+end cannot keep a slave out; with every slot proven it is closed at once (and logged so, at
+most every 10 s).
 
 Which acks count. RocketMQ keeps one global ``push2SlaveMaxOffset``, the highest report of any
 socket, first reports included, so any peer that knows the log end can make a SYNC_MASTER put
@@ -21,11 +24,15 @@ counted connections. A real slave that reconnects with a full log reports its en
 continues from there, and its acks count from the first byte it is sent (docs/ha-protocol.md,
 *Which acks count*).
 
-Cost. A peer may stream reports as fast as it likes: the protocol hands over only the last
-whole report of a read, a report that repeats the last one costs a comparison, and a changed
-ack moves one entry of two sorted lists (a binary search and a move of at most
-``ha_max_connections`` pointers) instead of sorting every connection's ack. ``is_slave_ok`` is
-a binary search too.
+Cost. A peer may stream reports as fast as it likes, and it costs the master little: one
+read is one processing round, in which the protocol keeps and hands over only the last whole
+report (a report is a cumulative offset); a report that repeats the last one costs a
+comparison, and a changed ack moves one entry of two sorted lists (a binary search and a move
+of at most ``ha_max_connections`` pointers) instead of sorting every connection's ack. A read
+that brings more reports than a slave has to say (one per frame it was sent, and a few) makes
+the reader wait FLOOD_PAUSE before it reads again, so a flood costs a few dozen reads a second
+and TCP slows the peer down (issue 35 measured 63% of a CPU for one flood before).
+``is_slave_ok`` is a binary search too.
 
 The writer sleeps on the commitlog's ``written`` watermark: a put wakes it at once (RocketMQ
 polls every 100 ms on an ASYNC_MASTER), and with nothing to send it sends a heartbeat every
@@ -59,7 +66,7 @@ from ..._sockets import listen_named, peer_host
 from ...config import StoreConfig
 from ...ratelog import RateLimitedLog
 from ...watermark import Watermark
-from ...wire.ha import NEED_DATA, HAProtocolError, MasterProtocol
+from ...wire.ha import NEED_DATA, REPORT, HAProtocolError, MasterProtocol
 from ..commitlog import CommitLog
 from ..segment import Segment
 from .auth import HANDSHAKE_TIMEOUT, authenticate_slave
@@ -69,6 +76,11 @@ from .transfer import HATransport, transport_for
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 64 * 1024
+#: reports a read may bring beyond one per frame sent since the previous read before the
+#: connection counts as flooding (``HAConnection._flooding``)
+REPORT_SLACK = 16
+#: how long the reader of a flooding connection waits before it reads again
+FLOOD_PAUSE = 0.02
 #: a writer whose frames the socket keeps taking at once yields every this many bytes
 YIELD_BYTES = 1024 * 1024
 DIFF_LOG_INTERVAL = 60.0
@@ -116,6 +128,10 @@ class SlaveConnectionStatistics:
     #: pushed itself (``MessageStore.replicate_now``) rather than the connection's writer
     frames_sent: int = 0
     frames_pushed: int = 0
+    #: reads of reports the master processed, and those after which it paused the reader
+    #: because the peer said more than a slave has to (a report flood)
+    reads: int = 0
+    reads_paused: int = 0
 
 
 @attrs.frozen
@@ -129,6 +145,8 @@ class HAMasterStatistics:
     refused_connections: int = 0
     #: peers turned away by the authentication handshake (haAuthSecret)
     auth_failures: int = 0
+    #: unproven connections closed to make room for a newcomer (``HAService._evict``)
+    evicted_connections: int = 0
 
 
 @attrs.define(eq=False)
@@ -157,6 +175,10 @@ class HAConnection:
     bytes_sent: int = 0
     frames_sent: int = 0
     frames_pushed: int = 0
+    #: reads of reports processed, and those after which the reader paused (a flood)
+    reads: int = 0
+    reads_paused: int = 0
+    _frames_at_last_read: int = 0
     lag_since: float | None = None
     #: the start offset of a request the master cannot serve (the writer refuses it)
     _refused: int | None = None
@@ -170,36 +192,77 @@ class HAConnection:
     _first_report: trio.Event = attrs.field(factory=trio.Event)
     #: set when an ack could not count yet: ``_count_when_due`` judges it again later
     _uncounted: trio.Event = attrs.field(factory=trio.Event)
+    #: ends the connection's tasks when it is evicted (``HAService._evict``)
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
 
     @property
     def commitlog(self) -> CommitLog:
         return self.service.commitlog
 
+    @property
+    def proven(self) -> bool:
+        """Whether its peer acknowledged a byte this connection carried to it (a report past
+        its start, within what it was sent): what a slave does and a peer that only
+        restates an offset it learnt cannot. Once proven, for the connection's life."""
+        return self.confirmed_offset is not None
+
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_acks)
-            nursery.start_soon(self._write_log)
-            nursery.start_soon(self._count_when_due)
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_acks)
+                nursery.start_soon(self._write_log)
+                nursery.start_soon(self._count_when_due)
+
+    def evict(self) -> None:
+        """End the connection (its tasks are cancelled; ``handle_stream`` closes it)."""
+        self._scope.cancel()
 
     # ---- reader ----------------------------------------------------------------------------
 
     async def _read_acks(self) -> None:
         silence = self.service.config.ha_housekeeping_interval / 1000
-        with trio.CancelScope(deadline=trio.current_time() + silence) as quiet:
-            while True:
-                data = await self.transport.receive_some(RECEIVE_SIZE)
-                if not data:
-                    raise HAConnectionClosed("slave closed the connection")
-                quiet.deadline = trio.current_time() + silence
-                self.protocol.log_end = self.commitlog.max_offset
-                self.protocol.receive_data(data)
-                # At most two events per read: the first report, and the last of the rest.
-                while (event := self.protocol.next_event()) is not NEED_DATA:
-                    if event.first:
-                        self._on_request(event.offset)
-                    else:
-                        self._on_report(event.offset)
+        heard = trio.current_time()
+        # The silence deadline is armed once per silence interval, not moved at every read
+        # (moving a cancel scope's deadline is a heap operation: a peer that streams reports
+        # paid it per read). When it fires early, the loop looks at when the peer was last
+        # heard and arms it again from there; a cancelled receive has read nothing.
+        while True:  # until the peer is silent for ``silence``, closes, or breaks the protocol
+            with trio.move_on_at(heard + silence):
+                while True:
+                    data = await self.transport.receive_some(RECEIVE_SIZE)
+                    if not data:
+                        raise HAConnectionClosed("slave closed the connection")
+                    heard = trio.current_time()
+                    self._on_read(data)
+                    if self._flooding(len(data)):
+                        self.reads_paused += 1
+                        await trio.sleep(FLOOD_PAUSE)
+            if trio.current_time() >= heard + silence:
+                break
         raise HAConnectionClosed(f"no report from the slave for {silence:g} s")
+
+    def _on_read(self, data: bytes | bytearray) -> None:
+        """One processing round: what one read brought, however many reports that is."""
+        self.reads += 1
+        self.protocol.log_end = self.commitlog.max_offset
+        self.protocol.receive_data(data)
+        # At most two events per read: the first report, and the last of the rest.
+        while (event := self.protocol.next_event()) is not NEED_DATA:
+            if event.first:
+                self._on_request(event.offset)
+            else:
+                self._on_report(event.offset)
+
+    def _flooding(self, size: int) -> bool:
+        """Whether a read of ``size`` bytes brought more reports than a slave has to say: one
+        per frame it was sent since the previous read, one per haSendHeartbeatInterval, and
+        REPORT_SLACK for reads that cut a burst in two. Such a peer (a slave never is one)
+        is read at most once per FLOOD_PAUSE, so that streaming reports as fast as the
+        socket takes them costs the master a few reads a second, and TCP slows the peer
+        down instead of the master speeding up."""
+        frames = self.frames_sent - self._frames_at_last_read
+        self._frames_at_last_read = self.frames_sent
+        return size // REPORT.size > frames + REPORT_SLACK
 
     def _on_request(self, requested: int) -> None:
         """The first report: where the slave's log ends, so where to start. It acknowledges
@@ -418,6 +481,8 @@ class HAConnection:
             bytes_sent=self.bytes_sent,
             frames_sent=self.frames_sent,
             frames_pushed=self.frames_pushed,
+            reads=self.reads,
+            reads_paused=self.reads_paused,
             start_offset=self.start_offset,
             confirmed_offset=self.confirmed_offset,
             counted=self.counted,
@@ -438,6 +503,9 @@ class HAService:
     #: for
     replicated: Watermark = attrs.field(factory=Watermark)
     connections: dict[int, HAConnection] = attrs.field(factory=dict)
+    #: the connections of the table that are not proven yet, oldest first (so the
+    #: longest-unproven one, which makes way for a newcomer, is found at once)
+    _unproven: dict[int, HAConnection] = attrs.field(factory=dict)
     listen_address: tuple[str, int] | None = None
     #: the oldest SYNC_MASTER put still waiting (the group transfer service's, once there is
     #: one: ``group_transfer_service``); none on a master whose puts never wait
@@ -452,6 +520,8 @@ class HAService:
     peer_log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
     #: peers turned away by the authentication handshake (haAuthSecret)
     auth_failures: int = 0
+    #: unproven connections closed to make room for a newcomer (``_room_for_newcomer``)
+    evicted_connections: int = 0
     #: the handshakes under way, oldest first (``_authenticate``)
     _handshakes: collections.deque[trio.CancelScope] = attrs.field(factory=collections.deque)
     _refused: int = 0
@@ -495,16 +565,21 @@ class HAService:
         listener passes TCP streams; tests may pass memory streams)."""
         transport = transport_for(stream, method=self.config.ha_transfer_method)
         address = transport.peer
-        if len(self.connections) >= self.config.ha_max_connections:
-            self._refuse_connection(address)
-            with trio.CancelScope(shield=True):
-                await transport.aclose()
+        # Judged twice: before the handshake, so that a newcomer with no slot to win costs
+        # none; and after it, when it takes its slot (an unproven connection may have to
+        # make way then), so that a peer that fails the handshake evicts no one.
+        if not self._room_for_newcomer(evict=False):
+            await self._close_refused(transport, address)
             return
         if self.config.ha_auth_secret is not None and not await self._authenticate(
                 transport, address, self.config.ha_auth_secret):
             return
+        if not self._room_for_newcomer(evict=True):
+            await self._close_refused(transport, address)
+            return
         connection = HAConnection(self, transport, address)
         self.connections[id(connection)] = connection
+        self._unproven[id(connection)] = connection
         self.peer_log.log(logging.INFO, ("connected", peer_host(address)),
                           "HA: slave %s connected", address)
         try:
@@ -515,10 +590,46 @@ class HAService:
                 self.peer_log.log(logging.WARNING, ("closed", peer_host(address), type(exc)),
                                   "HA: connection to slave %s closed: %s", address, exc)
         finally:
-            del self.connections[id(connection)]
-            self._connection_dropped(connection)
+            self._drop(connection)
             with trio.CancelScope(shield=True):
                 await transport.aclose()
+
+    def _room_for_newcomer(self, *, evict: bool) -> bool:
+        """Whether a new peer may have a slot: one is free, or an unproven connection holds
+        one (with ``evict``, the longest-unproven one is closed to free it).
+
+        Why evict at all: without haAuthSecret nothing tells a slave from a squatter but what
+        it does, and a squatter that restates the log end it learnt never acknowledges a byte
+        it was carried. Sixteen of them used to hold every slot for as long as they stayed,
+        and the real slave was refused. A proven connection (``HAConnection.proven``) is
+        never evicted by a newcomer, which has proven nothing yet; the longest-unproven one
+        goes first, so that the newest peer — a slave that just reconnected — has the most
+        time to prove itself."""
+        if len(self.connections) < self.config.ha_max_connections:
+            return True
+        if not self._unproven:
+            return False
+        if evict:
+            self._evict(next(iter(self._unproven.values())))
+        return True
+
+    def _evict(self, connection: HAConnection) -> None:
+        """Close ``connection`` to make room; its slot is free at once (its tasks end in
+        their own time)."""
+        self._drop(connection)
+        connection.evict()
+        self.evicted_connections += 1
+        self.peer_log.log(
+            logging.WARNING, ("evicted", peer_host(connection.address)),
+            "HA: closed connection %s, which had acknowledged no byte it was sent, to make "
+            "room for a new peer (haMaxConnections %d); %d evicted so far",
+            connection.address, self.config.ha_max_connections, self.evicted_connections,
+        )
+
+    async def _close_refused(self, transport: HATransport, address: str) -> None:
+        self._refuse_connection(address)
+        with trio.CancelScope(shield=True):
+            await transport.aclose()
 
     async def _authenticate(self, transport: HATransport, address: str, secret: str) -> bool:
         """With haAuthSecret: the peer proves it knows the secret before anything else
@@ -576,11 +687,15 @@ class HAService:
 
     def connection_accepted(self, connection: HAConnection, reported: int) -> None:
         """A connection's request was accepted; ``reported`` is where the slave's log ends."""
+        if not self._serving(connection):
+            return
         connection.acked_offset = reported
         bisect.insort(self._positions, reported)
 
     def report_moved(self, connection: HAConnection, offset: int) -> None:
         """An accepted connection's slave reported a new log end."""
+        if not self._serving(connection):
+            return
         old = connection.acked_offset
         assert old is not None  # set when the request was accepted
         _move(self._positions, old, offset)
@@ -589,6 +704,9 @@ class HAService:
     def confirm(self, connection: HAConnection, offset: int) -> None:
         """``connection`` carried the log up to ``offset`` and its slave acknowledged it (or
         acknowledges it again, while the connection is not counted yet)."""
+        if not self._serving(connection):
+            return
+        self._unproven.pop(id(connection), None)  # proven now (``HAConnection.proven``)
         if connection.counted:
             old = connection.confirmed_offset
             assert old is not None  # a counted connection has confirmed something
@@ -613,6 +731,19 @@ class HAService:
         start, accepted_end = connection.start_offset, connection.accepted_end
         assert start is not None and accepted_end is not None  # set when accepted
         return waiting.end > accepted_end or start <= waiting.floor
+
+    def _serving(self, connection: HAConnection) -> bool:
+        """Whether ``connection`` is in the table. An evicted one is out of it (and of the
+        ack lists) at once, but its tasks may run a step before their cancellation lands:
+        what they report then must change nothing."""
+        return self.connections.get(id(connection)) is connection
+
+    def _drop(self, connection: HAConnection) -> None:
+        """Take ``connection`` out of the table and the ack lists (once: an evicted one is
+        taken out when it is evicted, and again when its tasks end)."""
+        self._unproven.pop(id(connection), None)
+        if self.connections.pop(id(connection), None) is not None:
+            self._connection_dropped(connection)
 
     def _connection_dropped(self, connection: HAConnection) -> None:
         if connection.acked_offset is not None and connection.start_offset is not None:
@@ -648,6 +779,7 @@ class HAService:
             max_connections=self.config.ha_max_connections,
             refused_connections=self._refused,
             auth_failures=self.auth_failures,
+            evicted_connections=self.evicted_connections,
         )
 
 
