@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from ._errors import TrioHAError
 from .wire.ha_auth import MIN_SECRET_LENGTH
 from .wire.layout import (
     CQ_ENTRY_SIZE,
@@ -52,7 +53,7 @@ class BrokerRole(enum.Enum):
     SLAVE = "SLAVE"
 
 
-class ConfigError(ValueError):
+class ConfigError(TrioHAError, ValueError):
     """A configuration value is missing, malformed or out of range."""
 
 

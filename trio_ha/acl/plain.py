@@ -35,6 +35,7 @@ from typing import Any
 import attrs
 import yaml
 
+from .._errors import TrioHAError
 from ..wire import acl as signing
 from ..wire.errors import WireError
 from ..wire.heartbeat import HeartbeatData
@@ -79,7 +80,7 @@ MAX_FILE_BYTES = 16 * 1024 * 1024
 _QUOTED = 64
 
 
-class AclConfigError(ValueError):
+class AclConfigError(TrioHAError, ValueError):
     """plain_acl.yml is not a valid ACL file; the message names the entry."""
 
 

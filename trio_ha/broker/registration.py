@@ -28,6 +28,7 @@ import logging
 import attrs
 import trio
 
+from .._errors import TrioHAError
 from ..config import BrokerRole
 from ..remoting import RemotingClientPool, RemotingError, open_remoting_client
 from ..store.ha import HAClient
@@ -50,7 +51,7 @@ SLAVE_WITHOUT_MASTER_RETRY = 1.0
 UNREGISTER_TIMEOUT = 2.0
 
 
-class DuplicateMasterError(Exception):
+class DuplicateMasterError(TrioHAError):
     """A name server refused this master at startup: another master (brokerId 0) with the same
     brokerName is live at another address. The message is one line, for the operator."""
 

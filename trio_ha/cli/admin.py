@@ -17,12 +17,13 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
 import typer
 
 from ._app import app, client_options
+from ._failures import run_cancellable
 
 if TYPE_CHECKING:
     from ..wire.route import ClusterInfo
@@ -52,16 +53,18 @@ def json_option() -> Any:
     return typer.Option(False, "--json", help="print JSON instead of a table")
 
 
-def run_client(work: Callable[[], Awaitable[_T]]) -> _T:
-    """Run ``work`` under trio; the client's errors become one line and exit code 1."""
-    from ..client import MQError
-    from ..remoting import RemotingError
-
-    try:
-        return trio.run(work)
-    except (MQError, RemotingError, OSError) as exc:
-        print(f"trio-ha: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+def run_client(work: Callable[[], Awaitable[_T]],
+               interrupted: Callable[[], str] | None = None) -> _T:
+    """Run ``work`` under trio. A Ctrl-C (or SIGTERM) cancels it — its cleanup runs, a
+    consumer commits its offsets — prints ``interrupted()``, if given, as one line on stderr
+    (what got done) and exits 128 + the signal. Failures are the app's to report (one line
+    and exit 1 for an error of ours)."""
+    result, signum = run_cancellable(work, forgive_after_signal=True)
+    if signum is not None:
+        if interrupted is not None:
+            print(f"trio-ha: interrupted: {interrupted()}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+    return cast("_T", result)
 
 
 def _fail(message: str) -> typer.Exit:

@@ -241,10 +241,7 @@ def status(
         shown += 1
         if not watch or (count and shown >= count):
             return
-        try:
-            time.sleep(watch)
-        except KeyboardInterrupt:
-            return
+        time.sleep(watch)  # a Ctrl-C ends the watch: exit 130, as for every command
 
 
 def _wait_until_ready(namesrv: str, timeout: float) -> None:

@@ -40,6 +40,11 @@ def progress_bar(description: str, total: int | None) -> Iterator[Any]:
         yield lambda n=1: progress.advance(task, n)
 
 
+def _counts(counter: Counter[str]) -> str:
+    """``SEND_OK 57, FLUSH_DISK_TIMEOUT 2``: a count per status, for people."""
+    return ", ".join(f"{name} {n}" for name, n in counter.most_common())
+
+
 @app.command()
 def produce(
     topic: str = typer.Option(..., "-t", "--topic"),
@@ -56,9 +61,11 @@ def produce(
     """Send messages one by one and report every status; exit 1 if any was not SEND_OK."""
     from ..client import Message, MQError, open_producer
 
+    # outside ``work``: a Ctrl-C'd run still says how many got an answer
+    statuses: Counter[str] = Counter()
+    failures: Counter[str] = Counter()
+
     async def work() -> dict[str, Any]:
-        statuses: Counter[str] = Counter()
-        failures: Counter[str] = Counter()
         last: dict[str, Any] = {}
         started = time.perf_counter()
         async with open_producer(namesrv, group, **client_options()) as producer:
@@ -86,7 +93,11 @@ def produce(
                 "rate": round(sum(statuses.values()) / seconds, 1) if seconds > 0 else None,
                 "last": last}
 
-    report = run_client(work)
+    def interrupted() -> str:
+        return (f"{sum(statuses.values())} of {count} messages acknowledged by the broker "
+                f"({_counts(statuses) or 'none'}), {sum(failures.values())} failed")
+
+    report = run_client(work, interrupted)
     if as_json:
         print(json.dumps(report))
     else:
@@ -122,8 +133,10 @@ def consume(
     if from_where not in ("first", "last"):
         raise typer.BadParameter("--from must be first or last")
 
-    async def work() -> int:
-        received = 0
+    received = 0  # outside ``work``: a Ctrl-C'd run still says how many it consumed
+
+    async def work() -> None:
+        nonlocal received
         async with open_pull_consumer(namesrv, group, **client_options()) as consumer:
             stream = consumer.messages(topic, from_where=from_where, suspend_timeout=1.0,
                                        commit_interval=1.0)
@@ -147,9 +160,8 @@ def consume(
                                   f"{message.msg_id} keys={' '.join(message.keys)} "
                                   f"tags={message.tags} "
                                   f"{message.body.decode('utf-8', 'replace')[:200]}", flush=True)
-        return received
 
-    received = run_client(work)
+    run_client(work, lambda: f"consumed {received} messages of {topic} as {group}")
     print(f"consumed {received} messages of {topic} as {group}", file=sys.stderr)
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from .._errors import TrioHAError
 from ..wire.metadata import DataVersion, TopicConfigSerializeWrapper
 from ..wire.permission import Permission
 from ..wire.route import BrokerData, ClusterInfo, QueueData, TopicRouteData
@@ -58,7 +59,7 @@ class RegisterResult:
     ha_server_addr: str | None
 
 
-class MasterConflict(Exception):
+class MasterConflict(TrioHAError):
     """A master (broker id 0) registered for a broker name whose live master is another
     address. The registration changed nothing."""
 
