@@ -190,6 +190,9 @@ def run_cancellable(
     except BaseException as exc:
         # a bug is news either way
         found = list(leaves(exc))
+        if not signalled and _interrupted(exc):
+            # a Ctrl-C before the signal receiver was up: trio raised it as KeyboardInterrupt
+            return None, signal.SIGINT
         if signalled and all(_is_interruption(leaf) or (forgive_after_signal and _is_expected(leaf))
                              for leaf in found):
             return None, signalled[0]
