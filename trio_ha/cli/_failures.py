@@ -28,9 +28,10 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-import click
 import trio
+import typer
 import typer.core
+import typer.exceptions
 
 from .._errors import TrioHAError
 
@@ -124,12 +125,11 @@ class CommandGroup(typer.core.TyperGroup):
     """The click group of the ``trio-ha`` app: whatever a command lets escape ends here, as
     one line and exit 1 (ours), exit 130 (Ctrl-C) or a traceback (a bug)."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort,
-                SystemExit):
-            raise
+        except (typer.Exit, typer.Abort, typer.exceptions.TyperException, SystemExit):
+            raise  # click's own way out: a chosen exit status, or a usage error it prints
         except BaseException as exc:
             if _show_tracebacks:
                 raise

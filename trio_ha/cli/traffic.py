@@ -47,15 +47,17 @@ def _counts(counter: Counter[str]) -> str:
 
 @app.command()
 def produce(
-    topic: str = typer.Option(..., "-t", "--topic"),
-    count: int = typer.Option(1, "-c", "--count", min=1, max=100_000_000),
+    topic: str = typer.Option(..., "-t", "--topic", help="the topic"),
+    count: int = typer.Option(1, "-c", "--count", min=1, max=100_000_000,
+                              help="messages to send"),
     body: str = typer.Option(None, "-b", "--body",
                              help="the body (default: 'message #i' padded to --size)"),
     size: int = typer.Option(0, "--size", min=0, max=4 * 1024 * 1024,
                              help="pad generated bodies to this many bytes"),
     keys: str = typer.Option(None, "-k", "--keys", help="KEYS, space-separated"),
-    tags: str = typer.Option(None, "--tags"),
-    group: str = typer.Option("trio-ha-cli-producer", "-g", "--group"),
+    tags: str = typer.Option(None, "--tags", help="the TAGS of every message"),
+    group: str = typer.Option("trio-ha-cli-producer", "-g", "--group",
+                               help="the producer group"),
     namesrv: str = namesrv_option(), as_json: bool = json_option(),
 ) -> None:
     """Send messages one by one and report every status; exit 1 if any was not SEND_OK."""
@@ -115,8 +117,9 @@ def produce(
 
 @app.command()
 def consume(
-    topic: str = typer.Option(..., "-t", "--topic"),
-    group: str = typer.Option(..., "-g", "--group"),
+    topic: str = typer.Option(..., "-t", "--topic", help="the topic"),
+    group: str = typer.Option(..., "-g", "--group",
+                               help="the consumer group (its offsets are committed)"),
     count: int = typer.Option(0, "-c", "--count", min=0,
                               help="stop after this many messages (0: no limit)"),
     idle_seconds: float = typer.Option(5.0, "--idle-seconds", min=0.1,
@@ -167,10 +170,10 @@ def consume(
 
 @admin_app.command("send-message")
 def send_message(
-    topic: str = typer.Option(..., "-t", "--topic"),
-    body: str = typer.Option(..., "-p", "--body"),
-    keys: str = typer.Option(None, "-k", "--keys"),
-    tags: str = typer.Option(None, "-c", "--tags"),
+    topic: str = typer.Option(..., "-t", "--topic", help="the topic"),
+    body: str = typer.Option(..., "-p", "--body", help="the body"),
+    keys: str = typer.Option(None, "-k", "--keys", help="KEYS, space-separated"),
+    tags: str = typer.Option(None, "-c", "--tags", help="the TAGS"),
     namesrv: str = namesrv_option(), as_json: bool = json_option(),
 ) -> None:
     """mqadmin sendMessage: one message (``trio-ha produce`` sends many)."""
