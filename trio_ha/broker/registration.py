@@ -166,7 +166,8 @@ class Registration:
 
     def _follow_master(self, master_addr: str | None, ha_addr: str | None) -> None:
         if master_addr != self.master_addr:
-            log.info("broker: master of %s is now %s", self.config.broker_name, master_addr)
+            log.info("broker: master of %s is now %s", self.config.broker_name,
+                     master_addr or "none (no master registered)")
             self.master_addr = master_addr
         client = self.ha_client
         if client is not None and not self.config.store.ha_master_address and ha_addr:

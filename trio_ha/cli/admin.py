@@ -96,6 +96,17 @@ def emit(rows: Rows, *, as_json: bool, title: str | None = None,
     Console(width=None if sys.stdout.isatty() else 240).print(table)
 
 
+def tps_text(put_tps: object) -> str | None:
+    """Runtime info's putTps ("10s 60s 600s" windows, each a float with 15 digits) with one
+    decimal each, as a person reads it."""
+    if put_tps is None:
+        return None
+    try:
+        return " ".join(f"{float(part):.1f}" for part in str(put_tps).split())
+    except ValueError:
+        return str(put_tps)
+
+
 def _alias(command: Callable, *names: str) -> None:
     """Register ``command`` under mqadmin's camelCase names too (hidden from the help)."""
     for name in names:
@@ -144,7 +155,8 @@ async def cluster_rows(namesrv: str) -> Rows:
         rows.append({
             "cluster": cluster, "brokerName": name, "brokerId": broker_id, "address": address,
             "role": table.get("brokerRole", "?"), "version": table.get("brokerVersionDesc"),
-            "putTps": table.get("putTps"), "commitLogMinOffset": _int(table, "commitLogMinOffset"),
+            "putTps": tps_text(table.get("putTps")),
+            "commitLogMinOffset": _int(table, "commitLogMinOffset"),
             "commitLogMaxOffset": _int(table, "commitLogMaxOffset"),
             "error": table.get("error"),
         })
