@@ -45,7 +45,7 @@ def test_message_with_a_str_body_is_refused_when_made_not_at_send():
     with pytest.raises(TypeError, match="topic must be a str"):
         trio_ha.Message(b"T", b"text")  # type: ignore[arg-type]
     for body in (b"x", bytearray(b"x"), memoryview(b"x")):
-        assert trio_ha.Message("T", body).body == body
+        assert trio_ha.Message("T", body).body == body  # pyright: ignore[reportArgumentType]
 
 
 def test_mqerror_and_transaction_state_are_in_the_top_level_package_and_dir_has_no_helpers():

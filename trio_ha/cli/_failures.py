@@ -125,7 +125,7 @@ class CommandGroup(typer.core.TyperGroup):
     """The click group of the ``trio-ha`` app: whatever a command lets escape ends here, as
     one line and exit 1 (ours), exit 130 (Ctrl-C) or a traceback (a bug)."""
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:  # (click's Context: typer vendors click privately)
         try:
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, typer.exceptions.TyperException, SystemExit):
