@@ -1,5 +1,6 @@
-"""The ``trio-ha`` application object and what every command shares: the global options, the
-one-line report of an expected failure, and running a server until SIGINT/SIGTERM."""
+"""The ``trio-ha`` application object and what every command shares: the global options and
+running a server until SIGINT/SIGTERM. How a failed or interrupted command ends is
+``_failures``' (the app's click group)."""
 
 from __future__ import annotations
 
