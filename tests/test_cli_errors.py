@@ -169,3 +169,21 @@ def test_expected_failures_escape_as_one_line_from_a_broker_with_a_missing_segme
     assert broker.returncode == 1, broker.stderr
     assert len(broker.stderr.splitlines()) == 1, broker.stderr
     assert broker.stderr.startswith("trio-ha: ") and "gap between segments" in broker.stderr
+
+
+def test_expected_failures_escape_as_one_line_from_a_broker_with_a_broken_plain_acl_yml(tmp_path):
+    """The issue's other case: a ``plain_acl.yml`` that is not valid YAML stops the broker's
+    start with one line naming the file, not 400 lines of traceback."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: [unclosed\n")
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"brokerRole=ASYNC_MASTER\nlistenPort=0\nhaListenPort=0\n"
+                    f"bindAddress=127.0.0.1\nhaBindAddress=127.0.0.1\nnamesrvAddr=127.0.0.1:1\n"
+                    f"storePathRootDir={tmp_path / 'store'}\nmappedFileSizeCommitLog=65536\n"
+                    f"aclEnable=true\nplainAclFile={acl}\n")
+    broker = subprocess.run(
+        [sys.executable, "-m", "trio_ha.cli", "--log-file", str(tmp_path / "broker.log"),
+         "broker", "-c", str(conf)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert broker.returncode == 1, broker.stderr
+    assert len(broker.stderr.splitlines()) == 1, broker.stderr
+    assert broker.stderr.startswith("trio-ha: ") and "plain_acl.yml" in broker.stderr
