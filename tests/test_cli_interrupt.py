@@ -146,6 +146,13 @@ def test_ctrl_c_on_consume_exits_130_with_one_line_saying_how_many_were_consumed
     assert consumer.returncode == 130, err
     assert err == f"trio-ha: interrupted: consumed 20 messages of {TOPIC}2 as ctrl_c_consumers\n"
     assert out == ""
+    # and the group's offsets were committed on the way out: nothing is delivered again
+    again = subprocess.run(
+        [sys.executable, "-m", "trio_ha.cli", "consume", "-t", f"{TOPIC}2", "-g",
+         "ctrl_c_consumers", "-q", "--idle-seconds", "2", "-n", namesrv],
+        capture_output=True, text=True, timeout=WAIT, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert f"consumed 0 messages of {TOPIC}2" in again.stderr
 
 
 def test_ctrl_c_on_status_watch_exits_130_without_a_line(cluster, tmp_path):

@@ -147,11 +147,17 @@ def run_cancellable(
     *,
     on_signal: Callable[[], None] | None = None,
     forgive_after_signal: bool = False,
+    stop: trio.CancelScope | None = None,
 ) -> tuple[_T | None, int | None]:
     """Run ``work`` under trio until it returns or a SIGINT/SIGTERM arrives; the signal
     cancels it, so that its cleanup runs (``on_signal`` is called first, to say so). Returns
     ``(result, None)``, or ``(None, signum)`` when a signal stopped it. A second signal does not
     wait for the cleanup: the process exits at once with 128 + the signal.
+
+    ``stop``, if given, is what the signal cancels instead of all of ``work``: a scope inside
+    it around the part that may be cut short (a consumer's loop), so that what it opened
+    around that part (the client, whose connections must still carry the final offset
+    commits) closes in the ordinary way.
 
     A failure is raised, also during the cleanup after a signal (a server's final flush that
     found no room must not pass for a clean stop) — unless ``forgive_after_signal``: a client
@@ -171,7 +177,7 @@ def run_cancellable(
                             signalled.append(signum)
                             if on_signal is not None:
                                 on_signal()
-                            work_scope.cancel()
+                            (stop or work_scope).cancel()
                         else:
                             print("trio-ha: forced to stop; the next start recovers",
                                   file=sys.stderr, flush=True)

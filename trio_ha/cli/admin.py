@@ -54,12 +54,13 @@ def json_option() -> Any:
 
 
 def run_client(work: Callable[[], Awaitable[_T]],
-               interrupted: Callable[[], str] | None = None) -> _T:
-    """Run ``work`` under trio. A Ctrl-C (or SIGTERM) cancels it — its cleanup runs, a
-    consumer commits its offsets — prints ``interrupted()``, if given, as one line on stderr
-    (what got done) and exits 128 + the signal. Failures are the app's to report (one line
-    and exit 1 for an error of ours)."""
-    result, signum = run_cancellable(work, forgive_after_signal=True)
+               interrupted: Callable[[], str] | None = None, *,
+               stop: trio.CancelScope | None = None) -> _T:
+    """Run ``work`` under trio. A Ctrl-C (or SIGTERM) cancels it (or only ``stop``, a scope
+    inside it: see ``run_cancellable``), prints ``interrupted()``, if given, as one line on
+    stderr (what got done) and exits 128 + the signal. Failures are the app's to report (one
+    line and exit 1 for an error of ours)."""
+    result, signum = run_cancellable(work, forgive_after_signal=True, stop=stop)
     if signum is not None:
         if interrupted is not None:
             print(f"trio-ha: interrupted: {interrupted()}", file=sys.stderr, flush=True)

@@ -15,7 +15,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
@@ -131,40 +131,46 @@ def consume(
 ) -> None:
     """Read a topic as a consumer group (its share of the queues, offsets committed), one
     line per message, until --count messages or --idle-seconds without one."""
-    from ..client import open_pull_consumer
+    from ..client import MessageStream, open_pull_consumer
 
     if from_where not in ("first", "last"):
         raise typer.BadParameter("--from must be first or last")
 
     received = 0  # outside ``work``: a Ctrl-C'd run still says how many it consumed
+    # what a Ctrl-C cuts short: the loop, not the consumer, whose connections must still
+    # carry the commit of what was consumed when the stream closes
+    stop = trio.CancelScope()
 
     async def work() -> None:
-        nonlocal received
         async with open_pull_consumer(namesrv, group, **client_options()) as consumer:
             stream = consumer.messages(topic, from_where=from_where, suspend_timeout=1.0,
                                        commit_interval=1.0)
             with progress_bar(f"consuming {topic}", count or None) as advance:
                 async with stream:
-                    while not count or received < count:
-                        message = None
-                        with trio.move_on_after(idle_seconds):
-                            message = await stream.__anext__()
-                        if message is None:
-                            break  # idle for idle_seconds
-                        received += 1
-                        advance()
-                        if quiet:
-                            continue
-                        if as_json:
-                            row = message_row(message)
-                            print(json.dumps(row), flush=True)
-                        else:
-                            print(f"{message.queue_id}:{message.queue_offset} "
-                                  f"{message.msg_id} keys={' '.join(message.keys)} "
-                                  f"tags={message.tags} "
-                                  f"{message.body.decode('utf-8', 'replace')[:200]}", flush=True)
+                    with stop:
+                        await read(stream, advance)
 
-    run_client(work, lambda: f"consumed {received} messages of {topic} as {group}")
+    async def read(stream: MessageStream, advance: Callable[..., None]) -> None:
+        nonlocal received
+        while not count or received < count:
+            message = None
+            with trio.move_on_after(idle_seconds):
+                message = await stream.__anext__()
+            if message is None:
+                break  # idle for idle_seconds
+            received += 1
+            advance()
+            if quiet:
+                continue
+            if as_json:
+                print(json.dumps(message_row(message)), flush=True)
+            else:
+                print(f"{message.queue_id}:{message.queue_offset} "
+                      f"{message.msg_id} keys={' '.join(message.keys)} "
+                      f"tags={message.tags} "
+                      f"{message.body.decode('utf-8', 'replace')[:200]}", flush=True)
+
+    run_client(work, lambda: f"consumed {received} messages of {topic} as {group}", stop=stop)
     print(f"consumed {received} messages of {topic} as {group}", file=sys.stderr)
 
 
