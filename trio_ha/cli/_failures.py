@@ -131,6 +131,9 @@ class CommandGroup(typer.core.TyperGroup):
         except (typer.Exit, typer.Abort, typer.exceptions.TyperException, SystemExit):
             raise  # click's own way out: a chosen exit status, or a usage error it prints
         except BaseException as exc:
+            found = list(leaves(exc))
+            if all(isinstance(leaf, (typer.Exit, SystemExit)) for leaf in found):
+                raise found[0] from None  # an exit chosen inside a task, as if chosen here
             if _show_tracebacks:
                 raise
             if _interrupted(exc):
