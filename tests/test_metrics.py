@@ -413,5 +413,5 @@ def test_metrics_port_is_a_broker_conf_key_unset_by_default():
     assert BrokerConfig.from_properties("metricsPort=9100\n").metrics_port == 9100
     assert BrokerConfig.from_properties("metricsPort=0\n").to_properties()["metricsPort"] == "0"
     assert "metricsPort" not in BrokerConfig().to_properties()
-    with pytest.raises(ConfigError, match="metrics_port"):
+    with pytest.raises(ConfigError, match="metricsPort"):
         BrokerConfig.from_properties("metricsPort=70000\n")

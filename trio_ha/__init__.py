@@ -40,11 +40,28 @@ _EXPORTS = {
     "open_pull_consumer": "trio_ha.client",
     "open_admin": "trio_ha.client",
     "open_push_consumer": "trio_ha.client",
+    "MQBrokerError": "trio_ha.client",
+    "MQClientError": "trio_ha.client",
+    "MQError": "trio_ha.client",
+    "SendStatus": "trio_ha.client",
+    "TransactionState": "trio_ha.client",
+    "TrioHAError": "trio_ha._errors",
 }
 
 if TYPE_CHECKING:  # what the lazy names are, for a type checker (kept in step with _EXPORTS)
+    from ._errors import TrioHAError
     from .broker import BrokerConfig, serve_broker
-    from .client import open_admin, open_producer, open_pull_consumer, open_push_consumer
+    from .client import (
+        MQBrokerError,
+        MQClientError,
+        MQError,
+        SendStatus,
+        TransactionState,
+        open_admin,
+        open_producer,
+        open_pull_consumer,
+        open_push_consumer,
+    )
     from .config import BrokerRole, ConfigError, FlushDiskType, StoreConfig
     from .namesrv import NamesrvConfig, serve_namesrv
     from .store import (
@@ -62,9 +79,10 @@ if TYPE_CHECKING:  # what the lazy names are, for a type checker (kept in step w
 
 __all__ = [
     "BrokerConfig", "BrokerRole", "ConfigError", "FlushDiskType", "GetMessageResult",
-    "GetMessageStatus", "Message", "MessageStore", "NamesrvConfig", "NativeModuleError",
-    "PutMessageResult", "PutMessageStatus", "StoreConfig", "StoreLockedError", "StoreStatistics",
-    "StoredMessage", "Watermark", "native_backend", "open_admin", "open_producer",
+    "GetMessageStatus", "MQBrokerError", "MQClientError", "MQError", "Message", "MessageStore",
+    "NamesrvConfig", "NativeModuleError", "PutMessageResult", "PutMessageStatus", "SendStatus",
+    "StoreConfig", "StoreLockedError", "StoreStatistics", "StoredMessage", "TransactionState",
+    "TrioHAError", "Watermark", "native_backend", "open_admin", "open_producer",
     "open_pull_consumer", "open_push_consumer", "open_store", "serve_broker", "serve_namesrv",
 ]
 
@@ -79,4 +97,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    # the public names only: not this module's own helpers (importlib, Any, annotations)
+    return sorted([*__all__, "__version__"])

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple, Protocol, TypeAlias
 
+from ._errors import TrioHAError
 from .wire import layout
 from .wire import record as rec
 
@@ -91,7 +92,7 @@ GATHER_VERIFY = 1
 _SPAN = struct.Struct("=QQ")
 
 
-class NativeModuleError(ImportError):
+class NativeModuleError(TrioHAError, ImportError):
     """The native module is required (TRIO_HA_REQUIRE_NATIVE=1) but missing or stale."""
 
 

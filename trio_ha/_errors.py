@@ -1,9 +1,29 @@
-"""Exception plumbing shared by the async context managers."""
+"""The one base of every error this project raises, and exception plumbing shared by the async
+context managers.
+
+Why one base: an operator's tool must tell "something I can fix" (a port taken, a store in use,
+a bad setting, a broker's refusal, a damaged file) from "a bug in trio_ha". Listing the expected
+errors one by one at each place that reports them failed: every new error type escaped as a
+200-line traceback until someone added it to the list. With one base, an error of ours is
+expected by construction: the command line prints its message as one line and exits 1, and
+only exceptions that are not ours (a bug) keep their traceback. Each error still derives from
+the builtin that says what it is (ValueError, OSError, ...), so ``except OSError`` keeps
+working. ``tests/test_cli_errors.py`` walks the package and fails on a class that forgets it.
+
+This module imports nothing of ours, so every layer down to the sans-I/O codecs may use it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+
+__all__ = ["TrioHAError", "unwrap_single_exception"]
+
+
+class TrioHAError(Exception):
+    """Base of every exception trio_ha defines. Its message is one line an operator can act
+    on; code that catches it may show ``str(exc)`` alone, without a traceback."""
 
 
 @contextlib.contextmanager

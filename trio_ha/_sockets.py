@@ -14,14 +14,14 @@ import trio
 Buffers = Sequence[bytes | memoryview]
 
 
-async def listen_named(port: int, host: str, what: str) -> list[trio.SocketListener]:
+async def listen_named(port: int, host: str | None, what: str) -> list[trio.SocketListener]:
     """Listeners on ``host:port``. A failure is an OSError (errno kept) that names the address
     and which port it is (``listenPort``, ``haListenPort``...): an operator's "address in use"
     must say which of a node's ports is taken."""
     try:
         return await trio.open_tcp_listeners(port, host=host)
     except OSError as exc:
-        raise OSError(exc.errno, f"cannot listen on {host}:{port}, {what}: "
+        raise OSError(exc.errno, f"cannot listen on {host or '*'}:{port}, {what}: "
                                  f"{exc.strerror or exc}") from exc
 
 

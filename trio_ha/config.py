@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from ._errors import TrioHAError
 from .wire.ha_auth import MIN_SECRET_LENGTH
 from .wire.layout import (
     CQ_ENTRY_SIZE,
@@ -52,7 +53,7 @@ class BrokerRole(enum.Enum):
     SLAVE = "SLAVE"
 
 
-class ConfigError(ValueError):
+class ConfigError(TrioHAError, ValueError):
     """A configuration value is missing, malformed or out of range."""
 
 
@@ -60,9 +61,9 @@ def in_range(low: int, high: int = INT64_MAX) -> _Validator:
     """An attrs validator: an int (not a bool) within [low, high], else ConfigError."""
     def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{attribute.name} must be an integer, got {value!r}")
+            raise ConfigError(f"{config_key(attribute.name)} must be an integer, got {value!r}")
         if not low <= value <= high:
-            raise ConfigError(f"{attribute.name}={value} is outside [{low}, {high}]")
+            raise ConfigError(f"{config_key(attribute.name)}={value} is outside [{low}, {high}]")
 
     return check
 
@@ -77,7 +78,8 @@ def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: Any) ->
 
 def _cq_entries(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value % CQ_ENTRY_SIZE:
-        raise ConfigError(f"{attribute.name}={value} must be a multiple of {CQ_ENTRY_SIZE}")
+        raise ConfigError(
+            f"{config_key(attribute.name)}={value} must be a multiple of {CQ_ENTRY_SIZE}")
 
 
 #: settings GET_BROKER_CONFIG must not reveal
@@ -92,14 +94,15 @@ def _not_below_sync_acks(instance: Any, attribute: attrs.Attribute[Any], value: 
     # attrs runs validators once every field is set, so the other field is there.
     if value < instance.ha_sync_acks:
         raise ConfigError(
-            f"{attribute.name}={value} is below ha_sync_acks={instance.ha_sync_acks}: no put "
-            "could ever get its acks"
+            f"{config_key(attribute.name)}={value} is below "
+            f"{config_key('ha_sync_acks')}={instance.ha_sync_acks}: no put could ever get its acks"
         )
 
 
 def _transfer_method(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in ("send", "sendfile"):
-        raise ConfigError(f"{attribute.name} must be 'send' or 'sendfile', got {value!r}")
+        raise ConfigError(f"{config_key(attribute.name)} must be 'send' or 'sendfile', "
+                          f"got {value!r}")
 
 
 #: RocketMQ's ``messageDelayLevel`` default: the delay of levels 1, 2, ... of a DELAY message
@@ -130,8 +133,17 @@ def parse_delay_levels(text: str) -> tuple[int, ...]:
 
 def _delay_levels(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if not isinstance(value, str):
-        raise ConfigError(f"{attribute.name} must be a string, got {value!r}")
+        raise ConfigError(f"{config_key(attribute.name)} must be a string, got {value!r}")
     parse_delay_levels(value)
+
+
+def config_key(name: str) -> str:
+    """A field's key as an operator writes it in a properties file (``flush_disk_type`` ->
+    ``flushDiskType``, RocketMQ's spelling where it differs): what an error must name."""
+    for key, field in _RENAMED.items():
+        if field == name:
+            return key
+    return camel_case(name)
 
 
 def camel_case(name: str) -> str:
@@ -356,7 +368,12 @@ def parse_value(name: str, hint: Any, raw: str) -> object:
         if isinstance(hint, type) and issubclass(hint, enum.Enum):
             return hint(raw.upper())
     except ValueError:
-        raise ConfigError(f"{name}: cannot parse {raw!r}") from None
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            expected = "one of " + ", ".join(str(member.value) for member in hint)
+        else:
+            expected = "true or false" if hint is bool else "an integer" if hint is int else ""
+        raise ConfigError(f"{config_key(name)}: cannot parse {raw!r}"
+                          + (f" (expected {expected})" if expected else "")) from None
     return raw or None if hint == (str | None) else raw
 
 
@@ -379,13 +396,14 @@ def parse_properties_text(text: str) -> dict[str, str]:
 def check_keys(properties: Mapping[str, str], known: Iterable[str], *,
                accepted: Iterable[str] = (), unsupported: Mapping[str, str] | None = None
                ) -> list[str]:
-    """Check the keys of a node's properties file: raises ConfigError for an unknown key
-    (naming the closest known or accepted one: a typo is caught at start, not replaced by a
-    default) and for an ``unsupported`` feature switched on (key -> why); returns the
+    """Check the keys of a node's properties file: raises ConfigError for unknown keys (all
+    of them, each with the closest known or accepted one: a typo is caught at start, not
+    replaced by a default) and for an ``unsupported`` feature switched on (key -> why); returns the
     ``accepted`` keys present (RocketMQ's, meaning nothing here), sorted."""
     known = set(known)
     accepted = set(accepted)
     ignored = []
+    unknown: list[str] = []
     for raw_key, value in properties.items():
         key = raw_key.strip()
         reason = (unsupported or {}).get(key)
@@ -397,6 +415,7 @@ def check_keys(properties: Mapping[str, str], known: Iterable[str], *,
             ignored.append(key)
             continue
         close = difflib.get_close_matches(key, sorted(known | accepted), n=1, cutoff=0.7)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown key {key!r}{hint}")
+        unknown.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    if unknown:  # all of them at once: an operator fixes the file in one go
+        raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
     return sorted(ignored)

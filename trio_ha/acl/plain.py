@@ -37,6 +37,7 @@ from typing import Any
 import attrs
 import yaml
 
+from .._errors import TrioHAError
 from ..wire import acl as signing
 from ..wire.errors import WireError
 from ..wire.heartbeat import HeartbeatData
@@ -106,7 +107,7 @@ def _load_yaml(text: str | bytes) -> Any:
             gc.enable()
 
 
-class AclConfigError(ValueError):
+class AclConfigError(TrioHAError, ValueError):
     """plain_acl.yml is not a valid ACL file; the message names the entry."""
 
 

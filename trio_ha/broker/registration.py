@@ -32,6 +32,7 @@ import logging
 import attrs
 import trio
 
+from .._errors import TrioHAError
 from ..config import BrokerRole
 from ..remoting import RemotingClientPool, RemotingError, open_remoting_client
 from ..store.ha import HAClient
@@ -54,7 +55,7 @@ SLAVE_WITHOUT_MASTER_RETRY = 1.0
 UNREGISTER_TIMEOUT = 2.0
 
 
-class DuplicateMasterError(Exception):
+class DuplicateMasterError(TrioHAError):
     """A name server refused this master at startup: another master (brokerId 0) with the same
     brokerName is live at another address. The message is one line, for the operator."""
 
@@ -178,7 +179,8 @@ class Registration:
 
     def _set_master(self, master_addr: str | None) -> None:
         if master_addr != self.master_addr:
-            log.info("broker: master of %s is now %s", self.config.broker_name, master_addr)
+            log.info("broker: master of %s is now %s", self.config.broker_name,
+                     master_addr or "none (no master registered)")
             self.master_addr = master_addr
 
     async def run(self) -> None:

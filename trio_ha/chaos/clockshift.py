@@ -47,6 +47,8 @@ from pathlib import Path
 
 import attrs
 
+from .._errors import TrioHAError
+
 __all__ = ["ENV_FILE", "ClockShift", "ClockShiftUnavailable", "NodeClock", "available"]
 
 #: the variable that names a process's offset file (read by the shim, once)
@@ -62,7 +64,7 @@ BUILD_TIMEOUT = 120.0
 _NODE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-class ClockShiftUnavailable(RuntimeError):
+class ClockShiftUnavailable(TrioHAError, RuntimeError):
     """The shim cannot be used here: no compiler, a failed build (with the compiler's
     message), a platform without ``LD_PRELOAD``, or a path ``LD_PRELOAD`` cannot carry."""
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import attrs
 
+from .._errors import TrioHAError
 from ..testing import free_broker_port
 
 __all__ = ["ChaosNode", "NodeStartError", "node_command"]
@@ -31,7 +32,7 @@ __all__ = ["ChaosNode", "NodeStartError", "node_command"]
 START_TIMEOUT = 60.0
 
 
-class NodeStartError(RuntimeError):
+class NodeStartError(TrioHAError, RuntimeError):
     """A node did not come up: its command, and the end of its log."""
 
 

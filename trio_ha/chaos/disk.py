@@ -24,10 +24,12 @@ from pathlib import Path
 
 import attrs
 
+from .._errors import TrioHAError
+
 __all__ = ["SmallDisk", "SmallDiskError", "unavailable"]
 
 
-class SmallDiskError(RuntimeError):
+class SmallDiskError(TrioHAError, RuntimeError):
     """Mounting, filling or unmounting failed: the command and its words."""
 
 

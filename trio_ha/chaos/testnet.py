@@ -38,13 +38,15 @@ import subprocess
 
 import attrs
 
+from .._errors import TrioHAError
+
 __all__ = ["Host", "Rule", "TestNetwork", "TestNetworkError", "unavailable"]
 
 #: the table every fault's chains live in, inside each host's namespace
 TABLE = "chaos"
 
 
-class TestNetworkError(RuntimeError):
+class TestNetworkError(TrioHAError, RuntimeError):
     """A command that builds or changes the test network failed: the command and its words."""
 
 

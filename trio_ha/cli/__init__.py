@@ -1,7 +1,8 @@
 """The ``trio-ha`` command line: one module per group of commands, all on one typer app.
 
-``_app`` holds the application and what every command shares (global options, the one-line
-report of an expected failure, running until SIGINT/SIGTERM); ``nodes`` runs a name server,
+``_app`` holds the application and what every command shares (global options, running until
+SIGINT/SIGTERM); ``_failures`` how any command ends when it does not finish (one line and
+exit 1 for an error of ours, 130 for Ctrl-C); ``nodes`` runs a name server,
 a broker or an embedded store; ``dev`` a whole cluster on loopback; ``admin`` (mqadmin's
 verbs and ``message get``), ``status`` and ``traffic`` (``produce``, ``consume``) talk to a
 running cluster; ``bench`` and ``spark`` are sub-command groups.

@@ -1,9 +1,9 @@
-"""The ``trio-ha`` application object and what every command shares: the global options, the
-one-line report of an expected failure, and running a server until SIGINT/SIGTERM."""
+"""The ``trio-ha`` application object and what every command shares: the global options and
+running a server until SIGINT/SIGTERM. How a failed or interrupted command ends is
+``_failures``' (the app's click group)."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
@@ -11,20 +11,17 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-import trio
 import typer
 
 from .. import _backend
+from ._failures import EXIT_INTERRUPTED, CommandGroup, run_cancellable, show_tracebacks
 from ._logging import LogFormat, LogLevel, configure_logging
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="The ``trio-ha`` command line.",
+app = typer.Typer(cls=CommandGroup, add_completion=False, no_args_is_help=True,
+                  help="The ``trio-ha`` command line.",
                   context_settings={"help_option_names": ["-h", "--help"]})
 
 DEFAULT_DATA_DIR = os.path.join(os.getcwd(), "data")
-#: errnos of failures an operator fixes (a port taken, no room, no permission, read-only)
-_OPERATOR_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES, errno.EPERM,
-                              errno.ENOSPC, errno.EROFS, errno.EMFILE, errno.ENOENT,
-                              errno.ENOTDIR})
 
 
 def _print_version(value: bool) -> None:
@@ -35,8 +32,6 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-#: show the traceback of an expected failure too (``--debug``)
-_DEBUG = False
 #: the ACL account the client commands sign with (``--access-key``/``--secret-key``)
 _CREDENTIALS: Any = None
 #: the TLS the client commands connect with (``--tls`` and its files)
@@ -82,8 +77,8 @@ def _main(
                                        help="the key of --tls-cert"),
 ) -> None:
     """The ``trio-ha`` command line."""
-    global _DEBUG, _CREDENTIALS, _TLS
-    _DEBUG = debug
+    global _CREDENTIALS, _TLS
+    show_tracebacks(debug)
     if (access_key is None) != (secret_key is None):
         print("trio-ha: --access-key and --secret-key go together", file=sys.stderr)
         raise typer.Exit(2)
@@ -110,31 +105,6 @@ def _main(
         raise typer.Exit(1) from None
 
 
-def _leaves(exc: BaseException) -> Iterable[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield exc
-
-
-def _expected_failure(exc: BaseException) -> str | None:
-    """The one line to print for a failure an operator causes and can fix (a store in use, a
-    port taken, no room or no permission, a bad setting), or None for anything else."""
-    from ..broker.registration import DuplicateMasterError
-    from ..config import ConfigError
-    from ..store import StoreLockedError
-
-    for leaf in _leaves(exc):
-        if isinstance(leaf, (StoreLockedError, ConfigError, DuplicateMasterError)):
-            return str(leaf)
-        if isinstance(leaf, OSError) and leaf.errno in _OPERATOR_ERRNOS:
-            if leaf.filename is not None:
-                return f"{leaf.strerror}: {leaf.filename}"
-            return leaf.strerror or str(leaf)
-    return None
-
-
 def print_json_lines(results: Iterable[dict[str, Any]]) -> None:
     """A benchmark's results, one JSON object per line, each as soon as it is measured."""
     for result in results:
@@ -142,37 +112,16 @@ def print_json_lines(results: Iterable[dict[str, Any]]) -> None:
 
 
 def run_until_interrupted(main: Callable[[], Awaitable[None]]) -> None:
-    """Run ``main`` until it returns or a SIGINT/SIGTERM arrives; then cancel it, so that it
-    shuts down gracefully (drain connections, flush, checkpoint, remove the abort file). A
-    second signal does not wait for that: the process exits at once, as after a crash, and
-    the next start recovers."""
+    """Run a server's ``main`` until it returns or a SIGINT/SIGTERM arrives; then cancel it, so
+    that it shuts down gracefully (drain connections, flush, checkpoint, remove the abort
+    file). A second signal does not wait for that: the process exits at once, as after a
+    crash, and the next start recovers. A Ctrl-C ends the process with 130, as a shell
+    expects of an interrupted program; SIGTERM, a service manager's way to stop a server, with
+    0 after a clean stop. A failure is raised, for the app's group to report as one line."""
 
-    async def runner() -> None:
-        main_scope = trio.CancelScope()
-        async with trio.open_nursery() as nursery:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    def announce() -> None:
+        print("shutting down ... (a second Ctrl-C forces)", flush=True)
 
-                async def watch_signals() -> None:
-                    async for signum in signals:
-                        if not main_scope.cancel_called:
-                            print("shutting down ... (a second Ctrl-C forces)", flush=True)
-                            main_scope.cancel()
-                        else:
-                            print("trio-ha: forced to stop; the next start recovers",
-                                  file=sys.stderr, flush=True)
-                            os._exit(128 + signum)
-
-                nursery.start_soon(watch_signals)
-                with main_scope:
-                    await main()
-                nursery.cancel_scope.cancel()
-
-    try:
-        trio.run(runner)
-    except BaseException as exc:  # a failure to start, or one while serving
-        line = None if _DEBUG or isinstance(exc, KeyboardInterrupt) else _expected_failure(exc)
-        if line is None:
-            raise
-        print(f"trio-ha: {line}", file=sys.stderr)
-        raise typer.Exit(1) from None
-
+    _, signum = run_cancellable(main, on_signal=announce)
+    if signum == signal.SIGINT:
+        raise SystemExit(EXIT_INTERRUPTED)

@@ -17,12 +17,13 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
 import typer
 
 from ._app import app, client_options
+from ._failures import run_cancellable
 
 if TYPE_CHECKING:
     from ..wire.route import ClusterInfo
@@ -52,16 +53,19 @@ def json_option() -> Any:
     return typer.Option(False, "--json", help="print JSON instead of a table")
 
 
-def run_client(work: Callable[[], Awaitable[_T]]) -> _T:
-    """Run ``work`` under trio; the client's errors become one line and exit code 1."""
-    from ..client import MQError
-    from ..remoting import RemotingError
-
-    try:
-        return trio.run(work)
-    except (MQError, RemotingError, OSError) as exc:
-        print(f"trio-ha: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+def run_client(work: Callable[[], Awaitable[_T]],
+               interrupted: Callable[[], str] | None = None, *,
+               stop: trio.CancelScope | None = None) -> _T:
+    """Run ``work`` under trio. A Ctrl-C (or SIGTERM) cancels it (or only ``stop``, a scope
+    inside it: see ``run_cancellable``), prints ``interrupted()``, if given, as one line on
+    stderr (what got done) and exits 128 + the signal. Failures are the app's to report (one
+    line and exit 1 for an error of ours)."""
+    result, signum = run_cancellable(work, forgive_after_signal=True, stop=stop)
+    if signum is not None:
+        if interrupted is not None:
+            print(f"trio-ha: interrupted: {interrupted()}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+    return cast("_T", result)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -91,6 +95,17 @@ def emit(rows: Rows, *, as_json: bool, title: str | None = None,
         table.add_row(*("" if row.get(n) is None else str(row.get(n)) for n in names))
     # A pipe or a file gets the whole table, not one folded to 80 columns.
     Console(width=None if sys.stdout.isatty() else 240).print(table)
+
+
+def tps_text(put_tps: object) -> str | None:
+    """Runtime info's putTps ("10s 60s 600s" windows, each a float with 15 digits) with one
+    decimal each, as a person reads it."""
+    if put_tps is None:
+        return None
+    try:
+        return " ".join(f"{float(part):.1f}" for part in str(put_tps).split())
+    except ValueError:
+        return str(put_tps)
 
 
 def _alias(command: Callable, *names: str) -> None:
@@ -141,7 +156,8 @@ async def cluster_rows(namesrv: str) -> Rows:
         rows.append({
             "cluster": cluster, "brokerName": name, "brokerId": broker_id, "address": address,
             "role": table.get("brokerRole", "?"), "version": table.get("brokerVersionDesc"),
-            "putTps": table.get("putTps"), "commitLogMinOffset": _int(table, "commitLogMinOffset"),
+            "putTps": tps_text(table.get("putTps")),
+            "commitLogMinOffset": _int(table, "commitLogMinOffset"),
             "commitLogMaxOffset": _int(table, "commitLogMaxOffset"),
             "error": table.get("error"),
         })
@@ -188,7 +204,7 @@ _alias(topic_list, "topicList")
 
 
 @admin_app.command("topic-route")
-def topic_route(topic: str = typer.Option(..., "-t", "--topic"),
+def topic_route(topic: str = typer.Option(..., "-t", "--topic", help="the topic"),
                 namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
     """The name server's route of a topic: its broker groups and queue numbers."""
     from ..client import open_admin
@@ -221,11 +237,13 @@ _alias(topic_route, "topicRoute")
 
 @admin_app.command("update-topic")
 def update_topic(
-    topic: str = typer.Option(..., "-t", "--topic"),
+    topic: str = typer.Option(..., "-t", "--topic", help="the topic"),
     cluster: str = typer.Option(None, "-c", "--cluster",
                                 help="every master of this cluster (default: the only one)"),
-    read_queues: int = typer.Option(8, "-r", "--read-queues", min=1, max=1024),
-    write_queues: int = typer.Option(8, "-w", "--write-queues", min=1, max=1024),
+    read_queues: int = typer.Option(8, "-r", "--read-queues", min=1, max=1024,
+                                   help="queues consumers read, on each master"),
+    write_queues: int = typer.Option(8, "-w", "--write-queues", min=1, max=1024,
+                                    help="queues producers write, on each master"),
     perm: int = typer.Option(6, "-p", "--perm", help="2 read, 4 write, 6 both"),
     order: bool = typer.Option(False, "-o", "--order", help="an ordered topic"),
     namesrv: str = namesrv_option(), as_json: bool = json_option(),
@@ -248,7 +266,7 @@ _alias(update_topic, "updateTopic")
 
 
 @admin_app.command("topic-status")
-def topic_status(topic: str = typer.Option(..., "-t", "--topic"),
+def topic_status(topic: str = typer.Option(..., "-t", "--topic", help="the topic"),
                  namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
     """Each queue of a topic: min and max offset, the time of its last message."""
     from ..client import open_admin
@@ -323,8 +341,10 @@ def progress_rows(stats) -> Rows:
 
 
 @admin_app.command("consumer-progress")
-def consumer_progress(group: str = typer.Option(..., "-g", "--group"),
-                      topic: str = typer.Option(None, "-t", "--topic"),
+def consumer_progress(group: str = typer.Option(..., "-g", "--group", help="the consumer group"),
+                      topic: str = typer.Option(
+                          None, "-t", "--topic",
+                          help="only this topic (default: all of the group's)"),
                       namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
     """A consumer group's progress per queue: broker offset, committed offset and lag."""
     from ..client import open_admin
@@ -341,7 +361,7 @@ _alias(consumer_progress, "consumerProgress")
 
 
 @admin_app.command("consumer-connection")
-def consumer_connection(group: str = typer.Option(..., "-g", "--group"),
+def consumer_connection(group: str = typer.Option(..., "-g", "--group", help="the consumer group"),
                         namesrv: str = namesrv_option(),
                         as_json: bool = json_option()) -> None:
     """A consumer group's live clients."""
@@ -421,9 +441,10 @@ def message_get(
 
 
 @admin_app.command("query-msg-by-key")
-def query_msg_by_key(topic: str = typer.Option(..., "-t", "--topic"),
-                     key: str = typer.Option(..., "-k", "--key"),
-                     max_num: int = typer.Option(32, "--max", min=1, max=64),
+def query_msg_by_key(topic: str = typer.Option(..., "-t", "--topic", help="the topic"),
+                     key: str = typer.Option(..., "-k", "--key", help="the key"),
+                     max_num: int = typer.Option(32, "--max", min=1, max=64,
+                                                   help="at most this many messages"),
                      namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
     """The messages of a topic with a key among their KEYS (from the index files)."""
     from ..client import open_admin
@@ -456,7 +477,7 @@ _alias(query_msg_by_id, "queryMsgById")
 
 
 @admin_app.command("delete-topic")
-def delete_topic(topic: str = typer.Option(..., "-t", "--topic"),
+def delete_topic(topic: str = typer.Option(..., "-t", "--topic", help="the topic"),
                  cluster: str = typer.Option(None, "-c", "--cluster",
                                              help="only on this cluster (default: every one)"),
                  namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
@@ -491,7 +512,8 @@ def _write_perm(broker_name: str, namesrv: str, as_json: bool, *, wipe: bool) ->
 
 
 @admin_app.command("wipe-write-perm")
-def wipe_write_perm(broker_name: str = typer.Option(..., "-b", "--broker-name"),
+def wipe_write_perm(broker_name: str = typer.Option(..., "-b", "--broker-name",
+                                                              help="the broker group (brokerName)"),
                     namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
     """Stop producers choosing a broker group's queues (before maintenance), on every name
     server; consumers go on reading."""
@@ -502,7 +524,8 @@ _alias(wipe_write_perm, "wipeWritePerm")
 
 
 @admin_app.command("add-write-perm")
-def add_write_perm(broker_name: str = typer.Option(..., "-b", "--broker-name"),
+def add_write_perm(broker_name: str = typer.Option(..., "-b", "--broker-name",
+                                                              help="the broker group (brokerName)"),
                    namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
     """Give a broker group's queues back to producers (after wipe-write-perm)."""
     _write_perm(broker_name, namesrv, as_json, wipe=False)
@@ -514,8 +537,8 @@ _alias(add_write_perm, "addWritePerm")
 @admin_app.command("update-broker-config")
 def update_broker_config(broker: str = typer.Option(..., "-b", "--broker",
                                                     help="broker host:port"),
-                         key: str = typer.Option(..., "-k", "--key"),
-                         value: str = typer.Option(..., "-v", "--value"),
+                         key: str = typer.Option(..., "-k", "--key", help="the key"),
+                         value: str = typer.Option(..., "-v", "--value", help="the new value"),
                          namesrv: str = namesrv_option()) -> None:
     """Change a setting of a running broker (the keys it can change at runtime, such as
     brokerPermission or autoCreateTopicEnable); until it restarts."""
@@ -534,9 +557,10 @@ _alias(update_broker_config, "updateBrokerConfig")
 
 
 @admin_app.command("update-kv-config")
-def update_kv_config(namespace: str = typer.Option(..., "-s", "--namespace"),
-                     key: str = typer.Option(..., "-k", "--key"),
-                     value: str = typer.Option(..., "-v", "--value"),
+def update_kv_config(namespace: str = typer.Option(..., "-s", "--namespace",
+                                                  help="the KV config namespace"),
+                     key: str = typer.Option(..., "-k", "--key", help="the key"),
+                     value: str = typer.Option(..., "-v", "--value", help="the new value"),
                      namesrv: str = namesrv_option()) -> None:
     """Set a name-server KV config entry on every name server (ORDER_TOPIC_CONFIG holds the
     ordered topics' queue layout)."""
@@ -554,8 +578,9 @@ _alias(update_kv_config, "updateKvConfig")
 
 
 @admin_app.command("delete-kv-config")
-def delete_kv_config(namespace: str = typer.Option(..., "-s", "--namespace"),
-                     key: str = typer.Option(..., "-k", "--key"),
+def delete_kv_config(namespace: str = typer.Option(..., "-s", "--namespace",
+                                                  help="the KV config namespace"),
+                     key: str = typer.Option(..., "-k", "--key", help="the key"),
                      namesrv: str = namesrv_option()) -> None:
     """Remove a name-server KV config entry from every name server."""
     from ..client import open_admin
@@ -572,7 +597,8 @@ _alias(delete_kv_config, "deleteKvConfig")
 
 
 @admin_app.command("kv-config")
-def kv_config(namespace: str = typer.Option(..., "-s", "--namespace"),
+def kv_config(namespace: str = typer.Option(..., "-s", "--namespace",
+                                                  help="the KV config namespace"),
               namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
     """A name-server KV config namespace's entries."""
     from ..client import open_admin

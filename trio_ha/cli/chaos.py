@@ -18,7 +18,8 @@ app.add_typer(chaos_app, name="chaos")
 def chaos_run(
     role: str = typer.Option("SYNC_MASTER", "--role", help="SYNC_MASTER or ASYNC_MASTER"),
     flush: str = typer.Option("SYNC_FLUSH", "--flush", help="SYNC_FLUSH or ASYNC_FLUSH"),
-    slaves: int = typer.Option(1, "--slaves", min=1, max=2),
+    slaves: int = typer.Option(1, "--slaves", min=1, max=2,
+                               help="slaves of the master"),
     sync_acks: int = typer.Option(1, "--sync-acks", min=1, max=2,
                                   help="the master's haSyncAcks (slaves a SEND_OK waits for)"),
     seconds: float = typer.Option(120, "--seconds", min=10, help="how long the load runs"),
@@ -26,7 +27,8 @@ def chaos_run(
     seed: int = typer.Option(1, "--seed", help="the fault schedule's seed (to replay a run)"),
     fault_interval: float = typer.Option(4.0, "--fault-interval", min=0.5,
                                          help="mean seconds between faults"),
-    producers: int = typer.Option(2, "--producers", min=1, max=64),
+    producers: int = typer.Option(2, "--producers", min=1, max=64,
+                                  help="producers sending at once"),
     rate: float = typer.Option(40.0, "--rate", min=0.1, help="sends per second per producer"),
     ha_housekeeping_ms: int = typer.Option(
         3000, "--ha-housekeeping-ms", min=500,

@@ -10,7 +10,7 @@ import trio
 import typer
 
 from ._app import DEFAULT_DATA_DIR, app, run_until_interrupted
-from .status import puts_per_second
+from .status import lag_text, puts_per_second
 
 
 def _status_lines(snapshot: dict) -> list[str]:
@@ -28,7 +28,7 @@ def _status_lines(snapshot: dict) -> list[str]:
                              f"{puts_per_second(b)} puts/s")
             else:
                 parts.append(f"slave{b['brokerId']}: log {b['maxOffset']} B, "
-                             f"lag {b.get('lagBytes')} B, HA {b.get('haState', '?')}")
+                             f"{lag_text(b.get('lagBytes'))}, HA {b.get('haState', '?')}")
         lines.append(" | ".join(parts))
     return lines
 
@@ -42,10 +42,10 @@ def _brokers_table(snapshot: dict):
         table.add_column(column)
     for b in snapshot["brokers"]:
         if "slaves" in b:
-            ha = ", ".join(f"slave acked {s['ackedOffset']}, lag {s['lagBytes']} B"
+            ha = ", ".join(f"slave acked {s['ackedOffset']}, {lag_text(s['lagBytes'])}"
                            for s in b["slaves"])
         elif "haState" in b:
-            ha = f"{b['haState']}, lag {b.get('lagBytes')} B"
+            ha = f"{b['haState']}, {lag_text(b.get('lagBytes'))}"
             if b.get("divergence"):
                 ha += f", DIVERGED: {b['divergence']}"
         else:

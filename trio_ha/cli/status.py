@@ -153,6 +153,11 @@ async def cluster_status(namesrv: str) -> dict[str, Any]:
             "truncated": len(topics) > MAX_LISTED or len(groups) > MAX_LISTED}
 
 
+def lag_text(lag_bytes: int | None) -> str:
+    """``lag 120 B``, or ``lag unknown`` when nobody could say: never ``lag None B``."""
+    return "lag unknown" if lag_bytes is None else f"lag {lag_bytes} B"
+
+
 def puts_per_second(broker: dict) -> str:
     """The 10 s window of runtime info's putTps ("10s 60s 600s", as RocketMQ reports it)."""
     try:
@@ -183,7 +188,7 @@ def not_ready(status: dict[str, Any]) -> str | None:
                         f"(its sends would answer SLAVE_NOT_AVAILABLE)")
             if "haState" in b and (b["haState"] != "transfer" or b.get("lagBytes") != 0):
                 return (f"{name}/{b['brokerId']} is not caught up (HA {b['haState']}, "
-                        f"lag {b.get('lagBytes')} B)")
+                        f"{lag_text(b.get('lagBytes'))})")
     return None
 
 
@@ -192,11 +197,11 @@ def _print_status(status: dict[str, Any]) -> None:
     for b in status["brokers"]:
         ha = ""
         if "slaves" in b:
-            ha = ", ".join(f"{s['address']} acked {s['ackedOffset']} lag {s['lagBytes']} B"
+            ha = ", ".join(f"{s['address']} acked {s['ackedOffset']} {lag_text(s['lagBytes'])}"
                            for s in b["slaves"])
         elif "haState" in b:
             age = b.get("lagSeconds")
-            ha = (f"{b['haState']} from {b.get('haMaster') or '?'}, lag {b.get('lagBytes')} B"
+            ha = (f"{b['haState']} from {b.get('haMaster') or '?'}, {lag_text(b.get('lagBytes'))}"
                   + (f" / {age:.1f} s" if age is not None else ""))
             if b.get("divergence"):
                 ha += f", DIVERGED: {b['divergence']}"
@@ -241,10 +246,7 @@ def status(
         shown += 1
         if not watch or (count and shown >= count):
             return
-        try:
-            time.sleep(watch)
-        except KeyboardInterrupt:
-            return
+        time.sleep(watch)  # a Ctrl-C ends the watch: exit 130, as for every command
 
 
 def _wait_until_ready(namesrv: str, timeout: float) -> None:

@@ -4,9 +4,9 @@ An operator runs these on a store no broker has open: to find damage and learn w
 start would do with it (``verify``, exit 2 when there is damage), to see what the directory
 holds (``inspect``), and to cut a diverged slave back to what it shares with its master
 (``truncate``). The work is ``trio_ha.store.offline``'s; this module parses options, prints
-tables, lines or JSON, draws progress on a terminal, and turns the failures an operator
-causes (no such directory, not a store, a store in use, a refused offset) into one line and
-exit 1.
+tables, lines or JSON and draws progress on a terminal; the failures an operator causes (no
+such directory, not a store, a store in use, a refused offset) are errors of ours, which the
+app's command group prints as one line with exit 1.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import typer
 
-from . import _app
-from ._app import _expected_failure, app
+from ._app import app
 
 if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress
@@ -54,23 +53,6 @@ _CONFIG_HELP = ("a broker.conf whose store settings apply (segment sizes, maxMes
 def _fail(line: str) -> typer.Exit:
     print(f"trio-ha: {line}", file=sys.stderr)
     return typer.Exit(1)
-
-
-@contextlib.contextmanager
-def _one_line_failures() -> Iterator[None]:
-    """A failure the operator caused and can fix is one line on stderr and exit 1 (with
-    ``--debug``, the traceback); anything else is a bug and keeps its traceback."""
-    from ..store.offline import OfflineStoreError
-
-    try:
-        yield
-    except Exception as exc:
-        if _app._DEBUG:
-            raise
-        line = str(exc) if isinstance(exc, OfflineStoreError) else _expected_failure(exc)
-        if line is None:
-            raise
-        raise _fail(line) from None
 
 
 def _store_config(config_file: str | None, store_dir: str) -> StoreConfig | None:
@@ -193,10 +175,9 @@ def store_verify(
     status 2 when there is any, 0 when the store is clean."""
     from ..store.offline import verify_store
 
-    with _one_line_failures():
-        config = _store_config(config_file, dir)
-        with _progress(_commitlog_bytes(dir, config) >= _LARGE_STORE_BYTES) as progress:
-            report = verify_store(dir, config=config, progress=progress)
+    config = _store_config(config_file, dir)
+    with _progress(_commitlog_bytes(dir, config) >= _LARGE_STORE_BYTES) as progress:
+        report = verify_store(dir, config=config, progress=progress)
     if json_output:
         _json({"clean": report.clean, **attrs.asdict(report)})
     else:
@@ -287,8 +268,7 @@ def store_inspect(
     the last stop was clean and whether a broker holds the lock. Changes nothing."""
     from ..store.offline import inspect_store
 
-    with _one_line_failures():
-        inventory = inspect_store(dir, config=_store_config(config_file, dir))
+    inventory = inspect_store(dir, config=_store_config(config_file, dir))
     if json_output:
         _json(_inventory_json(inventory))
     else:
@@ -355,9 +335,8 @@ def store_truncate(
             print("\n".join(_plan_lines(plan)), flush=True)
         return yes or typer.confirm("Cut the store?", default=False, err=True)
 
-    with _one_line_failures():
-        outcome = truncate_store(dir, to, config=_store_config(config_file, dir),
-                                 dry_run=dry_run, confirm=confirm)
+    outcome = truncate_store(dir, to, config=_store_config(config_file, dir),
+                             dry_run=dry_run, confirm=confirm)
     plan = outcome.plan
     if json_output:
         _json({"applied": outcome.applied, "dry_run": dry_run, **attrs.asdict(plan)})

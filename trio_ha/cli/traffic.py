@@ -15,7 +15,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
@@ -40,25 +40,34 @@ def progress_bar(description: str, total: int | None) -> Iterator[Any]:
         yield lambda n=1: progress.advance(task, n)
 
 
+def _counts(counter: Counter[str]) -> str:
+    """``SEND_OK 57, FLUSH_DISK_TIMEOUT 2``: a count per status, for people."""
+    return ", ".join(f"{name} {n}" for name, n in counter.most_common())
+
+
 @app.command()
 def produce(
-    topic: str = typer.Option(..., "-t", "--topic"),
-    count: int = typer.Option(1, "-c", "--count", min=1, max=100_000_000),
+    topic: str = typer.Option(..., "-t", "--topic", help="the topic"),
+    count: int = typer.Option(1, "-c", "--count", min=1, max=100_000_000,
+                              help="messages to send"),
     body: str = typer.Option(None, "-b", "--body",
                              help="the body (default: 'message #i' padded to --size)"),
     size: int = typer.Option(0, "--size", min=0, max=4 * 1024 * 1024,
                              help="pad generated bodies to this many bytes"),
     keys: str = typer.Option(None, "-k", "--keys", help="KEYS, space-separated"),
-    tags: str = typer.Option(None, "--tags"),
-    group: str = typer.Option("trio-ha-cli-producer", "-g", "--group"),
+    tags: str = typer.Option(None, "--tags", help="the TAGS of every message"),
+    group: str = typer.Option("trio-ha-cli-producer", "-g", "--group",
+                               help="the producer group"),
     namesrv: str = namesrv_option(), as_json: bool = json_option(),
 ) -> None:
     """Send messages one by one and report every status; exit 1 if any was not SEND_OK."""
     from ..client import Message, MQError, open_producer
 
+    # outside ``work``: a Ctrl-C'd run still says how many got an answer
+    statuses: Counter[str] = Counter()
+    failures: Counter[str] = Counter()
+
     async def work() -> dict[str, Any]:
-        statuses: Counter[str] = Counter()
-        failures: Counter[str] = Counter()
         last: dict[str, Any] = {}
         started = time.perf_counter()
         async with open_producer(namesrv, group, **client_options()) as producer:
@@ -86,7 +95,11 @@ def produce(
                 "rate": round(sum(statuses.values()) / seconds, 1) if seconds > 0 else None,
                 "last": last}
 
-    report = run_client(work)
+    def interrupted() -> str:
+        return (f"{sum(statuses.values())} of {count} messages acknowledged by the broker "
+                f"({_counts(statuses) or 'none'}), {sum(failures.values())} failed")
+
+    report = run_client(work, interrupted)
     if as_json:
         print(json.dumps(report))
     else:
@@ -104,8 +117,9 @@ def produce(
 
 @app.command()
 def consume(
-    topic: str = typer.Option(..., "-t", "--topic"),
-    group: str = typer.Option(..., "-g", "--group"),
+    topic: str = typer.Option(..., "-t", "--topic", help="the topic"),
+    group: str = typer.Option(..., "-g", "--group",
+                               help="the consumer group (its offsets are committed)"),
     count: int = typer.Option(0, "-c", "--count", min=0,
                               help="stop after this many messages (0: no limit)"),
     idle_seconds: float = typer.Option(5.0, "--idle-seconds", min=0.1,
@@ -117,48 +131,55 @@ def consume(
 ) -> None:
     """Read a topic as a consumer group (its share of the queues, offsets committed), one
     line per message, until --count messages or --idle-seconds without one."""
-    from ..client import open_pull_consumer
+    from ..client import MessageStream, open_pull_consumer
 
     if from_where not in ("first", "last"):
         raise typer.BadParameter("--from must be first or last")
 
-    async def work() -> int:
-        received = 0
+    received = 0  # outside ``work``: a Ctrl-C'd run still says how many it consumed
+    # what a Ctrl-C cuts short: the loop, not the consumer, whose connections must still
+    # carry the commit of what was consumed when the stream closes
+    stop = trio.CancelScope()
+
+    async def work() -> None:
         async with open_pull_consumer(namesrv, group, **client_options()) as consumer:
             stream = consumer.messages(topic, from_where=from_where, suspend_timeout=1.0,
                                        commit_interval=1.0)
             with progress_bar(f"consuming {topic}", count or None) as advance:
                 async with stream:
-                    while not count or received < count:
-                        message = None
-                        with trio.move_on_after(idle_seconds):
-                            message = await stream.__anext__()
-                        if message is None:
-                            break  # idle for idle_seconds
-                        received += 1
-                        advance()
-                        if quiet:
-                            continue
-                        if as_json:
-                            row = message_row(message)
-                            print(json.dumps(row), flush=True)
-                        else:
-                            print(f"{message.queue_id}:{message.queue_offset} "
-                                  f"{message.msg_id} keys={' '.join(message.keys)} "
-                                  f"tags={message.tags} "
-                                  f"{message.body.decode('utf-8', 'replace')[:200]}", flush=True)
-        return received
+                    with stop:
+                        await read(stream, advance)
 
-    received = run_client(work)
+    async def read(stream: MessageStream, advance: Callable[..., None]) -> None:
+        nonlocal received
+        while not count or received < count:
+            message = None
+            with trio.move_on_after(idle_seconds):
+                message = await stream.__anext__()
+            if message is None:
+                break  # idle for idle_seconds
+            received += 1
+            advance()
+            if quiet:
+                continue
+            if as_json:
+                print(json.dumps(message_row(message)), flush=True)
+            else:
+                print(f"{message.queue_id}:{message.queue_offset} "
+                      f"{message.msg_id} keys={' '.join(message.keys)} "
+                      f"tags={message.tags} "
+                      f"{message.body.decode('utf-8', 'replace')[:200]}", flush=True)
+
+    run_client(work, lambda: f"consumed {received} messages of {topic} as {group}", stop=stop)
     print(f"consumed {received} messages of {topic} as {group}", file=sys.stderr)
 
 
 @admin_app.command("send-message")
 def send_message(
-    topic: str = typer.Option(..., "-t", "--topic"),
-    body: str = typer.Option(..., "-p", "--body"),
-    keys: str = typer.Option(None, "-k", "--keys"),
-    tags: str = typer.Option(None, "-c", "--tags"),
+    topic: str = typer.Option(..., "-t", "--topic", help="the topic"),
+    body: str = typer.Option(..., "-p", "--body", help="the body"),
+    keys: str = typer.Option(None, "-k", "--keys", help="KEYS, space-separated"),
+    tags: str = typer.Option(None, "-c", "--tags", help="the TAGS"),
     namesrv: str = namesrv_option(), as_json: bool = json_option(),
 ) -> None:
     """mqadmin sendMessage: one message (``trio-ha produce`` sends many)."""

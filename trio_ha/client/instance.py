@@ -53,7 +53,7 @@ from typing import Any
 import attrs
 import trio
 
-from .._errors import unwrap_single_exception
+from .._errors import TrioHAError, unwrap_single_exception
 from ..remoting import (
     PreparedRequest,
     RemotingClient,
@@ -106,7 +106,7 @@ LANGUAGE = LanguageCode.PYTHON
 # ---- errors -------------------------------------------------------------------------------------
 
 
-class MQError(Exception):
+class MQError(TrioHAError):
     """Base of the client's errors."""
 
 

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
+from .._errors import TrioHAError
 from ..remoting import RemotingError
 from ..wire import record as rec
 from ..wire.errors import RecordDecodeError
@@ -550,7 +551,7 @@ class Producer:
         )
 
 
-class _OutOfTime(Exception):
+class _OutOfTime(TrioHAError):
     """A send's deadline passed while it waited for something other than its call."""
 
 

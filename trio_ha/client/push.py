@@ -44,7 +44,7 @@ from typing import Any
 import attrs
 import trio
 
-from .._errors import unwrap_single_exception
+from .._errors import TrioHAError, unwrap_single_exception
 from ..wire.metadata import RETRY_GROUP_TOPIC_PREFIX
 from ..wire.record import PROPERTY_RETRY_TOPIC, StoredMessage
 from .consumer import PullConsumer, PullStatus, open_pull_consumer
@@ -63,7 +63,7 @@ RETRY_PAUSE = 1.0
 Listener = Callable[[StoredMessage], Awaitable[Any]]
 
 
-class ConsumeLater(Exception):
+class ConsumeLater(TrioHAError):
     """Raised by a listener to have the message delivered again later, without a traceback
     in the log."""
 

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from .._errors import TrioHAError
 from ..wire.metadata import DataVersion, TopicConfigSerializeWrapper
 from ..wire.permission import Permission
 from ..wire.route import BrokerData, ClusterInfo, QueueData, TopicRouteData
@@ -69,7 +70,7 @@ class RegisterResult:
     ha_server_addr: str | None
 
 
-class MasterConflict(Exception):
+class MasterConflict(TrioHAError):
     """A master (broker id 0) registered for a broker name whose live master is another
     address. The registration changed nothing."""
 
@@ -90,7 +91,7 @@ class MasterConflict(Exception):
         )
 
 
-class RegistrationHeld(Exception):
+class RegistrationHeld(TrioHAError):
     """A request to unregister, or register again, a live broker address came from another
     connection than the one that registered it, with other credentials. Nothing changed."""
 

@@ -17,6 +17,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 
+from .._errors import TrioHAError
 from ..ratelog import RateLimitedLog
 from ..wire.errors import HeaderFieldError
 from ..wire.remoting import MappedReply, RemotingCommand, ResponseCode, encode, encode_parts
@@ -38,7 +39,7 @@ _failures = RateLimitedLog(log)
 _WHITESPACE = re.compile(r"\s+")
 
 
-class RequestError(Exception):
+class RequestError(TrioHAError):
     """A request the server refuses: answered with ``code`` and ``remark`` (one line), not
     logged. Raise it from a handler for input that is wrong, not for a fault of the server."""
 

@@ -65,7 +65,7 @@ from typing import Protocol
 import attrs
 import trio
 
-from .._errors import unwrap_single_exception
+from .._errors import TrioHAError, unwrap_single_exception
 from .._sockets import receive_from, socket_fd, write_now
 from ..config import ConfigError
 from ..wire.acl import Credentials, sign
@@ -91,7 +91,7 @@ MAX_IOV = 512
 ONEWAY_HIGH_WATER = 4 * 1024 * 1024
 
 
-class RemotingError(Exception):
+class RemotingError(TrioHAError):
     """A remote call failed: no connection, the connection broke, or it timed out."""
 
 

@@ -45,6 +45,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
+from .._errors import TrioHAError
 from .._sockets import listen_named
 from ..ratelog import RateLimitedLog
 from .server import RemotingServer
@@ -76,7 +77,7 @@ class MetricsHttpLimits:
     max_connections: int = attrs.field(default=32, validator=attrs.validators.ge(1))
 
 
-class _HeadTooLarge(Exception):
+class _HeadTooLarge(TrioHAError):
     pass
 
 

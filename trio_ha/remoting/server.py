@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 import attrs
 import trio
 
-from .._sockets import peer_host, peer_name
+from .._sockets import listen_named, peer_host, peer_name
 from ..ratelog import RateLimitedLog
 from .connection import CloseReason, FastHandler, Handler, RemotingConnection
 from .limits import RemotingBudgets, RemotingLimits, fd_connection_limit
@@ -130,7 +130,7 @@ class RemotingServer:
         until cancelled; reports the bound ``(host, port)``. Cancelling it shuts down within
         ``limits.shutdown_timeout``."""
         if listeners is None:
-            listeners = await trio.open_tcp_listeners(port, host=host)
+            listeners = await listen_named(port, host, "listenPort")
         sockname = listeners[0].socket.getsockname()
         stopping = trio.Event()
         async with trio.open_nursery() as nursery:

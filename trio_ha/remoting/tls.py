@@ -36,6 +36,7 @@ from collections.abc import Mapping
 import attrs
 import trio
 
+from .._errors import TrioHAError
 from ..config import ConfigError, parse_properties_text
 
 __all__ = [
@@ -70,7 +71,7 @@ class ClientAuth(enum.StrEnum):
     REQUIRE = "require"
 
 
-class TlsRefused(Exception):
+class TlsRefused(TrioHAError):
     """A connection the server's TLS mode does not take, or whose handshake failed."""
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import _backend
+from .._errors import TrioHAError
 from ..wire import layout
 
 __all__ = [
@@ -61,11 +62,11 @@ def _numpy_dtype(entry: struct.Struct, names: Sequence[str]) -> np.dtype:
 CQ_DTYPE = _numpy_dtype(layout.CQ_ENTRY, ("offset", "size", "tags"))
 
 
-class StoreError(OSError):
+class StoreError(TrioHAError, OSError):
     """A store directory is missing, unreadable, or changed under the reader."""
 
 
-class CorruptRecordError(ValueError):
+class CorruptRecordError(TrioHAError, ValueError):
     """A record inside the confirmed range is invalid; the message names the offset."""
 
     def __init__(self, message: str, offset: int) -> None:

@@ -34,6 +34,7 @@ import attrs
 import trio
 
 from .. import _backend
+from .._errors import TrioHAError
 from ..config import BrokerRole, StoreConfig
 from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
@@ -48,7 +49,7 @@ from .sync_thread import SyncThread
 log = logging.getLogger(__name__)
 
 
-class SegmentUnavailable(Exception):
+class SegmentUnavailable(TrioHAError):
     """The next commitlog segment cannot be had now (a put gets CREATE_MAPEDFILE_FAILED)."""
 
 
@@ -61,7 +62,7 @@ class AllocationFailed(SegmentUnavailable):
     it tries again every RETRY_INTERVAL."""
 
 
-class ReplicaOffsetError(Exception):
+class ReplicaOffsetError(TrioHAError):
     """Replicated bytes do not fit this log where they claim to go."""
 
 

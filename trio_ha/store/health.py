@@ -27,6 +27,7 @@ import os
 import attrs
 import trio
 
+from .._errors import TrioHAError
 from ..ratelog import RateLimitedLog
 
 __all__ = [
@@ -44,7 +45,7 @@ LOG_INTERVAL = 10.0
 log = logging.getLogger(__name__)
 
 
-class StoreResourceError(OSError):
+class StoreResourceError(TrioHAError, OSError):
     """The store cannot open because it cannot write what it must before taking puts (the
     consume queues up to the recovered end of the commitlog): a full disk or no descriptors
     left. Free some and open it again."""

@@ -42,6 +42,7 @@ import attrs
 
 from .. import _backend
 from .._backend import Handle, ScanResult
+from .._errors import TrioHAError
 from ..config import StoreConfig
 from ..wire.errors import RecordDecodeError
 from ..wire.record import peek_header
@@ -63,7 +64,7 @@ RESERVE_ENTRIES = (1 << 20) // ENTRY_SIZE
 CATCH_UP_BATCH = 4096
 
 
-class IndexFileError(OSError):
+class IndexFileError(TrioHAError, OSError):
     """An index file is mis-sized or cannot be read."""
 
 

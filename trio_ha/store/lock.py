@@ -18,11 +18,13 @@ import os
 
 import attrs
 
+from .._errors import TrioHAError
+
 #: directories open in this process (a POSIX lock does not exclude its own process)
 _open_roots: set[str] = set()
 
 
-class StoreLockedError(RuntimeError):
+class StoreLockedError(TrioHAError, RuntimeError):
     """The store directory is already open (in this or another process)."""
 
 

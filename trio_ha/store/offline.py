@@ -39,6 +39,7 @@ from typing import Protocol
 import attrs
 
 from .. import _backend
+from .._errors import TrioHAError
 from ..config import StoreConfig
 from ..watermark import Watermark
 from ..wire import layout
@@ -74,7 +75,7 @@ _FUTURE_SLACK_MS = 24 * 3600 * 1000
 _READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 
-class OfflineStoreError(Exception):
+class OfflineStoreError(TrioHAError):
     """Something an operator caused and can fix: the directory is missing or is not a store,
     or a truncation is refused (not a record boundary, beyond the end...). One line."""
 

@@ -22,6 +22,7 @@ import attrs
 
 from .. import _backend
 from .._backend import Handle
+from .._errors import TrioHAError
 from ..wire.layout import parse_segment_file_name, segment_file_name
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ PAGE_SIZE = mmap.PAGESIZE
 RESERVE_STEP = 64 * 1024
 
 
-class SegmentError(OSError):
+class SegmentError(TrioHAError, OSError):
     """A segment file is missing, mis-sized or cannot be mapped."""
 
 

@@ -51,6 +51,7 @@ from pathlib import Path
 
 import attrs
 
+from .._errors import TrioHAError
 from .processes import log_tail
 
 __all__ = [
@@ -137,7 +138,7 @@ def _kill_leftovers() -> None:
             process.kill()
 
 
-class RocketMQUnavailable(RuntimeError):
+class RocketMQUnavailable(TrioHAError, RuntimeError):
     """The real RocketMQ cannot run here (no java/javac/mvn, or Maven could not fetch it);
     the message says which."""
 

@@ -1,7 +1,9 @@
 """The typed errors of the wire layer: every decoder raises exactly one of these."""
 
+from .._errors import TrioHAError
 
-class WireError(ValueError):
+
+class WireError(TrioHAError, ValueError):
     """Base of every decode error: the input is malformed; nothing was consumed."""
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar, overload
 
+from .._errors import TrioHAError
 from .errors import WireError
 from .layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
@@ -34,7 +35,7 @@ __all__ = [
 _T = TypeVar("_T")
 
 
-class JsonShapeError(Exception):
+class JsonShapeError(TrioHAError):
     """A parsed JSON value has the wrong shape; ``decoding`` turns it into the caller's typed
     error."""
 

@@ -23,6 +23,7 @@ import socket
 import struct
 import zlib
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -229,12 +230,25 @@ def _keys_text(keys: str | Iterable[str] | None) -> str | None:
     return " ".join(keys)
 
 
+def _topic_value(instance: Any, attribute: Any, topic: Any) -> None:
+    if not isinstance(topic, str):
+        raise TypeError(f"Message topic must be a str, got {type(topic).__name__}")
+
+
+def _body_value(instance: Any, attribute: Any, body: Any) -> None:
+    # A str body would fail only at send, far from the mistake; RocketMQ's Message takes
+    # byte[] for the same reason.
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        hint = " (encode it: text.encode())" if isinstance(body, str) else ""
+        raise TypeError(f"Message body must be bytes, got {type(body).__name__}{hint}")
+
+
 @attrs.frozen
 class Message:
     """A message to put: what a producer sends. TAGS and KEYS become properties."""
 
-    topic: str
-    body: bytes
+    topic: str = attrs.field(validator=_topic_value)
+    body: bytes = attrs.field(validator=_body_value)
     tags: str | None = None
     keys: str | tuple[str, ...] | None = attrs.field(default=None, converter=_keys_value)
     properties: Mapping[str, str] = attrs.field(factory=dict, converter=_properties_value)

@@ -20,6 +20,8 @@ import os
 from collections.abc import Callable
 from typing import TypeVar, overload
 
+from ..._errors import TrioHAError
+
 __all__ = [
     "CONFIG_DIR_NAME",
     "MetadataLoadError",
@@ -44,7 +46,7 @@ def config_dir_of(store_path_root_dir: str | os.PathLike[str]) -> str:
     return os.path.join(os.fspath(store_path_root_dir), CONFIG_DIR_NAME)
 
 
-class MetadataLoadError(Exception):
+class MetadataLoadError(TrioHAError):
     """Neither a config file nor its ``.bak`` could be loaded. The message names both files and
     why each failed; the broker must not start with an empty table in place of a damaged one."""
 

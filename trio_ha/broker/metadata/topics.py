@@ -285,7 +285,9 @@ class TopicConfigManager(VersionedTable[TopicConfigSerializeWrapper, TopicConfig
                 )
                 self._table[topic] = config
                 self._bump()
-                log.info("created topic %s from default topic %s", config, default_topic)
+                log.info("created topic %s (%d read, %d write queues, perm %d) from default "
+                         "topic %s", config.topic_name, config.read_queue_nums,
+                         config.write_queue_nums, config.perm, default_topic)
                 return config
             reason = f"queue count {n} (requested {queue_nums}) is not positive"
         # Debug, not warning: any client can send to unknown topics as often as it likes, and
@@ -311,7 +313,8 @@ class TopicConfigManager(VersionedTable[TopicConfigSerializeWrapper, TopicConfig
             return existing
         self._table[topic] = config
         self._bump()
-        log.info("created topic %s", config)
+        log.info("created topic %s (%d read, %d write queues, perm %d)", config.topic_name,
+                 config.read_queue_nums, config.write_queue_nums, config.perm)
         return config
 
     def set_broker_permission(self, perm: int) -> bool:

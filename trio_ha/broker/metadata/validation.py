@@ -21,6 +21,8 @@ from trio_ha.wire.layout import INT32_MAX, INT64_MAX
 from trio_ha.wire.permission import Permission
 from trio_ha.wire.remoting.java import abbreviate
 
+from ..._errors import TrioHAError
+
 __all__ = [
     "MAX_PERMISSION",
     "MAX_QUEUE_NUMS",
@@ -56,7 +58,7 @@ _NAME_CHARS = re.compile(r"[%|a-zA-Z0-9_-]+")
 _ILLEGAL_CHARACTERS = "contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$"
 
 
-class MetadataRequestError(ValueError):
+class MetadataRequestError(TrioHAError, ValueError):
     """Client input a metadata table refuses. The message is one line, fit for a remark."""
 
 

@@ -62,6 +62,7 @@ from typing import NoReturn
 import attrs
 import trio
 
+from ..._errors import TrioHAError
 from ..._sockets import listen_named, peer_host
 from ...config import StoreConfig
 from ...ratelog import RateLimitedLog
@@ -88,7 +89,7 @@ DIFF_LOG_INTERVAL = 60.0
 REFUSAL_LOG_INTERVAL = 10.0
 
 
-class HAConnectionClosed(Exception):
+class HAConnectionClosed(TrioHAError):
     """The slave connection ended (peer closed, timed out, or cannot be served)."""
 
 

@@ -49,6 +49,7 @@ from typing import TypeVar
 import attrs
 import trio
 
+from ..._errors import TrioHAError
 from ...config import StoreConfig
 from ...ratelog import RateLimitedLog
 from ...watermark import Watermark
@@ -79,7 +80,7 @@ YIELD_BYTES = 1024 * 1024
 _E = TypeVar("_E", bound=Exception)
 
 
-class MasterConnectionLost(Exception):
+class MasterConnectionLost(TrioHAError):
     """The master closed the connection or went silent."""
 
 
