@@ -218,6 +218,9 @@ def test_cluster_changes_topics_permissions_kv_and_broker_config(cluster):
     gone = cli("admin", "topic-route", "-n", namesrv, "-t", "CliTemp")
     assert gone.returncode == 1 and "knows no topic" in gone.stderr
 
+    # TOPIC must exist here whichever worker runs this test: xdist may give this module's
+    # tests to two workers, each with a cluster of its own (creating it again changes nothing)
+    ok_json("admin", "update-topic", "-n", namesrv, "-t", TOPIC, "-r", 4, "-w", 4)
     wiped = ok_json("admin", "wipe-write-perm", "-n", namesrv, "-b", "cli-broker")
     assert wiped[0]["topics"] >= 1
     refused = cli("produce", "-n", namesrv, "-t", TOPIC)
