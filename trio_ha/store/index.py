@@ -78,6 +78,15 @@ def file_size(slot_num: int, index_num: int) -> int:
     return HEADER_SIZE + 4 * slot_num + ENTRY_SIZE * index_num
 
 
+def _reserve_blocks(fd: int, path: str, offset: int, length: int) -> None:
+    """fallocate, with the file named in the error (a stalled dispatch says which)."""
+    try:
+        _backend.engine.fallocate(fd, offset, length)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot reserve {length} bytes of index file {path}: "
+                                 f"{exc.strerror}") from exc
+
+
 def file_name(now: float | None = None) -> str:
     """``yyyyMMddHHmmssSSS`` in local time, as RocketMQ names index files."""
     now = time.time() if now is None else now
@@ -121,7 +130,7 @@ class IndexFile:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.ftruncate(fd, file_size(slot_num, index_num))
-            _backend.engine.fallocate(fd, 0, HEADER_SIZE)
+            _reserve_blocks(fd, path, 0, HEADER_SIZE)  # (the slots wait for the first entry)
             index = cls._map(path, fd, slot_num, index_num)
         except BaseException:
             os.close(fd)
@@ -198,11 +207,7 @@ class IndexFile:
         self._reserved = entries
 
     def _fallocate(self, offset: int, length: int) -> None:
-        try:
-            _backend.engine.fallocate(self._fd, offset, length)
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot reserve {length} bytes of index file "
-                                     f"{self.path}: {exc.strerror}") from exc
+        _reserve_blocks(self._fd, self.path, offset, length)
 
     def select(self, hashed: int, begin: int, end: int, max_num: int, out: list[int]) -> None:
         """Append to ``out`` the commitlog offsets of entries with this key hash stored in
