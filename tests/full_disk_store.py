@@ -11,7 +11,8 @@ because the failure this guards against is SIGBUS: a store into a page of a shar
 that the filesystem cannot back kills the whole process — the parent sees it as the exit
 status (-7), not as a crashed test runner.
 
-Phases: ``commitlog`` (a new commitlog segment), ``consume_queue`` (a consume-queue file
+Phases: ``commitlog`` (a new commitlog segment), ``sparse_segment`` (appends into a sparse
+commitlog segment found at open, as RocketMQ writes them), ``consume_queue`` (a consume-queue file
 rolls), ``index`` (an index file grows past its reserved entries: few slots, small
 reservation steps), ``index_roll`` (a new index file), ``checkpoint`` (the checkpoint file
 cannot be created). It prints ``OK <what>`` on success and exits 0; an assertion that fails
@@ -71,12 +72,28 @@ def config_for(phase: str, root: Path) -> StoreConfig:
         flush_interval_consume_queue=50,
         flush_consume_queue_thorough_interval=100,
     )
+    if phase == "sparse_segment":
+        values["message_index_enable"] = False  # (the index would fault first on main)
     if phase == "consume_queue":
         values["mapped_file_size_consume_queue"] = 16 * 20  # a new file every 16 entries
     if phase in ("index", "index_roll"):
         # 400 KB of slots: a new key's slot is most likely on a page not touched before
         values.update(max_hash_slot_num=100_000, max_index_num=300)
     return StoreConfig(**values)
+
+
+async def make_sparse_segment(config: StoreConfig) -> None:
+    """A store whose only commitlog segment is sparse past its first record, as RocketMQ
+    leaves its segments (it maps them without reserving blocks) or a copy may."""
+    async with open_store(config) as store:
+        assert (await store.put_message(Message("Full", b"before", keys="before"))).ok
+    [path] = Path(config.commitlog_dir).iterdir()
+    used = path.read_bytes()[: 4 * KiB]
+    path.unlink()
+    with open(path, "wb") as f:
+        f.write(used)
+        f.truncate(config.mapped_file_size_commit_log)
+    assert path.stat().st_blocks * 512 < config.mapped_file_size_commit_log
 
 
 def n_before_fill(index) -> int:
@@ -106,6 +123,8 @@ async def run(phase: str, root: Path) -> None:
     refusals: set[PutMessageStatus] = set()
     counter = LineCounter("cannot write the checkpoint")
     logging.getLogger("trio_ha").addHandler(counter)
+    if phase == "sparse_segment":
+        await make_sparse_segment(config)
     async with open_store(config) as store:
         async def put(n: int) -> bool:
             key = f"key-{n}"
@@ -147,12 +166,13 @@ async def run(phase: str, root: Path) -> None:
                 if n % 8 == 0:
                     await trio.sleep(0.005)  # let the dispatcher reach the full file
             assert refusals, f"{n} puts on a full disk and none refused"
-            expected = {"commitlog": PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-                        }.get(phase, PutMessageStatus.SERVICE_NOT_AVAILABLE)
+            expected = (PutMessageStatus.CREATE_MAPEDFILE_FAILED
+                        if phase in ("commitlog", "sparse_segment")
+                        else PutMessageStatus.SERVICE_NOT_AVAILABLE)
             assert refusals == {expected}, refusals
         # Reads go on: everything acknowledged that was indexed before the disk filled.
-        [first] = await store.get_messages("Full", 0, 0, 1)
-        assert first.body == body
+        [first] = await store.get_messages("Full", 0, acked[0][1], 1)
+        assert first.body == body and acked[0][2] in first.keys
         disk.release()
 
         async def taken() -> bool:

@@ -61,7 +61,8 @@ def exit_status(code: int) -> str:
 
 
 @pytest.mark.parametrize(
-    "phase", ["commitlog", "consume_queue", "index", "index_roll", "checkpoint"]
+    "phase",
+    ["commitlog", "sparse_segment", "consume_queue", "index", "index_roll", "checkpoint"],
 )
 async def test_defect_1_a_store_on_a_full_disk_refuses_and_resumes_as_rocketmq_does_not(
     small_disk, phase,
