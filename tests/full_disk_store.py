@@ -87,13 +87,25 @@ async def make_sparse_segment(config: StoreConfig) -> None:
     leaves its segments (it maps them without reserving blocks) or a copy may."""
     async with open_store(config) as store:
         assert (await store.put_message(Message("Full", b"before", keys="before"))).ok
-    [path] = Path(config.commitlog_dir).iterdir()
+    sparsify(Path(config.commitlog_dir), config.mapped_file_size_commit_log)
+
+
+def sparsify(directory: Path, size: int) -> None:
+    """The one segment in ``directory`` rewritten: its first page, then a hole."""
+    [path] = directory.iterdir()
     used = path.read_bytes()[: 4 * KiB]
     path.unlink()
     with open(path, "wb") as f:
         f.write(used)
-        f.truncate(config.mapped_file_size_commit_log)
-    assert path.stat().st_blocks * 512 < config.mapped_file_size_commit_log
+        f.truncate(size)
+    assert path.stat().st_blocks * 512 < size
+
+
+def checkpoint_size(root: str) -> int | None:
+    try:
+        return os.path.getsize(os.path.join(root, "checkpoint"))
+    except FileNotFoundError:
+        return None
 
 
 def n_before_fill(index) -> int:
@@ -157,8 +169,7 @@ async def run(phase: str, root: Path) -> None:
                 assert await put(n)
                 n += 1
                 await trio.sleep(0.05)
-            assert not os.path.exists(os.path.join(store.root, "checkpoint")) or \
-                os.path.getsize(os.path.join(store.root, "checkpoint")) in (0, 4096)
+            assert checkpoint_size(store.root) in (None, 0, 4096)  # never a torn one
             assert 1 <= counter.count <= 2, counter.count  # one line, not one per round
         else:
             while n < MAX_PUTS and await put(n):
