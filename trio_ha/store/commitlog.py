@@ -40,7 +40,7 @@ from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
 from ..wire import record as rec
 from ..wire.layout import INT64_MAX
-from .health import RETRY_INTERVAL, describe
+from .health import RETRY_INTERVAL, StoreResourceError, describe
 from .results import PutMessageResult, PutMessageStatus
 from .segment import Segment
 from .segments import SegmentQueue
@@ -186,9 +186,22 @@ class CommitLog:
         With ``zero_tail`` the rest of the last segment is zeroed and synced too. Recovery
         asks for it when the log ended in a torn or corrupt record: RocketMQ leaves those
         bytes, and a later crash can then line a new record up with an old one behind it
-        that scans as valid. A clean end (zeros) needs no zeroing."""
+        that scans as valid. A clean end (zeros) needs no zeroing.
+
+        The last segment, which appends go on into, gets its blocks reserved first: it may
+        be sparse (RocketMQ wrote it, or a copy made it so), and a store into a hole that the
+        filesystem cannot back is SIGBUS. No room for them is StoreResourceError: the store
+        does not open until there is (free some and open it again)."""
         self.segments.truncate(offset)
         last = self.segments.last
+        if last is not None:
+            try:
+                last.reserve_to(last.size)
+            except OSError as exc:
+                raise StoreResourceError(
+                    f"cannot reserve the blocks of the last commitlog segment {last.path}, "
+                    f"which appends go on into: {describe(exc)}"
+                ) from exc
         if last is not None and zero_tail and offset >= last.base_offset:
             tail = offset - last.base_offset
             if tail < last.size:

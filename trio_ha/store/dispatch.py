@@ -71,8 +71,8 @@ class Dispatcher:
     last_store_timestamp: int = 0
     #: set when a record is corrupt: the dispatcher stops there instead of guessing
     error: str | None = None
-    #: why the last round could not write a consume-queue entry (ENOSPC, EMFILE: a state
-    #: that passes, unlike ``error``); the round is tried again every RETRY_INTERVAL
+    #: why the last round could not write a consume-queue or index entry (ENOSPC, EMFILE: a
+    #: state that passes, unlike ``error``); the round is tried again every RETRY_INTERVAL
     stalled: str | None = None
     #: how many rounds stalled so
     stalls: int = 0
@@ -234,7 +234,7 @@ class Dispatcher:
 
     def _stalled(self, exc: OSError) -> None:
         self.stalls += 1
-        self.stalled = f"cannot write a consume-queue entry: {describe(exc)}"
+        self.stalled = f"cannot write a consume-queue or index entry: {describe(exc)}"
         self._log.log(logging.ERROR, "stall", "dispatch: %s; at commitlog offset %d, puts get "
                       "SERVICE_NOT_AVAILABLE until it can", self.stalled, self.cursor)
 

@@ -110,6 +110,9 @@ def fill_hole(segment: Segment, position: int, resume: int, *, reason: str,
     Blocking (recovery)."""
     hole = Hole(segment.base_offset + position, resume, reason)
     end = resume - segment.base_offset
+    # The damage may be a hole of the file (a page that never reached the disk): its blocks
+    # first, so a full disk is an OSError here, not SIGBUS at the filler's store.
+    segment.reserve_to(end)
     _quarantine(segment, position, end, hole, quarantine_dir)
     if end == segment.size:
         blank = rec.encode_blank(segment.size - position)

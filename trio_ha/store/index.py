@@ -21,12 +21,19 @@ hold entries whose pages never reached the disk: they are deleted, as RocketMQ d
 and the index is rebuilt from the commitlog from the end of the newest file kept (``catch_up``),
 which also indexes a store that had no index before.
 
-The files are sparse (420 MB each with RocketMQ's sizes; the disk holds the pages written).
-The entries, written in order, have their blocks reserved ahead of the writes, so a full disk
-fails them as an error here rather than as SIGBUS. The 20 MB of slots are written at random
-and are not reserved: reserving them would cost every store that indexes anything 20 MB at
-once. A slot page is first touched by a stored message, and the store refuses puts above
-diskSpaceWarningLevelRatio, so the disk has room for it unless something else fills it.
+The files are sparse (420 MB each with RocketMQ's sizes; the disk holds the pages written),
+and a store into a page of a shared mapping that the filesystem cannot back is SIGBUS: the
+process dies, reads and all (issue 36; RocketMQ has the same hole). So no byte is written
+into a file before its blocks are reserved (fallocate), and a refused reservation is an
+OSError the dispatcher waits out (a stall: puts get SERVICE_NOT_AVAILABLE, reads go on):
+
+* the header, when the file is created;
+* the hash slots (4 x maxHashSlotNum: 20 MB with RocketMQ's sizes), whole, before the first
+  entry goes in. They are written at random, one page per new key hash, so they cannot be
+  reserved ahead of a write position; a file that is only ever read (a full one, or one a
+  reopened store keeps) never reserves them;
+* the entries, written in order, 1 MiB at a time ahead of the write position (reserving
+  the 400 MB region at once would cost every store that indexes anything 400 MB).
 """
 
 from __future__ import annotations
@@ -72,6 +79,15 @@ def file_size(slot_num: int, index_num: int) -> int:
     return HEADER_SIZE + 4 * slot_num + ENTRY_SIZE * index_num
 
 
+def _reserve_blocks(fd: int, path: str, offset: int, length: int) -> None:
+    """fallocate, with the file named in the error (a stalled dispatch says which)."""
+    try:
+        _backend.engine.fallocate(fd, offset, length)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot reserve {length} bytes of index file {path}: "
+                                 f"{exc.strerror}") from exc
+
+
 def file_name(now: float | None = None) -> str:
     """``yyyyMMddHHmmssSSS`` in local time, as RocketMQ names index files."""
     now = time.time() if now is None else now
@@ -98,6 +114,8 @@ class IndexFile:
     handle: Handle
     #: entries below this are reserved on disk
     _reserved: int = 0
+    #: the hash slots' blocks are reserved on disk (done before the first entry goes in)
+    _slots_reserved: bool = False
     #: the next record did not fit: the next one goes to a new file
     _sealed: bool = False
 
@@ -113,7 +131,7 @@ class IndexFile:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.ftruncate(fd, file_size(slot_num, index_num))
-            _backend.engine.fallocate(fd, 0, HEADER_SIZE)
+            _reserve_blocks(fd, path, 0, HEADER_SIZE)  # (the slots wait for the first entry)
             index = cls._map(path, fd, slot_num, index_num)
         except BaseException:
             os.close(fd)
@@ -157,29 +175,40 @@ class IndexFile:
     def put(self, segment: Segment, result: ScanResult, first: int) -> int:
         """Index the scanned records ``first``.. of ``segment``; how many were done (fewer
         when this file filled up: then it is full, and the rest go to a new file)."""
+        if not self._slots_reserved:
+            self._fallocate(0, HEADER_SIZE + 4 * self.slot_num)
+            self._slots_reserved = True
         done = 0
-        while first + done < result.count:
-            count = self.header().index_count
-            if count >= self.index_num:
-                break
-            if self._reserved < min(self.index_num, count + RESERVE_ENTRIES // 2):
-                self._reserve(min(self.index_num, count + RESERVE_ENTRIES))
-            limit = min(self.index_num, self._reserved)
-            step = _backend.engine.index_put(self.handle, self.slot_num, limit, segment.handle,
-                                             result, first + done)
-            done += step
-            if step == 0:  # the next record's keys do not fit below `limit`
-                if limit >= self.index_num:
-                    self._sealed = True
+        try:
+            while first + done < result.count:
+                count = self.header().index_count
+                if count >= self.index_num:
                     break
-                self._reserve(min(self.index_num, self._reserved + RESERVE_ENTRIES))
+                if self._reserved < min(self.index_num, count + RESERVE_ENTRIES // 2):
+                    self._reserve(min(self.index_num, count + RESERVE_ENTRIES))
+                limit = min(self.index_num, self._reserved)
+                step = _backend.engine.index_put(self.handle, self.slot_num, limit,
+                                                 segment.handle, result, first + done)
+                done += step
+                if step == 0:  # the next record's keys do not fit below `limit`
+                    if limit >= self.index_num:
+                        self._sealed = True
+                        break
+                    self._reserve(min(self.index_num, self._reserved + RESERVE_ENTRIES))
+        except OSError:
+            if done:
+                return done  # the caller keeps what went in; the next call raises again
+            raise
         return done
 
     def _reserve(self, entries: int) -> None:
         start = HEADER_SIZE + 4 * self.slot_num + ENTRY_SIZE * self._reserved
         end = HEADER_SIZE + 4 * self.slot_num + ENTRY_SIZE * entries
-        _backend.engine.fallocate(self._fd, start, end - start)
+        self._fallocate(start, end - start)
         self._reserved = entries
+
+    def _fallocate(self, offset: int, length: int) -> None:
+        _reserve_blocks(self._fd, self.path, offset, length)
 
     def select(self, hashed: int, begin: int, end: int, max_num: int, out: list[int]) -> None:
         """Append to ``out`` the commitlog offsets of entries with this key hash stored in

@@ -97,9 +97,10 @@ class Segment:
     @classmethod
     def open(cls, path: str, size: int, *, keep_fd: bool = True) -> Segment:
         """Map an existing segment; its positions start at ``size`` until recovery sets them.
-        Its blocks are taken as reserved when it has a descriptor (commitlog segments, which
-        are created reserved); otherwise ``reserve_to`` reserves them again before writes
-        (a no-op where the file already has blocks)."""
+        Its blocks are not taken as reserved, even for a commitlog segment: RocketMQ makes
+        its segments sparse (and a copy or a restore may too), so whoever writes into an
+        opened segment reserves first (``reserve_to``: recovery does it for the commitlog's
+        last segment; a no-op, and cheap, where the file already has its blocks)."""
         base = parse_segment_file_name(os.path.basename(path))
         if base is None:
             raise SegmentError(f"{path}: not a segment file name")
@@ -113,7 +114,6 @@ class Segment:
             )
         segment = cls._map(path, base, size, fd, keep_fd)
         segment.wrote_position = segment.flushed_position = size
-        segment._reserved = size if keep_fd else 0
         return segment
 
     @classmethod

@@ -155,7 +155,14 @@ class SegmentQueue:
         containing it is cut (positions only; the caller zeroes bytes if it needs to)."""
         while self.segments and self.segments[-1].base_offset >= offset:
             segment = self.segments.pop()
-            log.warning("recovery: deleting segment %s beyond offset %d", segment.path, offset)
+            if segment.base_offset == offset and not any(segment.pread(0, 8)):
+                # Nothing was ever written in it: the empty first segment of an empty store,
+                # or a spare left by a crash. Removing it loses nothing (read(2), not the
+                # mapping: the file may be sparse, and a hole read through it can SIGBUS).
+                log.debug("recovery: removing empty segment %s at the log's end", segment.path)
+            else:
+                log.warning("recovery: deleting segment %s beyond offset %d", segment.path,
+                            offset)
             segment.destroy()
         last = self.last
         if last is not None and offset < last.end_offset:

@@ -225,8 +225,11 @@ class MessageStore:
                 self._root, self.config, abnormal=abnormal,
                 checkpoint_timestamp=self.checkpoint.index_msg_timestamp,
             )
-            # The index picks up where its files end, before dispatch goes on from its cursor.
-            self.index.catch_up(self.commitlog, self.dispatcher.cursor,
+            # The index picks up where its files end, up to the recovered end of the log
+            # (files naming records past it are stale). Not the dispatcher's cursor: after a
+            # clean stop recovery sets it back to the last segment's start to re-dispatch
+            # it, often 0, and every index file then looked stale and was rebuilt.
+            self.index.catch_up(self.commitlog, self.commitlog.max_offset,
                                 max_record_size(self.config))
             self.dispatcher.indexer = self.index
         if not self.commitlog.segments.segments and self.config.broker_role is not BrokerRole.SLAVE:
