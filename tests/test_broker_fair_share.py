@@ -145,6 +145,25 @@ def test_groups_made_on_demand_stop_below_the_cap_and_per_creator(tmp_path):
     assert groups.find_or_create("by-admin") is not None
 
 
+
+async def test_pulls_create_groups_within_the_same_bound_per_client_as_heartbeats(
+        nursery, tmp_path):
+    """A client whose heartbeat may create no more groups gets none by pulling either: pulls
+    of new groups over one connection stop at maxAutoCreateSubscriptionGroupNumsPerClient,
+    with the reason in the remark, while another connection still gets its group."""
+    broker = await start_broker(nursery, tmp_path, maxAutoCreateSubscriptionGroupNumsPerClient=3)
+    async with open_remoting_client(broker) as client:
+        reply = await client.invoke(hostile.send_request("T"), 5)
+        assert reply.code == ResponseCode.SUCCESS
+        codes = [(await client.invoke(hostile.pull_request("T", group=f"pulled{i}"), 5)).code
+                 for i in range(5)]
+        assert codes.count(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST) == 2, codes
+        refused = await client.invoke(hostile.pull_request("T", group="pulled9"), 5)
+        assert "maxAutoCreateSubscriptionGroupNumsPerClient=3" in (refused.remark or "")
+    async with open_remoting_client(broker) as other:
+        reply = await other.invoke(hostile.pull_request("T", group="elsewhere"), 5)
+        assert reply.code != ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, reply.remark
+
 # ---- unpolished answers ----------------------------------------------------------------------
 
 

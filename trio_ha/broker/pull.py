@@ -106,11 +106,13 @@ async def process_pull(
     if problem is not None:
         return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR, remark=problem)
     subscriptions = broker.metadata.subscriptions
-    if subscriptions.find_or_create(header.consumer_group) is None:
+    # A pull creates its group on demand within the same bound per connection as a
+    # heartbeat does, or a client refused at heartbeat would get its groups by pulling.
+    if subscriptions.find_or_create(header.consumer_group, creator=connection) is None:
         return RemotingCommand.response_to(
             request, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
             remark=f"subscription group [{header.consumer_group}] does not exist, "
-                   f"{subscriptions.why_not_created()}",
+                   f"{subscriptions.why_not_created(connection)}",
         )
     if header.has_subscription:
         codes, tags = parse_subscription(header.subscription)
