@@ -72,6 +72,8 @@ __all__ = ["GoodClientOutcome", "HostilePlan", "HostileReport", "NodeVerdict",
 GOOD_TOPIC = "ChaosGood"
 GOOD_PRODUCERS = "chaos_good_pg"
 GOOD_CONSUMERS = "chaos_good_cg"
+#: the master's maxSubscriptionGroupNums in the run (RocketMQ's default is 100,000)
+GROUP_TABLE_SIZE = 1000
 #: the topic held pulls wait on: nothing is ever sent to it
 IDLE_TOPIC = "ChaosIdle"
 #: the cluster's remoting timeouts, short so that the node's own limits act within a run
@@ -614,6 +616,9 @@ def run_hostile(plan: HostilePlan) -> HostileReport:
                 "serverMaxConnections": max(64, plan.connections // 2),
                 "shutdownWaitTimeSeconds": 2,
                 "metricsPort": 0,
+                # small enough that the group flood (2 x 2,000 new groups a round) would fill
+                # it, were groups made on demand not bounded per client and below the cap
+                "maxSubscriptionGroupNums": GROUP_TABLE_SIZE,
             })
         rogue_socket = socket.socket()
         rogue_socket.bind(("127.0.0.1", 0))
