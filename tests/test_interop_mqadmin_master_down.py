@@ -8,7 +8,16 @@ import re
 
 import pytest
 
-from test_tools_master_down import CONSUMED, GROUP, SENT, TOPIC, ok, ok_json, slave_stats, wait_for
+from test_tools_master_down import (
+    CONSUMED,
+    GROUP,
+    SENT,
+    TOPIC,
+    ok,
+    ok_json,
+    slave_stats,
+    wait_for,
+)
 from trio_ha.testing import ClusterConfig, ProcessCluster
 
 pytestmark = pytest.mark.interop

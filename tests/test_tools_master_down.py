@@ -26,6 +26,7 @@ TOPIC = "MasterDownOrders"
 GROUP = "master_down_billing"
 SENT = 50
 CONSUMED = 20
+KEY = "order-7"
 
 
 def cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -101,6 +102,10 @@ def assert_from_the_slave(namesrv: str, slave_addr: str, lag: int) -> None:
     assert (group["lag"], group["source"]) == (lag, "slave")
     text = ok("status", "-n", namesrv).stdout
     assert "slave of broker-a" in text and "None" not in text, text
+    # (and a lookup by key reads the slave's index, as mqadmin queryMsgByKey does)
+    found = ok_json("admin", "query-msg-by-key", "-n", namesrv, "-t", TOPIC, "-k", KEY,
+                    "--max", 64)
+    assert len(found) == SENT
 
 
 def assert_unknown(namesrv: str) -> None:
@@ -124,7 +129,8 @@ def test_tools_fall_back_to_the_slave_while_the_master_is_down_and_never_say_no_
     with ProcessCluster.start(config) as cluster:
         namesrv, slave_addr = cluster.namesrv_addr, cluster.slave.addr
         ok("admin", "update-topic", "-n", namesrv, "-t", TOPIC, "-r", 4, "-w", 4)
-        assert ok_json("produce", "-n", namesrv, "-t", TOPIC, "-c", SENT)["sent"] == SENT
+        assert ok_json("produce", "-n", namesrv, "-t", TOPIC, "-c", SENT, "-k",
+                       KEY)["sent"] == SENT
         consumed = ok("consume", "-n", namesrv, "-t", TOPIC, "-g", GROUP, "-c", CONSUMED, "-q")
         assert f"consumed {CONSUMED} messages" in consumed.stderr
 

@@ -247,6 +247,8 @@ def not_ready(status: dict[str, Any]) -> str | None:
                 # own word is what counts)
                 return (f"{name}/{b['brokerId']} is a SYNC_MASTER without an attached slave "
                         f"(its sends would answer SLAVE_NOT_AVAILABLE)")
+            if b.get("divergence"):
+                return f"{name}/{b['brokerId']} has DIVERGED: {b['divergence']}"
             if "haState" in b and (b["haState"] != "transfer" or b.get("lagBytes") != 0):
                 return (f"{name}/{b['brokerId']} is not caught up (HA {b['haState']}, "
                         f"{lag_text(b.get('lagBytes'))})")

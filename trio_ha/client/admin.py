@@ -130,9 +130,13 @@ class ByGroup(Generic[_S]):
     def complete(self) -> _S:
         """``figures``, or MQClientError when a group's figures are missing from them."""
         if self.unknown:
-            raise MQClientError("no broker answered for " + "; ".join(
-                f"{a.broker_name} ({a.error})" for a in self.unknown))
+            raise no_answer(self.unknown)
         return self.figures
+
+
+def no_answer(unknown: Iterable[Answered]) -> MQClientError:
+    return MQClientError("no broker answered for " + "; ".join(
+        f"{a.broker_name} ({a.error})" for a in unknown))
 
 
 def asking_order(data: BrokerData) -> list[tuple[int, str]]:
@@ -273,13 +277,6 @@ class Admin:
             if data is not None and MASTER_ID in data.broker_addrs:
                 found[name] = data.broker_addrs[MASTER_ID]
         return found
-
-    async def _route_masters(self, topic: str) -> dict[str, str]:
-        route = await self.topic_route(topic)
-        if route is None:
-            raise MQClientError(f"the name server knows no topic {topic!r}")
-        return {data.broker_name: data.broker_addrs[MASTER_ID]
-                for data in route.broker_datas if MASTER_ID in data.broker_addrs}
 
     # ---- name server writes (mqadmin sends them to every name server) ---------------------------
 
@@ -491,24 +488,35 @@ class Admin:
     async def query_by_key(self, topic: str, key: str, *, max_num: int = DEFAULT_QUERY_MAX,
                            begin_ms: int = 0, end_ms: int | None = None,
                            unique_key: bool = False) -> list[StoredMessage]:
-        """QUERY_MESSAGE on every master serving ``topic``: the messages with ``key`` among
-        their KEYS (or, with ``unique_key``, whose client message id UNIQ_KEY is ``key``)
-        stored between ``begin_ms`` and ``end_ms`` (now by default), oldest first."""
+        """QUERY_MESSAGE on each broker group serving ``topic`` (its master, else a slave,
+        as RocketMQ's queryMessage does): the messages with ``key`` among their KEYS (or,
+        with ``unique_key``, whose client message id UNIQ_KEY is ``key``) stored between
+        ``begin_ms`` and ``end_ms`` (now by default), oldest first. MQClientError when no
+        broker of a group answered: an empty answer would claim there is no such message."""
         fields: dict[str, Any] = {
             "topic": topic, "key": key, "maxNum": max_num, "beginTimestamp": begin_ms,
             "endTimestamp": int(time.time() * 1000) if end_ms is None else end_ms,
         }
         if unique_key:
             fields[UNIQUE_KEY_QUERY] = "true"
+        route = await self.topic_route(topic)
+        if route is None:
+            raise MQClientError(f"the name server knows no topic {topic!r}")
         found: list[StoredMessage] = []
-        for address in (await self._route_masters(topic)).values():
+        unknown = []
+        for data in route.broker_datas:
             try:
-                response = await self._invoke(address, RequestCode.QUERY_MESSAGE, fields)
+                answer, response = await self._ask_group(data, RequestCode.QUERY_MESSAGE, fields)
             except MQBrokerError as exc:
                 if exc.code == ResponseCode.QUERY_NOT_FOUND:
                     continue
                 raise
-            found.extend(decode_records(response.body, address))
+            if response is None:
+                unknown.append(answer)
+            else:
+                found.extend(decode_records(response.body, str(answer.address)))
+        if unknown:
+            raise no_answer(unknown)
         if unique_key:
             found = [m for m in found
                      if m.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) == key]
