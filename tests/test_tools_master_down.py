@@ -131,6 +131,8 @@ def test_tools_fall_back_to_the_slave_while_the_master_is_down_and_never_say_no_
         ok("admin", "update-topic", "-n", namesrv, "-t", TOPIC, "-r", 4, "-w", 4)
         assert ok_json("produce", "-n", namesrv, "-t", TOPIC, "-c", SENT, "-k",
                        KEY)["sent"] == SENT
+        idle = ok("admin", "consumer-progress", "-n", namesrv, "-g", "never_consumed").stdout
+        assert "committed none" in idle and "lag 0" not in idle, idle  # known, but no lag
         consumed = ok("consume", "-n", namesrv, "-t", TOPIC, "-g", GROUP, "-c", CONSUMED, "-q")
         assert f"consumed {CONSUMED} messages" in consumed.stderr
 

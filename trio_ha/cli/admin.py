@@ -416,7 +416,12 @@ def consumer_progress(group: str = typer.Option(..., "-g", "--group", help="the 
         raise _fail(f"lag of {group} unknown: the name server lists no broker")
     if len(found.unknown) == len(found.answers):
         raise _fail(f"lag of {group} unknown: {unknown_text(found.unknown)}")
-    emit(progress_rows(found), as_json=as_json, title=lag_title(group, found),
+    rows = progress_rows(found)
+    if not rows and not as_json:
+        # not "lag 0": a group that committed nothing has no lag to speak of
+        print(f"{group}: no broker holds an offset of this group (it has committed none)")
+        return
+    emit(rows, as_json=as_json, title=lag_title(group, found),
          columns=["topic", "brokerName", "queueId", "brokerOffset", "consumerOffset", "lag",
                   "lastConsumed", "source", "sourceAddress", "error"])
 
