@@ -6,8 +6,9 @@ consumer-group progress and lag, offsets, messages by id and by key.
 cluster, as ``mqadmin updateTopic -c`` does; the brokers re-register at once, so the name
 server's route follows.
 
-Figures read from every broker group (topic stats, consumer progress, subscription groups) ask
-the group's master and, when it does not answer, its slaves in turn, as RocketMQ's tools do
+Figures read from every broker group (topic stats, consumer progress, subscription groups,
+messages by key) ask the group's master and, when it does not answer, its slaves in turn, as
+RocketMQ's tools do
 (``BrokerData.selectBrokerAddr``: the master, else a slave). The ``*_by_group`` methods say
 which broker of each group answered, or that none did, so that an operator's tool can mark a
 figure that comes from a slave (whose copy of the offsets trails the master's by up to
