@@ -26,7 +26,9 @@ from ._app import app, client_options
 from ._failures import run_cancellable
 
 if TYPE_CHECKING:
+    from ..client.admin import Answered, ByGroup
     from ..wire.route import ClusterInfo
+    from ..wire.stats import ConsumeStats
 
 admin_app = typer.Typer(
     no_args_is_help=True,
@@ -268,21 +270,63 @@ _alias(update_topic, "updateTopic")
 @admin_app.command("topic-status")
 def topic_status(topic: str = typer.Option(..., "-t", "--topic", help="the topic"),
                  namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
-    """Each queue of a topic: min and max offset, the time of its last message."""
+    """Each queue of a topic: min and max offset, the time of its last message. A broker
+    group whose master is down answers from a slave (source: slave); one none of whose
+    brokers answers is a row with source unknown. Exit 1 only when no group answered."""
     from ..client import open_admin
 
     async def work():
         async with open_admin(namesrv, **client_options()) as admin:
-            return await admin.topic_stats(topic)
+            return await admin.topic_stats_by_group(topic)
 
-    stats = run_client(work)
-    emit([{"brokerName": q.queue.broker_name, "queueId": q.queue.queue_id,
-           "minOffset": q.min_offset, "maxOffset": q.max_offset,
-           "lastUpdated": format_ms(q.last_update_ms)} for q in stats.queues],
-         as_json=as_json, title=f"status of {topic}")
+    found = run_client(work)
+    rows: Rows = []
+    for q in found.figures.queues:
+        answer = found.answer_of(q.queue.broker_name)
+        rows.append({"brokerName": q.queue.broker_name, "queueId": q.queue.queue_id,
+                     "minOffset": q.min_offset, "maxOffset": q.max_offset,
+                     "lastUpdated": format_ms(q.last_update_ms), **source_fields(answer)})
+    rows += unknown_rows(found.unknown)
+    if found.answers and len(found.unknown) == len(found.answers):
+        raise _fail(f"status of {topic} unknown: {unknown_text(found.unknown)}")
+    emit(rows, as_json=as_json, title=f"status of {topic}{from_slaves_note(found)}",
+         columns=["brokerName", "queueId", "minOffset", "maxOffset", "lastUpdated", "source",
+                  "sourceAddress", "error"])
 
 
 _alias(topic_status, "topicStatus")
+
+
+def source_fields(answer: Answered | None) -> dict[str, Any]:
+    """The columns that say which broker of a row's group gave its figures."""
+    if answer is None:
+        return {"source": "unknown", "sourceAddress": None}
+    return {"source": answer.source, "sourceAddress": answer.address}
+
+
+def unknown_rows(unknown: Iterable[Answered]) -> Rows:
+    """A row for each broker group none of whose brokers answered: its figures are unknown
+    (None, an empty cell), never zero."""
+    return [{"brokerName": a.broker_name, "source": "unknown", "sourceAddress": None,
+             "error": a.error} for a in unknown]
+
+
+def unknown_text(unknown: Iterable[Answered]) -> str:
+    return "no broker answered for " + "; ".join(f"{a.broker_name} ({a.error})"
+                                                 for a in unknown)
+
+
+def from_slaves_note(found: ByGroup) -> str:
+    """What a title adds when some figures come from slaves, or are unknown."""
+    notes = []
+    slaves = sorted(a.broker_name for a in found.from_slaves)
+    if slaves:
+        notes.append(f"from a slave for {', '.join(slaves)}: the master is down or not "
+                     "registered")
+    unknown = sorted(a.broker_name for a in found.unknown)
+    if unknown:
+        notes.append(f"unknown for {', '.join(unknown)}: no broker answered")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def format_ms(ms: int) -> str | None:
@@ -333,11 +377,21 @@ _alias(broker_config, "getBrokerConfig")
 # ---- consumers ---------------------------------------------------------------------------------
 
 
-def progress_rows(stats) -> Rows:
-    return [{"topic": q.queue.topic, "brokerName": q.queue.broker_name,
-             "queueId": q.queue.queue_id, "brokerOffset": q.broker_offset,
-             "consumerOffset": q.consumer_offset, "lag": q.lag,
-             "lastConsumed": format_ms(q.last_timestamp)} for q in stats.queues]
+def progress_rows(found: ByGroup[ConsumeStats]) -> Rows:
+    rows: Rows = [{"topic": q.queue.topic, "brokerName": q.queue.broker_name,
+                   "queueId": q.queue.queue_id, "brokerOffset": q.broker_offset,
+                   "consumerOffset": q.consumer_offset, "lag": q.lag,
+                   "lastConsumed": format_ms(q.last_timestamp),
+                   **source_fields(found.answer_of(q.queue.broker_name))}
+                  for q in found.figures.queues]
+    return rows + [{"topic": None, **row} for row in unknown_rows(found.unknown)]
+
+
+def lag_title(group: str, found: ByGroup[ConsumeStats]) -> str:
+    """``billing: lag 600 messages``, with what part of it is a slave's or unknown."""
+    lag = found.figures.lag
+    known = f"lag {lag} messages" if not found.unknown else f"lag at least {lag} messages"
+    return f"{group}: {known}{from_slaves_note(found)}"
 
 
 @admin_app.command("consumer-progress")
@@ -346,15 +400,30 @@ def consumer_progress(group: str = typer.Option(..., "-g", "--group", help="the 
                           None, "-t", "--topic",
                           help="only this topic (default: all of the group's)"),
                       namesrv: str = namesrv_option(), as_json: bool = json_option()) -> None:
-    """A consumer group's progress per queue: broker offset, committed offset and lag."""
+    """A consumer group's progress per queue: broker offset, committed offset and lag. A
+    broker group whose master is down answers from a slave (source: slave; the slave's copy
+    of the offsets trails the master's by up to its slaveSyncInterval); one none of whose
+    brokers answers is a row with source unknown and no lag. Exit 1 only when no group
+    answered (the lag is unknown)."""
     from ..client import open_admin
 
     async def work():
         async with open_admin(namesrv, **client_options()) as admin:
-            return await admin.consume_stats(group, topic)
+            return await admin.consume_stats_by_group(group, topic)
 
-    stats = run_client(work)
-    emit(progress_rows(stats), as_json=as_json, title=f"{group}: lag {stats.lag} messages")
+    found = run_client(work)
+    if not found.answers:
+        raise _fail(f"lag of {group} unknown: the name server lists no broker")
+    if len(found.unknown) == len(found.answers):
+        raise _fail(f"lag of {group} unknown: {unknown_text(found.unknown)}")
+    rows = progress_rows(found)
+    if not rows and not as_json:
+        # not "lag 0": a group that committed nothing has no lag to speak of
+        print(f"{group}: no broker holds an offset of this group (it has committed none)")
+        return
+    emit(rows, as_json=as_json, title=lag_title(group, found),
+         columns=["topic", "brokerName", "queueId", "brokerOffset", "consumerOffset", "lag",
+                  "lastConsumed", "source", "sourceAddress", "error"])
 
 
 _alias(consumer_progress, "consumerProgress")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 import typer
@@ -27,6 +27,9 @@ from .admin import (
     namesrv_option,
     run_client,
 )
+
+if TYPE_CHECKING:
+    from ..client.admin import ByGroup
 
 #: at most this many topics and groups are looked at (each costs a request per broker)
 MAX_LISTED = 50
@@ -107,6 +110,10 @@ async def cluster_status(namesrv: str) -> dict[str, Any]:
                 mine = row["maxOffset"]
                 lag = (max(0, master_end - mine) if master_end is not None and mine is not None
                        else None)
+                if table.get("haDivergence"):
+                    # A diverged log is not "behind": how far it is from the master's end
+                    # says nothing about what it lacks, and 0 would read as caught up.
+                    lag = None
                 row.update({
                     "haState": table["haState"], "haMaster": table.get("haMasterAddress") or None,
                     "divergence": table.get("haDivergence") or None, "lagBytes": lag,
@@ -120,37 +127,91 @@ async def cluster_status(namesrv: str) -> dict[str, Any]:
         topic_rows = []
         for topic in topics[:MAX_LISTED]:
             try:
-                stats = await admin.topic_stats(topic)
+                found = await admin.topic_stats_by_group(topic)
             except (MQError, OSError) as exc:
                 topic_rows.append({"topic": topic, "error": str(exc)})
                 continue
+            queues = found.figures.queues
+            known = len(found.unknown) < len(found.answers)
             topic_rows.append({
-                "topic": topic, "queues": len(stats.queues),
-                "messages": sum(q.max_offset - q.min_offset for q in stats.queues),
-                "lastUpdated": format_ms(max((q.last_update_ms for q in stats.queues), default=0)),
+                "topic": topic, "queues": len(queues) if known else None,
+                "messages": sum(q.max_offset - q.min_offset for q in queues) if known else None,
+                "lastUpdated": format_ms(max((q.last_update_ms for q in queues), default=0)),
+                **source_fields(found),
             })
 
-        groups: set[str] = set()
-        for address in masters.values():
-            try:
-                groups.update(g for g in await admin.subscription_groups(address)
-                              if _user_group(g))
-            except (MQError, OSError):
-                continue
+        # A group's name is known only to the brokers: with every broker of a group down,
+        # its consumer groups are unknown, which the JSON says (``groupsUnknownFor``).
+        try:
+            listed = await admin.subscription_groups_by_group()
+        except (MQError, OSError) as exc:
+            listed = None
+            groups_error: str | None = str(exc)
+        else:
+            groups_error = None
+        groups = [g for g in listed.figures if _user_group(g)] if listed else []
         group_rows = []
-        for group in sorted(groups)[:MAX_LISTED]:
+        for group in groups[:MAX_LISTED]:
             try:
-                progress = await admin.consume_stats(group)
+                progress = await admin.consume_stats_by_group(group)
             except (MQError, OSError) as exc:
                 group_rows.append({"group": group, "error": str(exc)})
                 continue
-            if progress.queues:
-                group_rows.append({"group": group, "queues": len(progress.queues),
-                                   "lag": progress.lag,
-                                   "topics": sorted({q.queue.topic for q in progress.queues})})
+            known = len(progress.unknown) < len(progress.answers)
+            if progress.figures.queues or not known:
+                queues = progress.figures.queues
+                group_rows.append({"group": group, "queues": len(queues) if known else None,
+                                   "lag": progress.figures.lag if known else None,
+                                   "topics": sorted({q.queue.topic for q in queues}),
+                                   **source_fields(progress)})
+        unknown = sorted({a.broker_name for a in listed.unknown}) if listed else []
     return {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "brokers": brokers,
-            "topics": topic_rows, "groups": group_rows,
+            "topics": topic_rows, "groups": group_rows, "groupsUnknownFor": unknown,
+            "groupsError": groups_error,
             "truncated": len(topics) > MAX_LISTED or len(groups) > MAX_LISTED}
+
+
+def source_fields(found: ByGroup) -> dict[str, Any]:
+    """Where a topic's or group's figures come from: ``source`` is ``master`` (every
+    broker group's master answered), ``slave`` (some only through a slave, whose copy may
+    trail), ``partial`` (some groups unknown: the figures are a lower bound) or ``unknown``
+    (no group answered: no figures at all); the groups concerned are named."""
+    slaves = sorted(a.broker_name for a in found.from_slaves)
+    unknown = sorted(a.broker_name for a in found.unknown)
+    if not found.answers or len(unknown) == len(found.answers):
+        word = "unknown"
+    else:
+        word = "partial" if unknown else "slave" if slaves else "master"
+    fields: dict[str, Any] = {"source": word}
+    if slaves:
+        fields["fromSlaveOf"] = slaves
+    if unknown:
+        fields["unknownFor"] = unknown
+    return fields
+
+
+def source_text(row: dict[str, Any]) -> str | None:
+    """A topic's or group's ``source`` for the table: nothing when every master answered."""
+    word = row.get("source")
+    if word in (None, "master"):
+        return None
+    parts = [f"slave of {', '.join(row['fromSlaveOf'])}"] if row.get("fromSlaveOf") else []
+    if row.get("unknownFor"):
+        parts.append(f"unknown for {', '.join(row['unknownFor'])}")
+    return "; ".join(parts) or str(word)
+
+
+def log_span(broker: dict[str, Any]) -> str:
+    """``[min, max)`` of a broker's commitlog, or ``unknown`` when it did not answer."""
+    low, high = broker.get("minOffset"), broker.get("maxOffset")
+    return "unknown" if low is None or high is None else f"[{low}, {high})"
+
+
+def unknown_cells(row: dict[str, Any], *names: str) -> dict[str, Any]:
+    """``row`` for the table: the figures nobody could give read ``unknown``, not blank."""
+    if row.get("source") != "unknown" or row.get("error"):
+        return row
+    return {**row, **{name: "unknown" for name in names if row.get(name) is None}}
 
 
 def lag_text(lag_bytes: int | None) -> str:
@@ -186,6 +247,8 @@ def not_ready(status: dict[str, Any]) -> str | None:
                 # own word is what counts)
                 return (f"{name}/{b['brokerId']} is a SYNC_MASTER without an attached slave "
                         f"(its sends would answer SLAVE_NOT_AVAILABLE)")
+            if b.get("divergence"):
+                return f"{name}/{b['brokerId']} has DIVERGED: {b['divergence']}"
             if "haState" in b and (b["haState"] != "transfer" or b.get("lagBytes") != 0):
                 return (f"{name}/{b['brokerId']} is not caught up (HA {b['haState']}, "
                         f"{lag_text(b.get('lagBytes'))})")
@@ -201,18 +264,36 @@ def _print_status(status: dict[str, Any]) -> None:
                            for s in b["slaves"])
         elif "haState" in b:
             age = b.get("lagSeconds")
-            ha = (f"{b['haState']} from {b.get('haMaster') or '?'}, {lag_text(b.get('lagBytes'))}"
-                  + (f" / {age:.1f} s" if age is not None else ""))
-            if b.get("divergence"):
-                ha += f", DIVERGED: {b['divergence']}"
+            ha = f"{b['haState']} from {b.get('haMaster') or '?'}, "
+            if b.get("divergence"):  # no lag beside it: a diverged slave is not caught up
+                ha += f"DIVERGED: {b['divergence']}"
+            else:
+                ha += (lag_text(b.get("lagBytes"))
+                       + (f" / {age:.1f} s" if age is not None else ""))
         brokers.append({"broker": f"{b['brokerName']}/{b['brokerId']}", "address": b["address"],
-                        "role": b["role"], "log": f"[{b['minOffset']}, {b['maxOffset']})",
+                        "role": b["role"], "log": log_span(b),
                         "puts/s": puts_per_second(b), "replication": ha,
                         "error": b.get("error")})
     emit(brokers, as_json=False, title=f"brokers at {status['time']}")
-    emit(status["topics"], as_json=False, title="topics")
-    emit([{**g, "topics": " ".join(g.get("topics", []))} for g in status["groups"]],
-         as_json=False, title="consumer groups")
+    if not status["brokers"]:
+        print("topics and consumer groups: unknown (the name server lists no broker)")
+        return
+    columns = ["topic", "queues", "messages", "lastUpdated", "source", "error"]
+    emit([{**unknown_cells(t, "queues", "messages"), "source": source_text(t)}
+          for t in status["topics"]], as_json=False, title="topics", columns=columns)
+    groups_title = "consumer groups"
+    if status.get("groupsError"):
+        groups_title += f" (unknown: {status['groupsError']})"
+    elif status.get("groupsUnknownFor"):
+        groups_title += (f" (those of {', '.join(status['groupsUnknownFor'])} unknown: "
+                         "no broker answered)")
+    if not status["groups"] and groups_title != "consumer groups":
+        print(groups_title)  # not "none": there may be groups nobody could name
+    else:
+        emit([{**unknown_cells(g, "queues", "lag"), "topics": " ".join(g.get("topics", [])),
+               "source": source_text(g)} for g in status["groups"]], as_json=False,
+             title=groups_title, columns=["group", "queues", "lag", "topics", "source",
+                                          "error"])
     if status["truncated"]:
         print(f"(only the first {MAX_LISTED} topics and groups are shown)")
 

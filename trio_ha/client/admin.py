@@ -5,6 +5,14 @@ consumer-group progress and lag, offsets, messages by id and by key.
 ``await admin.create_topic("orders", 8)`` — UPDATE_AND_CREATE_TOPIC on every master of the
 cluster, as ``mqadmin updateTopic -c`` does; the brokers re-register at once, so the name
 server's route follows.
+
+Figures read from every broker group (topic stats, consumer progress, subscription groups,
+messages by key) ask the group's master and, when it does not answer, its slaves in turn, as
+RocketMQ's tools do
+(``BrokerData.selectBrokerAddr``: the master, else a slave). The ``*_by_group`` methods say
+which broker of each group answered, or that none did, so that an operator's tool can mark a
+figure that comes from a slave (whose copy of the offsets trails the master's by up to
+``slaveSyncInterval``) and never show a group nobody answered for as zero.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import attrs
 import trio
@@ -31,7 +39,7 @@ from ..wire.record import (
     peek_header,
 )
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
-from ..wire.route import ClusterInfo, KVTable, TopicList, TopicRouteData
+from ..wire.route import BrokerData, ClusterInfo, KVTable, TopicList, TopicRouteData
 from ..wire.stats import ConsumeStats, TopicStats
 from .instance import (
     DEFAULT_TOPIC,
@@ -43,7 +51,7 @@ from .instance import (
     use_instance,
 )
 
-__all__ = ["Admin", "open_admin"]
+__all__ = ["Admin", "Answered", "ByGroup", "open_admin"]
 
 #: QUERY_MESSAGE's flag for a query by the client's message id (UNIQ_KEY)
 UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
@@ -75,9 +83,77 @@ def decode_records(body: bytes, what: str) -> list[StoredMessage]:
     return messages
 
 
+@attrs.frozen
+class Answered:
+    """Which broker of a group (``broker_name``) gave its figures, or, when none of them
+    did, why (``error``)."""
+
+    broker_name: str
+    broker_id: int | None = None
+    address: str | None = None
+    error: str | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.broker_id is not None
+
+    @property
+    def source(self) -> str:
+        """``master``, ``slave`` or ``unknown``: where the group's figures come from."""
+        if self.broker_id is None:
+            return "unknown"
+        return "master" if self.broker_id == MASTER_ID else "slave"
+
+
+_S = TypeVar("_S")
+
+
+@attrs.frozen
+class ByGroup(Generic[_S]):
+    """Figures merged over the broker groups that answered, and who answered for each group
+    (sorted by broker name)."""
+
+    figures: _S
+    answers: tuple[Answered, ...] = ()
+
+    @property
+    def unknown(self) -> tuple[Answered, ...]:
+        """The groups none of whose brokers answered: their figures are not in ``figures``."""
+        return tuple(a for a in self.answers if not a.known)
+
+    @property
+    def from_slaves(self) -> tuple[Answered, ...]:
+        return tuple(a for a in self.answers if a.source == "slave")
+
+    def answer_of(self, broker_name: str) -> Answered | None:
+        return next((a for a in self.answers if a.broker_name == broker_name), None)
+
+    def complete(self) -> _S:
+        """``figures``, or MQClientError when a group's figures are missing from them."""
+        if self.unknown:
+            raise no_answer(self.unknown)
+        return self.figures
+
+
+def no_answer(unknown: Iterable[Answered]) -> MQClientError:
+    return MQClientError("no broker answered for " + "; ".join(
+        f"{a.broker_name} ({a.error})" for a in unknown))
+
+
+def asking_order(data: BrokerData) -> list[tuple[int, str]]:
+    """The brokers of a group in the order to ask them: the master, then the slaves by id
+    (RocketMQ picks a random slave; by id, repeated looks ask the same one)."""
+    return sorted(data.broker_addrs.items())
+
+
 @attrs.define(eq=False)
 class Admin:
     instance: ClientInstance
+    #: brokers that could not be reached during this Admin's life, with why: a group's
+    #: later requests go straight to its next broker instead of each waiting out the timeout
+    #: of a master that hangs (a machine gone without closing its connections stays in the
+    #: name server for up to 120 s). A new Admin (each ``status --watch`` refresh) asks again.
+    unreachable: dict[str, str] = attrs.field(factory=dict)
 
     async def _invoke(self, address: str, code: int, fields: dict[str, Any] | None = None,
                       body: bytes = b"", timeout: float | None = None) -> RemotingCommand:
@@ -86,6 +162,7 @@ class Admin:
                 address, self.instance.request(code, fields, body), timeout
             )
         except RemotingError as exc:
+            self.unreachable[address] = str(exc)
             raise MQClientError(f"request {code} to {address} failed: {exc}") from exc
         if response.code != ResponseCode.SUCCESS:
             raise MQBrokerError(response.code, response.remark, address)
@@ -202,13 +279,6 @@ class Admin:
                 found[name] = data.broker_addrs[MASTER_ID]
         return found
 
-    async def _route_masters(self, topic: str) -> dict[str, str]:
-        route = await self.topic_route(topic)
-        if route is None:
-            raise MQClientError(f"the name server knows no topic {topic!r}")
-        return {data.broker_name: data.broker_addrs[MASTER_ID]
-                for data in route.broker_datas if MASTER_ID in data.broker_addrs}
-
     # ---- name server writes (mqadmin sends them to every name server) ---------------------------
 
     async def _on_every_namesrv(self, code: int, fields: dict[str, Any],
@@ -306,32 +376,96 @@ class Admin:
         except MetadataDecodeError as exc:
             raise MQClientError(f"bad subscription groups from {broker_addr}: {exc}") from None
 
-    async def topic_stats(self, topic: str) -> TopicStats:
-        """GET_TOPIC_STATS_INFO from the master of every broker group serving ``topic``:
-        each queue's min and max offset and the store time of its last message."""
-        queues = []
-        for address in (await self._route_masters(topic)).values():
-            response = await self._invoke(address, RequestCode.GET_TOPIC_STATS_INFO,
-                                          {"topic": topic})
+    async def _ask_group(self, data: BrokerData, code: int,
+                         fields: dict[str, Any]) -> tuple[Answered, RemotingCommand | None]:
+        """``code`` to the group's master, else to each slave in turn until one answers.
+        Only a broker that cannot be reached is passed over: an error code is an answer
+        (MQBrokerError)."""
+        failures = []
+        for broker_id, address in asking_order(data):
+            if address in self.unreachable:
+                failures.append(f"{address} did not answer earlier: {self.unreachable[address]}")
+                continue
             try:
-                queues.extend(TopicStats.decode(response.body).queues)
-            except RouteDecodeError as exc:
-                raise MQClientError(f"bad topic stats from {address}: {exc}") from None
-        return TopicStats(tuple(sorted(queues)))
+                response = await self._invoke(address, code, fields)
+            except (MQClientError, OSError) as exc:
+                failures.append(str(exc))
+                continue
+            return Answered(data.broker_name, broker_id, address), response
+        return Answered(data.broker_name, error="; ".join(failures)
+                        or "the name server lists no broker of it"), None
 
-    async def consume_stats(self, group: str, topic: str | None = None) -> ConsumeStats:
-        """GET_CONSUME_STATS from every master the name server knows: per queue the broker's
-        max offset, the group's committed offset and so its lag (``.lag`` in messages)."""
+    async def _every_group(self) -> list[BrokerData]:
+        info = await self.cluster_info()
+        return [info.broker_addr_table[name] for name in sorted(info.broker_addr_table)]
+
+    async def topic_stats_by_group(self, topic: str) -> ByGroup[TopicStats]:
+        """GET_TOPIC_STATS_INFO from each broker group serving ``topic`` (its master, else a
+        slave): each queue's min and max offset and the store time of its last message."""
+        route = await self.topic_route(topic)
+        if route is None:
+            if not (await self.cluster_info()).broker_addr_table:
+                # the name server forgets a topic with its last broker
+                raise MQClientError(f"the status of {topic} is unknown: the name server lists "
+                                    "no broker (all down?) and so knows no topic")
+            raise MQClientError(f"the name server knows no topic {topic!r}")
+        queues: list = []
+        answers = []
+        for data in sorted(route.broker_datas, key=lambda d: d.broker_name):
+            answer, response = await self._ask_group(data, RequestCode.GET_TOPIC_STATS_INFO,
+                                                     {"topic": topic})
+            answers.append(answer)
+            if response is not None:
+                try:
+                    queues.extend(TopicStats.decode(response.body).queues)
+                except RouteDecodeError as exc:
+                    raise MQClientError(f"bad topic stats from {answer.address}: {exc}") from None
+        return ByGroup(TopicStats(tuple(sorted(queues))), tuple(answers))
+
+    async def topic_stats(self, topic: str) -> TopicStats:
+        """``topic_stats_by_group``'s figures; MQClientError if a group gave none."""
+        return (await self.topic_stats_by_group(topic)).complete()
+
+    async def consume_stats_by_group(self, group: str,
+                                     topic: str | None = None) -> ByGroup[ConsumeStats]:
+        """GET_CONSUME_STATS from every broker group the name server knows (its master, else
+        a slave): per queue the broker's max offset, the group's committed offset and so its
+        lag (``.lag`` in messages)."""
         total = ConsumeStats()
         fields = {"consumerGroup": group} if topic is None else {"consumerGroup": group,
                                                                  "topic": topic}
-        for address in (await self.masters()).values():
-            response = await self._invoke(address, RequestCode.GET_CONSUME_STATS, fields)
-            try:
-                total = total.merged(ConsumeStats.decode(response.body))
-            except RouteDecodeError as exc:
-                raise MQClientError(f"bad consume stats from {address}: {exc}") from None
-        return total
+        answers = []
+        for data in await self._every_group():
+            answer, response = await self._ask_group(data, RequestCode.GET_CONSUME_STATS, fields)
+            answers.append(answer)
+            if response is not None:
+                try:
+                    total = total.merged(ConsumeStats.decode(response.body))
+                except RouteDecodeError as exc:
+                    raise MQClientError(
+                        f"bad consume stats from {answer.address}: {exc}") from None
+        return ByGroup(total, tuple(answers))
+
+    async def consume_stats(self, group: str, topic: str | None = None) -> ConsumeStats:
+        """``consume_stats_by_group``'s figures; MQClientError if a group gave none."""
+        return (await self.consume_stats_by_group(group, topic)).complete()
+
+    async def subscription_groups_by_group(self) -> ByGroup[list[str]]:
+        """The consumer groups of every broker group (its master, else a slave), merged."""
+        names: set[str] = set()
+        answers = []
+        for data in await self._every_group():
+            answer, response = await self._ask_group(
+                data, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {})
+            answers.append(answer)
+            if response is not None:
+                try:
+                    names.update(decode_subscription_groups(response.body)
+                                 .subscription_group_table)
+                except MetadataDecodeError as exc:
+                    raise MQClientError(
+                        f"bad subscription groups from {answer.address}: {exc}") from None
+        return ByGroup(sorted(names), tuple(answers))
 
     async def consumer_connections(self, group: str) -> dict[str, Any]:
         """GET_CONSUMER_CONNECTION_LIST: the group's live clients and subscriptions (from
@@ -355,24 +489,35 @@ class Admin:
     async def query_by_key(self, topic: str, key: str, *, max_num: int = DEFAULT_QUERY_MAX,
                            begin_ms: int = 0, end_ms: int | None = None,
                            unique_key: bool = False) -> list[StoredMessage]:
-        """QUERY_MESSAGE on every master serving ``topic``: the messages with ``key`` among
-        their KEYS (or, with ``unique_key``, whose client message id UNIQ_KEY is ``key``)
-        stored between ``begin_ms`` and ``end_ms`` (now by default), oldest first."""
+        """QUERY_MESSAGE on each broker group serving ``topic`` (its master, else a slave,
+        as RocketMQ's queryMessage does): the messages with ``key`` among their KEYS (or,
+        with ``unique_key``, whose client message id UNIQ_KEY is ``key``) stored between
+        ``begin_ms`` and ``end_ms`` (now by default), oldest first. MQClientError when no
+        broker of a group answered: an empty answer would claim there is no such message."""
         fields: dict[str, Any] = {
             "topic": topic, "key": key, "maxNum": max_num, "beginTimestamp": begin_ms,
             "endTimestamp": int(time.time() * 1000) if end_ms is None else end_ms,
         }
         if unique_key:
             fields[UNIQUE_KEY_QUERY] = "true"
+        route = await self.topic_route(topic)
+        if route is None:
+            raise MQClientError(f"the name server knows no topic {topic!r}")
         found: list[StoredMessage] = []
-        for address in (await self._route_masters(topic)).values():
+        unknown = []
+        for data in route.broker_datas:
             try:
-                response = await self._invoke(address, RequestCode.QUERY_MESSAGE, fields)
+                answer, response = await self._ask_group(data, RequestCode.QUERY_MESSAGE, fields)
             except MQBrokerError as exc:
                 if exc.code == ResponseCode.QUERY_NOT_FOUND:
                     continue
                 raise
-            found.extend(decode_records(response.body, address))
+            if response is None:
+                unknown.append(answer)
+            else:
+                found.extend(decode_records(response.body, str(answer.address)))
+        if unknown:
+            raise no_answer(unknown)
         if unique_key:
             found = [m for m in found
                      if m.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) == key]
