@@ -6,12 +6,15 @@ receives frame bodies straight into the active segment's mapping (``readv`` into
 the mmap: the bytes never become a Python object) and reports the new log end whenever the
 socket is empty (``_Reports``: no task switch between a frame and its ack), and a reporter
 task for heartbeats and what the socket would not take at once. Either failing ends the session,
-and the client connects again after a back-off: ha_reconnect_min_interval (20 ms) after a
-session that had frames from its master, doubling after each attempt that had none, up to
-ha_reconnect_interval (40 ms). RocketMQ waits a fixed 5 s, so a SYNC_MASTER that restarts in a
-second answers SLAVE_NOT_AVAILABLE for seconds more; here the slave is back within about
-ha_reconnect_interval of the master's port opening, and a master that stays down costs one
-refused connect per interval.
+and the client connects again after a back-off (``_Backoff``): ha_reconnect_min_interval
+(20 ms) after a session that had frames from its master, doubling after each attempt that had
+none, up to ha_reconnect_interval (40 ms) for the first ha_reconnect_fast_period (10 s) of the
+outage — the time a restarting master takes — and beyond it up to ha_reconnect_max_interval
+(2 s). RocketMQ waits a fixed 5 s, so a SYNC_MASTER that restarts in a second answers
+SLAVE_NOT_AVAILABLE for seconds more; here the slave is back within about
+ha_reconnect_interval of a restarted master's port opening, and a master that stays down costs
+one refused connect per ha_reconnect_max_interval (it was 25 a second for as long as it was
+down).
 
 A slave without haMasterAddress follows the master the name server names
 (``follow_master_address``). With haAuthSecret it moves only to a master that passes the
@@ -314,9 +317,7 @@ class HAClient:
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         task_status.started()
-        shortest = self.config.ha_reconnect_min_interval / 1000
-        longest = self.config.ha_reconnect_interval / 1000
-        backoff = min(shortest, longest)
+        backoff = _Backoff.of(self.config)
         while True:
             if self.master_address is None or self._stopped is not None:
                 self.state = self._stopped or HAClientState.IDLE
@@ -347,13 +348,12 @@ class HAClient:
             self._session_scope = None
             self.connected_since = None
             if self._served:  # that master was serving: worth trying again soon
-                backoff = min(shortest, longest)
+                backoff.attached()
             if failed and self.master_address == address and self._stopped is None:
                 self.state = HAClientState.BACKOFF
                 self._wakeup = trio.Event()
-                with trio.move_on_after(backoff):
+                with trio.move_on_after(backoff.next_wait()):
                     await self._wakeup.wait()
-                backoff = min(backoff * 2, longest)
 
     def _diverged(self, address: str, exc: OffsetMismatch) -> None:
         why, advice = divergence_advice(address, exc.expected, exc.received,
@@ -477,6 +477,43 @@ class HAClient:
             bytes_spliced=self._spliced_before
             + (self._transport.bytes_spliced if self._transport is not None else 0),
         )
+
+
+@attrs.define(eq=False)
+class _Backoff:
+    """How long a slave waits before it tries its master again (see the module): fast while
+    a restart is likely, then towards seconds while the master stays down."""
+
+    shortest: float
+    fast_ceiling: float
+    #: how long the fast ceiling lasts, from the first failure since the slave was served
+    fast_period: float
+    ceiling: float
+    _wait: float | None = None
+    _outage_since: float | None = None
+
+    @classmethod
+    def of(cls, config: StoreConfig) -> _Backoff:
+        fast = config.ha_reconnect_interval / 1000
+        return cls(shortest=min(config.ha_reconnect_min_interval / 1000, fast),
+                   fast_ceiling=fast, fast_period=config.ha_reconnect_fast_period / 1000,
+                   ceiling=max(config.ha_reconnect_max_interval / 1000, fast))
+
+    def attached(self) -> None:
+        """A session had frames from its master: the next outage starts fast again."""
+        self._wait = self._outage_since = None
+
+    def next_wait(self) -> float:
+        """The wait after a failed attempt, from now."""
+        now = trio.current_time()
+        if self._outage_since is None:
+            self._outage_since = now
+        if self._wait is None:
+            self._wait = self.shortest
+        else:
+            fast = now - self._outage_since < self.fast_period
+            self._wait = min(self._wait * 2, self.fast_ceiling if fast else self.ceiling)
+        return self._wait
 
 
 @attrs.define(eq=False)
