@@ -83,7 +83,7 @@ async def test_divergence_advice_can_destroy_the_only_good_copy(tmp_path, caplog
     async with open_store(master_config(tmp_path / "impostor")) as impostor:
         for attempt in range(2):  # the advised way to try again is a restart
             async with open_store(slave_config(slave_dir, impostor)) as slave:
-                await wait_until(lambda: ha_slave_of(slave).state == "diverged",  # noqa: B023
+                await wait_until(lambda: ha_slave_of(slave).state == "diverged",
                                  "the slave to report the divergence")
                 stats = ha_slave_of(slave)
                 assert stats.divergence is not None

@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-import trio
 
 from conftest import wait_until
 from trio_ha.namesrv import NamesrvConfig, serve_namesrv
