@@ -147,7 +147,7 @@ def divergence_advice(address: str, slave_end: int, master_answer: int,
     been checked, and cuts it only once the master is known to be right. Every step is a
     command (docs/ha-protocol.md, "A diverged slave")."""
     if master_answer > slave_end:
-        why = (f"the master's log begins at {master_answer} but this slave's ends at "
+        why = (f"the master's log continues at {master_answer} but this slave's ends at "
                f"{slave_end}: the bytes in between are gone from the master (the slave was "
                "away longer than the master keeps data)")
         advice = (f"Fix: the master holds everything from {master_answer} on; stop this "
@@ -155,9 +155,9 @@ def divergence_advice(address: str, slave_end: int, master_answer: int,
                   "only messages the master has already deleted) and start it: it copies "
                   "afresh from the master.")
         return why, advice
-    empty = " (an empty master answers so)" if master_answer == 0 else ""
-    why = (f"this slave's log ends at {slave_end}, beyond the master's (its log begins at "
-           f"{master_answer}{empty} and ends before {slave_end}): either the master is the "
+    empty = ", as an empty master does" if master_answer == 0 else ""
+    why = (f"this slave's log ends at {slave_end}, beyond the master's (it answered at "
+           f"{master_answer}{empty}): either the master is the "
            "wrong one (an empty or new broker registered under this brokerName, or the "
            "master lost its tail or its disk) and this slave holds the only good copy, or "
            "the master is right and this slave holds bytes it never had")
