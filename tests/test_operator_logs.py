@@ -29,7 +29,7 @@ def connection_lines(caplog, level: int) -> list[str]:
             and (" connected to " in r.getMessage() or "remoting: closing" in r.getMessage())]
 
 
-async def test_connection_lines_drown_the_name_servers_log(nursery, caplog):
+async def test_connection_lines_drown_the_name_servers_log_as_in_rocketmq(nursery, caplog):
     caplog.set_level(logging.DEBUG, logger="trio_ha.remoting")
     _, port = await nursery.start(serve_namesrv,
                                   NamesrvConfig(listen_port=0, bind_address="127.0.0.1"))
