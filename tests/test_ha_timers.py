@@ -1,7 +1,8 @@
 """HA protocol timers on memory streams with trio's autojump clock: heartbeat, housekeeping on
 both sides, report interval, reconnect back-off. Virtual seconds, so each takes milliseconds;
 the intervals checked are the protocol's (RocketMQ defaults: 5 s, 20 s, 5 s), and our bounded
-reconnect back-off (20 ms doubling to 40 ms) next to RocketMQ's fixed 5 s."""
+reconnect back-off (20 ms doubling to 40 ms, then towards 2 s once the master has been down
+for 10 s) next to RocketMQ's fixed 5 s."""
 
 import itertools
 from typing import Any
@@ -22,8 +23,10 @@ HOUSEKEEPING = 20.0
 #: RocketMQ's reconnect wait, and the configuration that gives it
 BACKOFF = 5.0
 ROCKETMQ_BACKOFF = dict(ha_reconnect_min_interval=5000, ha_reconnect_interval=5000)
-#: our default back-off: 20 ms, doubling, at most 40 ms
+#: our default back-off: 20 ms, doubling, at most 40 ms for the first 10 s of an outage,
+#: then doubling to at most 2 s
 BACKOFF_MIN, BACKOFF_MAX = 0.02, 0.04
+FAST_PERIOD, MAX_BACKOFF = 10.0, 2.0
 
 
 def config(root, **overrides) -> StoreConfig:
@@ -170,6 +173,37 @@ async def test_slave_backs_off_between_failed_connects_from_20_ms_doubling_to_40
     assert all(abs(g - e) < 0.002 for g, e in zip(gaps, expected, strict=True)), gaps
 
 
+async def test_slave_retries_a_dead_master_24_times_a_second_for_as_long_as_it_is_down(
+        tmp_path, autojump_clock):
+    """A master that stays down for 10 virtual minutes: the slave tries fast while a restart
+    is likely (20 ms doubling to 40 ms for the first ha_reconnect_fast_period, 10 s), then
+    doubles towards ha_reconnect_max_interval (2 s) and stays there; a session that had
+    frames from its master makes the next outage fast again (the other tests here)."""
+    attempts = []
+
+    async def refuse(address):
+        attempts.append(trio.current_time())
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    async with open_store(config(tmp_path, broker_role=BrokerRole.SLAVE,
+                                 ha_listen_port=None)) as slave:
+        client = HAClient(slave.config, slave.commitlog, "fake:1", connect=refuse)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.run)
+            await trio.sleep(600)
+            nursery.cancel_scope.cancel()
+    start = attempts[0]
+    fast = [t for t in attempts if t - start < FAST_PERIOD]
+    # The fast first reattach is kept: 25 tries a second for the first 10 s.
+    assert len(fast) >= FAST_PERIOD / BACKOFF_MAX - 2, len(fast)
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert max(gaps) <= MAX_BACKOFF + 0.002, max(gaps)  # capped
+    # The last 9 minutes: one try per 2 s (270), not 25 a second (13,500).
+    late = [t for t in attempts if t - start >= 60]
+    assert len(late) <= 540 / MAX_BACKOFF + 2, len(late)
+    assert all(abs(g - MAX_BACKOFF) < 0.002 for g in gaps[-100:]), gaps[-100:]
+
+
 async def test_slave_backs_off_5_s_every_time_when_configured_as_rocketmq(
         tmp_path, autojump_clock):
     attempts = await refused_attempts(
@@ -182,10 +216,11 @@ async def test_slave_backs_off_5_s_every_time_when_configured_as_rocketmq(
 async def test_slave_attaches_again_within_40_ms_of_a_restarted_master_where_rocketmq_waits_5_s(
         tmp_path, autojump_clock, caplog):
     """A real master (its HA service on memory streams) dies and comes back after downtimes
-    from 50 ms to 11 s; its port refuses connections meanwhile. Each time the slave is copying
-    again at most one back-off ceiling (40 ms) after the port reopened — RocketMQ's slave
-    waits 5 s — and a long downtime costs one refused connect per 40 ms, not a busy loop,
-    and one line in the slave's log, not one per refused connect."""
+    from 50 ms to 32 s; its port refuses connections meanwhile. Each time the slave is copying
+    again at most one back-off ceiling (40 ms; 2 s once the master has been down past the 10 s
+    fast period) after the port reopened — RocketMQ's slave waits 5 s — and a long downtime
+    costs at most one refused connect per 40 ms, not a busy loop, and one line in the slave's
+    log, not one per refused connect."""
     master_config = config(tmp_path / "master")
     slave_config = config(tmp_path / "slave", broker_role=BrokerRole.SLAVE, ha_listen_port=None)
     async with open_store(master_config) as master, open_store(slave_config) as slave:
@@ -214,7 +249,7 @@ async def test_slave_attaches_again_within_40_ms_of_a_restarted_master_where_roc
 
             client = HAClient(slave.config, slave.commitlog, "master:1", connect=connect)
             nursery.start_soon(client.run)
-            for downtime in (0.05, 0.7, 2.9, 11.3):
+            for downtime in (0.05, 0.7, 2.9, 9.3, 31.7):
                 await put_some(master, 3)
                 await wait_until(lambda: slave.commitlog.max_offset == master.commitlog.max_offset,
                                  "the slave to catch up", timeout=30)
@@ -225,7 +260,9 @@ async def test_slave_attaches_again_within_40_ms_of_a_restarted_master_where_roc
                 await wait_until(lambda: len(accepted) > sessions_before,  # noqa: B023
                                  "the slave to reconnect", timeout=60, interval=0.005)
                 assert accepted[-1] >= down_until
-                assert accepted[-1] - down_until <= BACKOFF_MAX + 0.005, (downtime, accepted)
+                # Within the fast period, one fast ceiling; beyond it, the slow one.
+                ceiling = BACKOFF_MAX if downtime < FAST_PERIOD else MAX_BACKOFF
+                assert accepted[-1] - down_until <= ceiling + 0.005, (downtime, accepted)
                 refused = len(attempts) - before - 1
                 assert refused <= downtime / BACKOFF_MAX + 5, (downtime, refused)
                 # The served session's end is said at once; its refused successors are

@@ -254,6 +254,25 @@ def test_export_resumes_after_interruption(spark, tmp_path):
     assert export(spark, root, out, fmt="json", topics=["Orders", "Payments"]).rows == 0
 
 
+def test_spark_stats_over_two_store_directories_double_counts_in_its_footer(
+        spark, stores, tmp_path):
+    """A master's store and its slave's (a byte copy): the per-queue rows are per store, but
+    the footer and the rate count each message once, by msg_id."""
+    from trio_ha.spark.jobs import stats
+
+    slave = str(tmp_path / "slave")
+    shutil.copytree(stores["ours"], slave)
+    result = stats(spark, [stores["ours"], slave])
+    sent = len(stores["messages"])
+    footer = result.table().splitlines()[-1]
+    assert f"{2 * sent:,}" not in footer, footer
+    assert f"{sent:,} distinct messages" in footer and "2 stores" in footer, footer
+    assert sum(q["messages"] for q in result.queues) == 2 * sent  # one row set per store
+    assert sum(r["messages"] for r in result.rate) == sent
+    sizes = read_arrow(stores["ours"], include_body="false").column("size").to_pylist()
+    assert (result.messages, result.bytes) == (sent, sum(sizes))
+
+
 def test_stats_table_parquet_and_plot(spark, stores, tmp_path):
     from trio_ha.spark.jobs import stats
 

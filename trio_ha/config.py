@@ -283,15 +283,19 @@ class StoreConfig:
     #: catch-up runs with 1 MiB frames in ``trio-ha bench replication`` on this machine kind.
     ha_transfer_method: str = attrs.field(default="sendfile", validator=_transfer_method)
     #: a slave's HA client tries again after a failed session: first after
-    #: ha_reconnect_min_interval, then after twice the last wait, at most ha_reconnect_interval;
-    #: from the minimum again once a session has had a frame from its master. So a slave is
-    #: attached again within about ha_reconnect_interval of its master's return (before the
-    #: producers' own retries: with 160 ms, 4.5 % of the sends in one `bench restarts` run met
-    #: the restarted SYNC_MASTER first and were answered SLAVE_NOT_AVAILABLE), and a master
-    #: that is down sees one connect per interval. RocketMQ 4.9 waits 5 s every time: set both
-    #: to 5000 for its behaviour.
+    #: ha_reconnect_min_interval, then after twice the last wait, at most ha_reconnect_interval
+    #: for the first ha_reconnect_fast_period of an outage, and beyond it at most
+    #: ha_reconnect_max_interval (never below ha_reconnect_interval); from the minimum again
+    #: once a session has had a frame from its master. So a slave is attached again within
+    #: about ha_reconnect_interval of a restarted master's return (before the producers' own
+    #: retries: with 160 ms, 4.5 % of the sends in one `bench restarts` run met the restarted
+    #: SYNC_MASTER first and were answered SLAVE_NOT_AVAILABLE), while a master that stays
+    #: down sees one connect per ha_reconnect_max_interval, not 25 a second. RocketMQ 4.9
+    #: waits 5 s every time: set the first two to 5000 for its behaviour.
     ha_reconnect_min_interval: int = attrs.field(default=20, validator=_positive)
     ha_reconnect_interval: int = attrs.field(default=40, validator=_positive)
+    ha_reconnect_fast_period: int = attrs.field(default=10_000, validator=in_range(0, 86_400_000))
+    ha_reconnect_max_interval: int = attrs.field(default=2000, validator=in_range(1, 3_600_000))
     #: HA connections a master serves at once; it closes any beyond at once (RocketMQ has no
     #: limit: every connection costs two tasks and a frame per put, docs/ha-protocol.md); at
     #: least ha_sync_acks

@@ -9,8 +9,10 @@ shippers (``--log-format json``), on stderr or appended to ``--log-file``. Pytho
 go through the same handler, so they carry a time and a level too.
 
 What the nodes log at INFO is chosen for an operator: state changes (a listener bound, a
-connection opened or closed, a slave attached or gone, a role or master change, recovery,
-retention, registration), never one line per message.
+slave attached or gone, a role or master change, recovery, retention, registration, a node
+stopping and stopped), never one line per message — nor one per client connection, which a
+tool that polls opens every second: those are DEBUG, with one INFO line a minute saying
+connections come (and how many), and abnormal closes at INFO or WARNING, rate-limited.
 """
 
 from __future__ import annotations

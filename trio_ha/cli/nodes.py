@@ -1,9 +1,16 @@
-"""The commands that run one node: ``namesrv``, ``broker`` and ``store-demo`` (embedded)."""
+"""The commands that run one node: ``namesrv``, ``broker`` and ``store-demo`` (embedded).
+
+A node logs its start (the servers do, as they bind) and its stop (here, around the run): an
+operator reading ``--log-file`` must see that a node was stopped on purpose and stopped
+cleanly, not only that its lines end — which is also what a crash looks like.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 
 import trio
 import typer
@@ -13,6 +20,9 @@ from ..config import FlushDiskType, StoreConfig
 from ..store import open_store
 from ..wire.record import Message
 from ._app import DEFAULT_DATA_DIR, app, run_until_interrupted
+from ._failures import EXIT_INTERRUPTED, one_line
+
+log = logging.getLogger(__name__)
 
 
 async def _demo(root: str, count: int) -> None:
@@ -57,6 +67,33 @@ def store_demo(
 ) -> None:
     """Put messages into an embedded store, close it, reopen it and read them back."""
     trio.run(_demo, dir, count)
+
+
+async def _until_stopped(what: str) -> None:
+    """Wait in a node's nursery until the node is stopped; then say so, once, before the
+    graceful shutdown (draining, final flush) begins."""
+    try:
+        await trio.sleep_forever()
+    except trio.Cancelled:
+        log.info("%s: stopping", what)
+        raise
+
+
+def _run_node(what: str, main: Callable[[], Awaitable[None]]) -> None:
+    """``run_until_interrupted(main)``, with a line in the log for how the node ended."""
+    try:
+        run_until_interrupted(main)
+    except SystemExit as exc:
+        if exc.code == EXIT_INTERRUPTED:
+            log.info("%s stopped cleanly (interrupted)", what)
+        raise
+    except Exception as exc:
+        # The app's group prints the failure on stderr; a --log-file gets it too (on stderr
+        # the line would be there twice).
+        if any(isinstance(h, logging.FileHandler) for h in logging.getLogger().handlers):
+            log.error("%s stopped: %s", what, one_line(exc) or f"{type(exc).__name__}: {exc}")
+        raise
+    log.info("%s stopped cleanly", what)
 
 
 def _read_properties(path: str) -> dict[str, str]:
@@ -110,8 +147,9 @@ def namesrv(
         async with trio.open_nursery() as nursery:
             host, bound = await nursery.start(serve_namesrv, config)
             print(f"name server listening on {host}:{bound}", flush=True)
+            await _until_stopped("name server")
 
-    run_until_interrupted(main)
+    _run_node("name server", main)
 
 
 #: the keys ``-m`` prints (RocketMQ's "important" configuration, and ours)
@@ -167,5 +205,6 @@ def broker(
                   f"{addresses.broker_addr}, HA {addresses.ha_addr}"
                   + (f", metrics http://{addresses.metrics_addr}/metrics"
                      if addresses.metrics_addr else ""), flush=True)
+            await _until_stopped(f"broker {config.broker_name}")
 
-    run_until_interrupted(main)
+    _run_node(f"broker {config.broker_name}", main)

@@ -134,11 +134,14 @@ class CloseReason(enum.StrEnum):
     SHUTDOWN = "server shutdown"
 
 
+#: how each close is logged: the ordinary ends (the peer hung up, idled out, or the server
+#: stopped) at DEBUG, every one, as they are as many as the connections; the abnormal ones
+#: at INFO or WARNING, at most one line per reason in ten seconds (``_closes``)
 _CLOSE_LOG_LEVELS = {
-    CloseReason.PEER_CLOSED: logging.INFO,
+    CloseReason.PEER_CLOSED: logging.DEBUG,
     CloseReason.SHUTDOWN: logging.DEBUG,
     CloseReason.LOST: logging.INFO,
-    CloseReason.IDLE: logging.INFO,
+    CloseReason.IDLE: logging.DEBUG,
     CloseReason.BAD_FRAME: logging.WARNING,
     CloseReason.REQUEST_TIMEOUT: logging.WARNING,
     CloseReason.WRITE_TIMEOUT: logging.WARNING,
@@ -322,9 +325,13 @@ class RemotingConnection:
                 self.close_reason = CloseReason.SHUTDOWN
             self._release_all()
             reason = self.close_reason
-            _closes.log(_CLOSE_LOG_LEVELS[reason], reason, "remoting: closing %s: %s%s",
-                        self.peer, reason.value,
-                        f" ({self.close_detail})" if self.close_detail else "")
+            level = _CLOSE_LOG_LEVELS[reason]
+            detail = f" ({self.close_detail})" if self.close_detail else ""
+            if level > logging.DEBUG:
+                _closes.log(level, reason, "remoting: closing %s: %s%s", self.peer,
+                            reason.value, detail)
+            else:
+                log.debug("remoting: closing %s: %s%s", self.peer, reason.value, detail)
             if on_close is not None:
                 on_close(self)
             await trio.aclose_forcefully(self.stream)

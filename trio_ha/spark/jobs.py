@@ -83,10 +83,14 @@ def pick_bucket(first_ms: int | None, last_ms: int | None, buckets: int = 120) -
 @dataclass
 class StatsResult:
     queues: list  # one dict per (store_dir, topic, queue_id)
-    rate: list  # one dict per (topic, bucket start)
+    rate: list  # one dict per (topic, bucket start), each message counted once
     bucket_seconds: int
     out: str | None = None
     files: dict = field(default_factory=dict)
+    #: the messages and bytes of all the stores, each message counted once however many
+    #: stores hold it (a master and its slave hold the same ones); None: the queues' sums
+    messages: int | None = None
+    bytes: int | None = None
 
     def table(self) -> str:
         """The per-queue figures as a text table."""
@@ -100,16 +104,24 @@ class StatsResult:
                 q["topic"], str(q["queue_id"]), f"{q['messages']:,}", f"{q['bytes']:,}",
                 _fmt_ms(q["first_store_ms"]), _fmt_ms(q["last_store_ms"]),
                 f"{q['rate_per_s']:.1f}", ",".join(q["producer_hosts"])])
-        total_m = sum(q["messages"] for q in self.queues)
-        total_b = sum(q["bytes"] for q in self.queues)
+        total_m = self.messages if self.messages is not None else sum(
+            q["messages"] for q in self.queues)
+        total_b = self.bytes if self.bytes is not None else sum(q["bytes"] for q in self.queues)
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
                   for i, h in enumerate(head)]
         lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)),
                  "  ".join("-" * w for w in widths)]
         for r in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
-        lines.append(f"{len(self.queues)} queues, {total_m:,} messages, {total_b:,} bytes; "
-                     f"rate buckets of {self.bucket_seconds} s")
+        if multi:
+            stores = len({q["store_dir"] for q in self.queues})
+            lines.append(f"{len(self.queues)} queues in {stores} stores; {total_m:,} distinct "
+                         f"messages, {total_b:,} bytes (a message several stores hold, as a "
+                         "master and its slave do, counted once); rate buckets of "
+                         f"{self.bucket_seconds} s")
+        else:
+            lines.append(f"{len(self.queues)} queues, {total_m:,} messages, {total_b:,} bytes; "
+                         f"rate buckets of {self.bucket_seconds} s")
         return "\n".join(lines)
 
 
@@ -126,7 +138,12 @@ def stats(spark: SparkSession, paths: Paths, *, out: str | None = None,
           bucket_seconds: int | None = None, options: dict[str, Any] | None = None) -> StatsResult:
     """Per topic and queue: messages, bytes, first/last store time, mean rate, producer hosts;
     and messages per second over time per topic. One scan (bodies are not read). With
-    ``out``: ``queues.parquet``, ``rate.parquet`` and ``rate.png`` are written there."""
+    ``out``: ``queues.parquet``, ``rate.parquet`` and ``rate.png`` are written there.
+
+    The queue figures are per store directory. The rate and the totals count each message
+    once (by msg_id: the store host and commitlog offset, which a slave's copy shares with
+    its master's): over a master's and its slave's stores a sum would count every message
+    twice. So over several stores the rate takes a second scan, which drops the copies."""
     from pyspark.sql import functions as F
 
     dirs = _abspaths(paths)
@@ -153,16 +170,27 @@ def stats(spark: SparkSession, paths: Paths, *, out: str | None = None,
                 (F.col("last_store_ms") - F.col("first_store_ms")) / 1000.0, F.lit(1.0)))
             .orderBy("store_dir", "topic", "queue_id")
         )
+        if len(dirs) > 1:  # stores may hold copies of one another's messages
+            per_topic = (
+                df.dropDuplicates(["msg_id"])
+                .withColumn("bucket_ms", F.floor(ms / (bucket * 1000)) * (bucket * 1000))
+                .groupBy("topic", "bucket_ms")
+                .agg(F.count(F.lit(1)).alias("messages"), F.sum("size").alias("bytes"))
+            )
+        else:
+            per_topic = fine.groupBy("topic", "bucket_ms").agg(
+                F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes"))
         rate_df = (
-            fine.groupBy("topic", "bucket_ms").agg(F.sum("messages").alias("messages"),
-                                                   F.sum("bytes").alias("bytes"))
+            per_topic
             .withColumn("messages_per_s", F.col("messages") / float(bucket))
             .withColumn("bucket_start", F.timestamp_millis("bucket_ms"))
             .orderBy("topic", "bucket_ms")
         )
         queues = [r.asDict(recursive=True) for r in queues_df.collect()]
         rate = [r.asDict(recursive=True) for r in rate_df.collect()]
-        result = StatsResult(queues, rate, bucket, out)
+        result = StatsResult(queues, rate, bucket, out,
+                             messages=sum(int(r["messages"]) for r in rate),
+                             bytes=sum(int(r["bytes"] or 0) for r in rate))
         if out:
             os.makedirs(out, exist_ok=True)
             qpath = os.path.join(out, "queues.parquet")

@@ -6,12 +6,15 @@ receives frame bodies straight into the active segment's mapping (``readv`` into
 the mmap: the bytes never become a Python object) and reports the new log end whenever the
 socket is empty (``_Reports``: no task switch between a frame and its ack), and a reporter
 task for heartbeats and what the socket would not take at once. Either failing ends the session,
-and the client connects again after a back-off: ha_reconnect_min_interval (20 ms) after a
-session that had frames from its master, doubling after each attempt that had none, up to
-ha_reconnect_interval (40 ms). RocketMQ waits a fixed 5 s, so a SYNC_MASTER that restarts in a
-second answers SLAVE_NOT_AVAILABLE for seconds more; here the slave is back within about
-ha_reconnect_interval of the master's port opening, and a master that stays down costs one
-refused connect per interval.
+and the client connects again after a back-off (``_Backoff``): ha_reconnect_min_interval
+(20 ms) after a session that had frames from its master, doubling after each attempt that had
+none, up to ha_reconnect_interval (40 ms) for the first ha_reconnect_fast_period (10 s) of the
+outage — the time a restarting master takes — and beyond it up to ha_reconnect_max_interval
+(2 s). RocketMQ waits a fixed 5 s, so a SYNC_MASTER that restarts in a second answers
+SLAVE_NOT_AVAILABLE for seconds more; here the slave is back within about
+ha_reconnect_interval of a restarted master's port opening, and a master that stays down costs
+one refused connect per ha_reconnect_max_interval (it was 25 a second for as long as it was
+down).
 
 A slave without haMasterAddress follows the master the name server names
 (``follow_master_address``). With haAuthSecret it moves only to a master that passes the
@@ -29,8 +32,12 @@ times out only on its own writes, so a silent master is never noticed).
 A frame that does not continue the local log means the two logs diverged: the slave is
 behind what the master still keeps (RocketMQ #3388), or holds bytes the master lost. The
 client stops, enters the ``diverged`` state with both offsets in its statistics and the log,
-and waits for an operator (``clear_divergence`` after repairing the store, or a new master
-address) — rather than RocketMQ's endless reconnect loop (#323).
+and waits for an operator — rather than RocketMQ's endless reconnect loop (#323). Its error line
+(``divergence_advice``) names both possibilities when the slave is ahead (the master may be the
+wrong one: an empty broker under the same name, or one that lost its disk) and the order that
+keeps the only good copy; every step is a ``trio-ha`` command or a restart. The state lives in
+memory only: a restart of the slave, a new master address or ``clear_divergence`` (for an
+embedded store) tries again, and a master still diverged is simply reported again.
 
 An empty slave's log begins where the master's first data frame says, which must be where a
 log can begin: a segment boundary whose segment ends at a 64-bit offset. A master that says
@@ -124,6 +131,48 @@ class HASlaveStatistics:
     #: of ``bytes_received``, those spliced from the socket into the segment files with no
     #: copy through Python (large frames; 0 where the system refuses splice)
     bytes_spliced: int = 0
+
+
+def divergence_advice(address: str, slave_end: int, master_answer: int,
+                      store_dir: str) -> tuple[str, str]:
+    """What a slave says when its master answered ``master_answer`` to its log end
+    ``slave_end``: why replication stopped (``statistics().ha_slave.divergence``, shown by
+    ``trio-ha status``) and what an operator does about it, in the order that loses nothing.
+
+    A master answers a slave that is ahead of it with its first offset, never its end, so
+    the slave cannot tell an empty master from a short one. Either way, when the slave is
+    ahead, the likelier truth is that the master is the wrong one (an empty or new broker
+    registered under this brokerName after the real master went, or a master that lost its
+    disk) and this slave holds the only good copy: the advice keeps it until the master has
+    been checked, and cuts it only once the master is known to be right. Every step is a
+    command (docs/ha-protocol.md, "A diverged slave")."""
+    if master_answer > slave_end:
+        why = (f"the master's log continues at {master_answer} but this slave's ends at "
+               f"{slave_end}: the bytes in between are gone from the master (the slave was "
+               "away longer than the master keeps data)")
+        advice = (f"Fix: the master holds everything from {master_answer} on; stop this "
+                  f"slave, move its store aside (mv {store_dir} {store_dir}.old: it holds "
+                  "only messages the master has already deleted) and start it: it copies "
+                  "afresh from the master.")
+        return why, advice
+    empty = ", as an empty master does" if master_answer == 0 else ""
+    why = (f"this slave's log ends at {slave_end}, beyond the master's (it answered at "
+           f"{master_answer}{empty}): either the master is the "
+           "wrong one (an empty or new broker registered under this brokerName, or the "
+           "master lost its tail or its disk) and this slave holds the only good copy, or "
+           "the master is right and this slave holds bytes it never had")
+    advice = (f"KEEP THIS SLAVE'S STORE ({store_dir}): do not wipe or truncate it yet. Safe "
+              f"order: 1) check the master at {address}: `trio-ha store inspect DIR` on its "
+              "host (its log end and store times) against this slave's, or `trio-ha store "
+              "verify DIR`; 2) if the master is the wrong one, stop it and bring back the "
+              "real master's store (or make this slave the master: brokerId=0 and "
+              "brokerRole=SYNC_MASTER or ASYNC_MASTER in its broker.conf, after a copy of "
+              f"its store), then restart this slave (a restart clears this state; a master "
+              "at another address is followed by itself); 3) only if the master is right: "
+              f"stop this slave, copy its store aside (cp -a {store_dir} "
+              f"{store_dir}.diverged), run `trio-ha store truncate {store_dir} --to "
+              "<the master's log end> --dry-run`, then without --dry-run, and start it.")
+    return why, advice
 
 
 @attrs.define(eq=False)
@@ -268,9 +317,7 @@ class HAClient:
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         task_status.started()
-        shortest = self.config.ha_reconnect_min_interval / 1000
-        longest = self.config.ha_reconnect_interval / 1000
-        backoff = min(shortest, longest)
+        backoff = _Backoff.of(self.config)
         while True:
             if self.master_address is None or self._stopped is not None:
                 self.state = self._stopped or HAClientState.IDLE
@@ -301,35 +348,19 @@ class HAClient:
             self._session_scope = None
             self.connected_since = None
             if self._served:  # that master was serving: worth trying again soon
-                backoff = min(shortest, longest)
+                backoff.attached()
             if failed and self.master_address == address and self._stopped is None:
                 self.state = HAClientState.BACKOFF
                 self._wakeup = trio.Event()
-                with trio.move_on_after(backoff):
+                with trio.move_on_after(backoff.next_wait()):
                     await self._wakeup.wait()
-                backoff = min(backoff * 2, longest)
 
     def _diverged(self, address: str, exc: OffsetMismatch) -> None:
-        if exc.received > exc.expected:
-            why = (
-                f"the master's log continues at {exc.received} but this slave's ends at "
-                f"{exc.expected}: the bytes in between are gone from the master (the slave "
-                "was away longer than the master keeps data)"
-            )
-        else:
-            # The master refuses a request beyond its end with a heartbeat at its first
-            # offset, never at its end: it is somewhere below this slave's.
-            why = (
-                f"this slave's log ends at {exc.expected}, beyond the master's (it answered "
-                f"at {exc.received}): the slave holds bytes the master does not have (the "
-                "master lost its tail)"
-            )
+        why, advice = divergence_advice(address, exc.expected, exc.received,
+                                        self.config.store_path_root_dir)
         self.divergence = why
         self.state = HAClientState.DIVERGED
-        log.error(
-            "HA: replication from %s stopped: %s. Fix: wipe this slave's store and restart "
-            "it to copy afresh, then clear_divergence().", address, why,
-        )
+        log.error("HA: replication from %s stopped: %s. %s", address, why, advice)
 
     def _refused(self, address: str, exc: ReplicaStartError) -> None:
         self.refusal = str(exc)
@@ -337,7 +368,8 @@ class HAClient:
         log.error(
             "HA: replication from %s refused: %s. Nothing was written. Fix: check that %s is "
             "this slave's master and that both use the same mappedFileSizeCommitLog, then "
-            "clear_divergence().", address, exc, address,
+            "restart this slave (or call clear_divergence() where it is embedded).", address,
+            exc, address,
         )
 
     async def _session(self, address: str) -> None:
@@ -445,6 +477,43 @@ class HAClient:
             bytes_spliced=self._spliced_before
             + (self._transport.bytes_spliced if self._transport is not None else 0),
         )
+
+
+@attrs.define(eq=False)
+class _Backoff:
+    """How long a slave waits before it tries its master again (see the module): fast while
+    a restart is likely, then towards seconds while the master stays down."""
+
+    shortest: float
+    fast_ceiling: float
+    #: how long the fast ceiling lasts, from the first failure since the slave was served
+    fast_period: float
+    ceiling: float
+    _wait: float | None = None
+    _outage_since: float | None = None
+
+    @classmethod
+    def of(cls, config: StoreConfig) -> _Backoff:
+        fast = config.ha_reconnect_interval / 1000
+        return cls(shortest=min(config.ha_reconnect_min_interval / 1000, fast),
+                   fast_ceiling=fast, fast_period=config.ha_reconnect_fast_period / 1000,
+                   ceiling=max(config.ha_reconnect_max_interval / 1000, fast))
+
+    def attached(self) -> None:
+        """A session had frames from its master: the next outage starts fast again."""
+        self._wait = self._outage_since = None
+
+    def next_wait(self) -> float:
+        """The wait after a failed attempt, from now."""
+        now = trio.current_time()
+        if self._outage_since is None:
+            self._outage_since = now
+        if self._wait is None:
+            self._wait = self.shortest
+        else:
+            fast = now - self._outage_since < self.fast_period
+            self._wait = min(self._wait * 2, self.fast_ceiling if fast else self.ceiling)
+        return self._wait
 
 
 @attrs.define(eq=False)
