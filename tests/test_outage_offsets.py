@@ -1,0 +1,90 @@
+"""Issue 36, defect 6: offsets a group commits to the slave while the master is down reach the
+master when it returns, so the group is not handed the same messages again. The README tour's
+steps, with real processes: produce, consume part, kill the master, consume the rest from the
+slave, restart the master."""
+
+from __future__ import annotations
+
+import trio
+
+from conftest import wait_until
+from trio_ha.client import open_admin, open_producer, open_pull_consumer
+from trio_ha import Message
+from trio_ha.remoting import open_remoting_client
+from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port
+from trio_ha.wire.metadata import decode_consumer_offsets
+from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
+
+TOPIC = "Orders"
+GROUP = "billing"
+
+
+async def committed(address: str) -> int:
+    """The sum of the group's committed offsets of TOPIC on ``address`` (its consumed count,
+    since it started at offset 0 of every queue)."""
+    async with open_remoting_client(address) as client:
+        reply = await client.invoke(
+            RemotingCommand.request(RequestCode.GET_ALL_CONSUMER_OFFSET), 5)
+    assert reply.code == ResponseCode.SUCCESS, reply.remark
+    table = decode_consumer_offsets(reply.body).offset_table
+    return sum(table.get(f"{TOPIC}@{GROUP}", {}).values())
+
+
+async def consume(namesrv: str, count: int | None, idle: float) -> int:
+    """Read with the group until ``count`` messages (or ``idle`` seconds without one); the
+    stream commits the offsets when its block ends. Returns how many arrived."""
+    received = 0
+    async with open_pull_consumer(namesrv, GROUP) as consumer:
+        async with consumer.messages(TOPIC, from_where="first", suspend_timeout=1) as stream:
+            while count is None or received < count:
+                with trio.move_on_after(idle):
+                    await stream.__anext__()
+                    received += 1
+                    continue
+                break
+    return received
+
+
+async def test_offsets_committed_during_an_outage_reach_the_returning_master_as_rocketmq_does_not(
+        tmp_path):
+    config = ClusterConfig(
+        data_dir=tmp_path, master_role="SYNC_MASTER", master_port=free_broker_port(),
+        slave_ports=(free_broker_port(),),
+        properties={"slaveSyncInterval": 500, "haReconnectInterval": 200,
+                    "vipChannelEnable": "false"})
+    with ProcessCluster.start(config) as cluster, trio.fail_after(120):
+        namesrv, master, slave = cluster.namesrv_addr, cluster.master.addr, cluster.slave.addr
+        async with open_admin(namesrv) as admin:
+            await admin.create_topic(TOPIC, 4)
+        async with open_producer(namesrv, "tour-producer") as producer:
+            for i in range(1000):
+                await producer.send(Message(TOPIC, f"order #{i}".encode(), keys="order-1"))
+
+        assert await consume(namesrv, 400, idle=10) == 400
+        assert await committed(master) == 400
+
+        async def slave_copied() -> bool:
+            return await committed(slave) == 400
+
+        await wait_until(slave_copied, "the slave to copy the group's offsets", timeout=20,
+                         interval=0.2)
+
+        # The master dies; the other 600 are read from the slave, which takes the commits.
+        cluster.master.kill()
+        assert await consume(namesrv, 600, idle=10) == 600
+        assert await committed(slave) == 1000
+
+        # The master comes back with the 400 it had; the slave attaches and syncs.
+        cluster.restart(cluster.master)
+
+        async def lag() -> int:
+            async with open_admin(namesrv) as admin:
+                return (await admin.consume_stats(GROUP, TOPIC)).lag
+
+        async def caught_up() -> bool:
+            return await committed(master) == 1000 and await lag() == 0
+
+        await wait_until(caught_up, "the master to learn the offsets committed to the slave",
+                         timeout=30, interval=0.3)
+        assert await committed(slave) == 1000
+        assert await consume(namesrv, None, idle=3) == 0  # nothing is delivered twice
