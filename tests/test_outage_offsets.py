@@ -8,11 +8,12 @@ from __future__ import annotations
 import trio
 
 from conftest import wait_until
-from trio_ha.client import open_admin, open_producer, open_pull_consumer
 from trio_ha import Message
+from trio_ha.broker.metadata import ConsumerOffsetManager
+from trio_ha.client import open_admin, open_producer, open_pull_consumer
 from trio_ha.remoting import open_remoting_client
 from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port
-from trio_ha.wire.metadata import decode_consumer_offsets
+from trio_ha.wire.metadata import ConsumerOffsetTable, decode_consumer_offsets
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 
 TOPIC = "Orders"
@@ -88,3 +89,56 @@ async def test_offsets_committed_during_an_outage_reach_the_returning_master_as_
                          timeout=30, interval=0.3)
         assert await committed(slave) == 1000
         assert await consume(namesrv, None, idle=3) == 0  # nothing is delivered twice
+
+
+# ---- the rules of the handover, on the offset table alone -------------------------------------
+
+
+def slave_table(tmp_path, master: dict[str, dict[int, int]]) -> ConsumerOffsetManager:
+    """A slave's offset table that copied ``master``'s."""
+    offsets = ConsumerOffsetManager.load(tmp_path)
+    offsets.merge_from_master(ConsumerOffsetTable(master))
+    return offsets
+
+
+def test_only_offsets_committed_on_the_slave_and_ahead_of_the_master_are_handed_over(tmp_path):
+    offsets = slave_table(tmp_path, {"t@g": {0: 400, 1: 400, 2: 400}})
+    offsets.commit_on_slave("g", "t", 0, 1000)  # ahead: handed over
+    offsets.commit_on_slave("g", "t", 1, 300)   # behind the master: it wins, nothing sent
+    offsets.commit_on_slave("g", "new", 0, 7)   # the master has none
+    returned = ConsumerOffsetTable({"t@g": {0: 400, 1: 400, 2: 400}})
+    assert sorted(offsets.handover(returned)) == [("new@g", 0, 7), ("t@g", 0, 1000)]
+    assert offsets.waiting_for_master == 2
+    offsets.handed_over("t@g", 0, 1000)
+    offsets.handed_over("new@g", 0, 7)
+    assert offsets.waiting_for_master == 0
+    assert offsets.handover(returned) == []
+
+
+def test_a_reset_on_the_master_is_not_undone_by_the_slaves_copies(tmp_path):
+    """An operator moved the group back on the master; the slave still holds the copied
+    offsets from before (its merge never moves back), but copies are never handed over."""
+    offsets = slave_table(tmp_path, {"t@g": {0: 900}})
+    assert offsets.handover(ConsumerOffsetTable({"t@g": {0: 100}})) == []
+
+
+def test_a_handed_over_offset_is_capped_at_the_queues_end(tmp_path):
+    offsets = slave_table(tmp_path, {"t@g": {0: 10}})
+    offsets.commit_on_slave("g", "t", 0, 5000)  # a consumer's commit past the queue's end
+    ends = {("t", 0): 250}
+    assert offsets.handover(ConsumerOffsetTable({"t@g": {0: 10}}),
+                            lambda topic, queue: ends[topic, queue]) == [("t@g", 0, 250)]
+    # the master took 250, which is the end: nothing more to send
+    assert offsets.handover(ConsumerOffsetTable({"t@g": {0: 250}}),
+                            lambda topic, queue: ends[topic, queue]) == []
+
+
+def test_a_commit_after_the_handover_was_sent_is_still_handed_over(tmp_path):
+    offsets = slave_table(tmp_path, {})
+    offsets.commit_on_slave("g", "t", 0, 50)
+    assert offsets.handover(ConsumerOffsetTable({})) == [("t@g", 0, 50)]
+    offsets.commit_on_slave("g", "t", 0, 60)  # while the request to the master was out
+    offsets.handed_over("t@g", 0, 50)
+    assert offsets.handover(ConsumerOffsetTable({"t@g": {0: 50}})) == [("t@g", 0, 60)]
+    offsets.remove_group("g")
+    assert offsets.waiting_for_master == 0

@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 FIRST_SYNC_DELAY = 3.0
 #: each GET_ALL_* call (BrokerOuterAPI: 3000 ms)
 SYNC_REQUEST_TIMEOUT = 3.0
+#: offsets handed over to the master in one round, one request each: a round stays seconds
+#: long even when clients filled the table with commits to the slave; the rest go next round
+MAX_HANDOVER_PER_ROUND = 10_000
 
 
 @attrs.frozen
@@ -138,7 +141,7 @@ async def hand_over_offsets(pool: RemotingClientPool, master: str, metadata: Bro
     is gone there), is not sent again; one whose request fails is tried at the next round.
     Logs one line for the lot. None when there was nothing to hand over."""
     offsets = metadata.offsets
-    pending = offsets.handover(masters, queue_max)
+    pending = offsets.handover(masters, queue_max)[:MAX_HANDOVER_PER_ROUND]
     if not pending:
         return None
     at = time.time()
