@@ -10,10 +10,11 @@ import trio
 from conftest import wait_until
 from trio_ha import Message
 from trio_ha.broker.metadata import ConsumerOffsetManager
+from trio_ha.chaos import hostile
 from trio_ha.client import open_admin, open_producer, open_pull_consumer
 from trio_ha.remoting import open_remoting_client
 from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port
-from trio_ha.wire.metadata import ConsumerOffsetTable, decode_consumer_offsets
+from trio_ha.wire.metadata import ConsumerOffsetTable, decode_consumer_offsets, decode_topics_json
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 
 TOPIC = "Orders"
@@ -89,6 +90,34 @@ async def test_offsets_committed_during_an_outage_reach_the_returning_master_as_
                          timeout=30, interval=0.3)
         assert await committed(slave) == 1000
         assert await consume(namesrv, None, idle=3) == 0  # nothing is delivered twice
+
+
+async def test_an_offset_committed_to_the_slave_past_the_queues_end_reaches_the_master_capped(
+        tmp_path):
+    """The hostile suite's attack: a consumer's commit far past the end of a queue, made to
+    the slave, is handed to the master no further than the queue's end."""
+    config = ClusterConfig(data_dir=tmp_path, master_role="SYNC_MASTER",
+                           properties={"slaveSyncInterval": 300, "vipChannelEnable": "false"})
+    with ProcessCluster.start(config) as cluster, trio.fail_after(60):
+        master, slave = cluster.master.addr, cluster.slave.addr
+        async with open_admin(cluster.namesrv_addr) as admin:
+            await admin.create_topic("Capped", 1)
+        async with open_producer(cluster.namesrv_addr, "capped-producer") as producer:
+            for i in range(5):
+                await producer.send(Message("Capped", f"m{i}".encode()))
+
+        async def slave_has_the_topic() -> bool:
+            async with open_remoting_client(slave) as client:
+                reply = await client.invoke(
+                    RemotingCommand.request(RequestCode.GET_ALL_TOPIC_CONFIG), 5)
+            return "Capped" in decode_topics_json(reply.body).topic_config_table
+
+        await wait_until(slave_has_the_topic, "the slave to copy the topic", timeout=20,
+                         interval=0.2)
+        outcome = await hostile.offset_past_the_end_through_the_slave(slave, master, "Capped",
+                                                                      seconds=20)
+        assert outcome.answers == {"UPDATE_AND_CREATE_SUBSCRIPTIONGROUP:SUCCESS": 1,
+                                   "UPDATE_CONSUMER_OFFSET:SUCCESS": 1, "master:capped": 1}
 
 
 # ---- the rules of the handover, on the offset table alone -------------------------------------
