@@ -9,11 +9,12 @@ import trio
 
 from conftest import wait_until
 from trio_ha import Message
-from trio_ha.broker.metadata import ConsumerOffsetManager
+from trio_ha.broker.metadata import BrokerMetadata, ConsumerOffsetManager
+from trio_ha.broker.slave_sync import hand_over_offsets
 from trio_ha.chaos import hostile
 from trio_ha.client import open_admin, open_producer, open_pull_consumer
-from trio_ha.remoting import open_remoting_client
-from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port
+from trio_ha.remoting import RemotingClientPool, open_remoting_client
+from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port, serve_cluster
 from trio_ha.wire.metadata import ConsumerOffsetTable, decode_consumer_offsets, decode_topics_json
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 
@@ -30,6 +31,13 @@ async def committed(address: str) -> int:
     assert reply.code == ResponseCode.SUCCESS, reply.remark
     table = decode_consumer_offsets(reply.body).offset_table
     return sum(table.get(f"{TOPIC}@{GROUP}", {}).values())
+
+
+async def committed_of(address: str, key: str) -> dict[int, int]:
+    async with open_remoting_client(address) as client:
+        reply = await client.invoke(
+            RemotingCommand.request(RequestCode.GET_ALL_CONSUMER_OFFSET), 5)
+    return dict(decode_consumer_offsets(reply.body).offset_table.get(key, {}))
 
 
 async def consume(namesrv: str, count: int | None, idle: float) -> int:
@@ -118,6 +126,30 @@ async def test_an_offset_committed_to_the_slave_past_the_queues_end_reaches_the_
                                                                       seconds=20)
         assert outcome.answers == {"UPDATE_AND_CREATE_SUBSCRIPTIONGROUP:SUCCESS": 1,
                                    "UPDATE_CONSUMER_OFFSET:SUCCESS": 1, "master:capped": 1}
+
+
+async def test_an_offset_past_the_masters_shorter_queue_is_handed_over_at_its_end(
+        nursery, tmp_path):
+    """A master that lost its log's tail has a shorter queue than the slave the group read
+    from: the master is moved to its own end, and the slave stops handing that offset over."""
+    addresses = await nursery.start(serve_cluster, ClusterConfig(
+        data_dir=tmp_path / "cluster", master_role="ASYNC_MASTER", slaves=0))
+    async with open_admin(addresses.namesrv_addr) as admin:
+        await admin.create_topic("Short", 1)
+    async with open_producer(addresses.namesrv_addr, "short-producer") as producer:
+        for i in range(3):
+            await producer.send(Message("Short", f"m{i}".encode()))
+    master = addresses.master.broker_addr
+    metadata = BrokerMetadata.load(tmp_path / "slave-config")
+    metadata.offsets.commit_on_slave("g", "Short", 0, 1000)  # read here, past the master's 3
+    async with trio.open_nursery() as pool_tasks:
+        pool = RemotingClientPool(pool_tasks)
+        outcome = await hand_over_offsets(pool, master, metadata, ConsumerOffsetTable({}))
+        await pool.aclose()
+    assert outcome is not None and outcome.ok, outcome
+    assert "1 capped" in outcome.detail
+    assert await committed_of(master, "Short@g") == {0: 3}
+    assert metadata.offsets.waiting_for_master == 0
 
 
 # ---- the rules of the handover, on the offset table alone -------------------------------------

@@ -137,23 +137,39 @@ async def hand_over_offsets(pool: RemotingClientPool, master: str, metadata: Bro
                             queue_max: Callable[[str, int], int] | None = None,
                             ) -> SyncOutcome | None:
     """Send ``master`` each offset committed on this slave that is ahead of its table
-    ``masters`` (UPDATE_CONSUMER_OFFSET). One the master takes, or refuses (its topic or group
-    is gone there), is not sent again; one whose request fails is tried at the next round.
-    Logs one line for the lot. None when there was nothing to hand over."""
+    ``masters`` (UPDATE_CONSUMER_OFFSET), capped at the master's end of the queue too (a
+    master that lost its log's tail in a crash has a shorter queue than this slave). One the
+    master takes, or refuses (its topic or group is gone there), is not sent again; one whose
+    request fails is tried at the next round. Logs one line for the lot. None when there was
+    nothing to hand over."""
     offsets = metadata.offsets
     pending = offsets.handover(masters, queue_max)[:MAX_HANDOVER_PER_ROUND]
     if not pending:
         return None
     at = time.time()
-    taken, refused, failed = 0, [], None
+    taken, capped, refused, failed = 0, 0, [], None
     for key, queue_id, offset in pending:
         topic, group = split_offset_key(key)
-        request = RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
-            "consumerGroup": group, "topic": topic, "queueId": queue_id,
-            "commitOffset": offset})
         try:
-            response = await pool.invoke(master, request, SYNC_REQUEST_TIMEOUT)
-        except RemotingError as exc:
+            end = await pool.invoke(master, RemotingCommand.request(
+                RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": queue_id}),
+                SYNC_REQUEST_TIMEOUT)
+            if end.code == ResponseCode.SUCCESS:
+                their_end = int(end.ext_fields.get("offset", offset))
+                if their_end < offset:
+                    # the master has fewer messages than the consumer read here: its end is
+                    # the furthest it can be moved, and that will not change by waiting
+                    capped += 1
+                    offset = their_end
+                    offsets.forget_for_master(key, queue_id)
+            held = masters.offset_table.get(key, {}).get(queue_id)
+            if held is not None and held >= offset:
+                continue
+            response = await pool.invoke(master, RemotingCommand.request(
+                RequestCode.UPDATE_CONSUMER_OFFSET, {
+                    "consumerGroup": group, "topic": topic, "queueId": queue_id,
+                    "commitOffset": offset}), SYNC_REQUEST_TIMEOUT)
+        except (RemotingError, ValueError) as exc:
             failed = str(exc)  # the master went again: the rest wait for the next round
             break
         offsets.handed_over(key, queue_id, offset)
@@ -162,6 +178,8 @@ async def hand_over_offsets(pool: RemotingClientPool, master: str, metadata: Bro
         else:
             refused.append(f"{key}/{queue_id}: {response.remark or response.code}")
     detail = f"{taken} of {len(pending)} taken"
+    if capped:
+        detail += f", {capped} capped at the master's shorter queue"
     if refused:
         detail += f"; {len(refused)} refused (first: {refused[0]})"
     if failed is not None:

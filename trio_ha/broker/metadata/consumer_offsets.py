@@ -181,6 +181,14 @@ class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
         if not queues:
             del self._for_master[key]
 
+    def forget_for_master(self, key: str, queue_id: int) -> None:
+        """Stop handing the queue's offset over, whatever it is (the master cannot take it)."""
+        queues = self._for_master.get(key)
+        if queues is not None:
+            queues.pop(queue_id, None)
+            if not queues:
+                del self._for_master[key]
+
     @property
     def waiting_for_master(self) -> int:
         """Queue offsets committed here that the master is not yet known to hold."""
