@@ -44,7 +44,7 @@ EVERY_ATTACK = {
     "connection flood", "HA connection flood", "invalid input", "metadata flood",
     "HA report flood", "rogue HA slave", "rogue HA master", "leave with requests unsent",
     "metrics crowd", "broker name takeover", "lock hoarding", "group flood",
-    "signature replayed", "HA slot squatters",
+    "signature replayed", "HA slot squatters", "offset past the end through the slave",
 }
 
 
@@ -86,6 +86,10 @@ def test_a_short_seeded_run_passes_and_its_report_adds_up(tmp_path):
     # 16 squatters and the real slave want 16 HA slots: squatters make way (issue 35)
     assert by_name["HA slot squatters"][0]["closed_by_node"] >= 1
     assert report["victim_state"] == "refused"
+    # issue 36: what the slave hands its master stops at the queue's end (within a short run
+    # the slave may not have synced yet: "not yet")
+    for handed in by_name["offset past the end through the slave"]:
+        assert "master:past the end" not in handed["answers"]
     for takeover in by_name["broker name takeover"]:  # issue 35: the routes held
         assert "taken over" not in takeover["answers"] and "SUCCESS" not in takeover["answers"]
     # The fuzzer reached every port, and the nodes answered some of it.

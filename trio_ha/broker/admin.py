@@ -265,8 +265,11 @@ def update_consumer_offset(
                               f"queueNums:[{queues}]")
     if offset < 0:
         return error(request, f"commitOffset[{offset}] is illegal, it must not be negative")
+    # On a slave, kept apart too: the slave hands it to its master when it is there again.
+    commit = (broker.metadata.offsets.commit_on_slave if broker.is_slave
+              else broker.metadata.offsets.commit)
     try:
-        broker.metadata.offsets.commit(group, topic, queue_id, offset)
+        commit(group, topic, queue_id, offset)
     except MetadataRequestError as exc:
         return error(request, str(exc))
     return ok(request)

@@ -201,7 +201,8 @@ class Broker:
     slave_sync: SlaveSync | None = attrs.field(
         default=attrs.Factory(
             lambda self: SlaveSync(self.registration, self.metadata,
-                                   self.config.slave_sync_interval / 1000)
+                                   self.config.slave_sync_interval / 1000,
+                                   self.store.max_queue_offset)
             if self.config.role is BrokerRole.SLAVE else None,
             takes_self=True,
         )

@@ -47,6 +47,7 @@ import trio
 from ..remoting import RemotingClient, RemotingError, open_remoting_client
 from ..wire.errors import RemotingDecodeError
 from ..wire.ha import FRAME_HEADER, REPORT
+from ..wire.metadata import decode_consumer_offsets, offset_key
 from ..wire.permission import Permission
 from ..wire.record import parse_host_port
 from ..wire.remoting import (
@@ -1339,4 +1340,53 @@ async def ha_slot_squatters(ha_address: str, *, peers: int = 16, seconds: float 
         async with trio.open_nursery() as nursery:
             for _ in range(peers):
                 nursery.start_soon(squatter)
+    return tally.outcome()
+
+
+# ---- offsets committed to a slave, handed to its master (issue 36) ----------------------------
+
+__all__ += ["offset_past_the_end_through_the_slave"]
+
+#: an offset no queue reaches
+_FAR_PAST_THE_END = 1 << 62
+
+
+async def offset_past_the_end_through_the_slave(
+        slave: str, master: str, topic: str, *, queue: int = 0, group: str | None = None,
+        seconds: float = 15.0) -> AttackOutcome:
+    """A consumer commits an offset far past the queue's end to a slave (UPDATE_CONSUMER_OFFSET);
+    the slave hands offsets committed to it to its master at its next sync, and the master must
+    end up holding at most the queue's end. ``group`` (default: a new one each time, made on
+    the master first) must have no offset of ``topic`` on the master. ``answers``: the
+    group's creation and the commit as ``<request>:<code>``, then ``master:capped`` (the
+    master's offset is at most its max offset), ``master:past the end``, or ``master:not yet``
+    when ``seconds`` passed first (the slave syncs every slaveSyncInterval)."""
+    tally = _Tally("offset past the end through the slave", slave)
+    group = group or f"chaos_past_end_{random.randrange(1 << 30)}"
+    key = offset_key(topic, group)
+    everything = RemotingCommand.request(RequestCode.GET_ALL_CONSUMER_OFFSET)
+    end = RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": queue})
+    verdict = "master:not yet"
+    with trio.move_on_after(seconds):
+        async with open_remoting_client(master) as operator, \
+                open_remoting_client(slave) as consumer:
+            tally.connections += 2
+            reply = await operator.invoke(subscription_group_request(group), 10)
+            tally.answers[f"UPDATE_AND_CREATE_SUBSCRIPTIONGROUP:{code_name(reply.code)}"] += 1
+            reply = await consumer.invoke(commit_request(group, topic, queue, _FAR_PAST_THE_END),
+                                          10)
+            tally.frames_sent += 2
+            tally.answers[f"UPDATE_CONSUMER_OFFSET:{code_name(reply.code)}"] += 1
+            for _ in range(100_000):  # bounded: the deadline ends it first
+                table, top = await operator.invoke(everything, 10), await operator.invoke(end, 10)
+                tally.frames_sent += 2
+                if table.code == ResponseCode.SUCCESS and top.code == ResponseCode.SUCCESS:
+                    offset = decode_consumer_offsets(table.body).offset_table.get(
+                        key, {}).get(queue)
+                    if offset is not None:
+                        capped = offset <= int(top.ext_fields["offset"])
+                        verdict = "master:capped" if capped else "master:past the end"
+                        break
+                await trio.sleep(0.2)
+    tally.answers[verdict] += 1
     return tally.outcome()

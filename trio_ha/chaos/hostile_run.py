@@ -546,6 +546,8 @@ class _Run:
                 Credentials("chaosAdmin", "chaosSecret")), RequestCode.DELETE_TOPIC_IN_BROKER,
                 seconds=left(5)),
             lambda: hostile.ha_slot_squatters(a.master_ha, seconds=left(10)),
+            lambda: hostile.offset_past_the_end_through_the_slave(
+                a.slave_broker, a.broker, IDLE_TOPIC, seconds=left(15)),
         ]
         share = max(0.1, self.plan.seconds / len(attacks))
         for _ in range(100):  # bounded: the deadline ends it long before

@@ -7,6 +7,13 @@ table, merging **monotonically** per queue, so a master that restarted with olde
 cannot drag the slave's newer ones back (RocketMQ issue #1094, where ``putAll`` did exactly
 that and consumers saw duplicates).
 
+While the master is down, consumers commit to the slave instead. Those commits are remembered
+apart (``commit_on_slave``) until the master holds them or something newer: the slave's sync
+hands each one that is still ahead of the master's offset over to it (``handover``), so that a
+returning master does not give the group the same messages again. Only these are handed over,
+never offsets the slave merely copied from the master: an operator's reset on the master moves
+its offsets back on purpose, and copies of the old ones must not undo it.
+
 Every client may commit, so the table has a cap (``maxConsumerOffsetNums``, queue offsets in
 all, which RocketMQ lacks): a commit that would add an offset beyond it is refused, while the
 offsets already held keep moving. What a commit may name at all — a topic and a group the
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import ClassVar
 
 import attrs
@@ -81,6 +89,11 @@ class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
     #: queue offsets in the table, kept as it changes (a commit must not count them all)
     _count: int = attrs.field(init=False)
     _full_logged: bool = attrs.field(default=False, init=False)
+    #: offsets consumers committed here while this broker was a slave, not yet known to be held
+    #: by the master: ``<topic>@<group>`` -> queue id -> offset. In memory only (a slave that
+    #: restarts before its master returns keeps the offsets, but no longer hands them over).
+    #: Each is also in the table, so the table's cap bounds it.
+    _for_master: dict[str, dict[int, int]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._count = sum(len(queues) for queues in self._table.values())
@@ -129,6 +142,58 @@ class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
             queues[queue_id] = offset
             self._dirty = True
 
+    def commit_on_slave(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """A consumer's commit to a slave (its master is away, or the consumer thinks so):
+        taken as ``commit`` takes it, and kept for the master (see ``handover``). Raises as
+        ``commit``."""
+        self.commit(group, topic, queue_id, offset)
+        self._for_master.setdefault(offset_key(topic, group), {})[queue_id] = offset
+
+    def handover(self, master: ConsumerOffsetTable,
+                 queue_max: Callable[[str, int], int] | None = None) -> list[tuple[str, int, int]]:
+        """The offsets committed on this slave that ``master`` (its table, just fetched) lacks
+        or holds older: ``(<topic>@<group>, queue id, offset)`` to send it. Each is capped at
+        ``queue_max(topic, queue id)`` (this slave's queue end; its log is a prefix of the
+        master's), so nothing is handed over past what the queue holds. The ones the master
+        already holds, or passed, are forgotten here."""
+        out = []
+        for key, queues in list(self._for_master.items()):
+            held = master.offset_table.get(key, {})
+            for queue_id, offset in list(queues.items()):
+                if queue_max is not None:
+                    offset = min(offset, queue_max(split_offset_key(key)[0], queue_id))
+                theirs = held.get(queue_id)
+                if theirs is not None and theirs >= offset:
+                    del queues[queue_id]
+                else:
+                    out.append((key, queue_id, offset))
+            if not queues:
+                del self._for_master[key]
+        return out
+
+    def handed_over(self, key: str, queue_id: int, offset: int) -> None:
+        """The master took ``offset`` for the queue (or refused it for good): stop handing it
+        over, unless a consumer committed again here in the meantime."""
+        queues = self._for_master.get(key)
+        if queues is None or queue_id not in queues or queues[queue_id] > offset:
+            return
+        del queues[queue_id]
+        if not queues:
+            del self._for_master[key]
+
+    def forget_for_master(self, key: str, queue_id: int) -> None:
+        """Stop handing the queue's offset over, whatever it is (the master cannot take it)."""
+        queues = self._for_master.get(key)
+        if queues is not None:
+            queues.pop(queue_id, None)
+            if not queues:
+                del self._for_master[key]
+
+    @property
+    def waiting_for_master(self) -> int:
+        """Queue offsets committed here that the master is not yet known to hold."""
+        return sum(len(queues) for queues in self._for_master.values())
+
     def _check_room(self, key: str) -> None:
         full = self._count >= self.max_offsets
         if full and not self._full_logged:
@@ -166,6 +231,7 @@ class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
         keys = [key for key in self._table if _group_of(key) == group]
         for key in keys:
             self._count -= len(self._table.pop(key))
+            self._for_master.pop(key, None)
         if keys:
             self._dirty = True
         return len(keys)
@@ -176,6 +242,7 @@ class ConsumerOffsetManager(ConfigFile[ConsumerOffsetTable]):
         keys = [key for key in self._table if _topic_of(key) == topic]
         for key in keys:
             self._count -= len(self._table.pop(key))
+            self._for_master.pop(key, None)
         if keys:
             self._dirty = True
         return len(keys)
