@@ -286,7 +286,7 @@ def test_point_3_our_slave_replicates_from_a_real_sync_master(peer_name, request
     broker_name = "peer-a"
     namesrv = peer.start_namesrv(tmp_path / "their_ns", namesrv_port)
     slaves: list[NodeProcess] = []
-    master = None
+    master = load = None
     try:
         master = peer.start_broker(tmp_path / "their_master", {
             "brokerClusterName": "PeerCluster", "brokerName": broker_name, "brokerId": 0,
@@ -396,6 +396,8 @@ def test_point_3_our_slave_replicates_from_a_real_sync_master(peer_name, request
         for slave in slaves:
             slave.check()
     finally:
+        if load is not None and load.poll() is None:
+            load.kill()  # a check failed while it ran: it must not outlive the test
         for slave in slaves:
             slave.stop()
         if master is not None:
