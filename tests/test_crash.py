@@ -827,6 +827,43 @@ async def test_abnormal_recovery_rebuilds_a_torn_consume_queue_tail(tmp_path):
         await verify_store(store, {w.ack.key: w.ack for w in written}, context="torn CQ")
 
 
+@pytest.mark.parametrize("which", ["last", "earlier"])
+async def test_abnormal_recovery_rewrites_an_entry_torn_after_its_size_as_rocketmq_does_not(
+    tmp_path, which
+):
+    """A SIGKILL in the middle of copying a consume-queue entry into its mapping can leave its
+    commitlog offset and size in place and its tags code still zero (the failure seen once in
+    test_sigkill_during_sync_flush_puts_loses_no_acknowledged_message: entry (12703450, 1827,
+    0) for a record with tags). Recovery judges entries by offset and size alone and then
+    skipped the record as a repeat, so the queue kept tags code 0 and a consumer's tag filter
+    dropped the message. The abnormal re-dispatch must rewrite the entry from its record —
+    the last entry of a queue (a single put's copy) or one before it (a run's copy, which may
+    store its first bytes last)."""
+    config = torn_config(tmp_path)
+    written = await write_torn_store(config, 40)
+    queue_id = 0 if which == "last" else 1
+    ours = [w for w in written if w.ack.queue_id == queue_id]
+    torn = ours[-1] if which == "last" else ours[len(ours) // 2]
+    entries_per_file = config.mapped_file_size_consume_queue // 20
+    queue_offset = torn.ack.queue_offset
+    path = (Path(config.store_path_root_dir) / "consumequeue" / TORN_TOPIC / str(queue_id)
+            / f"{queue_offset // entries_per_file * config.mapped_file_size_consume_queue:020d}")
+    at = queue_offset % entries_per_file * 20
+    offset, size, tags = struct.unpack(">qiq", read_at(path, at, 20))
+    assert (offset, size) == (torn.ack.offset, torn.size) and tags != 0
+    patch(path, at + 12, bytes(8))  # offset and size stored, the tags code not yet
+    (Path(config.store_path_root_dir) / "abort").touch()
+    async with open_store(config) as store:
+        report = recovery_of(store)
+        assert report.abnormal
+        await verify_store(store, {w.ack.key: w.ack for w in written},
+                           context=f"{which} entry's tags code torn")
+        assert [note.split(":")[0] for note in report.mended_queues] == [
+            f"{TORN_TOPIC}/{queue_id}"
+        ], report
+    assert struct.unpack(">qiq", read_at(path, at, 20)) == (offset, size, tags)
+
+
 async def test_normal_recovery_rebuilds_a_consume_queue_that_lost_its_tail_unlike_rocketmq(tmp_path):
     config = torn_config(tmp_path)
     written = await write_torn_store(config, 40)  # queue 1 holds the very last record

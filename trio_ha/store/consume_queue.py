@@ -74,6 +74,10 @@ class ConsumeQueue:
     #: store timestamp of the oldest record whose entry may not be on disk yet (0: every
     #: entry is); the checkpoint's logicsMsgTimestamp stays below it
     unflushed_since: int = 0
+    #: entries crash recovery found differing from their records and rewrote (``mend_run``),
+    #: and what the first of them was, for recovery's one line about this queue
+    mended: int = 0
+    first_mended: str = ""
 
     @classmethod
     def open(cls, root: str, topic: str, queue_id: int, file_size: int) -> ConsumeQueue:
@@ -195,6 +199,52 @@ class ConsumeQueue:
             segment.wrote_position = at + n
         self.max_physical_offset = last_end
         self.arrivals.raise_to(self.max_offset)
+
+    def mend_run(self, entries, first_queue_offset: int) -> int:
+        """Crash recovery's re-dispatch: rewrite the entries of a run that the queue already
+        holds but that differ from ``entries`` (what the records say). Returns how many.
+
+        Repeats are otherwise skipped by commitlog offset, unread. But an entry is copied
+        into the mapping by plain stores, and a SIGKILL between two of them leaves its first
+        bytes (commitlog offset and size, which is all ``recover`` can judge an entry by)
+        with the rest still zero: the tags code reads 0 and a consumer's tag filter drops
+        the message. Every record carries its queue offset, so the record decides what its
+        slot must hold, as in a rebuild; only slots already written are looked at (the rest
+        is ``put_run``'s)."""
+        start = first_queue_offset * CQ_ENTRY_SIZE
+        end = min(start + len(entries), self.files.max_offset)
+        position = max(start, self.files.min_offset)
+        mended = 0
+        while position < end:
+            segment = self.files.find(position)
+            if segment is None:
+                break
+            at = position - segment.base_offset
+            n = min(end - position, segment.wrote_position - at)
+            if n <= 0:
+                break
+            wanted = bytes(entries[position - start : position - start + n])
+            held = segment.read(at, n)
+            if held != wanted:
+                for i in range(0, n, CQ_ENTRY_SIZE):
+                    entry = wanted[i : i + CQ_ENTRY_SIZE]
+                    if held[i : i + CQ_ENTRY_SIZE] == entry:
+                        continue
+                    if not self.first_mended:
+                        self.first_mended = (
+                            f"queue offset {(position + i) // CQ_ENTRY_SIZE} held "
+                            f"{CQ_ENTRY.unpack(held[i : i + CQ_ENTRY_SIZE])}, its record says "
+                            f"{CQ_ENTRY.unpack(entry)}"
+                        )
+                    segment.write(at + i, entry)
+                    segment.flushed_position = min(segment.flushed_position, at + i)
+                    mended += 1
+            position += n
+        if mended:
+            self.mended += mended
+            # the newest entry may have been one of them (a torn size or offset)
+            self.max_physical_offset = self._last_real_physical_end()
+        return mended
 
     def _disagrees(self, reason: str) -> None:
         if self.disagreement is None:

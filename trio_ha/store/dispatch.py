@@ -99,9 +99,10 @@ class Dispatcher:
         return topic
 
     def index(self, segment: Segment, result: ScanResult,
-              only: Set[tuple[str, int]] | None = None) -> None:
+              only: Set[tuple[str, int]] | None = None, *, mend: bool = False) -> None:
         """Write the consume-queue entries of the records a scan found in ``segment`` (with
-        ``only``, of those queues alone: a rebuild).
+        ``only``, of those queues alone: a rebuild; with ``mend``, entries already there are
+        compared with the records and rewritten where they differ: crash recovery).
 
         The engine groups the records into runs bound for one queue with consecutive queue
         offsets, other queues' records possibly between them, and lays out each run's 20-byte
@@ -131,6 +132,8 @@ class Dispatcher:
             if topic == SCHEDULE_TOPIC:
                 run = self._with_due_times(segment, infos, order[entry : entry + count], run)
             queue = queues.find_or_create(topic, info.queue_id)
+            if mend:
+                queue.mend_run(run, info.queue_offset)
             if not queue.unflushed_since:
                 queue.unflushed_since = info.store_timestamp
             queue.put_run(

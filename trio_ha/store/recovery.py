@@ -12,8 +12,11 @@ At open, every segment's positions say "full"; recovery establishes the truth
   zeroed (RocketMQ leaves the bytes, so an old record that lines up after a later crash could
   come back), consume-queue entries pointing at or past it dropped;
 * after a crash every valid record scanned is re-dispatched (consume-queue writes are
-  idempotent); after a clean stop the dispatcher resumes from the queues' end, or from the
-  start of the last segment if that is earlier, so a queue that lost its tail is rebuilt.
+  idempotent), and an entry already in its queue that differs from what its record says is
+  rewritten: a kill in the middle of copying an entry can leave its offset and size with a
+  zero tags code, which the queues' own check cannot tell from a whole entry; after a clean
+  stop the dispatcher resumes from the queues' end, or from the start of the last segment if
+  that is earlier, so a queue that lost its tail is rebuilt.
 
 Nothing after the first invalid record is ever served, even if later bytes look valid.
 """
@@ -51,6 +54,9 @@ class RecoveryReport:
     #: damaged commitlog ranges replaced by filler because intact records followed them
     #: ("[start, end): what was found")
     holes: tuple[str, ...] = ()
+    #: consume queues ("topic/queueId: ...") whose entries differed from the records they
+    #: index (torn by the crash) and were rewritten from them
+    mended_queues: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line for the log: how the last stop was, what was verified, what was mended."""
@@ -62,6 +68,9 @@ class RecoveryReport:
                     ", ".join(self.rebuilt_queues)
         if self.holes:
             text += f"; {len(self.holes)} damaged ranges filled: " + ", ".join(self.holes)
+        if self.mended_queues:
+            text += f"; mended {len(self.mended_queues)} consume queues: " + \
+                    ", ".join(self.mended_queues)
         return text
 
 
@@ -134,7 +143,7 @@ def recover(
             if result.count:
                 last_timestamp = result.infos[result.count - 1].store_timestamp
             if abnormal:
-                dispatcher.index(segment, result)
+                dispatcher.index(segment, result, mend=True)
             position = result.end
             if result.stop != _backend.STOP_FULL:
                 break
@@ -178,6 +187,15 @@ def recover(
                 continue
         break
 
+    mended = []
+    for queue in queues:
+        if queue.mended:
+            # Entries a kill tore mid-copy, rewritten by the re-dispatch (RocketMQ keeps them)
+            note = (f"{queue.topic}/{queue.queue_id}: {queue.mended} entries rewritten from "
+                    f"their records (the first: {queue.first_mended})")
+            log.warning("recovery: consume queue %s", note)
+            mended.append(note)
+            queue.mended, queue.first_mended = 0, ""
     if reason != "end of log":
         log.warning("recovery: commitlog ends at %d: %s; everything after it is discarded",
                     end, reason)
@@ -203,7 +221,8 @@ def recover(
     else:
         dispatcher.start_at(end)  # every valid record up to the end was indexed above
     return RecoveryReport(abnormal, start_offset, end, records, reason,
-                          holes=tuple(str(hole) for hole in holes))
+                          holes=tuple(str(hole) for hole in holes),
+                          mended_queues=tuple(mended))
 
 
 def check_queues(commitlog: CommitLog, queues: ConsumeQueueTable, max_record: int) -> None:
