@@ -262,9 +262,12 @@ def test_a_message_the_java_listener_always_fails_ends_in_the_dead_letter_topic(
     topic = unique("Poison_")
     [sent] = produce(rocketmq, tmp_path / "producer", namesrv, topic, 1)
     group = unique("gpoison")
+    # Long enough for a second rebalance (every 20 s): the client's first one can run before
+    # it has learnt the route of %RETRY%<group>, which the broker makes at its first
+    # heartbeat, and the retries are pulled only once a rebalance has given it that queue.
     out = rocketmq.run_program(tmp_path / "fail", CLIENT, "push", "--namesrv", namesrv,
                                "--topic", topic, "--group", group, "--expect", 1,
-                               "--max-seconds", 10, "--always-later", "--max-reconsume", 2)
+                               "--max-seconds", 35, "--always-later", "--max-reconsume", 2)
     later = [line for line in program_lines(out) if "later" in line]
     assert [line["reconsumeTimes"] for line in later] == [0, 1, 2]
     assert {line["later"] for line in later} == {sent["msgId"]}
