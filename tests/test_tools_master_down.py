@@ -4,6 +4,9 @@ processes: a name server, a SYNC_MASTER and its SLAVE (``ProcessCluster``) and t
 ``admin consumer-progress``, ``admin topic-status`` and ``status`` show the slave's figures,
 marked as the slave's; with the slave killed too, they say the figures are unknown, never 0.
 
+``message get`` by offsetMsgId and ``admin consumer-connection`` fall back to the slave the
+same way (a slave holds the master's commitlog byte for byte; consumers heartbeat slaves).
+
 Also, from defect 3, ``status`` never shows a lag (``lag 0 B``) beside ``DIVERGED``."""
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from trio_ha.wire.stats import ConsumeStats
 
 TOPIC = "MasterDownOrders"
 GROUP = "master_down_billing"
+#: a consumer group that stays connected through the outage (consumer-connection)
+WATCHERS = "master_down_watchers"
 SENT = 50
 CONSUMED = 20
 KEY = "order-7"
@@ -52,6 +57,18 @@ def slave_stats(slave_addr: str) -> ConsumeStats | None:
             reply = await client.invoke(RemotingCommand.request(
                 RequestCode.GET_CONSUME_STATS, {"consumerGroup": GROUP}), 5)
         return ConsumeStats.decode(reply.body) if reply.code == ResponseCode.SUCCESS else None
+
+    return trio.run(ask)
+
+
+def slave_connections(slave_addr: str) -> dict | None:
+    """What the slave itself says of the watchers (GET_CONSUMER_CONNECTION_LIST)."""
+
+    async def ask() -> dict | None:
+        async with open_remoting_client(slave_addr) as client:
+            reply = await client.invoke(RemotingCommand.request(
+                RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": WATCHERS}), 5)
+        return json.loads(reply.body) if reply.code == ResponseCode.SUCCESS else None
 
     return trio.run(ask)
 
@@ -108,6 +125,22 @@ def assert_from_the_slave(namesrv: str, slave_addr: str, lag: int) -> None:
     assert len(found) == SENT
 
 
+def assert_message_and_watchers_from_the_slave(namesrv: str, slave_addr: str,
+                                                message_id: str) -> None:
+    """``message get`` by offsetMsgId reads the slave's copy, saying so; consumer-connection
+    lists the connected watcher from the slave."""
+    done = ok("message", "get", "-n", namesrv, message_id, "--json")
+    [row] = json.loads(done.stdout)
+    assert (row["offsetMsgId"], row["keys"]) == (message_id, KEY), row
+    assert f"read from the slave {slave_addr} of broker-a" in done.stderr, done.stderr
+    body = ok_json("admin", "consumer-connection", "-n", namesrv, "-g", WATCHERS)
+    assert (body["source"], body["sourceAddress"]) == ("slave", slave_addr), body
+    assert len(body["connectionSet"]) == 1, body
+    table = " ".join(ok("admin", "consumer-connection", "-n", namesrv, "-g",
+                        WATCHERS).stdout.split())  # (a long title wraps)
+    assert f"from the slave {slave_addr} of broker-a" in table, table
+
+
 def assert_unknown(namesrv: str) -> None:
     """No broker of the group answers: the three commands say unknown, never 0 or none."""
     for args, words in ((("admin", "consumer-progress", "-g", GROUP), "lag of"),
@@ -145,31 +178,57 @@ def test_tools_fall_back_to_the_slave_while_the_master_is_down_and_never_say_no_
 
         lag = wait_for(slave_caught_up, "the slave to hold the messages and offsets").lag
         assert lag == SENT - CONSUMED
+        [stored] = ok_json("admin", "query-msg-by-key", "-n", namesrv, "-t", TOPIC, "-k", KEY,
+                           "--max", 1)
+        message_id = stored["offsetMsgId"]
+        assert ok_json("message", "get", "-n", namesrv, message_id)[0]["keys"] == KEY
 
-        # The master hangs: the name server still lists it, it does not answer.
-        with stopped(cluster.master):
-            rows = ok_json("admin", "consumer-progress", "-n", namesrv, "-g", GROUP)
-            assert sum(r["lag"] for r in rows) == lag
-            assert {(r["source"], r["sourceAddress"]) for r in rows} == {("slave", slave_addr)}
-            # ... and the slave too: the group is listed, and nobody answers for it.
-            with stopped(cluster.slave):
-                done = cli("admin", "consumer-progress", "-n", namesrv, "-g", GROUP)
-                assert done.returncode == 1 and done.stdout == "", done.stdout
-                assert "lag of" in done.stderr and "unknown" in done.stderr, done.stderr
-                text = ok("status", "-n", namesrv).stdout
-                assert "unknown" in text and "lag 0" not in text and "None" not in text, text
-                snap = ok_json("status", "-n", namesrv)
-                assert snap["groupsUnknownFor"] == ["broker-a"]
-                assert [t["source"] for t in snap["topics"] if t["topic"] == TOPIC] == [
-                    "unknown"]
+        # A consumer that stays connected (it heartbeats the master and the slave).
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "trio_ha.cli", "consume", "-n", namesrv, "-t", TOPIC,
+             "-g", WATCHERS, "--from", "last", "--idle-seconds", "600", "-q"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            watch_and_fail_over(cluster, namesrv, slave_addr, lag, message_id)
+        finally:
+            watcher.kill()
+            watcher.wait(30)
 
-        # The master killed: the name server drops it at once (its connection closed).
-        cluster.master.kill()
-        assert_from_the_slave(namesrv, slave_addr, lag)
 
-        # The whole group down: the name server lists no broker at all.
-        cluster.slave.kill()
-        assert_unknown(namesrv)
+def watch_and_fail_over(cluster, namesrv: str, slave_addr: str, lag: int,
+                        message_id: str) -> None:
+    def watcher_on_the_slave():
+        body = slave_connections(slave_addr)
+        return body is not None and len(body.get("connectionSet", [])) == 1
+
+    wait_for(watcher_on_the_slave, "the watcher's heartbeat to reach the slave")
+    # The master hangs: the name server still lists it, it does not answer.
+    with stopped(cluster.master):
+        rows = ok_json("admin", "consumer-progress", "-n", namesrv, "-g", GROUP)
+        assert sum(r["lag"] for r in rows) == lag
+        assert {(r["source"], r["sourceAddress"]) for r in rows} == {("slave", slave_addr)}
+        # ... and the slave too: the group is listed, and nobody answers for it.
+        with stopped(cluster.slave):
+            done = cli("admin", "consumer-progress", "-n", namesrv, "-g", GROUP)
+            assert done.returncode == 1 and done.stdout == "", done.stdout
+            assert "lag of" in done.stderr and "unknown" in done.stderr, done.stderr
+            text = ok("status", "-n", namesrv).stdout
+            assert "unknown" in text and "lag 0" not in text and "None" not in text, text
+            snap = ok_json("status", "-n", namesrv)
+            assert snap["groupsUnknownFor"] == ["broker-a"]
+            assert [t["source"] for t in snap["topics"] if t["topic"] == TOPIC] == [
+                "unknown"]
+        # A message by id and the watchers, from the slave while the master hangs.
+        assert_message_and_watchers_from_the_slave(namesrv, slave_addr, message_id)
+
+    # The master killed: the name server drops it at once (its connection closed).
+    cluster.master.kill()
+    assert_from_the_slave(namesrv, slave_addr, lag)
+    assert_message_and_watchers_from_the_slave(namesrv, slave_addr, message_id)
+
+    # The whole group down: the name server lists no broker at all.
+    cluster.slave.kill()
+    assert_unknown(namesrv)
 
 
 def test_status_never_shows_a_lag_beside_diverged():

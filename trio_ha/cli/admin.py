@@ -433,20 +433,23 @@ _alias(consumer_progress, "consumerProgress")
 def consumer_connection(group: str = typer.Option(..., "-g", "--group", help="the consumer group"),
                         namesrv: str = namesrv_option(),
                         as_json: bool = json_option()) -> None:
-    """A consumer group's live clients."""
+    """A consumer group's live clients (from its brokers' masters, or a slave of a group
+    whose master is down: consumers heartbeat slaves too)."""
     from ..client import open_admin
 
-    async def work() -> dict[str, Any]:
+    async def work():
         async with open_admin(namesrv, **client_options()) as admin:
-            return await admin.consumer_connections(group)
+            return await admin.consumer_connections_answered(group)
 
-    body = run_client(work)
+    answer, body = run_client(work)
     if as_json:
-        print(json.dumps(body, indent=1))
+        print(json.dumps({**body, **source_fields(answer)}, indent=1))
         return
+    note = (f" (from the slave {answer.address} of {answer.broker_name}: its master is down)"
+            if answer.source == "slave" else "")
     emit([{k: c.get(k) for k in ("clientId", "clientAddr", "language", "version")}
           for c in body.get("connectionSet", [])], as_json=False,
-         title=f"{group}: {body.get('consumeType')} {body.get('messageModel')}")
+         title=f"{group}: {body.get('consumeType')} {body.get('messageModel')}{note}")
 
 
 _alias(consumer_connection, "consumerConnection")
@@ -498,10 +501,14 @@ def message_get(
                 if found:
                     return found, None
             try:
-                return [await admin.view_message(message_id)], None
+                answer, message = await admin.view_message_answered(message_id)
             except MQError as exc:
                 hint = "" if topic else " (a client msgId needs --topic)"
                 return [], f"no message {message_id}: {exc}{hint}"
+            if answer.source == "slave":
+                print(f"trio-ha: read from the slave {answer.address} of {answer.broker_name}: "
+                      "the broker that stored it does not answer", file=sys.stderr)
+            return [message], None
 
     messages, problem = run_client(work)
     if problem is not None:

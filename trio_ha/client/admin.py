@@ -468,23 +468,38 @@ class Admin:
         return ByGroup(sorted(names), tuple(answers))
 
     async def consumer_connections(self, group: str) -> dict[str, Any]:
-        """GET_CONSUMER_CONNECTION_LIST: the group's live clients and subscriptions (from
-        the first master that has any; MQBrokerError CONSUMER_NOT_ONLINE when none has)."""
+        """``consumer_connections_answered``'s table."""
+        return (await self.consumer_connections_answered(group))[1]
+
+    async def consumer_connections_answered(self, group: str) -> tuple[Answered, dict[str, Any]]:
+        """GET_CONSUMER_CONNECTION_LIST: the group's live clients and subscriptions, from
+        the first broker group that has any, asking its master, else its slaves (a consumer
+        heartbeats every broker of its routes, slaves too, so a slave knows the group's
+        clients while its master is down); with which broker answered. MQBrokerError
+        CONSUMER_NOT_ONLINE when every group answered and none has the group's clients;
+        MQClientError when some group could not be asked (its clients may be there)."""
         last: MQBrokerError | None = None
-        for address in (await self.masters()).values():
+        unknown = []
+        for data in await self._every_group():
             try:
-                response = await self._invoke(address, RequestCode.GET_CONSUMER_CONNECTION_LIST,
-                                              {"consumerGroup": group})
+                answer, response = await self._ask_group(
+                    data, RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": group})
             except MQBrokerError as exc:
                 last = exc
                 continue
+            if response is None:
+                unknown.append(answer)
+                continue
             try:
-                return dict(json.loads(response.body))
+                return answer, dict(json.loads(response.body))
             except (ValueError, TypeError) as exc:
-                raise MQClientError(f"bad consumer connections from {address}: {exc}") from None
+                raise MQClientError(
+                    f"bad consumer connections from {answer.address}: {exc}") from None
+        if unknown:
+            raise no_answer(unknown)
         if last is not None:
             raise last
-        raise MQClientError("the name server knows no master")
+        raise MQClientError("the name server lists no broker")
 
     async def query_by_key(self, topic: str, key: str, *, max_num: int = DEFAULT_QUERY_MAX,
                            begin_ms: int = 0, end_ms: int | None = None,
@@ -567,14 +582,65 @@ class Admin:
         )
 
     async def view_message(self, offset_msg_id: str) -> StoredMessage:
-        """VIEW_MESSAGE_BY_ID: the message an offsetMsgId names, from the broker it names."""
+        """``view_message_answered``'s message."""
+        return (await self.view_message_answered(offset_msg_id))[1]
+
+    async def view_message_answered(self, offset_msg_id: str) -> tuple[Answered, StoredMessage]:
+        """VIEW_MESSAGE_BY_ID: the message an offsetMsgId names, from the broker it names or,
+        when that broker does not answer, from another broker of its group (a slave holds the
+        master's commitlog byte for byte, so the same offset names the same record there);
+        with which broker answered.
+
+        A master that was killed is gone from the name server's lists, so its group is found
+        by address while it is listed, and otherwise among the groups listing no master. A
+        record read elsewhere counts only if it is the one the id names (its store host and
+        commitlog offset make the same id): the id is the record's identity, not a hint."""
         try:
             address, offset = decode_message_id(offset_msg_id)
         except RecordDecodeError as exc:
             raise MQClientError(str(exc)) from None
-        response = await self._invoke(address, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset})
+        wanted = offset_msg_id.upper()
         try:
-            return decode_record(response.body)
+            response = await self._invoke(address, RequestCode.VIEW_MESSAGE_BY_ID,
+                                          {"offset": offset})
+        except MQClientError as exc:  # unreachable (a broker's error code is an answer)
+            failures = [str(exc)]
+        else:
+            message = self._record(response.body, address)
+            for data in await self._every_group():
+                for broker_id, listed in data.broker_addrs.items():
+                    if listed == address:
+                        return Answered(data.broker_name, broker_id, address), message
+            # not listed (the name server lost it): the broker that stored the record
+            return Answered("", MASTER_ID, address), message
+        for data in await self._groups_that_may_hold(address):
+            for broker_id, other in asking_order(data):
+                if other == address or other in self.unreachable:
+                    continue
+                try:
+                    response = await self._invoke(other, RequestCode.VIEW_MESSAGE_BY_ID,
+                                                  {"offset": offset})
+                except (MQClientError, MQBrokerError) as exc:
+                    failures.append(str(exc))
+                    continue
+                message = self._record(response.body, other)
+                if message.msg_id == wanted:
+                    return Answered(data.broker_name, broker_id, other), message
+                failures.append(f"{other} holds another message at offset {offset}")
+        raise MQClientError(f"no broker answered for the message {offset_msg_id}: "
+                            + "; ".join(failures))
+
+    async def _groups_that_may_hold(self, address: str) -> list[BrokerData]:
+        """The group listing ``address``; else every group that lists no master (the
+        address's, if its master is the one that is down)."""
+        groups = await self._every_group()
+        listing = [d for d in groups if address in d.broker_addrs.values()]
+        return listing or [d for d in groups if MASTER_ID not in d.broker_addrs]
+
+    @staticmethod
+    def _record(body: bytes, address: str) -> StoredMessage:
+        try:
+            return decode_record(body)
         except RecordDecodeError as exc:
             raise MQClientError(f"bad message from {address}: {exc}") from None
 
