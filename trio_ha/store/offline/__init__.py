@@ -6,9 +6,9 @@ and what the next start will do with it — *before* starting it, because a star
 recovery cuts the log, fills damaged ranges, rebuilds consume queues and deletes index files.
 
 So these tools read the files the way the store reads them at open, and say what its recovery
-would do by asking recovery's own rules instead of restating them. They use only the public
-names of the store's modules: the store keeps its rules in one place, and these tools follow
-them when they change.
+would do by asking recovery's own rules instead of restating them. They borrow only public
+names of the store's modules, never their private helpers: a private helper may change
+without notice, a public name is a promise.
 
 One module per tool, over what they share:
 
