@@ -59,7 +59,7 @@ import itertools
 import logging
 import math
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Protocol
 
 import attrs
@@ -137,9 +137,9 @@ class RemotingClient:
     on_request: Callable[[str, RemotingCommand], None] | None = None
     #: an ACL account: every request goes out signed with it (``trio_ha.wire.acl.sign``)
     credentials: Credentials | None = None
-    _pending: dict[int, _Call] = attrs.field(factory=dict)
+    _pending: dict[int, _Call] = attrs.field(factory=dict[int, _Call])
     #: encoded frames for the writer, and their size
-    _outbox: list[bytes | memoryview] = attrs.field(factory=list)
+    _outbox: list[bytes | memoryview] = attrs.field(factory=list[bytes | memoryview])
     _outbox_bytes: int = 0
     _writer_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _room_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -151,7 +151,7 @@ class RemotingClient:
     _writing: bool = False
     #: (deadline, opaque) of the calls that have one, a heap; answered ones are dropped when
     #: they reach the front (``_run_timer``)
-    _deadlines: list[tuple[float, int]] = attrs.field(factory=list)
+    _deadlines: list[tuple[float, int]] = attrs.field(factory=list[tuple[float, int]])
     #: when the timer task wakes next (inf: when a deadline comes), its sleep, and its wait
     _timer_at: float = math.inf
     _timer_sleep: trio.CancelScope | None = None
@@ -391,7 +391,7 @@ async def _connect(address: str, timeout: float, tls: TlsClientConfig | None,
 async def open_remoting_client(
     address: str, *, connect_timeout: float = 3.0, credentials: Credentials | None = None,
     tls: TlsClientConfig | None = None,
-) -> AsyncIterator[RemotingClient]:
+) -> AsyncGenerator[RemotingClient, None]:
     """A connected RemotingClient whose reader runs until the block ends."""
     try:
         context = tls.context() if tls is not None and tls.enable else None
@@ -422,8 +422,8 @@ class RemotingClientPool:
     #: with ``enable``: every connection is TLS (RocketMQ's tls.enable)
     tls: TlsClientConfig | None = None
     _tls_context: ssl.SSLContext | None = None
-    _clients: dict[str, RemotingClient] = attrs.field(factory=dict)
-    _connecting: dict[str, trio.Lock] = attrs.field(factory=dict)
+    _clients: dict[str, RemotingClient] = attrs.field(factory=dict[str, RemotingClient])
+    _connecting: dict[str, trio.Lock] = attrs.field(factory=dict[str, trio.Lock])
 
     def connected(self, address: str) -> RemotingClient | None:
         """The open connection to ``address``, if there is one (no wait, no checkpoint)."""
@@ -472,7 +472,9 @@ class RemotingClientPool:
 
 
 @contextlib.asynccontextmanager
-async def open_client_pool(*, connect_timeout: float = 3.0) -> AsyncIterator[RemotingClientPool]:
+async def open_client_pool(
+    *, connect_timeout: float = 3.0
+) -> AsyncGenerator[RemotingClientPool, None]:
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
             pool = RemotingClientPool(nursery, connect_timeout)

@@ -89,8 +89,10 @@ class _MetricsEndpoint:
     open_connections: int = 0
     #: connections still reading their request head, oldest first, by their scopes: the ones
     #: that make way for a new connection when the budget is full (cancelled to close them)
-    _unfinished: dict[trio.CancelScope, None] = attrs.field(factory=dict)
-    _evicted: set[trio.CancelScope] = attrs.field(factory=set)
+    _unfinished: dict[trio.CancelScope, None] = attrs.field(
+        factory=dict[trio.CancelScope, None]
+    )
+    _evicted: set[trio.CancelScope] = attrs.field(factory=set[trio.CancelScope])
     #: connections closed to make room, and newcomers refused, since the last log line
     _evictions: int = 0
     _refusals: int = 0

@@ -100,11 +100,11 @@ class RemotingServer:
     #: TLS (``tls.server.mode`` and its files); None or disabled: plain connections only
     tls: TlsServerConfig | None = None
     _tls: tuple[TlsServerConfig, ssl.SSLContext] | None = attrs.field(init=False, default=None)
-    connections: set[RemotingConnection] = attrs.field(factory=set)
+    connections: set[RemotingConnection] = attrs.field(factory=set[RemotingConnection])
     _accepted: int = 0
     _refused: int = 0
     _accept_errors: int = 0
-    _closed: Counter[str] = attrs.field(factory=Counter)
+    _closed: Counter[str] = attrs.field(factory=Counter[str])
     _connections_scope: trio.CancelScope | None = None
     _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
     _connected_log: RateLimitedLog = attrs.field(

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, NoReturn, cast
 
 from .errors import RouteDecodeError, WireError
 
@@ -196,7 +196,10 @@ def _emit(
     elif isinstance(value, int):
         out.append(int.__repr__(value))
     elif isinstance(value, Mapping):
-        items = [item for item in value.items() if item[1] is not None]
+        # The writer's input is any Python value (its type says Any); from here on a mapping's
+        # keys and values are objects we look at, and the keys are checked one by one below.
+        mapping = cast("Mapping[object, object]", value)
+        items = [item for item in mapping.items() if item[1] is not None]
         if not items:
             out.append("{}")
             return
@@ -219,9 +222,12 @@ def _emit(
             out.append("\n" + "\t" * depth)
         out.append("}")
     elif isinstance(value, (list, tuple, set, frozenset)):
-        items = sorted(value) if isinstance(value, (set, frozenset)) else value
+        # Sorting a set compares its members, which must be of one orderable kind (sets
+        # here hold str or int), as the writer's contract says.
+        members = cast("Collection[Any]", value)
+        ordered = sorted(members) if isinstance(members, (set, frozenset)) else members
         out.append("[")
-        for i, item in enumerate(items):
+        for i, item in enumerate(ordered):
             if i:
                 out.append(",")
             _emit(item, out, enc, standard, pretty, depth + 1)

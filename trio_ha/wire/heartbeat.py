@@ -18,7 +18,6 @@ import attrs
 from .errors import RouteDecodeError
 from .fastjson import encode_json, read_json
 from .json_fields import (
-    JsonShapeError,
     as_int,
     as_object,
     decoding,
@@ -80,16 +79,14 @@ class SubscriptionData:
     @classmethod
     def from_json_obj(cls, value: object, path: str) -> SubscriptionData:
         obj = as_object(value, path)
-        codes = obj.get("codeSet")
-        if codes is not None and type(codes) is not list:
-            raise JsonShapeError(f"{path}.codeSet must be an array")
+        codes = get_list(obj, "codeSet", path)
         return cls(
             topic=get_str(obj, "topic", path),
             sub_string=get_str(obj, "subString", path, "*"),
             tags_set=str_items(obj.get("tagsSet"), f"{path}.tagsSet"),
             code_set=[
                 as_int(code, f"{path}.codeSet[{i}]", int32=True)
-                for i, code in enumerate(codes or ())
+                for i, code in enumerate(codes)
             ],
             sub_version=get_int(obj, "subVersion", path, 0),
             # a null expressionType means TAG to the broker

@@ -11,9 +11,9 @@ inside ``decoding(SomeWireError, "what")``, which turns that into the caller's t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 from .._errors import TrioHAError
 from .errors import WireError
@@ -41,7 +41,7 @@ class JsonShapeError(TrioHAError):
 
 
 @contextmanager
-def decoding(error: type[WireError], what: str) -> Iterator[None]:
+def decoding(error: type[WireError], what: str) -> Generator[None, None, None]:
     """Raise ``error("<what>: <problem>")`` for a ``JsonShapeError`` inside the block."""
     try:
         yield
@@ -53,7 +53,10 @@ def as_object(value: object, path: str) -> dict[str, Any]:
     """``value`` if it is a JSON object."""
     if type(value) is not dict:
         raise JsonShapeError(f"{path} must be an object, got {_type_name(value)}")
-    return value
+    # The parser makes a dict only of an object whose keys are all strings (a JSON object, or
+    # read_json_object_keys' all-string case); its values are JSON of any shape, read by the
+    # get_* helpers.
+    return cast("dict[str, Any]", value)
 
 
 def as_int(value: object, path: str, *, int32: bool = False) -> int:
@@ -140,7 +143,8 @@ def get_list(obj: dict[str, Any], key: str, path: str) -> list[Any]:
         return []
     if type(value) is not list:
         raise JsonShapeError(f"{path}.{key} must be an array, got {_type_name(value)}")
-    return value
+    # A JSON array holds JSON of any shape; the caller checks each item.
+    return cast("list[Any]", value)
 
 
 def get_object(
@@ -161,16 +165,21 @@ def str_items(value: object, path: str) -> list[str]:
         return []
     if type(value) is not list:
         raise JsonShapeError(f"{path} must be an array, got {_type_name(value)}")
-    for i, item in enumerate(value):
+    # A JSON array, of items of any shape until each is checked here.
+    items = cast("list[object]", value)
+    for i, item in enumerate(items):
         if type(item) is not str:
             raise JsonShapeError(f"{path}[{i}] must be a string, got {_type_name(item)}")
-    return value
+    return cast("list[str]", items)
+
+
+_TYPE_NAMES: dict[type[object], str] = {
+    dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+}
 
 
 def _type_name(value: object) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}.get(
-        type(value), "null" if value is None else "a number"
-    )
+    return _TYPE_NAMES.get(type(value), "null" if value is None else "a number")
 
 
 def _short_value(value: object) -> str:

@@ -118,7 +118,7 @@ def properties_slice(record: bytes | bytearray | memoryview) -> bytes | bytearra
     position = body_length_at(sys_flag)
     if position + 4 > len(record):
         return record[0:0]
-    body_length = INT32.unpack_from(record, position)[0]
+    body_length: int = INT32.unpack_from(record, position)[0]
     position += 4 + max(body_length, 0)
     if INT32.unpack_from(record, MAGIC_AT)[0] & 0xFFFFFFFF == MAGIC_V2:
         if position + 2 > len(record):

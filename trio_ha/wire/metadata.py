@@ -286,7 +286,7 @@ def _topic_table_from_json(value: object, path: str) -> dict[str, TopicConfig]:
 class TopicConfigSerializeWrapper:
     """``topics.json``, the GET_ALL_TOPIC_CONFIG body and part of the register body."""
 
-    topic_config_table: dict[str, TopicConfig] = attrs.field(factory=dict)
+    topic_config_table: dict[str, TopicConfig] = attrs.field(factory=dict[str, TopicConfig])
     data_version: DataVersion = DataVersion()
 
     def to_json_obj(self) -> dict[str, Any]:
@@ -344,7 +344,7 @@ class ConsumerOffsetTable:
     """Committed offsets: ``"topic@group"`` -> queue id -> next offset to consume.
     ``data_version`` is 5.x's (None: not written, as 4.9)."""
 
-    offset_table: dict[str, dict[int, int]] = attrs.field(factory=dict)
+    offset_table: dict[str, dict[int, int]] = attrs.field(factory=dict[str, dict[int, int]])
     data_version: DataVersion | None = None
 
     def offsets(self, topic: str, group: str) -> dict[int, int]:
@@ -384,7 +384,7 @@ class DelayOffsetTable:
     """Progress of the schedule service: delay level -> offset in SCHEDULE_TOPIC_XXXX's queue
     (level - 1)."""
 
-    offset_table: dict[int, int] = attrs.field(factory=dict)
+    offset_table: dict[int, int] = attrs.field(factory=dict[int, int])
     data_version: DataVersion | None = None
 
 
@@ -485,7 +485,9 @@ class SubscriptionGroupConfig:
 class SubscriptionGroupWrapper:
     """``subscriptionGroup.json`` and the GET_ALL_SUBSCRIPTIONGROUP_CONFIG body."""
 
-    subscription_group_table: dict[str, SubscriptionGroupConfig] = attrs.field(factory=dict)
+    subscription_group_table: dict[str, SubscriptionGroupConfig] = attrs.field(
+        factory=dict[str, SubscriptionGroupConfig]
+    )
     data_version: DataVersion = DataVersion()
 
     def to_json_obj(self) -> dict[str, Any]:

@@ -222,6 +222,11 @@ def _properties_value(properties: Mapping[str, str]) -> dict[str, str]:
     return dict(properties)
 
 
+# The default of ``Message.properties``: the converter copies it, so one shared empty dict
+# serves every message (and gives the field its type, which ``factory=dict`` leaves unknown).
+_NO_PROPERTIES: Mapping[str, str] = {}
+
+
 def _keys_text(keys: str | Iterable[str] | None) -> str | None:
     if keys is None:
         return None
@@ -251,7 +256,7 @@ class Message:
     body: bytes = attrs.field(validator=_body_value)
     tags: str | None = None
     keys: str | tuple[str, ...] | None = attrs.field(default=None, converter=_keys_value)
-    properties: Mapping[str, str] = attrs.field(factory=dict, converter=_properties_value)
+    properties: Mapping[str, str] = attrs.field(default=_NO_PROPERTIES, converter=_properties_value)
     flag: int = 0
     sys_flag: int = 0
     born_timestamp: int | None = None  # epoch ms; the store's clock when None
@@ -277,7 +282,7 @@ class Message:
         if PROPERTY_TAGS in properties or PROPERTY_KEYS in properties:
             text = encode_properties(self.all_properties())
         else:
-            parts = []
+            parts: list[str] = []
             if self.tags:
                 parts.append("TAGS\x01" + self.tags)
             keys = self.keys
@@ -438,7 +443,7 @@ def encode_batch(messages: Iterable[Message], *, trailing_separator: bool = Fals
 
 def encode_batch_items(items: Iterable[tuple[int, bytes, bytes]]) -> bytes:
     """A SEND_BATCH_MESSAGE body of (flag, body, encoded properties) items."""
-    parts = []
+    parts: list[bytes] = []
     item_head, int32, uint16 = _BATCH_ITEM_HEAD.pack, INT32.pack, UINT16.pack
     for flag, body, props in items:
         if len(props) > MAX_PROPERTIES_LENGTH:
@@ -546,7 +551,8 @@ def decode_record(
         _size, _magic, crc, queue_id, flag, queue_offset, commitlog_offset, sys_flag,
         born_timestamp,
     ) = HEAD.unpack_from(rec, 0)
-    p = HEAD.size
+    # Declared: the lengths unpacked below are Any to the checker, and p indexes with them.
+    p: int = HEAD.size
     born_len = born_host_length(sys_flag)
     store_len = store_host_length(sys_flag)
     try:

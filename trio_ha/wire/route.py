@@ -115,7 +115,7 @@ class BrokerData:
 
     cluster: str
     broker_name: str
-    broker_addrs: dict[int, str] = attrs.field(factory=dict)
+    broker_addrs: dict[int, str] = attrs.field(factory=dict[int, str])
     #: 5.x fields, written only when set
     enable_acting_master: bool = False
     zone_name: str | None = None
@@ -136,7 +136,7 @@ class BrokerData:
     def from_json_obj(cls, value: object, path: str) -> BrokerData:
         obj = as_object(value, path)
         addrs = get_object(obj, "brokerAddrs", path)
-        broker_addrs = {}
+        broker_addrs: dict[int, str] = {}
         for key, addr in addrs.items():
             if type(addr) is not str:
                 raise JsonShapeError(f"{path}.brokerAddrs[{key!r}] must be a string")
@@ -190,7 +190,9 @@ class TopicRouteData:
     queue_datas: tuple[QueueData, ...] = attrs.field(default=(), converter=tuple)
     broker_datas: tuple[BrokerData, ...] = attrs.field(default=(), converter=tuple)
     #: broker address -> filter server addresses
-    filter_server_table: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+    filter_server_table: dict[str, tuple[str, ...]] = attrs.field(
+        factory=dict[str, tuple[str, ...]]
+    )
     order_topic_conf: str | None = None
 
     def to_json_obj(self) -> dict[str, Any]:
@@ -231,8 +233,10 @@ class TopicRouteData:
 class ClusterInfo:
     """The GET_BROKER_CLUSTER_INFO body."""
 
-    broker_addr_table: dict[str, BrokerData] = attrs.field(factory=dict)
-    cluster_addr_table: dict[str, frozenset[str]] = attrs.field(factory=dict)
+    broker_addr_table: dict[str, BrokerData] = attrs.field(factory=dict[str, BrokerData])
+    cluster_addr_table: dict[str, frozenset[str]] = attrs.field(
+        factory=dict[str, frozenset[str]]
+    )
 
     def to_json_obj(self) -> dict[str, Any]:
         return {
@@ -295,7 +299,7 @@ class RegisterBrokerBody:
                     "topicConfigSerializeWrapper": wrapper.to_json_obj(),
                 }
             )
-        parts = []
+        parts: list[bytes] = []
         version = self.data_version.encode()
         parts += (_I.pack(len(version)), version)
         parts.append(_I.pack(len(self.topic_config_table)))
@@ -385,7 +389,7 @@ class _Cursor:
 class KVTable:
     """``{"table":{...}}``: GET_BROKER_RUNTIME_INFO and the register response body."""
 
-    table: dict[str, str] = attrs.field(factory=dict)
+    table: dict[str, str] = attrs.field(factory=dict[str, str])
 
     def encode(self) -> bytes:
         return encode_json({"table": dict(self.table)})
@@ -423,7 +427,7 @@ class KVConfigTable:
     """The name server's KV config file (RocketMQ's ``kvConfig.json``, its
     KVConfigSerializeWrapper): ``{"configTable":{namespace:{key:value}}}``."""
 
-    config_table: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    config_table: dict[str, dict[str, str]] = attrs.field(factory=dict[str, dict[str, str]])
 
     def encode(self) -> bytes:
         return encode_json({"configTable": {ns: dict(kv) for ns, kv in self.config_table.items()}})

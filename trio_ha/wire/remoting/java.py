@@ -33,9 +33,10 @@ JAVA_INT_RANGE = (INT32_MIN, INT32_MAX)
 JAVA_LONG_RANGE = (INT64_MIN, INT64_MAX)
 
 
-def java_string(value: JavaValue) -> str:
-    """A header value as Java writes it into extFields: ints in decimal, booleans
-    ``true``/``false``, strings unchanged."""
+def java_string(value: object) -> str:
+    """A header value (a ``JavaValue``) as Java writes it into extFields: ints in decimal,
+    booleans ``true``/``false``, strings unchanged. It takes any object and raises TypeError
+    for what is not a JavaValue: header classes' fields reach it through ``getattr``, unchecked."""
     if type(value) is str:
         return value
     if value is True:

@@ -232,12 +232,12 @@ def _send_v2_json(header: SendMessageRequestHeader, code: int, opaque: int,
 
 #: formatted parts of send headers, by the values they hold ("" for values the general
 #: path must render); a producer sends to a few topics, the bound only guards against many
-_SEND_HEADS: dict[tuple, str] = {}
-_SEND_TAILS: dict[tuple, str] = {}
+_SEND_HEADS: dict[tuple[object, ...], str] = {}
+_SEND_TAILS: dict[tuple[object, ...], str] = {}
 _SEND_PARTS_BOUND = 1024
 
 
-def _cached(cache: dict[tuple, str], key: tuple, value: str) -> str:
+def _cached(cache: dict[tuple[object, ...], str], key: tuple[object, ...], value: str) -> str:
     if len(cache) >= _SEND_PARTS_BOUND:
         cache.clear()
     cache[key] = value
