@@ -52,12 +52,7 @@ from ..wire.errors import WireError
 from ..wire.ha import FRAME_HEADER, NEED_DATA, REPORT, FrameHeader, SlaveProtocol
 from ..wire.layout import INT64_MAX
 from ..wire.metadata import DataVersion, TopicConfig, TopicConfigSerializeWrapper
-from ..wire.remoting import (
-    RemotingCommand,
-    RequestCode,
-    SerializeType,
-    encode,
-)
+from ..wire.remoting import RemotingCommand, RequestCode, SerializeType, encode
 from ..wire.route import RegisterBrokerBody
 
 __all__ = [

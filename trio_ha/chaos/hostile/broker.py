@@ -20,11 +20,7 @@ import trio
 
 from ...remoting import RemotingError, open_remoting_client
 from ...wire.metadata import decode_consumer_offsets, offset_key
-from ...wire.remoting import (
-    RemotingCommand,
-    RequestCode,
-    ResponseCode,
-)
+from ...wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from ._common import AttackOutcome, Tally, code_name
 from .requests import (
     commit_request,

@@ -12,11 +12,7 @@ from __future__ import annotations
 import trio
 
 from ...remoting import RemotingClient, RemotingError, open_remoting_client
-from ...wire.remoting import (
-    RemotingCommand,
-    RequestCode,
-    ResponseCode,
-)
+from ...wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from ...wire.route import ClusterInfo
 from ._common import CONNECT_TIMEOUT, AttackOutcome, Tally, code_name
 

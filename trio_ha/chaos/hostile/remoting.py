@@ -19,10 +19,7 @@ import struct
 import trio
 
 from ...wire.errors import RemotingDecodeError
-from ...wire.remoting import (
-    NEED_DATA,
-    FrameDecoder,
-)
+from ...wire.remoting import NEED_DATA, FrameDecoder
 from ._common import (
     AttackOutcome,
     Tally,

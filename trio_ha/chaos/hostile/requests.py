@@ -11,13 +11,7 @@ from __future__ import annotations
 import json
 
 from ...wire.permission import Permission
-from ...wire.remoting import (
-    JavaValue,
-    PullSysFlag,
-    RemotingCommand,
-    RequestCode,
-    encode,
-)
+from ...wire.remoting import JavaValue, PullSysFlag, RemotingCommand, RequestCode, encode
 
 __all__ = [
     "BAD_GROUP", "BAD_TOPIC", "LONG_TOPIC", "commit_request", "create_topic_request",
