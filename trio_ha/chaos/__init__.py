@@ -18,4 +18,7 @@ Two kinds of runs:
 * ``hostile``: attacks on the ports a peer can reach (malformed and mutated frames,
   slow and non-reading clients, connection floods, rogue replication peers); the node must
   stay up, keep serving a well-behaved client, and its store must verify clean.
+  Modules: ``hostile`` (a package of the attacks, one module per attacker), ``fuzz_frames``
+  and ``fuzz`` (the fuzzer's mutated frames, and sending them), ``hostile_run`` (a run
+  against a cluster of processes) and ``hostile_report`` (its verdict).
 """
