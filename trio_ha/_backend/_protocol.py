@@ -1,10 +1,10 @@
 """What a record engine is: the interface both engines implement, the values they return, and
 the C header's codes.
 
-The store, the dispatcher, recovery and the Spark reader code against ``RecordEngine`` and
-never against an engine: which one runs is the loader's choice (``_loader``). Keeping the
-interface here, apart from both engines, is what lets the native engine and its Python twin
-each be read alone, beside the code they mirror.
+The store, the dispatcher, recovery and the Spark reader code against ``RecordEngine``; which
+engine fills it is the loader's choice (``_loader``). Keeping the interface here, apart from
+both engines, is what lets the native engine and its Python twin each be read alone, beside the
+code they mirror.
 
 Buffers are *handles* made once per mapping by ``handle_for(buffer)`` and given back by
 ``release_handle``: a cffi pointer for the native engine, a memoryview for Python. The ERR_*,
@@ -20,6 +20,8 @@ from typing import Any, NamedTuple, Protocol, TypeAlias
 
 from ..wire import record as rec
 from ._sync_thread import NativeSyncThread
+
+# ---- the C header's codes (native/trio_ha_native.h) ----------------------------------------
 
 ERR_NO_SPACE = -1
 ERR_BAD_ARGUMENT = -2
