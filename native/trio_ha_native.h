@@ -8,6 +8,9 @@
  *
  * Errors are negative return values, never exceptions or aborts: the store maps them to
  * RocketMQ's PutMessageStatus and a scan reports why it stopped.
+ *
+ * trio_ha_native.c implements it all as one translation unit made of one file per concern;
+ * each section below names the file that holds its calls.
  */
 #include <stdint.h>
 #include <stddef.h>
@@ -16,7 +19,7 @@
 /* Bumped whenever a signature or struct below changes; checked by trio_ha._backend. */
 #define TH_NATIVE_VERSION 6
 
-/* ---- error codes of the encoders ------------------------------------------------------ */
+/* ---- error codes of the encoders ------------------------------------------------------- */
 #define TH_ERR_NO_SPACE        -1  /* record(s) + the 8-byte blank do not fit before seg_size */
 #define TH_ERR_BAD_ARGUMENT    -2  /* host length not 8/20, topic longer than 127 bytes, ... */
 #define TH_ERR_BATCH_FORMAT    -3  /* a SEND_BATCH_MESSAGE item is malformed or truncated   */
@@ -86,7 +89,9 @@ typedef struct {
     int32_t reserved;
 } th_batch_entry;
 
-uint32_t th_version(void);
+uint32_t th_version(void); /* trio_ha_native.c */
+
+/* ---- hash.c: CRC-32 and Java's string hash --------------------------------------------- */
 
 /* CRC-32 (zlib polynomial) masked to 31 bits, as RocketMQ stores BODYCRC. Long inputs use
    carry-less multiplication (PCLMULQDQ / VPCLMULQDQ) when the CPU has it, zlib otherwise. */
@@ -103,6 +108,8 @@ int th_crc32_select(int impl);
 /* Java's String.hashCode over the UTF-16 code units of a UTF-8 string (RocketMQ tagsCode);
    each malformed UTF-8 byte counts as U+FFFD. */
 int32_t th_java_hash(const uint8_t *utf8, size_t len);
+
+/* ---- encode.c: records into a segment's mapping ---------------------------------------- */
 
 /*
  * Encode one v1 record at seg[pos]. PHYSICALOFFSET = base_offset + pos. BODYCRC is computed
@@ -139,6 +146,8 @@ int64_t th_encode_batch(uint8_t *seg, uint64_t seg_size, uint64_t pos, int64_t b
                         uint64_t max_body_size,
                         th_batch_entry *out, size_t out_cap, size_t *count);
 
+/* ---- scan.c: validating and describing records ----------------------------------------- */
+
 /*
  * Walk records in buf[pos, limit): validate magic, sizes (TOTALSIZE must equal the size the
  * fields add up to, and be at most max_record), optionally the body CRC, and describe up to
@@ -148,6 +157,8 @@ int64_t th_encode_batch(uint8_t *seg, uint64_t seg_size, uint64_t pos, int64_t b
 size_t th_scan(const uint8_t *buf, uint64_t limit, uint64_t pos, int64_t base_offset,
                int32_t flags, uint32_t max_record,
                th_record_info *out, size_t out_cap, th_scan_result *res);
+
+/* ---- consume_queue.c: runs of entries for the dispatcher ------------------------------- */
 
 /*
  * Group scanned records for the dispatcher. A run is a set of records, in scan order, with
@@ -171,7 +182,7 @@ size_t th_cq_runs(const uint8_t *buf, const th_record_info *infos, size_t n,
                   uint8_t *entries, uint32_t *order, th_cq_run *runs, size_t runs_cap,
                   uint32_t *table, size_t table_size);
 
-/* ---- reading a consume queue's records (a pull) ---------------------------------------- */
+/* ---- consume_queue.c: reading a consume queue's records (a pull) ----------------------- */
 
 /* What th_gather decided for one consume-queue entry (outcomes[i]). */
 #define TH_GATHER_FOUND     0  /* its record is served                                        */
@@ -230,9 +241,8 @@ void th_gather(const uint8_t *seg, uint64_t seg_size, int64_t base_offset,
                size_t max_count, uint64_t max_bytes, uint64_t bytes_before,
                uint8_t *outcomes, th_span *records, th_span *spans, th_gather_result *res);
 
-/* ---- memory and files -------------------------------------------------------------------- */
+/* ---- index.c: index files -------------------------------------------------------------- */
 
-/* msync(MS_SYNC) of [addr, addr + len), widened to whole pages. 0 or -errno. */
 /*
  * Put the keys of the records infos[0, n) of `seg` into the index file `idx` (RocketMQ's
  * IndexFile, big-endian: a 40-byte header - beginTimestamp, endTimestamp, beginPhyOffset,
@@ -247,6 +257,9 @@ void th_gather(const uint8_t *seg, uint64_t seg_size, int64_t base_offset,
 size_t th_index_put(uint8_t *idx, uint32_t slot_num, uint32_t index_num, const uint8_t *seg,
                     const th_record_info *infos, size_t n);
 
+/* ---- files.c: memory and files --------------------------------------------------------- */
+
+/* msync(MS_SYNC) of [addr, addr + len), widened to whole pages. 0 or -errno. */
 int th_msync(uint8_t *addr, size_t len);
 
 /* A sync thread: a thread of its own that msyncs one range at a time, and never takes the
@@ -279,6 +292,8 @@ void th_zero(uint8_t *addr, size_t len);
 /* posix_fallocate(fd, offset, len): reserve blocks so a full disk fails here, not as SIGBUS
    on a store into the mapping. 0 or an errno value. */
 int th_fallocate(int fd, int64_t offset, int64_t len);
+
+/* ---- transfer.c: between a segment file and a socket ----------------------------------- */
 
 /* Non-blocking sendfile(out_fd, in_fd, &offset, count): bytes sent, or -errno (-EAGAIN when
    the socket is full). */
