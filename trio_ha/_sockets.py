@@ -88,9 +88,9 @@ async def receive_now(sock: trio.socket.SocketType, size: int,
     checkpoints included: cancellation is looked at before reading, and bytes that were
     waiting come back after a yield. What it leaves out is the layers between: a conflict
     detector, the socket method's wrapper, the try-sync async context manager, and a cancel
-    scope with a deadline armed and disarmed on every read, which cost about 6 us per read
-    here (issue 11). Bytes already waiting, the common case under load, are read with one
-    syscall and no deadline at all; only a read that must wait arms one.
+    scope with a deadline armed and disarmed on every read, which cost more than the read's
+    other work (docs/performance.md, *Small costs*). Bytes already waiting, the common case under
+    load, are read with one syscall and no deadline at all; only a read that must wait arms one.
 
     A deadline that has passed returns None at once, bytes waiting or not, as
     ``move_on_at`` would (a peer that trickles a frame in byte by byte still meets its

@@ -12,10 +12,9 @@ Profiling: with ``TRIO_HA_BENCH_PROFILE=<dir>`` in the environment, each measure
 excluded) is profiled with cProfile in this process (``<dir>/client-<run>.prof``) and in the
 master and the slave, which start and stop their profiler when told on their stdin
 (``<dir>/<node>-<run>.prof``, e.g. ``master-sync-single-16x1-pass0.prof``). Profiles count
-wall time (a thread-CPU clock costs ~0.5 us a call here, more than most calls it would
-time): on a busy machine, time spent waiting for a core lands on whatever call was running,
-mostly socket calls that wake a peer. The figures of a profiled run are not comparable with
-others.
+wall time (a thread-CPU clock costs more per call than most calls it would time): on a busy machine,
+time spent waiting for a core lands on whatever call was running, mostly socket calls that wake a
+peer. The figures of a profiled run are not comparable with others.
 """
 
 from __future__ import annotations

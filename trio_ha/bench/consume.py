@@ -66,7 +66,7 @@ from .harness import (
 from .loopback import Children
 
 SOURCES = ("master", "slave")
-#: issue 11: pulls from the master and from the slave
+#: the pull target (docs/performance.md), from the master and from the slave
 TARGET_CONSUME = 200_000
 
 

@@ -16,7 +16,7 @@ Both ping-pongs also say what a round trip costs in CPU on each side (``cpu_us_p
 this process's and the echoing child's CPU over the timed part, per round trip). Each side
 is woken once per round trip, so this is the price of one wake-up with a read and a write on
 this machine — kernel and, for trio, the event loop — the floor under every per-message CPU
-figure of a node that wakes once per message (issue 11: on a VM it is tens of microseconds).
+figure of a node that wakes once per message (on a VM, tens of microseconds).
 
 The children are this module run with ``python -m`` and a role (``sink``, ``echo``,
 ``echo-trio``); :class:`Children` starts them and kills what is left at the end.

@@ -15,9 +15,10 @@ What runs (one JSON object per result, in this order):
    then a run bounded by time and by messages; every send timed; each in ``passes`` passes
    (3; quick: 1), the median pass reported with every pass's rate and their spread, and the
    CPU each process spent per message (``cpu_us_per_msg``);
-3. ``produce.summary``: issue 11's targets (SYNC_MASTER with a slave: 16 producers on one
-   instance, single sends and batches of 32; CPU per single send of master, slave and client;
-   one producer's p50 next to the trio round trip), met or not, and the reference figures.
+3. ``produce.summary``: the send targets of docs/performance.md (SYNC_MASTER with a slave:
+   16 producers on one instance, single sends and batches of 32; CPU per single send of
+   master, slave and client; one producer's p50 next to the trio round trip), met or not,
+   and the reference figures.
 
 N concurrent producers are N trio tasks sharing one client instance (one connection to the
 master), as a Java application's threads share one ``MQClientInstance``; the 16-task runs are
@@ -86,7 +87,7 @@ from .loopback import Children
 ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
 PRODUCER_GROUP = "BenchProducerGroup"
 
-#: issue 11's targets: SYNC_MASTER + slave, 16 producers on one client instance
+#: the send targets: SYNC_MASTER + slave, 16 producers on one client instance
 TARGET_SYNC_SINGLE_16 = 15_000
 TARGET_SYNC_BATCH_16 = 150_000
 #: ... CPU per single send at 16 producers, microseconds, by process
@@ -94,7 +95,7 @@ TARGET_CPU_US_PER_SEND = {"master": 60, "slave": 25, "client": 60}
 #: ... one producer's single send, p50 microseconds
 TARGET_SYNC_SINGLE_1_P50_US = 350
 
-#: the issue's figures for scale (same machine class; not measured here)
+#: the targets' reference figures for scale (same machine class; not measured here)
 REFERENCE = {
     "redis_replica_xadd_wait_16_c_clients_per_s": 30_700,
     "redis_replica_xadd_wait_16_redis_py_clients_per_s": 7_200,

@@ -11,8 +11,8 @@ A SYNC_MASTER answers SLAVE_NOT_AVAILABLE while no slave is attached: the messag
 but on the master alone. RocketMQ's slave waits a fixed 5 s before it reconnects, so each
 restart costs seconds of such answers; ours backs off from 20 ms to at most
 ``ha_reconnect_interval`` (docs/ha-protocol.md). The result prints the share of answered sends
-that said SLAVE_NOT_AVAILABLE next to issue 11's bound (under 2 %). Benchmarks report; they
-never assert.
+that said SLAVE_NOT_AVAILABLE next to the target's bound (docs/performance.md). Benchmarks report;
+they never assert.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .harness import common_fields, scratch_directory, tidied
 PRODUCERS = 4
 BODY_SIZE = 1024
 TOPIC = "BenchRestarts"
-#: issue 11: the share of answered sends that may say SLAVE_NOT_AVAILABLE
+#: the target: the share of answered sends that may say SLAVE_NOT_AVAILABLE
 TARGET_SLAVE_NOT_AVAILABLE_SHARE = 0.02
 
 

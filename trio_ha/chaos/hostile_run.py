@@ -372,7 +372,7 @@ class _Run:
                                           seconds=left(10), prefix="chaoshoard"),
             lambda: hostile.group_flood(a.broker, heartbeats=2, groups=2000, seconds=left(10),
                                         prefix="chaosgflood"),
-            # a signed read of a topic no one uses, replayed as its delete (issue 35)
+            # a signed read of a topic no one uses, replayed as its delete
             lambda: hostile.replay_signatures(a.broker, sign(RemotingCommand.request(
                 RequestCode.GET_TOPIC_CONFIG, {"topic": "chaosReplayed"}),
                 Credentials("chaosAdmin", "chaosSecret")), RequestCode.DELETE_TOPIC_IN_BROKER,

@@ -290,8 +290,8 @@ class Producer:
                              fresh: Iterator[str] | None = None) -> tuple[bytes, str]:
         """``_prepared``'s message's PROPERTIES field, without a new Message: the added
         UNIQ_KEY and WAIT go at the end, where ``_prepared``'s dict puts them (every send
-        prepares its message: no copy of it is made, 3 us less per send). A new UNIQ_KEY is
-        the next of ``fresh`` (a batch's ids, made together) when given."""
+        prepares its message, and a copy of it per send would be a good part of its cost). A new
+        UNIQ_KEY is the next of ``fresh`` (a batch's ids, made together) when given."""
         properties = message.properties
         uniq_id = properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
         if uniq_id == "":  # present but empty: replaced in place, as _prepared does
@@ -396,9 +396,9 @@ class Producer:
         timeout = self.send_msg_timeout if timeout is None else timeout
         deadline = trio.current_time() + timeout
         # Everything, route lookups included, ends by the deadline. Not under one cancel
-        # scope (6 us a send): the call's wait ends there by the connection's timer, and
-        # only what must wait for something else — a route, a connection — waits under a
-        # scope of its own (_until).
+        # scope (too dear a send; docs/performance.md): the call's wait ends there by the
+        # connection's timer, and only what must wait for something else — a route, a connection —
+        # waits under a scope of its own (_until).
         try:
             return await self._send_within(
                 topic, body, properties, sys_flag, flag, msg_id, queue=queue,

@@ -21,29 +21,29 @@ caller writes it itself (non-blocking; what the socket does not take goes to the
 ahead of anything queued after it). Pulls do: their answers are large and their callers busy
 with them, so four pulls answered together would otherwise go back together only after all
 four bodies are decoded — the broker idle meanwhile; flushed, each is on its way while the
-next body decodes (bench consume: 109k -> 168k messages/s). Sends do not: sixteen producers'
-frames gathered into one write cost the broker fewer reads and rounds than sixteen writes
-(flushing them measured 15 % more broker CPU per send). A lone call — none other waiting on
-the connection — is flushed too: no other frame is coming to share the writer's next write.
+next body decodes (``bench consume`` shows it). Sends do not: sixteen producers' frames
+gathered into one write cost the broker fewer reads and rounds than sixteen writes. A lone call —
+none other waiting on the connection — is flushed too: no other frame is coming to share the
+writer's next write.
 
 Why not always the round's end. Gathering a whole round into one write puts sixteen producers
 in lockstep: the client builds all sixteen frames while the broker idles, then the broker and
 its slave work on them while the client idles, and two cores do the work of one. So once
 WRITE_EARLY bytes are queued, the caller that crossed the mark writes them itself
 (non-blocking): the broker starts on the first frames while the client builds the rest. With
-16 producers and 1 KiB sends (about 22 KB a round) that is two writes a round instead of one;
-``bench produce`` measured 8.2k -> 9.5k SYNC sends a second for about 5 % more CPU per send
-on the broker (more, smaller reads and replication frames).
+16 producers and 1 KiB sends (about 22 KB a round) that is two writes a round instead of one:
+more sends a second, for a little more broker CPU per send (more, smaller reads and
+replication frames). The figures behind these three choices are in docs/performance.md,
+*Small costs that shaped the code*.
 
 Why a timer task for timeouts. A call's timeout could be a cancel scope around its wait, but
-a scope with a deadline costs about 6 us to enter and leave (trio 0.35, here), more than
-formatting the request: a tenth of a producer's CPU per send. So a call with a deadline puts
-(deadline, opaque) on the connection's heap, and one timer task answers the calls still
-waiting when their deadlines come (``_run_timer``); it sleeps until the earliest, and is woken
-earlier only when a call comes with an earlier deadline than any before it (sends with one
-timeout come in deadline order: never). Answered calls leave the heap when they reach its
-front. A call with neither timeout nor deadline waits as long as its caller's own scope lets
-it (a consumer's pull, under the pull's deadline).
+a scope with a deadline costs more to enter and leave than formatting the request does. So a call
+with a deadline puts (deadline, opaque) on the connection's heap, and one timer task answers the
+calls still waiting when their deadlines come (``_run_timer``); it sleeps until the earliest, and is
+woken earlier only when a call comes with an earlier deadline than any before it (sends with one
+timeout come in deadline order: never). Answered calls leave the heap when they reach its front. A
+call with neither timeout nor deadline waits as long as its caller's own scope lets it (a consumer's
+pull, under the pull's deadline).
 
 A server may send requests of its own on the connection (a broker's oneway
 NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE). The reader hands each to

@@ -20,18 +20,17 @@ whatever a client sends or does costs only its own connection.
 
 The endpoint has its own connection budget, apart from the remoting listeners':
 ``max_connections`` at once. A scrape must get through while idle or trickling (slowloris)
-connections hold the budget (issue 35: 300 slowloris or 3,000 idle connections made every scrape
-fail, as each new connection was closed at once), so the accept is fair to the newcomer: when
-the budget is full, the connection that has waited longest for its request head makes way
-(closed, one rate-limited log line for the lot); only when every connection is already being
+connections hold the budget (a few hundred slowloris or a few thousand idle connections once
+made every scrape fail, as each new connection was closed at once), so the accept is fair to the
+newcomer: when the budget is full, the connection that has waited longest for its request head makes
+way (closed, one rate-limited log line for the lot); only when every connection is already being
 answered is the newcomer closed instead. A scrape sends its head at once and is answered in
-milliseconds, so under a flood it is evicted only if ``max_connections`` more connections
-arrive before its head does; a held connection, idle or trickling, lasts only until
-``max_connections`` newer ones come (and ``idle_timeout`` or ``timeout`` at most).
-Only ``GET`` and ``HEAD`` of ``/metrics`` answer with the series (a query string is ignored);
-any other path is 404, any other method 405, a malformed head 400, an oversized one 431. A
-collector that fails answers 500 and is logged, rate-limited: a bug in a series must not stop
-the node.
+milliseconds, so under a flood it is evicted only if ``max_connections`` more connections arrive
+before its head does; a held connection, idle or trickling, lasts only until ``max_connections``
+newer ones come (and ``idle_timeout`` or ``timeout`` at most). Only ``GET`` and ``HEAD`` of
+``/metrics`` answer with the series (a query string is ignored); any other path is 404, any other
+method 405, a malformed head 400, an oversized one 431. A collector that fails answers 500 and is
+logged, rate-limited: a bug in a series must not stop the node.
 """
 
 from __future__ import annotations

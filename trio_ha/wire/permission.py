@@ -29,7 +29,7 @@ class Permission(enum.IntFlag):
 
 
 # The bits as plain ints, for the checks made on every send and pull: ``perm & Permission.WRITE``
-# makes a new flag member through the enum machinery (0.5 us here), a plain ``&`` 0.01 us.
+# makes a new flag member through the enum machinery, fifty times a plain ``&``.
 _WRITE = int(Permission.WRITE)
 _READ = int(Permission.READ)
 

@@ -1,4 +1,4 @@
-"""The attacks of the hardening issues (issues 9, 35 and 36) as reusable functions against
+"""The attacks of the hardening reviews as reusable functions against
 given addresses: a catalog, one module per attacker.
 
 Why a catalog and not only tests: each attack was first written inline in a test against an

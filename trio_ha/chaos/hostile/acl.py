@@ -1,5 +1,5 @@
 """The attacker that has watched one signed request go by and, without the secret, sends its
-signature again as another request (``replayed_as``, ``replay_signatures``; issue 35).
+signature again as another request (``replayed_as``, ``replay_signatures``).
 
 Why a module of its own: it attacks the ACL's signature, not a port's limits; the ways to
 rebuild a request whose signed content is the same byte for byte follow from how RocketMQ

@@ -1,5 +1,5 @@
 """The attacker on a node's metrics endpoint (``metricsPort``, plain HTTP): a crowd of idle
-and slowloris connections while Prometheus scrapes (``crowd_the_metrics``; issue 35,
+and slowloris connections while Prometheus scrapes (``crowd_the_metrics``,
 defect 5), and one scrape as Prometheus makes it (``scrape_status``).
 
 Why a module of its own: the endpoint speaks HTTP, not RocketMQ's remoting, and has its own

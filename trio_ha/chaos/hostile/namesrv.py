@@ -1,6 +1,6 @@
 """The attacker that tries to take a broker name over at the name server: unregister its live
 master, register a master of its own, or point the live master's HA address at itself
-(``broker_name_takeover``, issue 35).
+(``broker_name_takeover``).
 
 Why a module of its own: it attacks the routes every client and slave follows, not a
 broker; it wins not by crashing anything but by what the name server answers to

@@ -1,5 +1,5 @@
 """The requests a client sends a broker, written by hand: valid ones, and those a broker must
-refuse (``invalid_requests``: issue 9, point 11).
+refuse (``invalid_requests``).
 
 Why by hand rather than through the client library: an attacker sends what it likes, and
 the library would refuse to write a name with a slash or a negative queue. The attacks of
@@ -19,7 +19,7 @@ __all__ = [
     "send_request", "subscription_group_request",
 ]
 
-#: a 250-character group name ending in "/" (issue 9, point 11)
+#: a 250-character group name ending in "/"
 BAD_GROUP = "g" * 249 + "/"
 BAD_TOPIC = "../etc"
 LONG_TOPIC = "t" * 300
@@ -100,7 +100,7 @@ def lock_request(group: str, client_id: str, queues: list[tuple[str, str, int]],
 
 def invalid_requests() -> dict[str, RemotingCommand]:
     """One request per broker handler path that takes a name or a number from the client,
-    each with a value the broker must refuse (issue 9, point 11)."""
+    each with a value the broker must refuse."""
     consumer = {"groupName": BAD_GROUP, "consumeType": "CONSUME_PASSIVELY",
                 "messageModel": "CLUSTERING", "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
                 "subscriptionDataSet": [], "unitMode": False}

@@ -11,8 +11,8 @@ booleans, not only strings (fastjson coerces them). We coerce them the way Java 
 processors only ever see strings.
 
 Sends are the hot path (tens of thousands a second). JSON headers are read and written by
-orjson, in a third of the time the standard library takes (decoding a send's header: 0.9 us
-against 2.9; encoding: 0.9 against 1.9; issue 11). orjson serves only the plain case, though:
+orjson, in a third to a half of the time the standard library takes (figures in
+docs/performance.md, *Small costs*). orjson serves only the plain case, though:
 the standard library's reading is the contract. A header orjson refuses (malformed UTF-8, which
 Java replaces; lone surrogate escapes; integers past 64 bits, which orjson reads as floats) or
 whose values are not the plain kinds (integer fields in range, string extFields) is read again
