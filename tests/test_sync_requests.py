@@ -41,11 +41,16 @@ class Log:
         return self.end
 
 
-async def put(svc: SyncRequestService, end: int | Log, answers: dict[int, tuple[PutMessageStatus, float]]):
-    """What a put does after its append: request, then wait for the answer."""
+async def put(svc: SyncRequestService, end: int | Log, answers: dict[int, tuple[PutMessageStatus, float]],
+              *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
+    """What a put does after its append: request, then wait for the answer. Requests are made
+    in append order, as a store's puts make them right after their appends: start puts of
+    given ends with ``nursery.start`` (started once the request is made), or take their ends
+    from a ``Log``."""
     if isinstance(end, Log):
         end = end.append()
     request = svc.request(end, trio.current_time())
+    task_status.started()
     answers[end] = (await svc.wait(request), trio.current_time())
 
 
@@ -55,7 +60,7 @@ async def test_requests_complete_in_offset_order_as_the_watermark_rises(autojump
     async with trio.open_nursery() as nursery:
         await nursery.start(svc.run)
         for end in (100, 200, 300):
-            nursery.start_soon(put, svc, end, answers)
+            await nursery.start(put, svc, end, answers)
         await trio.sleep(1)
         svc.watermark.raise_to(250)  # covers the first two only
         await trio.sleep(1)
@@ -88,19 +93,24 @@ async def test_a_rise_answers_the_requests_it_covers_before_anything_else_runs(a
         nursery.cancel_scope.cancel()
 
 
-async def test_a_request_handed_to_the_idle_task_after_a_rise_is_put_in_its_place(
+async def test_a_request_handed_to_the_idle_task_after_a_rise_is_answered_in_its_place(
     autojump_clock,
 ):
+    """The channel once decided the order: a request handed straight to the idle task was
+    taken after the ones a rise took before the task ran, and had to be inserted in place.
+    Now the order is the waiting queue's, made at the request: the rise answers the first
+    in its place, before the task even runs."""
     svc = service(timeout=5.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(svc.run)  # idle: waiting on the channel
         first = svc.request(10, trio.current_time())  # handed straight to the task
         second = svc.request(20, trio.current_time())  # buffered
         svc.watermark.raise_to(15)  # before the task runs: the rise takes the second
-        assert (first.status, second.status) == (None, None)
+        assert (first.status, second.status) == (OK, None)  # in the rise itself
         assert svc.statistics().held == 1  # the second, taken by the rise
         await trio.testing.wait_all_tasks_blocked()
-        assert (first.status, second.status) == (OK, None)  # the task put the first first
+        assert (first.status, second.status) == (OK, None)
+        assert svc.statistics().held == 1  # the task took the first answered: no slot
         await trio.sleep(10)
         assert second.status is TIMEOUT
         nursery.cancel_scope.cancel()
@@ -118,7 +128,7 @@ async def test_a_pending_put_calls_back_once_answered_or_asks_for_a_task_when_th
 
     def pending(end: int) -> PendingPut:
         appended = PutMessageResult(OK, end - 10, 10)
-        return PendingPut(appended, replica=(svc, svc.request(end, now)))
+        return PendingPut(appended, replica=svc.request(end, now))
 
     called: list[PutMessageResult] = []
     async with trio.open_nursery() as nursery:
@@ -157,8 +167,8 @@ async def test_a_put_waiting_for_the_disk_and_the_slave_is_called_back_once_both
 
     def pending(end: int) -> PendingPut:
         return PendingPut(PutMessageResult(OK, end - 10, 10),
-                          durable=(disk, disk.request(end, now)),
-                          replica=(slaves, slaves.request(end, now)))
+                          durable=disk.request(end, now),
+                          replica=slaves.request(end, now))
 
     called: list[PutMessageResult] = []
     async with trio.open_nursery() as nursery:
@@ -180,8 +190,8 @@ async def test_a_put_waiting_for_the_disk_and_the_slave_is_called_back_once_both
         nursery.cancel_scope.cancel()
     full, other = service(capacity=1), service()  # not running: the first's channel holds one
     full.request(10, now)
-    unsent = PendingPut(PutMessageResult(OK, 10, 10), durable=(full, full.request(20, now)),
-                        replica=(other, other.request(20, now)))
+    unsent = PendingPut(PutMessageResult(OK, 10, 10), durable=full.request(20, now),
+                        replica=other.request(20, now))
     assert not unsent.when_done(called.append) and len(called) == 2
 
 
@@ -376,8 +386,8 @@ async def test_group_transfer_statuses(autojump_clock, make_config):
         await put(svc, 10, answers)  # no slave close enough: told at once
         assert answers[10] == (PutMessageStatus.SLAVE_NOT_AVAILABLE, 0.0)
         slaves_ok["ok"] = True
-        nursery.start_soon(put, svc, 20, answers)
-        nursery.start_soon(put, svc, 30, answers)
+        await nursery.start(put, svc, 20, answers)
+        await nursery.start(put, svc, 30, answers)
         await trio.sleep(1)
         slaves_ok["ok"] = False  # accepted requests are not judged again
         replicated.raise_to(20)
@@ -421,7 +431,7 @@ async def test_a_put_answered_at_once_is_not_cancellable(autojump_clock, make_co
     happened and waits for nothing must return its result."""
     svc = GroupTransferService.for_replicas(Watermark(), lambda end: False, make_config())
     appended = PutMessageResult(OK, 0, 10)
-    pending = PendingPut(appended, replica=(svc, svc.request(10, trio.current_time())))
+    pending = PendingPut(appended, replica=svc.request(10, trio.current_time()))
     assert pending.done
     result = None
     with trio.CancelScope() as scope:
