@@ -116,6 +116,33 @@ async def test_a_request_handed_to_the_idle_task_after_a_rise_is_answered_in_its
         nursery.cancel_scope.cancel()
 
 
+async def test_a_request_waiting_for_room_is_answered_in_its_turn(autojump_clock):
+    """The channel only admits: a request whose put waits for room is in the service's
+    queue all the same, so a rise that covers it answers it in its turn, in the rise, and
+    the room that rise makes lets its put in."""
+    svc = service(capacity=1)
+    answers: dict[int, tuple[PutMessageStatus, float]] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(svc.run)
+        now = trio.current_time()
+        first, second, third = (svc.request(end, now) for end in (10, 20, 30))
+        assert first.sent and second.sent and not third.sent
+
+        async def wait_third():
+            answers[30] = (await svc.wait(third), trio.current_time())
+
+        nursery.start_soon(wait_third)
+        await trio.sleep(1)
+        assert svc.statistics().blocked == 1
+        svc.watermark.raise_to(30)
+        assert (first.status, second.status, third.status) == (OK, OK, OK)
+        await trio.testing.wait_all_tasks_blocked()
+        assert answers[30] == (OK, 1.0) and third.sent
+        stats = svc.statistics()
+        assert (stats.pending, stats.completed, stats.timed_out) == (0, 3, 0)
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_pending_put_calls_back_once_answered_or_asks_for_a_task_when_the_channel_is_full(
         autojump_clock):
     """Issue 11: a put whose caller has no task to wait in (the broker answers a SYNC send
