@@ -93,24 +93,25 @@ async def test_a_rise_answers_the_requests_it_covers_before_anything_else_runs(a
         nursery.cancel_scope.cancel()
 
 
-async def test_a_request_handed_to_the_idle_task_after_a_rise_is_answered_in_its_place(
+async def test_a_request_made_while_the_task_is_idle_is_answered_by_a_rise_in_its_place(
     autojump_clock,
 ):
     """The channel once decided the order: a request handed straight to the idle task was
     taken after the ones a rise took before the task ran, and had to be inserted in place.
-    Now the order is the waiting queue's, made at the request: the rise answers the first
-    in its place, before the task even runs."""
+    Now the order is the waiting queue's, made at the request, and a request takes a free
+    slot without the channel: the rise answers the first in its place, before the task it
+    woke even runs."""
     svc = service(timeout=5.0)
     async with trio.open_nursery() as nursery:
-        await nursery.start(svc.run)  # idle: waiting on the channel
-        first = svc.request(10, trio.current_time())  # handed straight to the task
-        second = svc.request(20, trio.current_time())  # buffered
-        svc.watermark.raise_to(15)  # before the task runs: the rise takes the second
+        await nursery.start(svc.run)  # idle: waiting for a request
+        first = svc.request(10, trio.current_time())  # wakes the task
+        second = svc.request(20, trio.current_time())
+        svc.watermark.raise_to(15)  # before the task runs
         assert (first.status, second.status) == (OK, None)  # in the rise itself
-        assert svc.statistics().held == 1  # the second, taken by the rise
+        assert svc.statistics().held == 1  # the second
         await trio.testing.wait_all_tasks_blocked()
         assert (first.status, second.status) == (OK, None)
-        assert svc.statistics().held == 1  # the task took the first answered: no slot
+        assert svc.statistics().held == 1
         await trio.sleep(10)
         assert second.status is TIMEOUT
         nursery.cancel_scope.cancel()
@@ -215,7 +216,8 @@ async def test_a_put_waiting_for_the_disk_and_the_slave_is_called_back_once_both
         await trio.sleep(6)  # the slave never acks: its service answers at the deadline
         assert len(called) == 2 and called[-1].status is TIMEOUT
         nursery.cancel_scope.cancel()
-    full, other = service(capacity=1), service()  # not running: the first's channel holds one
+    full, other = service(capacity=1), service()  # not running: a slot and the channel's one
+    full.request(5, now)
     full.request(10, now)
     unsent = PendingPut(PutMessageResult(OK, 10, 10), durable=full.request(20, now),
                         replica=other.request(20, now))

@@ -13,19 +13,20 @@ to a status, with the end offset it needs and its deadline. Two structures, two 
   order too (every deadline is "made + the same timeout"). The service looks only at its
   front: a rise of its watermark answers the covered prefix PUT_OK, the front's deadline
   answers the expired prefix with the timeout status.
-* A bounded trio memory channel, for admission and back-pressure only. A request is admitted
-  when it is sent into the channel; the service takes admitted requests into at most
-  ``capacity`` slots and the channel buffers as many again; a put beyond that waits for room
-  (trio queues such senders in order) instead of growing a list without bound. Nothing is
-  dropped, and the channel's statistics are the service's (queued, blocked). A request
-  waiting for admission is in the queue all the same, and is answered in its turn; its put
-  still waits for room before it goes on.
+* Admission, for back-pressure only: ``capacity`` slots, then a bounded trio memory channel.
+  A request takes a free slot as it is made; when all are taken it goes into the channel,
+  which buffers as many again, and beyond that its put waits for room (trio queues such
+  senders in order) instead of growing a list without bound. As answers free slots, the
+  service takes the channel's requests into them, which lets the blocked puts in, in order.
+  Nothing is dropped, and the channel's statistics are the service's (queued, blocked). A
+  request waiting for admission is in the queue all the same and is answered in its turn;
+  its put still waits for room before it goes on.
 
 No polling, and no extra task switch: the service listens to its watermark, and a rise
 answers the requests it covers right there, so a put wakes in the same scheduling round as
 the rise, as if it waited on the watermark itself. The service's task only keeps time: it
-sleeps until the front's deadline (a rise that changes the front moves it), or waits on the
-channel when nothing waits. A rise that answers everything leaves that sleep as it was: it
+sleeps until the front's deadline (a rise that changes the front moves it), or, when nothing
+waits, until a request comes. A rise that answers everything leaves that sleep as it was: it
 wakes once at the old deadline, for nothing, rather than once per put. (RocketMQ's
 GroupTransferService wakes every 10 ms to look.)
 
@@ -62,10 +63,10 @@ class SyncRequest(Answer[PutMessageStatus]):
     deadline: float
     #: trio time at which the put made the request
     made_at: float
-    #: admitted: in the service's channel or taken from it (False: it did not fit yet, and
-    #: its put waits for room in ``send_when_room``)
+    #: admitted: in one of the service's slots or in its channel (False: it did not fit yet,
+    #: and its put waits for room in ``send_when_room``)
     sent: bool = False
-    #: taken into one of the service's ``capacity`` slots (freed when it is answered)
+    #: in one of the service's ``capacity`` slots (freed when it is answered)
     held: bool = False
 
     @property
@@ -183,8 +184,12 @@ class SyncRequestService:
     #: the end of the last request dropped from the front: where the front's bytes start at
     #: the earliest (0 before any: nothing is assumed about a put that came before)
     _floor: int = attrs.field(init=False, default=0)
-    #: how many of the ``capacity`` slots hold a request (taken from the channel, unanswered)
+    #: how many of the ``capacity`` slots hold a request (admitted, unanswered)
     _held: int = attrs.field(init=False, default=0)
+    #: the task, when nothing waits, waits here for a request
+    _idle: trio.lowlevel.ParkingLot = attrs.field(init=False, factory=trio.lowlevel.ParkingLot)
+    #: the service has stopped: a request is answered as it is made
+    _stopped: bool = attrs.field(init=False, default=False)
     _completed: int = attrs.field(init=False, default=0)
     _timed_out: int = attrs.field(init=False, default=0)
     #: how long answered requests waited, from their puts' requests to their answers
@@ -198,24 +203,30 @@ class SyncRequestService:
     # ---- the put's side ------------------------------------------------------------------
 
     def request(self, end: int, start: float) -> SyncRequest:
-        """A request for ``end`` whose clock started at ``start`` (trio time), sent into the
-        channel if it has room. Synchronous, so a put can make its requests to both
-        services right after its append, then wait for both answers."""
+        """A request for ``end`` whose clock started at ``start`` (trio time), admitted if
+        there is room: a free slot, or else the channel. Synchronous, so a put can make its
+        requests to both services right after its append, then wait for both answers."""
         request = SyncRequest(self, end, start + self.timeout, start)
         if self.watermark.value >= end:
             request.set(PutMessageStatus.PUT_OK)
             self._answered_at_once(request)
             return request
-        try:
-            self._send.send_nowait(request)
-        except trio.WouldBlock:
-            pass  # wait() sends it: the put waits for room there
-        except trio.BrokenResourceError:
-            request.set(self._final_status(request))  # the service has stopped
+        if self._stopped:
+            request.set(self.timeout_status)  # (not covered: its final status)
             return request
+        waiting = self._waiting
+        if self._held < self.capacity:
+            request.sent = request.held = True
+            self._held += 1
+            if not waiting and self._idle:
+                self._idle.unpark()
         else:
-            request.sent = True
-        self._waiting.append(request)
+            try:
+                self._send.send_nowait(request)
+                request.sent = True
+            except trio.WouldBlock:
+                pass  # wait() sends it: the put waits for room there
+        waiting.append(request)
         return request
 
     def _answered_at_once(self, request: SyncRequest) -> None:
@@ -269,7 +280,7 @@ class SyncRequestService:
         waiting = self._waiting
         while True:
             if not waiting:
-                self._take(await self._receive.receive())
+                await self._idle.park()  # until request() adds one
             self._round()
             if waiting:
                 # Rises are answered by _on_rise, which also moves this deadline when the
@@ -284,10 +295,10 @@ class SyncRequestService:
             self._round()
 
     def _round(self) -> None:
-        """Take what the channel admitted into the free slots, and answer the front: what
-        the watermark covers and what is past its deadline; again while that frees slots
-        and the channel has more (which lets the puts blocked on it in). Then tell the
-        task's wait where the front's deadline is now."""
+        """Take what the channel holds into the free slots, and answer the front: what the
+        watermark covers and what is past its deadline; again while that frees slots and
+        the channel has more (which lets the puts blocked on it in). Then tell the task's
+        wait where the front's deadline is now."""
         while True:
             drained = self._take_admitted()
             if not self._answer_front() or drained:
@@ -302,15 +313,13 @@ class SyncRequestService:
         receive = self._receive
         while self._held < self.capacity:
             try:
-                self._take(receive.receive_nowait())
+                request = receive.receive_nowait()
             except (trio.WouldBlock, trio.ClosedResourceError):
                 return True
+            if not request.done:  # (one answered while in the channel only leaves it)
+                request.held = True
+                self._held += 1
         return False
-
-    def _take(self, request: SyncRequest) -> None:
-        if not request.done:  # (one answered while in the channel only leaves it)
-            request.held = True
-            self._held += 1
 
     def _answer_front(self) -> int:
         """Answer the covered and the expired prefix of the waiting requests; how many."""
@@ -345,8 +354,9 @@ class SyncRequestService:
 
     def _answer_all_and_close(self) -> None:
         """The service stops: drain the channel (which lets every blocked sender in), close
-        it, so a later request is answered at once, and answer every request waiting.
+        it, and answer every request waiting; a later request is answered as it is made.
         Synchronous: it runs while the task is being cancelled."""
+        self._stopped = True
         while True:
             try:
                 self._receive.receive_nowait()
