@@ -144,6 +144,26 @@ async def test_a_request_waiting_for_room_is_answered_in_its_turn(autojump_clock
         nursery.cancel_scope.cancel()
 
 
+async def test_a_request_sent_late_takes_a_slot_that_came_free(autojump_clock):
+    """A put whose request found no room waits for it in its own time (the broker's, in a
+    task it starts); when slots came free meanwhile, it takes one rather than the channel."""
+    svc = service(capacity=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(svc.run)
+        now = trio.current_time()
+        first, second, third = (svc.request(end, now) for end in (10, 20, 30))
+        assert not third.sent
+        svc.watermark.raise_to(20)
+        stats = svc.statistics()
+        assert (stats.held, stats.queued, stats.blocked) == (0, 0, 0)
+        await svc.send_when_room(third)
+        stats = svc.statistics()
+        assert third.sent and (stats.held, stats.queued, stats.pending) == (1, 0, 1)
+        svc.watermark.raise_to(30)
+        assert await svc.wait(third) is OK
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_pending_put_calls_back_once_answered_or_asks_for_a_task_when_the_channel_is_full(
         autojump_clock):
     """Issue 11: a put whose caller has no task to wait in (the broker answers a SYNC send

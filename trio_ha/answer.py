@@ -99,28 +99,31 @@ def when_all(answers: Sequence[Answer[Any] | None], callback: Callable[[], None]
     """Call ``callback()`` once, when the last of ``answers`` is given (now, if all are).
     None entries are skipped: a caller passes what it may or may not be waiting for (a put's
     flush and replica answers). Waiting on one answer registers ``callback`` itself."""
-    left = 0
+    first = None
     for answer in answers:
-        if answer is not None and not answer.done:
-            left += 1
-    if left == 0:
+        if answer is not None and not answer._done:
+            if first is not None:
+                _when_each(answers, callback)
+                return
+            first = answer
+    if first is None:
         callback()
-        return
-    if left == 1:
-        for answer in answers:
-            if answer is not None and not answer.done:
-                answer.when_done(callback)
-        return
-    counted = [left]
+    else:
+        first.when_done(callback)
+
+
+def _when_each(answers: Sequence[Answer[Any] | None], callback: Callable[[], None]) -> None:
+    """``when_all`` for two answers or more not given yet: count them down."""
+    waiting = [answer for answer in answers if answer is not None and not answer._done]
+    left = [len(waiting)]
 
     def one_given() -> None:
-        counted[0] -= 1
-        if not counted[0]:
+        left[0] -= 1
+        if not left[0]:
             callback()
 
-    for answer in answers:
-        if answer is not None and not answer.done:
-            answer.when_done(one_given)
+    for answer in waiting:
+        answer.when_done(one_given)
 
 
 async def wait_all(answers: Sequence[Answer[Any] | None]) -> None:

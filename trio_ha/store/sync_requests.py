@@ -16,7 +16,8 @@ to a status, with the end offset it needs and its deadline. Two structures, two 
 * Admission, for back-pressure only: ``capacity`` slots, then a bounded trio memory channel.
   A request takes a free slot as it is made; when all are taken it goes into the channel,
   which buffers as many again, and beyond that its put waits for room (trio queues such
-  senders in order) instead of growing a list without bound. As answers free slots, the
+  senders in order; a put that comes back for room takes a slot if one came free) instead
+  of growing a list without bound. As answers free slots, the
   service takes the channel's requests into them, which lets the blocked puts in, in order.
   Nothing is dropped, and the channel's statistics are the service's (queued, blocked). A
   request waiting for admission is in the queue all the same and is answered in its turn;
@@ -97,13 +98,6 @@ class PendingPut:
         durable, replica = self.durable, self.replica
         return (durable is None or durable.done) and (replica is None or replica.done)
 
-    @property
-    def admitted(self) -> bool:
-        """Every request is in its service's channel, or answered."""
-        durable, replica = self.durable, self.replica
-        return (durable is None or durable.sent or durable.done) and (
-            replica is None or replica.sent or replica.done)
-
     def result(self) -> PutMessageResult:
         """The put's result, once ``done``."""
         status = PutMessageStatus.PUT_OK
@@ -139,9 +133,11 @@ class PendingPut:
         all are), from the task that answers it; ``callback`` must not raise. False, and
         nothing registered, when a request did not fit its service's channel: the put must
         ``wait`` in a task, which waits for room there (the channel's back-pressure)."""
-        if not self.admitted:
-            return False
-        when_all((self.durable, self.replica), lambda: callback(self.result()))
+        requests = (self.durable, self.replica)
+        for request in requests:
+            if request is not None and not (request.sent or request.done):
+                return False  # not admitted
+        when_all(requests, lambda: callback(self.result()))
         return True
 
 
@@ -252,6 +248,11 @@ class SyncRequestService:
         oldest put still waiting (so no slave could count; fixed with issue 11's review)."""
         if request.sent or request.done:
             return
+        if self._held < self.capacity and not self._stopped:
+            # Slots came free since the request was made (and then nobody waits for room).
+            request.sent = request.held = True
+            self._held += 1
+            return
         try:
             with trio.move_on_at(request.deadline):
                 try:
@@ -302,7 +303,7 @@ class SyncRequestService:
         while True:
             drained = self._take_admitted()
             if not self._answer_front() or drained:
-                break  # nothing answered (no slot freed), or nothing more to take
+                break  # nothing left the queue (no slot freed), or nothing more to take
         waiting = self._waiting
         wait = self._front_wait
         if wait is not None and waiting:
@@ -321,31 +322,37 @@ class SyncRequestService:
                 self._held += 1
         return False
 
-    def _answer_front(self) -> int:
-        """Answer the covered and the expired prefix of the waiting requests; how many."""
+    def _answer_front(self) -> bool:
+        """Answer the covered and the expired prefix of the waiting requests, and drop them
+        (with those answered out of turn); whether any left the queue."""
         waiting = self._waiting
         value = self.watermark.value
         now = trio.current_time()
         observe = self._waits.observe
-        answered = 0
+        completed = timed_out = freed = 0
+        last = None
         while waiting:
             request = waiting[0]
-            if not request.done:
-                if request.end <= value:
-                    request.set(PutMessageStatus.PUT_OK)
-                    self._completed += 1
-                elif request.deadline <= now:
-                    request.set(self.timeout_status)
-                    self._timed_out += 1
-                else:
-                    break
-                observe(now - request.made_at)
-                answered += 1
-                if request.held:
-                    self._held -= 1
+            if request.end <= value:
+                if request.set(PutMessageStatus.PUT_OK):
+                    completed += 1
+                    observe(now - request.made_at)
+            elif request.deadline <= now:
+                if request.set(self.timeout_status):
+                    timed_out += 1
+                    observe(now - request.made_at)
+            elif not request.done:
+                break
+            freed += request.held
             waiting.popleft()
-            self._floor = request.end
-        return answered
+            last = request
+        if last is None:
+            return False
+        self._floor = last.end
+        self._held -= freed
+        self._completed += completed
+        self._timed_out += timed_out
+        return True
 
     def _final_status(self, request: SyncRequest) -> PutMessageStatus:
         if self.watermark.value >= request.end:
