@@ -393,6 +393,7 @@ async def test_a_sync_service_counts_every_answer_it_gives(autojump_clock):
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
         nursery.start_soon(put, 10)
+        await trio.testing.wait_all_tasks_blocked()  # in append order, as a store's puts
         nursery.start_soon(put, 20)
         await trio.sleep(0.003)
         service.watermark.raise_to(10)  # the first, after 3 ms; the second times out at 5 s

@@ -531,32 +531,20 @@ async def test_an_early_write_cut_short_leaves_the_tail_first_and_frames_whole(n
 
 
 class ManualPending:
-    """A PendingReply the test completes by hand (``finish``); with ``task=True`` it asks to
-    be waited for in a task instead of calling back."""
+    """A PendingReply the test completes by hand (``finish``): an ``Answer`` given then, or,
+    with ``task=True``, a ``WaitInTask`` whose task waits for it."""
 
     def __init__(self, request, task: bool = False) -> None:
+        from trio_ha.answer import Answer
+        from trio_ha.remoting.connection import WaitInTask
+
         self.request = request
-        self.task = task
-        self.callback = None
-        self.done = trio.Event()
-
-    def when_done(self, callback) -> bool:
-        if self.task:
-            return False
-        self.callback = callback
-        return True
-
-    async def wait(self):
-        await self.done.wait()
-        return self._reply()
+        self.answer = Answer()
+        self.outcome = WaitInTask(self.answer.wait) if task else self.answer
 
     def finish(self) -> None:
-        if self.callback is not None:
-            self.callback(self._reply())
-        self.done.set()
-
-    def _reply(self):
-        return RemotingCommand.response_to(self.request, ResponseCode.SUCCESS, remark="later")
+        self.answer.set(RemotingCommand.response_to(self.request, ResponseCode.SUCCESS,
+                                                    remark="later"))
 
 
 LATER, LATER_IN_TASK, NOT_A_REPLY = 9010, 9011, 9012
@@ -574,7 +562,7 @@ class ScriptedFastHandler:
         if request.code in (LATER, LATER_IN_TASK):
             pending = ManualPending(request, task=request.code == LATER_IN_TASK)
             self.pending.append(pending)
-            return pending
+            return pending.outcome
         if request.code == FAIL:
             raise ValueError("fast processor bug")
         if request.code == NOT_A_REPLY:

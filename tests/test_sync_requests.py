@@ -41,11 +41,16 @@ class Log:
         return self.end
 
 
-async def put(svc: SyncRequestService, end: int | Log, answers: dict[int, tuple[PutMessageStatus, float]]):
-    """What a put does after its append: request, then wait for the answer."""
+async def put(svc: SyncRequestService, end: int | Log, answers: dict[int, tuple[PutMessageStatus, float]],
+              *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
+    """What a put does after its append: request, then wait for the answer. Requests are made
+    in append order, as a store's puts make them right after their appends: start puts of
+    given ends with ``nursery.start`` (started once the request is made), or take their ends
+    from a ``Log``."""
     if isinstance(end, Log):
         end = end.append()
     request = svc.request(end, trio.current_time())
+    task_status.started()
     answers[end] = (await svc.wait(request), trio.current_time())
 
 
@@ -55,7 +60,7 @@ async def test_requests_complete_in_offset_order_as_the_watermark_rises(autojump
     async with trio.open_nursery() as nursery:
         await nursery.start(svc.run)
         for end in (100, 200, 300):
-            nursery.start_soon(put, svc, end, answers)
+            await nursery.start(put, svc, end, answers)
         await trio.sleep(1)
         svc.watermark.raise_to(250)  # covers the first two only
         await trio.sleep(1)
@@ -88,21 +93,74 @@ async def test_a_rise_answers_the_requests_it_covers_before_anything_else_runs(a
         nursery.cancel_scope.cancel()
 
 
-async def test_a_request_handed_to_the_idle_task_after_a_rise_is_put_in_its_place(
+async def test_a_request_made_while_the_task_is_idle_is_answered_by_a_rise_in_its_place(
     autojump_clock,
 ):
+    """The channel once decided the order: a request handed straight to the idle task was
+    taken after the ones a rise took before the task ran, and had to be inserted in place.
+    Now the order is the waiting queue's, made at the request, and a request takes a free
+    slot without the channel: the rise answers the first in its place, before the task it
+    woke even runs."""
     svc = service(timeout=5.0)
     async with trio.open_nursery() as nursery:
-        await nursery.start(svc.run)  # idle: waiting on the channel
-        first = svc.request(10, trio.current_time())  # handed straight to the task
-        second = svc.request(20, trio.current_time())  # buffered
-        svc.watermark.raise_to(15)  # before the task runs: the rise takes the second
-        assert (first.status, second.status) == (None, None)
-        assert svc.statistics().held == 1  # the second, taken by the rise
+        await nursery.start(svc.run)  # idle: waiting for a request
+        first = svc.request(10, trio.current_time())  # wakes the task
+        second = svc.request(20, trio.current_time())
+        svc.watermark.raise_to(15)  # before the task runs
+        assert (first.status, second.status) == (OK, None)  # in the rise itself
+        assert svc.statistics().held == 1  # the second
         await trio.testing.wait_all_tasks_blocked()
-        assert (first.status, second.status) == (OK, None)  # the task put the first first
+        assert (first.status, second.status) == (OK, None)
+        assert svc.statistics().held == 1
         await trio.sleep(10)
         assert second.status is TIMEOUT
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_request_waiting_for_room_is_answered_in_its_turn(autojump_clock):
+    """The channel only admits: a request whose put waits for room is in the service's
+    queue all the same, so a rise that covers it answers it in its turn, in the rise, and
+    the room that rise makes lets its put in."""
+    svc = service(capacity=1)
+    answers: dict[int, tuple[PutMessageStatus, float]] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(svc.run)
+        now = trio.current_time()
+        first, second, third = (svc.request(end, now) for end in (10, 20, 30))
+        assert first.sent and second.sent and not third.sent
+
+        async def wait_third():
+            answers[30] = (await svc.wait(third), trio.current_time())
+
+        nursery.start_soon(wait_third)
+        await trio.sleep(1)
+        assert svc.statistics().blocked == 1
+        svc.watermark.raise_to(30)
+        assert (first.status, second.status, third.status) == (OK, OK, OK)
+        await trio.testing.wait_all_tasks_blocked()
+        assert answers[30] == (OK, 1.0) and third.sent
+        stats = svc.statistics()
+        assert (stats.pending, stats.completed, stats.timed_out) == (0, 3, 0)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_request_sent_late_takes_a_slot_that_came_free(autojump_clock):
+    """A put whose request found no room waits for it in its own time (the broker's, in a
+    task it starts); when slots came free meanwhile, it takes one rather than the channel."""
+    svc = service(capacity=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(svc.run)
+        now = trio.current_time()
+        first, second, third = (svc.request(end, now) for end in (10, 20, 30))
+        assert not third.sent
+        svc.watermark.raise_to(20)
+        stats = svc.statistics()
+        assert (stats.held, stats.queued, stats.blocked) == (0, 0, 0)
+        await svc.send_when_room(third)
+        stats = svc.statistics()
+        assert third.sent and (stats.held, stats.queued, stats.pending) == (1, 0, 1)
+        svc.watermark.raise_to(30)
+        assert await svc.wait(third) is OK
         nursery.cancel_scope.cancel()
 
 
@@ -118,7 +176,7 @@ async def test_a_pending_put_calls_back_once_answered_or_asks_for_a_task_when_th
 
     def pending(end: int) -> PendingPut:
         appended = PutMessageResult(OK, end - 10, 10)
-        return PendingPut(appended, replica=(svc, svc.request(end, now)))
+        return PendingPut(appended, replica=svc.request(end, now))
 
     called: list[PutMessageResult] = []
     async with trio.open_nursery() as nursery:
@@ -157,8 +215,8 @@ async def test_a_put_waiting_for_the_disk_and_the_slave_is_called_back_once_both
 
     def pending(end: int) -> PendingPut:
         return PendingPut(PutMessageResult(OK, end - 10, 10),
-                          durable=(disk, disk.request(end, now)),
-                          replica=(slaves, slaves.request(end, now)))
+                          durable=disk.request(end, now),
+                          replica=slaves.request(end, now))
 
     called: list[PutMessageResult] = []
     async with trio.open_nursery() as nursery:
@@ -178,10 +236,11 @@ async def test_a_put_waiting_for_the_disk_and_the_slave_is_called_back_once_both
         await trio.sleep(6)  # the slave never acks: its service answers at the deadline
         assert len(called) == 2 and called[-1].status is TIMEOUT
         nursery.cancel_scope.cancel()
-    full, other = service(capacity=1), service()  # not running: the first's channel holds one
+    full, other = service(capacity=1), service()  # not running: a slot and the channel's one
+    full.request(5, now)
     full.request(10, now)
-    unsent = PendingPut(PutMessageResult(OK, 10, 10), durable=(full, full.request(20, now)),
-                        replica=(other, other.request(20, now)))
+    unsent = PendingPut(PutMessageResult(OK, 10, 10), durable=full.request(20, now),
+                        replica=other.request(20, now))
     assert not unsent.when_done(called.append) and len(called) == 2
 
 
@@ -376,8 +435,8 @@ async def test_group_transfer_statuses(autojump_clock, make_config):
         await put(svc, 10, answers)  # no slave close enough: told at once
         assert answers[10] == (PutMessageStatus.SLAVE_NOT_AVAILABLE, 0.0)
         slaves_ok["ok"] = True
-        nursery.start_soon(put, svc, 20, answers)
-        nursery.start_soon(put, svc, 30, answers)
+        await nursery.start(put, svc, 20, answers)
+        await nursery.start(put, svc, 30, answers)
         await trio.sleep(1)
         slaves_ok["ok"] = False  # accepted requests are not judged again
         replicated.raise_to(20)
@@ -421,7 +480,7 @@ async def test_a_put_answered_at_once_is_not_cancellable(autojump_clock, make_co
     happened and waits for nothing must return its result."""
     svc = GroupTransferService.for_replicas(Watermark(), lambda end: False, make_config())
     appended = PutMessageResult(OK, 0, 10)
-    pending = PendingPut(appended, replica=(svc, svc.request(10, trio.current_time())))
+    pending = PendingPut(appended, replica=svc.request(10, trio.current_time()))
     assert pending.done
     result = None
     with trio.CancelScope() as scope:

@@ -24,19 +24,19 @@ writes them through its store, never through this processor.
 
 from __future__ import annotations
 
+import functools
 import random
-from collections.abc import Callable
 from typing import Any
 
 import attrs
 import trio
 
+from ..answer import Answer
 from ..remoting import RUN_IN_TASK, PendingReply, RemotingConnection
 from ..remoting.answers import Reply, failure_reply
-from ..remoting.connection import RunInTask
-from ..store import MessageStore
+from ..remoting.connection import RunInTask, WaitInTask
+from ..store import MessageStore, PendingPut
 from ..store.results import PutMessageResult, PutMessageStatus
-from ..store.sync_requests import PendingPut
 from ..wire import record as rec
 from ..wire.metadata import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -147,9 +147,8 @@ def process_send_now(
     broker: Broker, request: RemotingCommand, connection: RemotingConnection
 ) -> Reply | PendingReply | RunInTask:
     """``process_send`` in the reader's round, without a task (issue 11): the reply, or a
-    SYNC send's ``PendingReply`` (answered when its slaves ack, from that round); left to
-    ``process_send``'s task when the topic must be made or the log needs its next segment
-    first (both wait)."""
+    SYNC send's ``PendingReply`` (``_reply_when_done``); left to ``process_send``'s task
+    when the topic must be made or the log needs its next segment first (both wait)."""
     plan = _plan_send(broker, request, connection)
     if plan is None:
         return RUN_IN_TASK
@@ -159,33 +158,39 @@ def process_send_now(
     if outcome is None:
         return RUN_IN_TASK
     if isinstance(outcome, PendingPut):
-        return PendingSend(broker, request, connection.peer, plan.queue_id, outcome)
+        return _reply_when_done(broker, request, connection.peer, plan.queue_id, outcome)
     broker.stats.record_put(outcome)
     return send_reply(request, outcome, plan.queue_id)
 
 
-@attrs.define(eq=False)
-class PendingSend:
-    """A send whose put waits for SYNC_FLUSH or slaves: its reply, once they answer."""
+def _reply_when_done(broker: Broker, request: RemotingCommand, peer: str, queue_id: int,
+                     put: PendingPut) -> PendingReply:
+    """The reply of a send whose put waits for SYNC_FLUSH or slaves: an answer given from
+    the task that answers the put (the slave's ack reader), or, when the put must wait for
+    room in a full channel, a task's wait for it."""
+    reply: Answer[Reply] = Answer()
+    if put.when_done(functools.partial(_give_reply, broker, request, peer, queue_id, reply)):
+        return reply
+    return WaitInTask(functools.partial(_wait_reply, broker, request, peer, queue_id, put))
 
-    broker: Broker
-    request: RemotingCommand
-    peer: str
-    queue_id: int
-    put: PendingPut
 
-    def when_done(self, callback: Callable[[Reply], None]) -> bool:
-        return self.put.when_done(lambda result: callback(self._reply(result)))
+def _give_reply(broker: Broker, request: RemotingCommand, peer: str, queue_id: int,
+                reply: Answer[Reply], result: PutMessageResult) -> None:
+    reply.set(_reply(broker, request, peer, queue_id, result))
 
-    async def wait(self) -> Reply:
-        return self._reply(await self.put.wait())
 
-    def _reply(self, result: PutMessageResult) -> RemotingCommand | bytes:
-        try:
-            self.broker.stats.record_put(result)
-            return send_reply(self.request, result, self.queue_id)
-        except Exception as exc:  # never into the task that answered the put
-            return failure_reply(self.request, exc, self.peer)
+async def _wait_reply(broker: Broker, request: RemotingCommand, peer: str, queue_id: int,
+                      put: PendingPut) -> Reply:
+    return _reply(broker, request, peer, queue_id, await put.wait())
+
+
+def _reply(broker: Broker, request: RemotingCommand, peer: str, queue_id: int,
+           result: PutMessageResult) -> RemotingCommand | bytes:
+    try:
+        broker.stats.record_put(result)
+        return send_reply(request, result, queue_id)
+    except Exception as exc:  # never into the task that answered the put
+        return failure_reply(request, exc, peer)
 
 
 @attrs.frozen(kw_only=True)

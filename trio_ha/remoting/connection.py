@@ -4,10 +4,11 @@ reader's round or in a task each.
 The reader decodes frames. A request that never waits is served right there, in the reader's
 round, by the server's ``FastHandler`` (a broker's sends and admin verbs): its reply joins the
 read's one write, with no task spawned, scheduled and ended for it (issue 11). A request whose
-reply is made elsewhere — a SYNC_MASTER send waits for its slave's ack — comes back as a
-``PendingReply``, answered from the task that completes it (the HA ack reader) with no task of
-its own either. Every other request runs in a task of its own (the ``Handler``), so a slow one
-(a long-polled pull holds its reply for up to 15 s) never stalls the requests behind it.
+reply is made elsewhere — a SYNC_MASTER send waits for its slave's ack — comes back as an
+``Answer`` to its reply (``trio_ha.answer``), given by the task that completes it (the HA ack
+reader) with no task of its own either. Every other request runs in a task of its own (the
+``Handler``), so a slow one (a long-polled pull holds its reply for up to 15 s) never stalls
+the requests behind it.
 Replies go out in whatever order they finish, matched by ``opaque`` as RocketMQ clients
 expect. A finished request queues its encoded reply; the writer task writes the queue in
 order, so frames never interleave and no request waits on a peer that does not read. The
@@ -61,12 +62,13 @@ import select
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Final, Protocol
+from typing import Final, TypeAlias
 
 import attrs
 import trio
 
 from .._sockets import receive_from, socket_fd, unsent, write_now
+from ..answer import Answer
 from ..ratelog import RateLimitedLog
 from ..wire.errors import RemotingDecodeError
 from ..wire.remoting import NEED_DATA, FrameDecoder, MappedReply, RemotingCommand, encode
@@ -75,7 +77,7 @@ from .limits import READ_ALLOWANCE, RemotingBudgets, RemotingLimits
 
 __all__ = [
     "RUN_IN_TASK", "CloseReason", "FastHandler", "Handler", "PendingReply", "RemotingConnection",
-    "serve_connection",
+    "WaitInTask", "serve_connection",
 ]
 
 log = logging.getLogger("trio_ha.remoting.server")
@@ -97,16 +99,18 @@ _closes = RateLimitedLog(log)
 Handler = Callable[[RemotingCommand, "RemotingConnection"], Awaitable[Reply]]
 
 
-class PendingReply(Protocol):
-    """A reply that is being made elsewhere: a SYNC_MASTER send waits for its slave's ack."""
+@attrs.frozen
+class WaitInTask:
+    """A request a fast handler began whose reply must be waited for in a task: ``wait``
+    runs in one, as a ``Handler`` would (a SYNC send whose put waits for room in its
+    service's full channel: the back-pressure needs a task to hold)."""
 
-    def when_done(self, callback: Callable[[Reply], None]) -> bool:
-        """Call ``callback(reply)`` once, when the reply is made (at once if it is), from
-        the task that makes it; ``callback`` does not raise. False, and nothing registered,
-        when the reply must be waited for in a task (``wait``)."""
-        ...
+    wait: Callable[[], Awaitable[Reply]]
 
-    async def wait(self) -> Reply: ...
+
+#: a reply that is being made elsewhere (a SYNC_MASTER send waits for its slave's ack): given
+#: later by whoever makes it, or waited for in a task
+PendingReply: TypeAlias = Answer[Reply] | WaitInTask
 
 
 class RunInTask(enum.Enum):
@@ -150,14 +154,6 @@ _CLOSE_LOG_LEVELS = {
 
 
 @attrs.define(eq=False)
-class _Waiting:
-    """A request whose ``PendingReply`` is being made, and the reply bytes it promised."""
-
-    request: RemotingCommand
-    promise: int
-
-
-@attrs.define(eq=False)
 class RemotingConnection:
     """One client connection, as handlers see it: who it is, whether it is closed, and the
     ways a handler cooperates with its limits (``holding``, ``wait_reply_room``)."""
@@ -188,8 +184,9 @@ class RemotingConnection:
     _promised: int = 0
     _promises: dict[trio.lowlevel.Task, int] = attrs.field(factory=dict)
     _holds: set[trio.CancelScope] = attrs.field(factory=set)
-    #: requests served without a task whose replies are being made (``PendingReply``)
-    _pending: set[_Waiting] = attrs.field(factory=set)
+    #: requests served without a task whose replies are being made: each one's answer, and
+    #: the reply bytes it promised
+    _pending: dict[Answer[Reply], int] = attrs.field(factory=dict)
     _scope: trio.CancelScope | None = None
     _read_scope: trio.CancelScope | None = None
     _writer_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -512,9 +509,9 @@ class RemotingConnection:
     def _handle_now(self, fast: FastHandler, request: RemotingCommand, promise: int,
                     nursery: trio.Nursery) -> bool:
         """Serve ``request`` in the reader's round if ``fast`` can: False when it leaves the
-        request to a task. A reply made now is queued for the read's one write; a
-        ``PendingReply`` is answered when it is done (``_pending_done``), or waited for in a
-        task if it asks for one."""
+        request to a task. A reply made now is queued for the read's one write; an
+        ``Answer`` to a reply is queued when it is given (``_pending_done``); a
+        ``WaitInTask`` is waited for in a task."""
         try:
             outcome = fast(request, self)
         except Exception as exc:
@@ -526,33 +523,35 @@ class RemotingConnection:
             if data is not None:
                 self._enqueue(data, wake=False)  # the reader writes the read's replies
             return True
-        self._in_flight += 1
-        self._promise(promise)
-        waiting = _Waiting(request, promise)
-        self._pending.add(waiting)
-        try:
-            called_back = outcome.when_done(functools.partial(self._pending_done, waiting))
-        except Exception as exc:  # not a PendingReply after all, or a broken one
-            self._pending_done(waiting, failure_reply(request, exc, self.peer))
-            return True
-        if not called_back:
-            self._pending.discard(waiting)
+        if isinstance(outcome, Answer):
+            self._in_flight += 1
+            self._promise(promise)
+            self._pending[outcome] = promise
+            outcome.when_done(functools.partial(self._pending_done, outcome, request))
+        elif isinstance(outcome, WaitInTask):
+            self._in_flight += 1
+            self._promise(promise)
             nursery.start_soon(self._process, outcome.wait, request, promise)
+        else:  # a fast handler's bug: neither a reply nor a pending one
+            problem = TypeError(f"a fast handler returned {type(outcome).__name__}")
+            data = encode_reply(failure_reply(request, problem, self.peer), request, self.peer)
+            if data is not None:
+                self._enqueue(data, wake=False)
         return True
 
-    def _pending_done(self, waiting: _Waiting, reply: Reply) -> None:
-        """A ``PendingReply`` is done: queue its reply (the last request running writes
-        every queued reply at once). Runs in the task that made the reply (a SYNC_MASTER
-        send's: the HA ack reader), so nothing here may raise into it."""
-        if waiting not in self._pending:
+    def _pending_done(self, answer: Answer[Reply], request: RemotingCommand) -> None:
+        """A request's reply is given: queue it (the last request running writes every
+        queued reply at once). Runs in the task that gave it (a SYNC_MASTER send's: the HA
+        ack reader), so nothing here may raise into it."""
+        promise = self._pending.pop(answer, None)
+        if promise is None:
             return  # the connection closed meanwhile (its promise was settled then)
-        self._pending.discard(waiting)
         try:
-            data = encode_reply(reply, waiting.request, self.peer)
+            data = encode_reply(answer.value, request, self.peer)
             if data is not None:
                 self._enqueue(data, flush=self._in_flight - len(self._holds) <= 1)
         finally:
-            self._settle(waiting.promise)
+            self._settle(promise)
             self._request_done()
 
     async def _process(self, handle: Callable[[], Awaitable[Reply]], request: RemotingCommand,
@@ -716,8 +715,8 @@ class RemotingConnection:
         self.budgets.replies.release(self._outbox_bytes)
         self._outbox_bytes = 0
         self._outbox.clear()
-        for waiting in self._pending:
-            self._settle(waiting.promise)
+        for promise in self._pending.values():
+            self._settle(promise)
         self._pending.clear()
         self.budgets.requests.release(self._read_charge)
         self._read_charge = 0

@@ -3,9 +3,10 @@
 from .consume_queue import QueueEntry
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
 from .store import MessageStore, StoreLock, StoreLockedError, StoreStatistics, open_store
+from .sync_requests import PendingPut
 
 __all__ = [
-    "GetMessageResult", "GetMessageStatus", "MessageStore", "PutMessageResult",
+    "GetMessageResult", "GetMessageStatus", "MessageStore", "PendingPut", "PutMessageResult",
     "PutMessageStatus", "QueueEntry", "StoreLock", "StoreLockedError", "StoreStatistics",
     "open_store",
 ]

@@ -6,11 +6,11 @@ commit makes one sync serve every put that arrived while the previous one ran: t
 sleeps until something is written and not flushed, flushes everything written so far, and
 goes again. The ``flushed`` watermark it raises is what the waiting puts' requests wait on.
 
-The waiting puts come in through a bounded memory channel (``SyncRequestService``, where the
-channel, its order, its back-pressure and its answers are explained): a put sends the end of
-its record and its deadline (syncFlushTimeout), the service completes requests in offset
-order as ``flushed`` rises and answers FLUSH_DISK_TIMEOUT at each one's deadline — even while
-a sync hangs, because the flusher is a task of its own.
+The waiting puts' requests (``SyncRequestService``, where their queue, the channel that
+admits them, its back-pressure and their answers are explained) carry the end of the record
+and its deadline (syncFlushTimeout); the service completes them in offset order as
+``flushed`` rises and answers FLUSH_DISK_TIMEOUT at each one's deadline — even while a sync
+hangs, because the flusher is a task of its own.
 """
 
 from __future__ import annotations

@@ -708,10 +708,8 @@ class MessageStore:
         group_commit, group_transfer = self.group_commit, self.group_transfer
         return PendingPut(
             appended,
-            durable=(group_commit, group_commit.request(end, start))
-            if group_commit is not None else None,
-            replica=(group_transfer, group_transfer.request(end, start))
-            if group_transfer is not None else None,
+            durable=group_commit.request(end, start) if group_commit is not None else None,
+            replica=group_transfer.request(end, start) if group_transfer is not None else None,
             # a SYNC_MASTER without an HA service: no slave can ack
             no_replicas=group_transfer is None
             and self.config.broker_role is BrokerRole.SYNC_MASTER,

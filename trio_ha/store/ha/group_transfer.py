@@ -3,10 +3,9 @@
 A SYNC_MASTER put is PUT_OK once ``ha_sync_acks`` slaves have acknowledged an offset at or
 past the end of its record. The HA service keeps that offset as its ``replicated`` watermark
 (per connection acks, never one global maximum: see ``master``); this service answers the
-waiting puts from it. Puts come in through a bounded memory channel (``SyncRequestService``
-tells how, and why it replaces RocketMQ's requestsWrite/requestsRead swap): completed in
-offset order as ``replicated`` rises, FLUSH_SLAVE_TIMEOUT at each request's deadline
-(slaveTimeout).
+waiting puts from it (``SyncRequestService`` tells how, and why a channel replaces RocketMQ's
+requestsWrite/requestsRead swap): completed in offset order as ``replicated`` rises,
+FLUSH_SLAVE_TIMEOUT at each request's deadline (slaveTimeout).
 
 SLAVE_NOT_AVAILABLE is decided as RocketMQ's isSlaveOK decides it, when the put makes its
 request: if too few live slaves are within haSlaveFallbehindMax of the put's end, the put is
@@ -15,12 +14,12 @@ slave that goes away leaves it to its deadline (FLUSH_SLAVE_TIMEOUT), as in Rock
 
 The service also tells the HA service which put waits longest (``oldest_waiting``): a slave
 connection's acks may answer a put only if that connection carried every byte of it, and the
-oldest waiting put is the one that decides (``master``, *which acks count*).
+oldest waiting put is the one that decides (``master``, *which acks count*). It reads that
+from the front of the service's one queue of waiting requests, which is in append order.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 
 import attrs
@@ -48,12 +47,6 @@ class GroupTransferService(SyncRequestService):
 
     #: whether enough slaves are close enough to ``end`` to be worth waiting for
     is_slave_ok: Callable[[int], bool] = attrs.field(kw_only=True)
-    #: every request since the oldest unanswered one, in the order the puts appended (an
-    #: answered one is dropped from the front as soon as it is seen answered)
-    _order: deque[SyncRequest] = attrs.field(init=False, factory=deque)
-    #: the end of the last request dropped from the front: where the front's bytes start at
-    #: the earliest (0 before any: nothing is assumed about a put that came before)
-    _floor: int = attrs.field(init=False, default=0)
 
     @classmethod
     def for_replicas(
@@ -66,29 +59,19 @@ class GroupTransferService(SyncRequestService):
 
     def request(self, end: int, start: float) -> SyncRequest:
         if self.watermark.value < end and not self.is_slave_ok(end):
-            request = SyncRequest(end, start, start)
-            request.answer(PutMessageStatus.SLAVE_NOT_AVAILABLE)
-        else:
-            request = super().request(end, start)
-        # Puts make their requests right after their appends, with no checkpoint between,
-        # so this is append order.
-        self._forget_answered()
-        if request.status is None or self._order:
-            self._order.append(request)
-        else:
-            self._floor = request.end
-        return request
+            request = SyncRequest(self, end, start, start)
+            request.set(PutMessageStatus.SLAVE_NOT_AVAILABLE)
+            self._answered_at_once(request)
+            return request
+        return super().request(end, start)
 
     def oldest_waiting(self) -> WaitingPut | None:
         """The oldest put not answered yet, or None when no put waits (then every put still
         to come appends after the log's current end). Amortised O(1)."""
-        self._forget_answered()
-        if not self._order:
+        waiting = self._waiting
+        while waiting and waiting[0].done:
+            self._floor = waiting.popleft().end
+        if not waiting:
             return None
-        front = self._order[0]
+        front = waiting[0]
         return WaitingPut(self._floor, front.end, front.deadline)
-
-    def _forget_answered(self) -> None:
-        order = self._order
-        while order and order[0].status is not None:
-            self._floor = order.popleft().end
