@@ -22,7 +22,8 @@ recovery scans) is handed to worker threads.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -170,7 +171,13 @@ class MessageStore:
         put yields once, after its append (``_finish``): a SYNC_MASTER put appends in the
         round its request is read and its bytes go to the slave in the next (issue 11)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        return await self._finish(await self._appended(request), request.wait_store_msg_ok)
+        if request.is_batch:
+            appended = self._append_batch(request)
+        else:
+            appended = self._append_message(request)
+        if appended is None:
+            appended = await self._appended(request)
+        return await self._finish(appended, request.wait_store_msg_ok)
 
     def append_now(self, request: PutRequest) -> PutMessageResult | PendingPut | None:
         """``put`` without a task switch, for a caller that cannot wait in place (the broker
@@ -186,9 +193,14 @@ class MessageStore:
             return appended
         return self._pending(appended)
 
-    async def put_message(self, message: rec.Message, queue_id: int = 0) -> PutMessageResult:
-        """Append one message (``put`` of ``PutRequest.of_message``)."""
-        return await self.put(PutRequest.of_message(message, queue_id))
+    def put_message(
+        self, message: rec.Message, queue_id: int = 0
+    ) -> Coroutine[Any, Any, PutMessageResult]:
+        """Append one message: ``await store.put_message(message)`` is ``put`` of
+        ``PutRequest.of_message``. (A function returning ``put``'s coroutine rather than a
+        coroutine of its own: a single put's Python is what bounds its rate, and a second
+        coroutine costs as much as building the request.)"""
+        return self.put(PutRequest.of_message(message, queue_id))
 
     async def put_messages(
         self, messages: Sequence[rec.Message], queue_id: int = 0
@@ -284,8 +296,10 @@ class MessageStore:
         return encoded
 
     async def _appended(self, request: PutRequest) -> PutMessageResult:
-        """What ``request`` appended, after waiting for the next segment as often as it
-        needs one (a put's only await before its append)."""
+        """What ``request`` appended once the next segment is there, after waiting for it as
+        often as it needs one (a put's only await before its append; ``put`` comes here
+        only when its first try found the segment full, so a put that fits pays no
+        coroutine for it)."""
         append = self._append_batch if request.is_batch else self._append_message
         while (appended := append(request)) is None:
             try:
@@ -318,9 +332,11 @@ class MessageStore:
         consumable = (
             tx_type != layout.TRANSACTION_PREPARED and tx_type != layout.TRANSACTION_ROLLBACK
         )
+        born_host = request.born_host  # (None, the store's own: no call for it)
         item = (
             topic_bytes, body, properties, queue_id, request.flag, sys_flag,
-            request.born_timestamp, self._born_host(request.born_host),
+            request.born_timestamp,
+            self.commitlog.store_host if born_host is None else self._born_host(born_host),
             request.reconsume_times, request.prepared_transaction_offset,
         )
         appended = self.commitlog.append_now(
