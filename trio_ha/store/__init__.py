@@ -14,7 +14,8 @@ from .ha.transfer import open_splice_pipe
 from .opening import open_store
 from .put_request import PutRequest
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
-from .store import MessageStore, StoreLock, StoreLockedError, StoreStatistics
+from .statistics import StoreStatistics
+from .store import MessageStore, StoreLock, StoreLockedError
 from .sync_requests import PendingPut, SyncServiceStatistics
 
 __all__ = [

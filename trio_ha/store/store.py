@@ -10,10 +10,11 @@ from group commit and group transfer (``sync_requests``).
 
 What has logic of its own lives in its own module: opening, running and closing the store
 (``opening``: ``open_store``), reads and look-ups (``reads``), the consume-queue flush
-(``queue_flush``), and below them ``commitlog``, ``consume_queue``, ``dispatch``,
-``recovery``, ``retention``, ``group_commit`` and ``ha``. What stays here is what the store
-holds, the put path, and what a caller sees: ``MessageStore`` binds the reads as its methods,
-so ``store.read_queue(...)`` is the reads' function, called on the store.
+(``queue_flush``), what the store reports (``statistics``), and below them ``commitlog``,
+``consume_queue``, ``dispatch``, ``recovery``, ``retention``, ``group_commit`` and ``ha``.
+What stays here is what the store holds, the put path, and what a caller sees:
+``MessageStore`` binds the reads as its methods, so ``store.read_queue(...)`` is the reads'
+function, called on the store.
 
 Everything here runs on one trio event loop; blocking work (file creation, msync/fdatasync,
 recovery scans) is handed to worker threads.
@@ -41,51 +42,22 @@ from .consume_queue import ConsumeQueueTable, is_valid_topic
 from .dispatch import Dispatcher
 from .group_commit import GroupCommitService
 from .ha.group_transfer import GroupTransferService
-from .ha.master import HAMasterStatistics, HAService
-from .ha.slave import HAClient, HASlaveStatistics
+from .ha.master import HAService
+from .ha.slave import HAClient
 from .health import DiskMonitor, StoreHealth
 from .index import IndexService
 from .lock import StoreLock, StoreLockedError
 from .put_request import PutRequest
 from .recovery import RecoveryReport
 from .results import PutMessageResult, PutMessageStatus
-from .sync_requests import PendingPut, SyncServiceStatistics
+from .statistics import StoreStatistics
+from .sync_requests import PendingPut
 from .verify import RecordVerifier
 
 log = logging.getLogger(__name__)
 
 # The record encoder reserves 64 KiB beyond the body limit for the rest of the record.
 RECORD_OVERHEAD_LIMIT = 64 * 1024
-
-@attrs.frozen
-class StoreStatistics:
-    backend: str
-    min_commitlog_offset: int
-    max_commitlog_offset: int
-    flushed_offset: int
-    flushes: int
-    dispatched_offset: int
-    dispatch_behind_bytes: int
-    consume_queues: int
-    segments: int
-    puts: int
-    put_failures: int
-    dispatch_error: str | None
-    recovery: RecoveryReport | None
-    #: records a read refused to serve because they failed their check (checkCRCOnRead)
-    unverified_reads: int = 0
-    #: disk use, and what keeps the store from taking puts (a full disk, a segment or a
-    #: consume-queue file that cannot be created)
-    health: StoreHealth | None = None
-    #: replication as the master sees it, when it listens for slaves
-    ha: HAMasterStatistics | None = None
-    #: replication as the slave sees it, on a slave
-    ha_slave: HASlaveStatistics | None = None
-    #: SYNC_FLUSH puts waiting for the disk (pending requests, the oldest wait)
-    group_commit: SyncServiceStatistics | None = None
-    #: SYNC_MASTER puts waiting for slaves
-    group_transfer: SyncServiceStatistics | None = None
-
 
 
 @attrs.define(eq=False)
@@ -199,7 +171,7 @@ class MessageStore:
         """Append one message: ``await store.put_message(message)`` is ``put`` of
         ``PutRequest.of_message``. (A function returning ``put``'s coroutine rather than a
         coroutine of its own: a single put's Python is what bounds its rate, and a second
-        coroutine costs as much as building the request.)"""
+        coroutine would add its cost to the request's; docs/performance.md.)"""
         return self.put(PutRequest.of_message(message, queue_id))
 
     async def put_messages(
