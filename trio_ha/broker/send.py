@@ -303,6 +303,8 @@ def _plan_send(
         # drops all but one) and it matches none of the ids the producer was given. Each
         # message keeps its own id here.
         properties.pop(rec.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, None)
+    # Positional, in PutRequest's field order (every send comes this way); the 0 is
+    # prepared_transaction_offset, which only END_TRANSACTION's commit sets.
     return _SendPlan(PutRequest(
         topic, store_queue, request.body, rec.encode_properties(properties).encode(),
         bool(batch), header.flag, sys_flag, header.born_timestamp, connection.peer,

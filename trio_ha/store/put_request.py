@@ -10,10 +10,11 @@ A request is either one message, whose PROPERTIES field is already encoded (what
 sent, or what the broker re-stores), or an encoded SEND_BATCH_MESSAGE body that the native
 batch encoder converts item by item, with the batch's own properties added to each item.
 
-The class is built on the broker's send path for every message: positional fields, no
-validators and no converters, so making one costs what making a tuple of its fields costs.
-The store checks what it must (topic, queue, sizes) when it appends, where a bad value
-becomes a refused put with its reason rather than an exception in the broker.
+The class is built on the broker's send path for every message, positionally (so the order
+of its fields is part of its interface), with no validators and no converters: what it costs
+is setting its twelve frozen slots (docs/performance.md). The store checks what it must
+(topic, queue, sizes) when it appends, where a bad value becomes a refused put with its
+reason rather than an exception in the broker.
 """
 
 from __future__ import annotations
