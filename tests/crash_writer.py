@@ -144,7 +144,7 @@ def _announce_recovery() -> None:
     """Print RECOVERING when the store starts recovering, so the parent can aim a kill
     inside recovery. (Only a print around the store's own call; if the store no longer
     calls ``recover`` by that name, the line is simply not printed.)"""
-    from trio_ha.store import store as store_module
+    from trio_ha.store import opening as store_module
 
     original = getattr(store_module, "recover", None)
     if original is None:

@@ -309,7 +309,7 @@ def test_sigterm_leaves_no_abort_file_and_sigkill_leaves_one_for_crash_recovery(
 
     def recoveries() -> list[str]:
         return [e["message"] for e in _log_events(log_file)
-                if e["logger"] == "trio_ha.store.store" and "recovered" in e["message"]]
+                if e["logger"] == "trio_ha.store.opening" and "recovered" in e["message"]]
 
     broker = _start_broker(conf, tmp_path, *options)
     assert (store / "abort").exists()  # present while the store is open

@@ -21,7 +21,7 @@ from trio_ha import (
     StoreConfig,
     open_store,
 )
-from trio_ha.store import MessageStore, retention
+from trio_ha.store import MessageStore, PutRequest, retention
 from trio_ha.store.ha.transfer import SENDFILE_MIN_BYTES, SPLICE_MIN_BYTES, SocketTransport
 from trio_ha.store.segment import Segment
 from trio_ha.wire.ha import NEED_DATA, FrameData, FrameHeader, SlaveProtocol
@@ -516,7 +516,8 @@ def sent_to_slave(master: MessageStore) -> int | None:
 
 def put_now(master: MessageStore, size: int) -> int:
     """Append one record without a task switch; the log's end after it."""
-    result = master.put_encoded_now("Pushed", 0, os.urandom(size), b"", wait_store_msg_ok=False)
+    result = master.append_now(PutRequest("Pushed", 0, os.urandom(size),
+                                          wait_store_msg_ok=False))
     assert isinstance(result, PutMessageResult) and result.status is PutMessageStatus.PUT_OK
     return master.max_commitlog_offset
 

@@ -17,6 +17,7 @@ import pytest
 from conftest import wait_until
 from trio_ha import _backend, open_store
 from trio_ha.remoting import open_remoting_client
+from trio_ha.store import PutRequest
 from trio_ha.store import index as index_module
 from trio_ha.testing import ClusterConfig, serve_cluster
 from trio_ha.wire import record as rec
@@ -62,8 +63,9 @@ async def put(store, topic, body, *, keys="", uniq=None, sys_flag=0):
         properties["KEYS"] = keys
     if uniq:
         properties["UNIQ_KEY"] = uniq
-    result = await store.put_encoded(topic, 0, body,
-                                     rec.encode_properties(properties).encode(), sys_flag=sys_flag)
+    result = await store.put(PutRequest(topic, 0, body,
+                                        rec.encode_properties(properties).encode(),
+                                        sys_flag=sys_flag))
     assert result.status.name == "PUT_OK"
     return result
 

@@ -18,6 +18,7 @@ from trio_ha.broker.metadata import DelayOffsetManager
 from trio_ha.broker.schedule import ScheduleService, delayed
 from trio_ha.client import Message, open_producer
 from trio_ha.remoting import open_remoting_client
+from trio_ha.store import PutRequest
 from trio_ha.store.results import PutMessageResult
 from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port, serve_cluster
 from trio_ha.wire import record as rec
@@ -36,8 +37,8 @@ async def put_delayed(store, topic: str, queue_id: int, level: int, body: bytes,
                       levels: int = 3, **properties: str):
     properties = {rec.PROPERTY_DELAY_TIME_LEVEL: str(level), **properties}
     moved = delayed(topic, queue_id, properties, level, levels)
-    result = await store.put_encoded(moved.topic, moved.queue_id, body,
-                                     rec.encode_properties(moved.properties).encode())
+    result = await store.put(PutRequest(moved.topic, moved.queue_id, body,
+                                        rec.encode_properties(moved.properties).encode()))
     assert result.status.name == "PUT_OK"
     return result
 
@@ -50,7 +51,7 @@ async def test_the_dispatcher_writes_each_delayed_message_due_time_in_its_entry(
         first = await put_delayed(store, "Orders", 2, 2, b"in five seconds")
         # A level above the highest counts as the highest (10 s, queue 2).
         high = await put_delayed(store, "Orders", 0, 7, b"in ten seconds")
-        plain = await store.put_encoded("Orders", 0, b"now", b"TAGS\x01TagA")
+        plain = await store.put(PutRequest("Orders", 0, b"now", b"TAGS\x01TagA"))
         await store.wait_dispatched()
         [entry] = store.queue_entries(SCHEDULE_TOPIC, 1, 0, 10)
         stored = await store.look_message_by_offset(first.commitlog_offset)
@@ -80,8 +81,10 @@ async def test_each_due_time_is_its_own_message_when_levels_arrive_interleaved(m
             level = 1 + i % 2
             moved = delayed("Orders", 0, {rec.PROPERTY_DELAY_TIME_LEVEL: str(level)}, level, 3)
             # Appended with no checkpoint between them: the dispatcher finds all in one scan.
-            result = store.put_encoded_now(moved.topic, moved.queue_id, b"m%d" % i,
-                                           rec.encode_properties(moved.properties).encode())
+            result = store.append_now(PutRequest(
+                moved.topic, moved.queue_id, b"m%d" % i,
+                rec.encode_properties(moved.properties).encode(),
+            ))
             assert isinstance(result, PutMessageResult) and result.ok
             puts.append((level, result))
         await store.wait_dispatched()
@@ -187,7 +190,7 @@ async def test_a_message_with_no_real_topic_is_skipped_not_stuck(make_config, tm
     async with open_store(config) as store:
         offsets = DelayOffsetManager.load(tmp_path / "config")
         # Written into the schedule topic by hand, without REAL_TOPIC: nothing can deliver it.
-        await store.put_encoded(SCHEDULE_TOPIC, 0, b"orphan", b"DELAY\x011")
+        await store.put(PutRequest(SCHEDULE_TOPIC, 0, b"orphan", b"DELAY\x011"))
         await put_delayed(store, "Orders", 0, 1, b"fine")
         service = ScheduleService(store, offsets, config.delay_levels,
                                   now_ms=virtual_wall_clock())

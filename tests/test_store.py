@@ -26,7 +26,7 @@ from trio_ha import (
     _backend,
     open_store,
 )
-from trio_ha.store import MessageStore, retention
+from trio_ha.store import MessageStore, PutRequest, retention
 from trio_ha.store.dispatch import PAUSE_BELOW, ROUND_PAUSE
 from trio_ha.store.recovery import RecoveryReport
 from trio_ha.wire import record as rec
@@ -124,7 +124,7 @@ async def test_batch_put_gets_consecutive_offsets_all_or_nothing(make_config):
         tx = await store.put_messages([Message("A", b"", sys_flag=rec.TRANSACTION_PREPARED)])
         assert tx.status is PutMessageStatus.MESSAGE_ILLEGAL
         assert (await store.put_messages([])).status is PutMessageStatus.MESSAGE_ILLEGAL
-        bad = await store.put_batch("Batch", 3, b"\x00\x00\x00\x30garbage")
+        bad = await store.put(PutRequest.batch("Batch", 3, b"\x00\x00\x00\x30garbage"))
         assert bad.status is PutMessageStatus.MESSAGE_ILLEGAL
         assert store.max_queue_offset("Batch", 3) == 64
 

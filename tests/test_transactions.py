@@ -20,6 +20,7 @@ from trio_ha.client import (
     open_pull_consumer,
 )
 from trio_ha.remoting import open_remoting_client
+from trio_ha.store import PutRequest
 from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port, serve_cluster
 from trio_ha.wire import record as rec
 from trio_ha.wire.heartbeat import HeartbeatData, ProducerData
@@ -214,10 +215,10 @@ async def test_a_round_asks_nobody_until_it_has_read_every_op(make_config, tmp_p
     async with open_store(make_config()) as store:
         for i in range(5):
             props = transactions.half_message("Orders", 0, {"PGROUP": GROUP, "UNIQ_KEY": f"U{i}"})
-            await store.put_encoded(TRANS_HALF_TOPIC, 0, b"x",
-                                    rec.encode_properties(props).encode())
+            await store.put(PutRequest(TRANS_HALF_TOPIC, 0, b"x",
+                                       rec.encode_properties(props).encode()))
         for i in range(4):  # the first four are decided
-            await store.put_encoded(TRANS_OP_HALF_TOPIC, 0, str(i).encode(), b"TAGS\x01d")
+            await store.put(PutRequest(TRANS_OP_HALF_TOPIC, 0, str(i).encode(), b"TAGS\x01d"))
         await store.wait_dispatched()
         metadata = BrokerMetadata.load(tmp_path / "config")
         check = transactions.TransactionCheck(store, metadata, ClientManager(), interval=1000,
@@ -364,8 +365,8 @@ async def test_a_transactions_decision_survives_a_restart_as_rocketmq_does_not(m
             store, end(decision, half.commitlog_offset, half.queue_offset), decisions)
 
     async with open_store(make_config()) as store:
-        put = await store.put_encoded(TRANS_HALF_TOPIC, 0, b"kept",
-                                      rec.encode_properties(props).encode())
+        put = await store.put(PutRequest(TRANS_HALF_TOPIC, 0, b"kept",
+                                         rec.encode_properties(props).encode()))
         half = await store.look_message_by_offset(put.commitlog_offset)
         assert half is not None
         assert (await end_with(store, rec.TRANSACTION_COMMIT, half)).code == ResponseCode.SUCCESS

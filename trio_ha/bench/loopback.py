@@ -40,7 +40,7 @@ from collections.abc import Iterator
 import trio
 
 from .. import _backend
-from ..store.ha.transfer import open_splice_pipe
+from ..store import open_splice_pipe
 from ..testing.processes import child_env
 from .harness import MB, MiB, cpu_seconds, latency_us, limit, trio_run
 

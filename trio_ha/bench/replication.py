@@ -23,10 +23,11 @@ What runs (one JSON object per result, in this order):
    * ``limit.memcpy_into_mapping`` (``trio_ha.bench.limits``): its first-touch figure is what a
      fresh slave pays on every page of the segments it creates, a secondary limit;
 
-2. catch-up: a master store (ASYNC_MASTER) is filled with 1 KiB records through ``put_batch``
-   up to at least 1 GiB (quick: 100 MiB) and flushed; then, for each transfer method (``send``,
-   ``sendfile``) and frame size (``ha_transfer_batch_size`` 32 KiB and 1 MiB) the master is
-   reopened with that configuration and a fresh, empty slave copies everything
+2. catch-up: a master store (ASYNC_MASTER) is filled with 1 KiB records in batches of 64
+   (``put`` of a ``PutRequest.batch``) up to at least 1 GiB (quick: 100 MiB) and flushed; then,
+   for each transfer method (``send``, ``sendfile``) and frame size
+   (``ha_transfer_batch_size`` 32 KiB and 1 MiB) the master is reopened with that
+   configuration and a fresh, empty slave copies everything
    (``ha_start_from_min_offset``): in a separate process (the real deployment: its own
    interpreter, its own core) and in the master's process (the embedded case: one event loop
    and one GIL for both sides), alternately, for a few passes (3; quick: 1); the median pass is

@@ -94,7 +94,7 @@ def write_store(root: str, target_bytes: int, *, segment_size: int = GiB) -> dic
     import trio
 
     from ..config import StoreConfig
-    from ..store import open_store
+    from ..store import PutRequest, open_store
     from ..wire.record import Message, encode_batch
 
     config = StoreConfig(store_path_root_dir=root, mapped_file_size_commit_log=segment_size)
@@ -116,7 +116,7 @@ def write_store(root: str, target_bytes: int, *, segment_size: int = GiB) -> dic
                         keys=(f"order-{n}", f"user-{n % 1000}"),
                         properties={"UNIQ_KEY": f"7F000001{n:024X}"},
                     ))
-                await store.put_batch(topic, queue, encode_batch(messages))
+                await store.put(PutRequest.batch(topic, queue, encode_batch(messages)))
                 count += BATCH
                 b += 1
             await store.wait_dispatched()

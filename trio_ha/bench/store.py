@@ -4,8 +4,9 @@ What runs (one JSON object per result, in this order):
 
 1. limits, measured first in the same run (``trio_ha.bench.limits``): memcpy into a warm
    shared mapping (appends), 4 KiB write + fdatasync and store + msync (SYNC_FLUSH);
-2. appends of 128 B, 1 KiB and 16 KiB bodies, single ``put_message`` and batches of 64 through
-   ``put_batch`` (a pre-encoded SEND_BATCH_MESSAGE body: the broker's path), with ASYNC_FLUSH
+2. appends of 128 B, 1 KiB and 16 KiB bodies, single ``put_message`` and batches of 64 as
+   "put_batch" (``put`` of a ``PutRequest.batch``, a pre-encoded SEND_BATCH_MESSAGE body: the
+   broker's path), with ASYNC_FLUSH
    and SYNC_FLUSH, at 1 and 64 concurrent writer tasks; each run has a fresh store, a warm-up
    burst, waits for the allocator's spare segment, then is bounded by time and by bytes;
 3. for comparison, ``put_messages`` (a list of 64 Message objects, encoded per call) with

@@ -30,9 +30,14 @@ from prometheus_client.registry import CollectorRegistry
 
 from ..remoting import RemotingServer
 from ..remoting.metrics import remoting_families
-from ..store import StoreStatistics
-from ..store.ha import HAClientState, HAConnectionState, HAMasterStatistics, HASlaveStatistics
-from ..store.sync_requests import SyncServiceStatistics
+from ..store import (
+    HAClientState,
+    HAConnectionState,
+    HAMasterStatistics,
+    HASlaveStatistics,
+    StoreStatistics,
+    SyncServiceStatistics,
+)
 from ..wire.metadata import split_offset_key
 from .broker import Broker
 

@@ -35,7 +35,7 @@ import trio
 from .._errors import TrioHAError
 from ..config import BrokerRole
 from ..remoting import RemotingClientPool, RemotingError, open_remoting_client
-from ..store.ha import HAClient
+from ..store import HAClient
 from ..wire import record as rec
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from ..wire.route import RegisterBrokerBody

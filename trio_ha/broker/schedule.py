@@ -38,7 +38,7 @@ import attrs
 import trio
 
 from ..ratelog import RateLimitedLog
-from ..store import MessageStore, PutMessageStatus
+from ..store import MessageStore, PutMessageStatus, PutRequest
 from ..wire import record as rec
 from ..wire.metadata import SCHEDULE_TOPIC, TRANS_HALF_TOPIC
 from .metadata import DelayOffsetManager
@@ -194,13 +194,13 @@ class ScheduleService:
         properties = dict(message.properties)
         properties.pop(rec.PROPERTY_DELAY_TIME_LEVEL, None)
         properties[rec.PROPERTY_WAIT_STORE_MSG_OK] = "false"
-        result = await self.store.put_encoded(
+        result = await self.store.put(PutRequest(
             real_topic, int(real_queue), message.body,
             rec.encode_properties(properties).encode(), flag=message.flag,
             sys_flag=message.sys_flag, born_timestamp=message.born_timestamp,
             born_host=message.born_host, reconsume_times=message.reconsume_times,
             wait_store_msg_ok=False,
-        )
+        ))
         if result.status is PutMessageStatus.PUT_OK:
             self._delivered += 1
             return True

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Any
 
 import attrs
 import trio
@@ -35,8 +34,7 @@ from ..answer import Answer
 from ..remoting import RUN_IN_TASK, PendingReply, RemotingConnection
 from ..remoting.answers import Reply, failure_reply
 from ..remoting.connection import RunInTask, WaitInTask
-from ..store import MessageStore, PendingPut
-from ..store.results import PutMessageResult, PutMessageStatus
+from ..store import PendingPut, PutMessageResult, PutMessageStatus, PutRequest
 from ..wire import record as rec
 from ..wire.metadata import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -138,7 +136,7 @@ async def process_send(
     if isinstance(plan, RemotingCommand):
         await trio.lowlevel.checkpoint()
         return plan
-    result = await plan.put(broker.store)
+    result = await broker.store.put(plan.put)
     broker.stats.record_put(result)
     return send_reply(request, result, plan.queue_id)
 
@@ -154,7 +152,7 @@ def process_send_now(
         return RUN_IN_TASK
     if isinstance(plan, RemotingCommand):
         return plan
-    outcome = plan.put_now(broker.store)
+    outcome = broker.store.append_now(plan.put)
     if outcome is None:
         return RUN_IN_TASK
     if isinstance(outcome, PendingPut):
@@ -193,49 +191,13 @@ def _reply(broker: Broker, request: RemotingCommand, peer: str, queue_id: int,
         return failure_reply(request, exc, peer)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen
 class _SendPlan:
-    """A send that passed every check: what to store where."""
+    """A send that passed every check: what to store where, and the queue the producer
+    chose (the response names it; the put may go elsewhere: a delay, a dead letter)."""
 
-    topic: str
-    store_queue: int
-    #: the queue the producer chose (the response names it)
+    put: PutRequest
     queue_id: int
-    body: bytes
-    #: the message's PROPERTIES field, or a batch's own properties (added to each item)
-    properties: bytes
-    batch: bool
-    flag: int
-    #: the record's sysFlag (a batch's is the request's: a batch is never transactional)
-    sys_flag: int
-    born_timestamp: int
-    born_host: str
-    reconsume_times: int
-    wait: bool
-
-    async def put(self, store: MessageStore) -> PutMessageResult:
-        if self.batch:
-            return await store.put_batch(self.topic, self.store_queue, self.body,
-                                         **self._batch_options())
-        return await store.put_encoded(self.topic, self.store_queue, self.body,
-                                       self.properties, **self._message_options())
-
-    def put_now(self, store: MessageStore) -> PutMessageResult | PendingPut | None:
-        if self.batch:
-            return store.put_batch_now(self.topic, self.store_queue, self.body,
-                                       **self._batch_options())
-        return store.put_encoded_now(self.topic, self.store_queue, self.body,
-                                     self.properties, **self._message_options())
-
-    def _batch_options(self) -> dict[str, Any]:
-        return dict(batch_properties=self.properties, sys_flag=self.sys_flag,
-                    born_host=self.born_host, born_timestamp=self.born_timestamp,
-                    wait_store_msg_ok=self.wait)
-
-    def _message_options(self) -> dict[str, Any]:
-        return dict(flag=self.flag, sys_flag=self.sys_flag, born_timestamp=self.born_timestamp,
-                    born_host=self.born_host, reconsume_times=self.reconsume_times,
-                    wait_store_msg_ok=self.wait)
 
 
 def _plan_send(
@@ -347,12 +309,13 @@ def _plan_send(
         # drops all but one) and it matches none of the ids the producer was given. Each
         # message keeps its own id here.
         properties.pop(rec.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, None)
-    return _SendPlan(
-        topic=topic, store_queue=store_queue, queue_id=queue_id, body=request.body,
-        properties=rec.encode_properties(properties).encode(), batch=bool(batch),
-        flag=header.flag, sys_flag=sys_flag, born_timestamp=header.born_timestamp,
-        born_host=connection.peer, reconsume_times=header.reconsume_times or 0, wait=wait,
-    )
+    # Positional, in PutRequest's field order (every send comes this way); the 0 is
+    # prepared_transaction_offset, which only END_TRANSACTION's commit sets.
+    return _SendPlan(PutRequest(
+        topic, store_queue, request.body, rec.encode_properties(properties).encode(),
+        bool(batch), header.flag, sys_flag, header.born_timestamp, connection.peer,
+        header.reconsume_times or 0, 0, wait,
+    ), queue_id)
 
 
 def _ensure_transaction_topics(broker: Broker) -> None:
@@ -474,12 +437,12 @@ async def process_send_back(
         moved = delayed(topic, queue_id, properties, level, len(config.store.delay_levels))
         topic, queue_id, properties = moved.topic, moved.queue_id, moved.properties
     properties.setdefault(rec.PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
-    result = await broker.store.put_encoded(
+    result = await broker.store.put(PutRequest(
         topic, queue_id, message.body, rec.encode_properties(properties).encode(),
         flag=message.flag, sys_flag=message.sys_flag, born_timestamp=message.born_timestamp,
         born_host=message.born_host, reconsume_times=message.reconsume_times + 1,
         wait_store_msg_ok=False,
-    )
+    ))
     broker.stats.record_put(result)
     if result.status is PutMessageStatus.PUT_OK:
         return RemotingCommand.response_to(request, ResponseCode.SUCCESS)

@@ -48,7 +48,7 @@ import trio
 
 from ..ratelog import RateLimitedLog
 from ..remoting import RemotingConnection
-from ..store import MessageStore, PutMessageStatus
+from ..store import MessageStore, PutMessageStatus, PutRequest
 from ..wire import record as rec
 from ..wire.metadata import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
@@ -208,10 +208,10 @@ async def _put_op(store: MessageStore, half: rec.StoredMessage, decision: int) -
     properties = {rec.PROPERTY_TAGS: REMOVE_TAG, rec.PROPERTY_WAIT_STORE_MSG_OK: "false",
                   rec.PROPERTY_KEYS: transaction_key(half),
                   PROPERTY_TRANSACTION_DECISION: _DECISION_NAMES[decision]}
-    result = await store.put_encoded(
+    result = await store.put(PutRequest(
         TRANS_OP_HALF_TOPIC, half.queue_id, str(half.queue_offset).encode(),
         rec.encode_properties(properties).encode(), wait_store_msg_ok=False,
-    )
+    ))
     return result.status is PutMessageStatus.PUT_OK
 
 
@@ -299,13 +299,13 @@ async def _decide(store: MessageStore, request: RemotingCommand, half: rec.Store
             return RemotingCommand.response_to(
                 request, ResponseCode.SYSTEM_ERROR,
                 remark="the half message names no real topic and queue")
-        result = await store.put_encoded(
+        result = await store.put(PutRequest(
             real_topic, int(real_queue), half.body, rec.encode_properties(properties).encode(),
             flag=half.flag, sys_flag=(half.sys_flag & ~rec.TRANSACTION_TYPE_MASK) | COMMIT,
             born_timestamp=half.born_timestamp, born_host=half.born_host,
             reconsume_times=half.reconsume_times, prepared_transaction_offset=half.commitlog_offset,
             wait_store_msg_ok=False,
-        )
+        ))
         if result.status is not PutMessageStatus.PUT_OK:
             return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
                                                remark=result.remark or result.status.name)
@@ -473,12 +473,12 @@ class TransactionCheck:
         producer of its group about the copy. False when the copy could not be stored."""
         properties = dict(half.properties)
         properties[PROPERTY_TRANSACTION_CHECK_TIMES] = str(checks)
-        result = await self.store.put_encoded(
+        result = await self.store.put(PutRequest(
             TRANS_HALF_TOPIC, 0, half.body, rec.encode_properties(properties).encode(),
             flag=half.flag, sys_flag=half.sys_flag, born_timestamp=half.born_timestamp,
             born_host=half.born_host, reconsume_times=half.reconsume_times,
             wait_store_msg_ok=False,
-        )
+        ))
         if result.status is not PutMessageStatus.PUT_OK:
             self._log.log(logging.WARNING, "copy", "transactions: cannot store a half message "
                           "again for its check (%s)", result.status.name)
@@ -537,9 +537,9 @@ class TransactionCheck:
                     "answer; moved to %s", half.msg_id,
                     half.properties.get(rec.PROPERTY_PRODUCER_GROUP), self.check_max,
                     TRANS_CHECK_MAX_TIME_TOPIC)
-        await self.store.put_encoded(
+        await self.store.put(PutRequest(
             TRANS_CHECK_MAX_TIME_TOPIC, 0, half.body,
             rec.encode_properties(half.properties).encode(), flag=half.flag,
             sys_flag=half.sys_flag, born_timestamp=half.born_timestamp,
             born_host=half.born_host, wait_store_msg_ok=False,
-        )
+        ))

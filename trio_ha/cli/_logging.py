@@ -23,7 +23,7 @@ import logging
 import sys
 import time
 
-#: the human format: ``2026-11-26 18:04:05.123 INFO  trio_ha.store.store: store ... recovered``
+#: the human format: ``2026-11-26 18:04:05.123 INFO  trio_ha.store.opening: store ... recovered``
 HUMAN_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-5s %(name)s: %(message)s"
 HUMAN_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 

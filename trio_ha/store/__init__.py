@@ -1,12 +1,27 @@
-"""The storage layer: commitlog segments, consume queues, dispatch, recovery, flush."""
+"""The storage layer: commitlog segments, consume queues, dispatch, recovery, flush.
+
+This is the store's public face: what the broker and everything above it use of the store
+is named here (an import-linter contract keeps them out of ``store.ha`` and
+``store.sync_requests``): opening a store, a put as a value and its results, the statistics
+and states the metrics report, the HA client a broker registers with its master's address,
+and the splice pipe the loopback benchmark measures.
+"""
 
 from .consume_queue import QueueEntry
+from .ha.master import HAConnectionState, HAMasterStatistics, SlaveConnectionStatistics
+from .ha.slave import HAClient, HAClientState, HASlaveStatistics
+from .ha.transfer import open_splice_pipe
+from .opening import open_store
+from .put_request import PutRequest
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
-from .store import MessageStore, StoreLock, StoreLockedError, StoreStatistics, open_store
-from .sync_requests import PendingPut
+from .statistics import StoreStatistics
+from .store import MessageStore, StoreLock, StoreLockedError
+from .sync_requests import PendingPut, SyncServiceStatistics
 
 __all__ = [
-    "GetMessageResult", "GetMessageStatus", "MessageStore", "PendingPut", "PutMessageResult",
-    "PutMessageStatus", "QueueEntry", "StoreLock", "StoreLockedError", "StoreStatistics",
+    "GetMessageResult", "GetMessageStatus", "HAClient", "HAClientState", "HAConnectionState",
+    "HAMasterStatistics", "HASlaveStatistics", "MessageStore", "PendingPut", "PutMessageResult",
+    "PutMessageStatus", "PutRequest", "QueueEntry", "SlaveConnectionStatistics", "StoreLock",
+    "StoreLockedError", "StoreStatistics", "SyncServiceStatistics", "open_splice_pipe",
     "open_store",
 ]
