@@ -11,23 +11,25 @@ sent, or what the broker re-stores), or an encoded SEND_BATCH_MESSAGE body that 
 batch encoder converts item by item, with the batch's own properties added to each item.
 
 The class is built on the broker's send path for every message, positionally (so the order
-of its fields is part of its interface), with no validators and no converters: what it costs
-is setting its twelve frozen slots (docs/performance.md). The store checks what it must
-(topic, queue, sizes) when it appends, where a bad value becomes a refused put with its
-reason rather than an exception in the broker.
+of its fields is part of its interface), with no validators and no converters. Why a
+``NamedTuple`` and not the project's usual ``attrs.frozen``: both are immutable values, but a
+frozen attrs class sets each of its twelve fields through ``object.__setattr__``, which costs
+three times a tuple's construction, and on this path that difference outweighed what the
+single put path saved (docs/performance.md, *Store appends*). Treat it as a record of named
+fields: nothing indexes it or iterates it. The store checks what it must (topic, queue,
+sizes) when it appends, where a bad value becomes a refused put with its reason rather than
+an exception in the broker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import attrs
+from typing import NamedTuple
 
 from ..wire import record as rec
 
 
-@attrs.frozen
-class PutRequest:
+class PutRequest(NamedTuple):
     topic: str
     queue_id: int
     #: the message's body, or a SEND_BATCH_MESSAGE body (``is_batch``)
