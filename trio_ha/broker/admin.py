@@ -21,6 +21,11 @@ SUCCESS whether or not anything reads it again. The change is in memory (GET_BRO
 shows it); the broker does not know which file it was started from, so a restart reads
 broker.conf as it was. DELETE_TOPIC_IN_BROKER removes the topic's config, its consume queues
 and every group's offsets of it (RocketMQ 4.9.8 keeps the offsets; 5.x removes them too).
+
+Why one module at about 800 lines: it is the broker's table of small handlers (about forty,
+each a request's checks around one table or store call), sharing the answer helpers at its
+top (``ok``, ``error``, ``refused_on_slave``); its sections follow RocketMQ's processors, and
+a handler is found by its request's name.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ camelCase too (``trio-ha admin clusterList``), so an operator's habits carry ove
 
 A failure an operator can act on (no name server there, an unknown topic, a broker's refusal)
 is one line on stderr and exit code 1, as for the node commands.
+
+Why one module at about 700 lines: one command per mqadmin verb, each a few lines around one
+client call and a table, sharing the table and source-marking helpers at its top.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ RocketMQ's tools do
 which broker of each group answered, or that none did, so that an operator's tool can mark a
 figure that comes from a slave (whose copy of the offsets trails the master's by up to
 ``slaveSyncInterval``) and never show a group nobody answered for as zero.
+
+Why one module at about 650 lines: one method per admin request, each a request and the
+decoding of its answer, sharing the group-by-group asking (``_ask_group``) and ``ByGroup``.
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ Where pulls go: to the broker id the last response suggested for the queue
 (``suggestWhichBrokerId``, the master at first) if the route has it, else to the lowest id in
 the route — so when the master is gone from the route, reads fall back to a slave, which still
 serves them. Offsets are committed to the master, or to a slave when there is no master.
+
+Why one module at about 750 lines: the pull consumer, its stream and its rebalance are one
+lifecycle (the stream owns the queues the rebalance hands it and commits the offsets the
+consumer tracks); split, each part would reach into the others' state.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ address) from another connection than the live one that registered it
 an admin account's signature as the admin verbs do (RocketMQ 5's brokers sign them with
 ``innerClientAuthenticationCredentials``, ours too; a RocketMQ 4.9 broker cannot sign, and
 needs its address in ``globalWhiteRemoteAddresses``).
+
+Why one module at about 600 lines: the server is the request table of the name server (one
+handler per request code around ``routes`` and the KV config); the route rules themselves
+live in ``routes``.
 """
 
 from __future__ import annotations

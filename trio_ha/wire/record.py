@@ -13,6 +13,9 @@ Layout of a v1 record (all integers big-endian)::
     | TOPICLEN 1 (v1) or 2 (v2) + topic | PROPSLEN 2 + properties
 
 A segment ends with a blank record: TOTALSIZE = the rest of the segment, MAGIC = BLANK.
+
+Why one module at about 600 lines: it is the record format, whole (layout, message ids,
+property encoding, the codec both ways); the native engine is held to exactly this file.
 """
 
 from __future__ import annotations
