@@ -19,7 +19,13 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition,
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
     rule,
 )
 
@@ -61,9 +67,10 @@ class LedgerMachine(RuleBasedStateMachine):
     peers = Bundle("peers")
 
     @initialize(sync_acks=st.integers(1, 2), max_connections=st.integers(1, 4),
-                fallbehind=st.integers(1, 300), log_end=st.integers(0, 200))
+                fallbehind=st.integers(1, 300), log_end=st.integers(0, 200),
+                put_waits=st.integers(0, 40))
     def setup(self, sync_acks: int, max_connections: int, fallbehind: int,
-              log_end: int) -> None:
+              log_end: int, put_waits: int) -> None:
         self.puts = Puts()
         self.ledger = ReplicationLedger(sync_acks=sync_acks, fallbehind_max=fallbehind,
                                         max_connections=max_connections,
@@ -73,6 +80,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.all_peers: list[Peer] = []
         self.last_replicated = 0
         self.evicted_proven: list[Peer] = []
+        if put_waits:  # a put from before any slave connected still waits
+            self.append(put_waits, waits=True)
 
     # ---- the world's events -----------------------------------------------------------------
 
@@ -93,6 +102,17 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(target=peers)
     def connect(self) -> object:
+        return self._connect()
+
+    @rule(target=peers, data=st.data())
+    def connect_and_request(self, data: st.DataObject) -> object:
+        """A slave's usual start: it connects and reports where its log ends at once."""
+        peer = self._connect()
+        if isinstance(peer, Peer):
+            self.first_report(peer, data)
+        return peer
+
+    def _connect(self) -> object:
         by_key = {p.account.key: p for p in self.all_peers}
         account = self.ledger.admit(len(self.all_peers))
         for victim in self.ledger.evicted:
@@ -115,9 +135,10 @@ class LedgerMachine(RuleBasedStateMachine):
         the log end, and the bytes of the waiting puts."""
         if peer.start is not None:
             return
-        edges = [0, self.log_end, self.log_end + 1]
+        edges = []
         for put in self.puts.waiting:
-            edges += [put.floor, put.floor + 1, put.end - 1, put.end]
+            edges += [put.floor + 1, put.end - 1, put.floor, put.end]
+        edges += [self.log_end, 0, self.log_end + 1]
         request = data.draw(st.one_of(st.sampled_from(edges), st.integers(0, self.log_end + 50)))
         start = request if request <= self.log_end else None
         if start is None:
@@ -127,11 +148,12 @@ class LedgerMachine(RuleBasedStateMachine):
         # The first report is a request: nothing is confirmed by it.
         assert peer.account.confirmed is None
 
-    @rule(peer=peers, size=st.integers(1, 60))
-    def hand_over(self, peer: Peer, size: int) -> None:
+    @rule(peer=peers, size=st.one_of(st.none(), st.integers(1, 60)))
+    def hand_over(self, peer: Peer, size: int | None) -> None:
+        """A frame goes out: ``size`` bytes, or (None) all that the log has."""
         if peer.sent is None or peer.sent >= self.log_end:
             return
-        peer.sent = min(self.log_end, peer.sent + size)
+        peer.sent = self.log_end if size is None else min(self.log_end, peer.sent + size)
         self.ledger.handed_over(peer.account, peer.sent)
 
     @rule(peer=peers, data=st.data())
@@ -140,8 +162,8 @@ class LedgerMachine(RuleBasedStateMachine):
         beyond — a pump that checked nothing before the ledger."""
         choices = [st.integers(0, self.log_end + 50), st.just(self.log_end)]
         if peer.sent is not None and peer.start is not None:
-            choices += [st.integers(max(0, peer.sent - 20), peer.sent),
-                        st.sampled_from([peer.start, peer.start + 1, peer.sent, peer.sent + 1])]
+            choices += [st.sampled_from([peer.sent, peer.start + 1, peer.start, peer.sent + 1]),
+                        st.integers(max(0, peer.sent - 20), peer.sent)]
         offset = data.draw(st.one_of(*choices))
         replicated_before = self.ledger.replicated
         if peer.sent is not None and offset > peer.sent:
