@@ -106,10 +106,11 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(target=peers, data=st.data())
     def connect_and_request(self, data: st.DataObject) -> object:
-        """A slave's usual start: it connects and reports where its log ends at once."""
+        """A slave's usual start: it connects and reports where its log ends at once — the
+        log end, or (one that reconnects) somewhere in the puts still waiting."""
         peer = self._connect()
         if isinstance(peer, Peer):
-            self.first_report(peer, data)
+            self.first_report(peer, data, edges_only=True)
         return peer
 
     def _connect(self) -> object:
@@ -129,7 +130,7 @@ class LedgerMachine(RuleBasedStateMachine):
         return peer
 
     @rule(peer=peers, data=st.data())
-    def first_report(self, peer: Peer, data: st.DataObject) -> None:
+    def first_report(self, peer: Peer, data: st.DataObject, edges_only: bool = False) -> None:
         """The first report: a request the master serves (as the pump decides: a start within
         the log) or refuses. It acknowledges nothing. Drawn mostly at the edges that matter:
         the log end, and the bytes of the waiting puts."""
@@ -139,7 +140,9 @@ class LedgerMachine(RuleBasedStateMachine):
         for put in self.puts.waiting:
             edges += [put.floor + 1, put.end - 1, put.floor, put.end]
         edges += [self.log_end, 0, self.log_end + 1]
-        request = data.draw(st.one_of(st.sampled_from(edges), st.integers(0, self.log_end + 50)))
+        request = data.draw(st.sampled_from(edges) if edges_only
+                            else st.one_of(st.sampled_from(edges),
+                                           st.integers(0, self.log_end + 50)))
         start = request if request <= self.log_end else None
         if start is None:
             return  # refused: the writer ends the connection, the ledger is not told
@@ -156,15 +159,26 @@ class LedgerMachine(RuleBasedStateMachine):
         peer.sent = self.log_end if size is None else min(self.log_end, peer.sent + size)
         self.ledger.handed_over(peer.account, peer.sent)
 
+    @rule(peer=peers)
+    def catch_up(self, peer: Peer) -> None:
+        """A slave's round: it is sent all the log has and acknowledges all of it."""
+        if peer.sent is None:
+            return
+        if peer.sent < self.log_end:
+            self.hand_over(peer, None)
+        self.report(peer, None, offset=peer.sent)
+
     @rule(peer=peers, data=st.data())
-    def report(self, peer: Peer, data: st.DataObject) -> None:
+    def report(self, peer: Peer, data: st.DataObject | None, offset: int | None = None) -> None:
         """Any report at all: within what it was sent, the log end it learnt, backwards,
         beyond — a pump that checked nothing before the ledger."""
         choices = [st.integers(0, self.log_end + 50), st.just(self.log_end)]
         if peer.sent is not None and peer.start is not None:
             choices += [st.sampled_from([peer.sent, peer.start + 1, peer.start, peer.sent + 1]),
                         st.integers(max(0, peer.sent - 20), peer.sent)]
-        offset = data.draw(st.one_of(*choices))
+        if offset is None:
+            assert data is not None
+            offset = data.draw(st.one_of(*choices))
         replicated_before = self.ledger.replicated
         if peer.sent is not None and offset > peer.sent:
             # An ack of bytes this connection never carried is a protocol error.

@@ -524,7 +524,7 @@ class HAService:
     #: the ha_sync_acks-th highest ack among counted connections: what SYNC_MASTER puts wait
     #: for
     replicated: Watermark = attrs.field(factory=Watermark)
-    #: the live connections, by ``id``: each has an open account in ``ledger``
+    #: the live connections, by their account's key: each has an open account in ``ledger``
     connections: dict[int, HAConnection] = attrs.field(factory=dict)
     #: which acks count, and so ``replicated``; which connection makes way for a newcomer
     ledger: ReplicationLedger = attrs.field(
