@@ -166,19 +166,19 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         if peer.sent < self.log_end:
             self.hand_over(peer, None)
-        self.report(peer, None, offset=peer.sent)
+        self._report(peer, peer.sent)
 
     @rule(peer=peers, data=st.data())
-    def report(self, peer: Peer, data: st.DataObject | None, offset: int | None = None) -> None:
+    def report(self, peer: Peer, data: st.DataObject) -> None:
         """Any report at all: within what it was sent, the log end it learnt, backwards,
         beyond — a pump that checked nothing before the ledger."""
         choices = [st.integers(0, self.log_end + 50), st.just(self.log_end)]
         if peer.sent is not None and peer.start is not None:
             choices += [st.sampled_from([peer.sent, peer.start + 1, peer.start, peer.sent + 1]),
                         st.integers(max(0, peer.sent - 20), peer.sent)]
-        if offset is None:
-            assert data is not None
-            offset = data.draw(st.one_of(*choices))
+        self._report(peer, data.draw(st.one_of(*choices)))
+
+    def _report(self, peer: Peer, offset: int) -> None:
         replicated_before = self.ledger.replicated
         if peer.sent is not None and offset > peer.sent:
             # An ack of bytes this connection never carried is a protocol error.
