@@ -42,7 +42,7 @@ from __future__ import annotations
 import bisect
 import enum
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 import attrs
 
@@ -77,6 +77,13 @@ class Step(enum.Enum):
     RAISE = "raise"
     #: the ack could not count yet: call ``recheck`` soon (the put in its way may be answered)
     RECHECK = "recheck"
+
+
+# The members as module names, as ``wire.ha.NEED_DATA`` is: an enum member looked up on its
+# class costs a descriptor call, several times a plain name's, and a report makes two or three.
+NOTHING: Final = Step.NOTHING
+RAISE: Final = Step.RAISE
+RECHECK: Final = Step.RECHECK
 
 
 @attrs.define(eq=False)
@@ -186,7 +193,7 @@ class ReplicationLedger:
         connection never carried."""
         start, sent = account.start, account.sent
         if start is None or sent is None:
-            return Step.NOTHING  # the request was refused: the connection is ending
+            return NOTHING  # the request was refused: the connection is ending
         if offset > sent:
             # RocketMQ #1155/#3015: acks must be of bytes this connection carried, or any
             # socket could make a SYNC_MASTER put succeed without a slave.
@@ -201,7 +208,7 @@ class ReplicationLedger:
             account.acked = offset
         if offset > start and (offset != account.confirmed or not account.counted):
             return self._confirm(account, offset)
-        return Step.NOTHING
+        return NOTHING
 
     def recheck(self, account: Account) -> float | None:
         """Judge an account that could not count again (time passed: the put in its way may
@@ -223,7 +230,7 @@ class ReplicationLedger:
         """The connection carried the log up to ``offset`` and its slave acknowledged it (or
         acknowledges it again, while the connection is not counted yet)."""
         if not account.open:
-            return Step.NOTHING
+            return NOTHING
         self._unproven.pop(account.key, None)  # proven now
         if account.counted:
             old = account.confirmed
@@ -234,14 +241,14 @@ class ReplicationLedger:
             bisect.insort(self._confirmed, offset)
         else:
             account.confirmed = offset
-            return Step.RECHECK
+            return RECHECK
         account.confirmed = offset
         needed = self.sync_acks
         confirmed = self._confirmed
         if len(confirmed) >= needed and confirmed[-needed] > self.replicated:
             self.replicated = confirmed[-needed]
-            return Step.RAISE
-        return Step.NOTHING
+            return RAISE
+        return NOTHING
 
     def _may_count(self, account: Account) -> bool:
         """Whether the account carried every byte of every put still waiting: the oldest

@@ -79,7 +79,7 @@ from ..commitlog import CommitLog
 from ..segment import Segment
 from .auth import HANDSHAKE_TIMEOUT, authenticate_slave
 from .group_transfer import GroupTransferService
-from .ledger import Account, PendingPut, ReplicationLedger, Step
+from .ledger import RAISE, RECHECK, Account, PendingPut, ReplicationLedger
 from .transfer import HATransport, transport_for
 
 log = logging.getLogger(__name__)
@@ -315,12 +315,13 @@ class HAConnection:
         """A report after the request: the ledger judges it (and raises HAProtocolError for
         an ack of bytes this connection never carried); this performs what it answers."""
         service = self.service
-        step = service.ledger.report(self.account, offset)
-        if step is Step.RAISE:
+        account = self.account
+        step = service.ledger.report(account, offset)
+        if step is RAISE:
             service.replicated.raise_to(service.ledger.replicated)
-        elif step is Step.RECHECK:
+        elif step is RECHECK:
             self._uncounted.set()
-        if self.account.start is None:
+        if account.start is None:
             return  # the request was refused: the writer is ending the connection
         if offset >= self.commitlog.max_offset:
             self.lag_since = None
