@@ -226,6 +226,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def replicated_never_goes_backwards(self) -> None:
+        """What a put was told stays true: ``replicated`` only rises."""
         assert self.ledger.replicated >= self.last_replicated
         self.last_replicated = self.ledger.replicated
 
@@ -261,6 +262,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def is_slave_ok_counts_close_slaves(self) -> None:
+        """Whether a put waits counts the open accepted connections whose last report is
+        within ``fallbehind_max`` of its end, each once."""
         ledger = self.ledger
         for end in (0, self.log_end, self.log_end + ledger.fallbehind_max):
             close = sum(1 for p in self.all_peers

@@ -21,9 +21,10 @@ Events, each a method:
 - ``recheck``: time passed (the put that kept an ack from counting may be answered now).
 - ``drop``: the connection ended (once or many times: only the first counts).
 
-Outputs: ``replicated`` (what SYNC_MASTER puts wait for; ``report`` and ``recheck`` say
-when it rose), the accounts to evict, the time to re-check an account whose ack could not
-count yet, and ``is_slave_ok``, which says whether a put should wait at all.
+Outputs: ``replicated`` (what SYNC_MASTER puts wait for: ``report`` answers RAISE when it
+rose; after ``recheck`` the pump raises its watermark to it), the accounts to evict, the
+time to re-check an account whose ack could not count yet (``report`` answers RECHECK, and
+``recheck`` the time), and ``is_slave_ok``, which says whether a put should wait at all.
 
 Invariants (each pinned by a property test): ``replicated`` never goes backwards; it never
 exceeds an offset that ``sync_acks`` distinct connections each acknowledged of bytes handed
