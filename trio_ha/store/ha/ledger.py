@@ -127,14 +127,14 @@ class ReplicationLedger:
     #: the ``sync_acks``-th highest confirmed offset among counted connections, ever
     replicated: int = 0
     #: accounts evicted to make room and not yet closed by the pump (it takes them)
-    evicted: list[Account] = attrs.field(factory=list)
-    _open: int = 0
+    evicted: list[Account] = attrs.field(init=False, factory=list)
+    _open: int = attrs.field(init=False, default=0)
     #: the open accounts that are not proven yet, oldest first
-    _unproven: dict[int, Account] = attrs.field(factory=dict)
+    _unproven: dict[int, Account] = attrs.field(init=False, factory=dict)
     #: acked offsets of open accepted accounts, sorted (``is_slave_ok``)
-    _positions: list[int] = attrs.field(factory=list)
+    _positions: list[int] = attrs.field(init=False, factory=list)
     #: confirmed offsets of open counted accounts, sorted (``replicated``)
-    _confirmed: list[int] = attrs.field(factory=list)
+    _confirmed: list[int] = attrs.field(init=False, factory=list)
 
     # ---- slots ------------------------------------------------------------------------------
 
