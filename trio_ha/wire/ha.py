@@ -105,9 +105,10 @@ class FrameEnd:
         return self.offset + self.size
 
 
-@attrs.define
+@attrs.define(eq=False)
 class MasterProtocol:
-    """The master's side of one slave connection: decodes reports, encodes frames."""
+    """The master's side of one slave connection: decodes reports, encodes frames.
+    Compared by identity: it is one connection's live state, not a value."""
 
     #: the master's log end; a report beyond it is a lie (RocketMQ issues #1155/#3015)
     log_end: int = 0
@@ -179,13 +180,13 @@ class MasterProtocol:
         return self.send_frame_header(offset, 0)
 
 
-@attrs.define
+@attrs.define(eq=False)
 class SlaveProtocol:
     """The slave's side: encodes reports, decodes frames, checks that they continue its log.
 
     ``expected`` is where the slave's log ends. An empty slave (``expected`` None) takes the
     first frame's offset as its start, as RocketMQ's does (the master starts an empty slave
-    at its last segment)."""
+    at its last segment). Compared by identity: it is one connection's live state."""
 
     expected: int | None = None
     max_frame_body: int = MAX_FRAME_BODY

@@ -1,14 +1,22 @@
 """The master side of replication: the HA listener and one connection per slave.
 
-Each slave connection is one nursery with two tasks: the ack reader and the log writer. If
-either fails — the peer closed, broke the protocol, went silent past haHousekeepingInterval —
-the nursery cancels the other, and ``_handle`` closes the socket and drops the connection from
-the table, in one place. RocketMQ's HAConnection runs two threads that each poll with 1 s
-selects and tear each other down by flags. At most ``ha_max_connections`` connections live at
-once. A newcomer beyond that takes the slot of the longest-unproven connection (one whose peer
-never acknowledged a byte it carried: ``HAConnection.proven``), so that peers restating the log
-end cannot keep a slave out; with every slot proven it is closed at once (and logged so, at
-most every 10 s).
+Each slave connection is one nursery with three tasks: the ack reader, the log writer, and
+the re-judge of an ack that could not count yet (``_count_when_due``), which sleeps until the
+reader tells it so. If the reader or the writer fails — the peer closed, broke the protocol,
+went silent past haHousekeepingInterval — the nursery cancels the others, and
+``handle_stream`` closes the socket and drops the connection from the table, in one place.
+The service itself runs one more task, the 60 s lag log (``_log_differences``), beside the
+listener's. RocketMQ's HAConnection runs two threads that each poll with 1 s selects and tear
+each other down by flags. At most ``ha_max_connections`` connections live at once. A newcomer
+beyond that takes the slot of the longest-unproven connection (one whose peer never
+acknowledged a byte it carried: ``HAConnection.proven``), so that peers restating the log end
+cannot keep a slave out; with every slot proven it is closed at once (and logged so, at most
+every 10 s).
+
+These are pumps: socket -> protocol -> ledger -> watermark, and log -> frame -> transport.
+The rules of which acks count, which connection makes way, and what ``replicated`` is live in
+the sans-I/O ``ledger`` (``ReplicationLedger``); the pumps step it with what happened and
+perform what it answers.
 
 Which acks count. RocketMQ keeps one global ``push2SlaveMaxOffset``, the highest report of any
 socket, first reports included, so any peer that knows the log end can make a SYNC_MASTER put
@@ -20,9 +28,9 @@ request and acknowledges nothing. A connection's acks answer puts only once it c
 byte of the oldest waiting put: that put appended after the connection was accepted, or starts
 at or after the connection's start (``counted``; from then on it carried every later put too).
 ``replicated`` — what SYNC_MASTER puts wait for — is the ``ha_sync_acks``-th highest ack among
-counted connections. A real slave that reconnects with a full log reports its end, the master
-continues from there, and its acks count from the first byte it is sent (docs/ha-protocol.md,
-*Which acks count*).
+counted connections (the ledger keeps these rules). A real slave that reconnects with a full
+log reports its end, the master continues from there, and its acks count from the first byte
+it is sent (docs/ha-protocol.md, *Which acks count*).
 
 Cost. A peer may stream reports as fast as it likes, and it costs the master little: one
 read is one processing round, in which the protocol keeps and hands over only the last whole
@@ -51,12 +59,11 @@ worth waiting for.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import enum
+import itertools
 import logging
 import time
-from collections.abc import Callable
 from typing import NoReturn
 
 import attrs
@@ -71,7 +78,8 @@ from ...wire.ha import NEED_DATA, REPORT, HAProtocolError, MasterProtocol
 from ..commitlog import CommitLog
 from ..segment import Segment
 from .auth import HANDSHAKE_TIMEOUT, authenticate_slave
-from .group_transfer import GroupTransferService, WaitingPut
+from .group_transfer import GroupTransferService
+from .ledger import RAISE, RECHECK, Account, PendingPut, ReplicationLedger
 from .transfer import HATransport, transport_for
 
 log = logging.getLogger(__name__)
@@ -155,24 +163,14 @@ class HAConnection:
     service: HAService
     transport: HATransport
     address: str
+    #: what this connection was handed over, confirmed and counted (the service's ledger)
+    account: Account
     protocol: MasterProtocol = attrs.field(factory=MasterProtocol)
     state: HAConnectionState = HAConnectionState.WAITING_FOR_REPORT
     connected_since: float = attrs.field(factory=time.time)
     requested_offset: int | None = None
-    #: where the transfer starts; set with the master's log end at that moment
-    #: (``accepted_end``) when the first report is accepted
-    start_offset: int | None = None
-    accepted_end: int | None = None
-    #: the slave's last report since the request was accepted: its log end, as it says
-    acked_offset: int | None = None
-    #: the end of the bytes this connection carried that the slave acknowledged
-    confirmed_offset: int | None = None
-    #: its confirmed offset counts for ``replicated`` (see the module docstring)
-    counted: bool = False
+    #: where the writer sends from next
     next_offset: int | None = None
-    #: the log end this connection's slave can hold: where it started, plus every frame handed
-    #: to the transport; an ack beyond it acknowledges bytes never sent to it
-    sent_offset: int | None = None
     bytes_sent: int = 0
     frames_sent: int = 0
     frames_pushed: int = 0
@@ -200,12 +198,45 @@ class HAConnection:
     def commitlog(self) -> CommitLog:
         return self.service.commitlog
 
+    # What the ledger keeps of this connection, by the names statistics and tests know.
+
+    @property
+    def start_offset(self) -> int | None:
+        """Where the transfer starts (None until the request is accepted)."""
+        return self.account.start
+
+    @property
+    def accepted_end(self) -> int | None:
+        """The master's log end when the request was accepted."""
+        return self.account.accepted_end
+
+    @property
+    def acked_offset(self) -> int | None:
+        """The slave's last report since the request was accepted: its log end, as it says."""
+        return self.account.acked
+
+    @property
+    def sent_offset(self) -> int | None:
+        """The log end this connection's slave can hold: its start plus every frame handed
+        to the transport; an ack beyond it acknowledges bytes never sent to it."""
+        return self.account.sent
+
+    @property
+    def confirmed_offset(self) -> int | None:
+        """The end of the bytes this connection carried that the slave acknowledged."""
+        return self.account.confirmed
+
+    @property
+    def counted(self) -> bool:
+        """Its confirmed offset counts for ``replicated`` (see the module docstring)."""
+        return self.account.counted
+
     @property
     def proven(self) -> bool:
         """Whether its peer acknowledged a byte this connection carried to it (a report past
         its start, within what it was sent): what a slave does and a peer that only
         restates an offset it learnt cannot. Once proven, for the connection's life."""
-        return self.confirmed_offset is not None
+        return self.account.proven
 
     async def run(self) -> None:
         with self._scope:
@@ -275,53 +306,47 @@ class HAConnection:
         if start < commitlog.min_offset or start > commitlog.max_offset:
             self._refused = start
         else:
-            self.start_offset = self.next_offset = self.sent_offset = start
-            self.accepted_end = commitlog.max_offset
+            self.next_offset = start
             self.state = HAConnectionState.TRANSFER
-            self.service.connection_accepted(self, requested)
+            self.service.ledger.accept(self.account, requested, start, commitlog.max_offset)
         self._first_report.set()
 
     def _on_report(self, offset: int) -> None:
-        if self.start_offset is None or self.sent_offset is None:
-            return  # the request was refused: the writer is ending the connection
-        if offset > self.sent_offset:
-            # RocketMQ #1155/#3015: acks must be of bytes this connection carried, or any
-            # socket could make a SYNC_MASTER put succeed without a slave.
-            raise HAProtocolError(
-                f"slave acked offset {offset}, but this connection has carried the log only "
-                f"up to {self.sent_offset}"
-            )
+        """A report after the request: the ledger judges it (and raises HAProtocolError for
+        an ack of bytes this connection never carried); this performs what it answers."""
         service = self.service
-        if offset != self.acked_offset:
-            service.report_moved(self, offset)
+        account = self.account
+        step = service.ledger.report(account, offset)
+        if step is RAISE:
+            service.replicated.raise_to(service.ledger.replicated)
+        elif step is RECHECK:
+            self._uncounted.set()
+        if account.start is None:
+            return  # the request was refused: the writer is ending the connection
         if offset >= self.commitlog.max_offset:
             self.lag_since = None
         elif self.lag_since is None:
             self.lag_since = time.time()
-        if offset > self.start_offset and (offset != self.confirmed_offset or not self.counted):
-            service.confirm(self, offset)
-
-    def not_counted_yet(self) -> None:
-        """Its last ack could not count (a put from before it was accepted still waits)."""
-        self._uncounted.set()
 
     async def _count_when_due(self) -> None:
         """Judge an ack that could not count again once the put that stood in the way is
         answered (at its deadline at the latest), rather than at the slave's next report,
         which may come only after the puts this connection did carry timed out."""
+        service = self.service
+        ledger = service.ledger
         while not self.counted:
             await self._uncounted.wait()
             self._uncounted = trio.Event()
-            while not self.counted and self.confirmed_offset is not None:
-                # Judge first, then look at what stands in the way: the service answers the
-                # blocking put at the same deadline this task wakes at, and whichever runs
-                # first, the put behind it must not be mistaken for the blocker (it was, and
-                # the connection then counted only at that later put's deadline).
-                self.service.confirm(self, self.confirmed_offset)
-                waiting = self.service.oldest_waiting()
-                if self.counted or waiting is None:
+            # The ledger judges first, then says when to look again: the service answers the
+            # blocking put at the same deadline this task wakes at, and whichever runs first,
+            # the put behind it must not be mistaken for the blocker (it was, and the
+            # connection then counted only at that later put's deadline).
+            while True:
+                due = ledger.recheck(self.account)
+                if due is None:
                     break
-                await trio.sleep_until(waiting.deadline)  # at once if past: a checkpoint
+                await trio.sleep_until(due)  # at once if past: a checkpoint
+            service.replicated.raise_to(ledger.replicated)
 
     # ---- writer ----------------------------------------------------------------------------
 
@@ -428,7 +453,8 @@ class HAConnection:
 
     def _handed_over(self, offset: int, size: int) -> None:
         """The frame of ``size`` bytes at ``offset`` was handed to the transport."""
-        self.sent_offset = self.next_offset = offset + size
+        self.next_offset = offset + size
+        self.service.ledger.handed_over(self.account, self.next_offset)
         self.bytes_sent += size
         self.frames_sent += 1
         self._last_send = trio.current_time()
@@ -490,10 +516,6 @@ class HAConnection:
         )
 
 
-def _no_put_waits() -> WaitingPut | None:
-    return None
-
-
 @attrs.define(eq=False)
 class HAService:
     """Accepts slave connections and tracks what they hold."""
@@ -503,25 +525,19 @@ class HAService:
     #: the ha_sync_acks-th highest ack among counted connections: what SYNC_MASTER puts wait
     #: for
     replicated: Watermark = attrs.field(factory=Watermark)
+    #: the live connections, by their account's key: each has an open account in ``ledger``
     connections: dict[int, HAConnection] = attrs.field(factory=dict)
-    #: the connections of the table that are not proven yet, oldest first (so the
-    #: longest-unproven one, which makes way for a newcomer, is found at once)
-    _unproven: dict[int, HAConnection] = attrs.field(factory=dict)
+    #: which acks count, and so ``replicated``; which connection makes way for a newcomer
+    ledger: ReplicationLedger = attrs.field(
+        init=False, default=attrs.Factory(lambda self: _ledger_for(self), takes_self=True))
     listen_address: tuple[str, int] | None = None
-    #: the oldest SYNC_MASTER put still waiting (the group transfer service's, once there is
-    #: one: ``group_transfer_service``); none on a master whose puts never wait
-    oldest_waiting: Callable[[], WaitingPut | None] = _no_put_waits
-    #: acked offsets of accepted connections, sorted (``is_slave_ok``)
-    _positions: list[int] = attrs.field(factory=list)
-    #: confirmed offsets of counted connections, sorted (``replicated``)
-    _confirmed: list[int] = attrs.field(factory=list)
     #: what peers make the master log (connections, closes, divergence): at most a line per
     #: kind and peer host every 10 s, so a peer that connects and misbehaves in a loop cannot
     #: fill the log (the hostile suite wrote 3,700 lines in 25 s before)
     peer_log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
     #: peers turned away by the authentication handshake (haAuthSecret)
     auth_failures: int = 0
-    #: unproven connections closed to make room for a newcomer (``_room_for_newcomer``)
+    #: unproven connections closed to make room for a newcomer (``_admit``)
     evicted_connections: int = 0
     #: the handshakes under way, oldest first (``_authenticate``)
     _handshakes: collections.deque[trio.CancelScope] = attrs.field(factory=collections.deque)
@@ -530,11 +546,15 @@ class HAService:
     _refusal_logged_at: float = -REFUSAL_LOG_INTERVAL
 
     def group_transfer_service(self) -> GroupTransferService:
-        """The service that answers SYNC_MASTER puts from ``replicated``; it tells this one
-        which put waits longest (what a connection must have carried to count)."""
+        """The service that answers SYNC_MASTER puts from ``replicated``; it tells the
+        ledger which put waits longest (what a connection must have carried to count)."""
         service = GroupTransferService.for_replicas(self.replicated, self.is_slave_ok, self.config)
-        self.oldest_waiting = service.oldest_waiting
+        self.ledger.oldest_waiting = service.oldest_waiting
         return service
+
+    def oldest_waiting(self) -> PendingPut | None:
+        """The oldest SYNC_MASTER put still waiting, if any."""
+        return self.ledger.oldest_waiting()
 
     def push_now(self) -> None:
         """Send each slave on an idle link what the log gained since its last frame, now,
@@ -569,18 +589,18 @@ class HAService:
         # Judged twice: before the handshake, so that a newcomer with no slot to win costs
         # none; and after it, when it takes its slot (an unproven connection may have to
         # make way then), so that a peer that fails the handshake evicts no one.
-        if not self._room_for_newcomer(evict=False):
+        if not self.ledger.has_room():
             await self._close_refused(transport, address)
             return
         if self.config.ha_auth_secret is not None and not await self._authenticate(
                 transport, address, self.config.ha_auth_secret):
             return
-        if not self._room_for_newcomer(evict=True):
+        account = self._admit()
+        if account is None:
             await self._close_refused(transport, address)
             return
-        connection = HAConnection(self, transport, address)
-        self.connections[id(connection)] = connection
-        self._unproven[id(connection)] = connection
+        connection = HAConnection(self, transport, address, account)
+        self.connections[account.key] = connection
         self.peer_log.log(logging.INFO, ("connected", peer_host(address)),
                           "HA: slave %s connected", address)
         try:
@@ -595,9 +615,10 @@ class HAService:
             with trio.CancelScope(shield=True):
                 await transport.aclose()
 
-    def _room_for_newcomer(self, *, evict: bool) -> bool:
-        """Whether a new peer may have a slot: one is free, or an unproven connection holds
-        one (with ``evict``, the longest-unproven one is closed to free it).
+    def _admit(self) -> Account | None:
+        """A slot for a new peer, in the ledger: a free one, or the slot of the
+        longest-unproven connection, which is closed to free it (``_evict``); None if every
+        slot is held by a proven connection.
 
         Why evict at all: without haAuthSecret nothing tells a slave from a squatter but what
         it does, and a squatter that restates the log end it learnt never acknowledges a byte
@@ -606,18 +627,16 @@ class HAService:
         never evicted by a newcomer, which has proven nothing yet; the longest-unproven one
         goes first, so that the newest peer — a slave that just reconnected — has the most
         time to prove itself."""
-        if len(self.connections) < self.config.ha_max_connections:
-            return True
-        if not self._unproven:
-            return False
-        if evict:
-            self._evict(next(iter(self._unproven.values())))
-        return True
+        ledger = self.ledger
+        account = ledger.admit(_next_key())
+        while ledger.evicted:
+            self._evict(ledger.evicted.pop())
+        return account
 
-    def _evict(self, connection: HAConnection) -> None:
-        """Close ``connection`` to make room; its slot is free at once (its tasks end in
-        their own time)."""
-        self._drop(connection)
+    def _evict(self, account: Account) -> None:
+        """Close the connection of ``account``, which the ledger evicted to make room; its
+        slot is free at once (its tasks end in their own time)."""
+        connection = self.connections.pop(account.key)
         connection.evict()
         self.evicted_connections += 1
         self.peer_log.log(
@@ -686,79 +705,16 @@ class HAService:
 
     # ---- acks and SYNC_MASTER ---------------------------------------------------------------
 
-    def connection_accepted(self, connection: HAConnection, reported: int) -> None:
-        """A connection's request was accepted; ``reported`` is where the slave's log ends."""
-        if not self._serving(connection):
-            return
-        connection.acked_offset = reported
-        bisect.insort(self._positions, reported)
-
-    def report_moved(self, connection: HAConnection, offset: int) -> None:
-        """An accepted connection's slave reported a new log end."""
-        if not self._serving(connection):
-            return
-        old = connection.acked_offset
-        assert old is not None  # set when the request was accepted
-        _move(self._positions, old, offset)
-        connection.acked_offset = offset
-
-    def confirm(self, connection: HAConnection, offset: int) -> None:
-        """``connection`` carried the log up to ``offset`` and its slave acknowledged it (or
-        acknowledges it again, while the connection is not counted yet)."""
-        if not self._serving(connection):
-            return
-        self._unproven.pop(id(connection), None)  # proven now (``HAConnection.proven``)
-        if connection.counted:
-            old = connection.confirmed_offset
-            assert old is not None  # a counted connection has confirmed something
-            _move(self._confirmed, old, offset)
-        elif self._may_count(connection):
-            connection.counted = True
-            bisect.insort(self._confirmed, offset)
-        else:
-            connection.not_counted_yet()
-        connection.confirmed_offset = offset
-        needed = self.config.ha_sync_acks
-        if connection.counted and len(self._confirmed) >= needed:
-            self.replicated.raise_to(self._confirmed[-needed])
-
-    def _may_count(self, connection: HAConnection) -> bool:
-        """Whether ``connection`` carried every byte of every put still waiting: the oldest
-        one appended after the connection was accepted (so after its start), or starts at or
-        after the connection's start. Every later put then qualifies too."""
-        waiting = self.oldest_waiting()
-        if waiting is None:
-            return True  # puts to come append after the log end, which is past the start
-        start, accepted_end = connection.start_offset, connection.accepted_end
-        assert start is not None and accepted_end is not None  # set when accepted
-        return waiting.end > accepted_end or start <= waiting.floor
-
-    def _serving(self, connection: HAConnection) -> bool:
-        """Whether ``connection`` is in the table. An evicted one is out of it (and of the
-        ack lists) at once, but its tasks may run a step before their cancellation lands:
-        what they report then must change nothing."""
-        return self.connections.get(id(connection)) is connection
-
     def _drop(self, connection: HAConnection) -> None:
-        """Take ``connection`` out of the table and the ack lists (once: an evicted one is
-        taken out when it is evicted, and again when its tasks end)."""
-        self._unproven.pop(id(connection), None)
-        if self.connections.pop(id(connection), None) is not None:
-            self._connection_dropped(connection)
-
-    def _connection_dropped(self, connection: HAConnection) -> None:
-        if connection.acked_offset is not None and connection.start_offset is not None:
-            _remove(self._positions, connection.acked_offset)
-        if connection.counted and connection.confirmed_offset is not None:
-            _remove(self._confirmed, connection.confirmed_offset)
+        """Take ``connection`` out of the table and its acks out of the ledger (once: an
+        evicted one is taken out when it is evicted, and its tasks end later)."""
+        if self.connections.get(connection.account.key) is connection:
+            del self.connections[connection.account.key]
+        self.ledger.drop(connection.account)
 
     def is_slave_ok(self, end: int) -> bool:
         """Enough live slaves within haSlaveFallbehindMax of ``end`` to wait for them."""
-        positions = self._positions
-        close = len(positions) - bisect.bisect_right(
-            positions, end - self.config.ha_slave_fallbehind_max
-        )
-        return close >= self.config.ha_sync_acks
+        return self.ledger.is_slave_ok(end)
 
     # ---- observability ------------------------------------------------------------------
 
@@ -784,12 +740,20 @@ class HAService:
         )
 
 
-def _remove(values: list[int], value: int) -> None:
-    """Remove one ``value`` from the sorted list ``values``."""
-    del values[bisect.bisect_left(values, value)]
+
+def _ledger_for(service: HAService) -> ReplicationLedger:
+    """The ledger of ``service``, from its config (its ``replicated`` starts where the
+    service's watermark is)."""
+    config = service.config
+    return ReplicationLedger(
+        sync_acks=config.ha_sync_acks, fallbehind_max=config.ha_slave_fallbehind_max,
+        max_connections=config.ha_max_connections, replicated=service.replicated.value,
+    )
 
 
-def _move(values: list[int], old: int, new: int) -> None:
-    """Replace one ``old`` by ``new`` in the sorted list ``values``."""
-    _remove(values, old)
-    bisect.insort(values, new)
+_keys = itertools.count()
+
+
+def _next_key() -> int:
+    """A key for a new connection, never used before in this process."""
+    return next(_keys)

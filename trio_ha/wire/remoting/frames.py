@@ -113,11 +113,12 @@ def encode_parts(reply: MappedReply) -> list[bytes | memoryview]:
     return [encode_head(reply.command, reply.body_length), *reply.body]
 
 
-@attrs.define
+@attrs.define(eq=False)
 class FrameDecoder:
     """Decodes a stream of frames. Feed it with ``receive_data``; call ``next_command`` until
     it returns ``NEED_DATA``. Raises ``RemotingDecodeError``; after that every call raises
-    again (the stream has lost its framing: close the connection)."""
+    again (the stream has lost its framing: close the connection). Compared by identity: it
+    is one connection's live state, not a value."""
 
     max_frame_length: int = MAX_FRAME_LENGTH
     max_header_length: int = MAX_HEADER_LENGTH
