@@ -144,7 +144,7 @@ async def process_send(
 def process_send_now(
     broker: Broker, request: RemotingCommand, connection: RemotingConnection
 ) -> Reply | PendingReply | RunInTask:
-    """``process_send`` in the reader's round, without a task (issue 11): the reply, or a
+    """``process_send`` in the reader's round, without a task: the reply, or a
     SYNC send's ``PendingReply`` (``_reply_when_done``); left to ``process_send``'s task
     when the topic must be made or the log needs its next segment first (both wait)."""
     plan = _plan_send(broker, request, connection)

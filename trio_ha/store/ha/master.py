@@ -39,7 +39,7 @@ comparison, and a changed ack moves one entry of two sorted lists (a binary sear
 of at most ``ha_max_connections`` pointers) instead of sorting every connection's ack. A read
 that brings more reports than a slave has to say (one per frame it was sent, and a few) makes
 the reader wait FLOOD_PAUSE before it reads again, so a flood costs a few dozen reads a second
-and TCP slows the peer down (issue 35 measured 63% of a CPU for one flood before).
+and TCP slows the peer down (an unpaused flood once took most of a CPU).
 ``is_slave_ok`` is a binary search too.
 
 The writer sleeps on the commitlog's ``written`` watermark: a put wakes it at once (RocketMQ
@@ -376,8 +376,8 @@ class HAConnection:
             if offset < commitlog.max_offset:
                 # No waiting for more puts here: the remoting server starts the requests of one
                 # read in one scheduling round, so their puts are all in the log when this
-                # task runs, and one frame carries them (waiting rounds for more measured no
-                # better, issue 11). When the link was idle, ``push_now`` has usually sent
+                # task runs, and one frame carries them (waiting rounds for more was tried and
+                # dropped: docs/performance.md). When the link was idle, ``push_now`` has usually sent
                 # them already, from the server's task.
                 segment = commitlog.segments.find(offset)
                 if segment is None:
@@ -415,8 +415,8 @@ class HAConnection:
         slave has acknowledged everything sent before (an idle link).
 
         Why: the writer task runs only in the scheduling round after the puts' round, behind
-        the reader's next receive and a batch switch — about 30 us on the path of a SYNC
-        send at one producer here (issue 11). Only an idle link is pushed to, so that when
+        the reader's next receive and a batch switch, a good part of a SYNC send's latency at
+        one producer (docs/performance.md). Only an idle link is pushed to, so that when
         frames are in flight (many producers, many connections) the writer still gathers the
         puts of several rounds into one frame instead of each server round sending its own.
         What the socket does not take, the writer sends: it was woken by the same puts."""

@@ -3,16 +3,15 @@
 A TCP peer gets ``SocketTransport``, which copies nothing in Python: frame bodies leave the
 master as memoryview slices of the segment's mapping (header and body in one ``sendmsg``) or by
 ``sendfile`` from the segment's file. Which is faster depends on the machine, so it is a config
-value (``ha_transfer_method``) set from ``trio-ha bench replication`` (here, 1 GiB catch-ups in
-1 MiB frames into a splicing slave: sendfile 2.9-3.0 GB/s, slices 2.5-2.6 GB/s).
+value (``ha_transfer_method``) set from ``trio-ha bench replication`` (docs/performance.md has
+this machine's figures).
 
 On the slave, a small frame body (a SYNC_MASTER put's record) is read with ``readv`` straight
 into the segment's mapping. A large one (a catching-up slave's) is spliced, to its last byte,
 from the socket through a pipe into the segment's file instead: the page cache the mapping
 shares takes the bytes with no user-space copy and, above all, without a page fault per 4 KiB
-on the new segment's first touch, which held a slave at 0.4 of raw loopback (1 GiB, 1 MiB
-pieces, this machine: recv_into a new mapped file 0.5-1.7 GB/s, splice into it 3.5-5.3 GB/s,
-recv_into a reused buffer 4.4-5.1 GB/s). ``msync`` of the range still makes them durable: on
+on the new segment's first touch, which held a slave at well under half of raw loopback
+(docs/performance.md, *Replication*). ``msync`` of the range still makes them durable: on
 Linux it syncs the file's pages however they were dirtied.
 
 Any other trio Stream (memory streams in tests, TLS later) gets ``StreamTransport``, which does
