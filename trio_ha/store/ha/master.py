@@ -376,8 +376,8 @@ class HAConnection:
             if offset < commitlog.max_offset:
                 # No waiting for more puts here: the remoting server starts the requests of one
                 # read in one scheduling round, so their puts are all in the log when this
-                # task runs, and one frame carries them (waiting rounds for more was tried and
-                # dropped: docs/performance.md). When the link was idle, ``push_now`` has usually sent
+                # task runs, and one frame carries them (waiting rounds for more was tried
+                # and dropped: docs/performance.md). When the link was idle, ``push_now`` has usually sent
                 # them already, from the server's task.
                 segment = commitlog.segments.find(offset)
                 if segment is None:
