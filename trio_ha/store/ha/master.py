@@ -377,8 +377,8 @@ class HAConnection:
                 # No waiting for more puts here: the remoting server starts the requests of one
                 # read in one scheduling round, so their puts are all in the log when this
                 # task runs, and one frame carries them (waiting rounds for more was tried
-                # and dropped: docs/performance.md). When the link was idle, ``push_now`` has usually sent
-                # them already, from the server's task.
+                # and dropped: docs/performance.md). When the link was idle, ``push_now`` has
+                # usually sent them already, from the server's task.
                 segment = commitlog.segments.find(offset)
                 if segment is None:
                     await self._refuse(offset)
