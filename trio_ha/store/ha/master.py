@@ -18,6 +18,10 @@ The rules of which acks count, which connection makes way, and what ``replicated
 the sans-I/O ``ledger`` (``ReplicationLedger``); the pumps step it with what happened and
 perform what it answers.
 
+Why one module at about 750 lines: the connection's pumps and the service that admits,
+authenticates and evicts connections step one ledger and one connection table, and the
+statistics they report are read from both; the rules themselves live in ``ledger``.
+
 Which acks count. RocketMQ keeps one global ``push2SlaveMaxOffset``, the highest report of any
 socket, first reports included, so any peer that knows the log end can make a SYNC_MASTER put
 PUT_OK without a slave (issues #1155, #3015). Here a report acknowledges only bytes that its
