@@ -10,8 +10,8 @@ is served (the native scanner and gatherer, ``RecordVerifier``). Records are che
 batch per call; the Python work is per record or per entry, never per byte.
 
 Why one module at about 600 lines: the three areas it checks (records, queue entries, index
-files) are verified against each other (an entry must point at a record that was verified),
-so they share one pass's state.
+files) are checked against one walk of the log (a queue entry or an index entry must point
+inside the records the walk verified), so they share that walk's result.
 
 It maps every file read-only and changes nothing. It holds the store's lock meanwhile, so it
 refuses a store a broker has open; on a read-only copy, where the lock cannot be taken, it goes
