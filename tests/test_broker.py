@@ -302,7 +302,7 @@ async def test_topics_routes_and_runtime_info(cluster):
         assert set(data.broker_datas[0].broker_addrs) == {0, 1}
 
 
-@pytest.mark.parametrize("code,feature", [
+@pytest.mark.parametrize(("code", "feature"), [
     (RequestCode.SEND_REPLY_MESSAGE, "request/reply"),
 ])
 async def test_unsupported_requests_say_what_is_missing(cluster, code, feature):

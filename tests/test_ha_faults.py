@@ -331,7 +331,7 @@ CUTS = [("body", 0), ("body", 1), ("body", 97), ("header", 5), ("header", 11),
         ("body", 1500), ("header", 8), ("raw", 3)]
 
 
-@pytest.mark.parametrize("role, method", [
+@pytest.mark.parametrize(("role", "method"), [
     (BrokerRole.ASYNC_MASTER, "send"),
     (BrokerRole.SYNC_MASTER, "send"),
     (BrokerRole.SYNC_MASTER, "sendfile"),

@@ -378,7 +378,7 @@ def test_the_histogram_counts_each_wait_in_its_le_bucket():
     assert snapshot.count == 6
     assert snapshot.total_seconds == pytest.approx(5.063)
     assert snapshot.cumulative() == [(0.001, 2), (0.01, 4), (0.1, 5), (math.inf, 6)]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="ascend strictly"):
         WaitHistogram((0.1, 0.01))
 
 

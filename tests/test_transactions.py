@@ -109,7 +109,7 @@ async def test_commit_delivers_and_rollback_does_not(broker):
         assert {m.properties["TAGS"] for m in ops} == {"d"}
 
 
-@pytest.mark.parametrize("change,remark", [
+@pytest.mark.parametrize(("change", "remark"), [
     ({"group": "other"}, "The producer group wrong"),
     ({"table_offset": 7}, "The transaction state table offset wrong"),
     ({"offset": 1}, "Find prepared transaction message failed"),
