@@ -1,9 +1,9 @@
 """Fixtures and helpers shared by the suite.
 
-``wait_until``, ``pulled`` and the HA statistics accessors ``ha_of`` / ``ha_slave_of`` are
-imported by
-the tests that use them (``from conftest import wait_until``), not fixtures: module-level
-helpers of those tests call them too, and plain functions need no plumbing to get there.
+``wait_until``, ``pulled``, ``metric_total``, ``pulls_taken`` and the HA statistics
+accessors ``ha_of`` / ``ha_slave_of`` are imported by the tests that use them (``from
+conftest import wait_until``), not fixtures: module-level helpers of those tests call them
+too, and plain functions need no plumbing to get there.
 """
 
 import inspect
@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from trio_ha import FlushDiskType, MessageStore, StoreConfig
+from trio_ha.broker.broker import BrokerAddresses
 from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics
 from trio_ha.testing.rocketmq import (
     CLIENTS_VERSION,
@@ -58,6 +60,30 @@ async def pulled(client, topic: str, queue: int = 0, offset: int = 0) -> list:
         out.append(message)
         view = view[message.size:]
     return out
+
+
+async def metric_total(metrics_addr: str, name: str) -> float:
+    """The sum of the samples ``name`` in one scrape of a node's Prometheus endpoint: how a
+    test sees a broker's counters when it holds only the broker's addresses (a cluster from
+    ``serve_cluster``) — the pulls it has taken, say, to know one is parked."""
+    host, port = metrics_addr.rsplit(":", 1)
+    data = bytearray()
+    with trio.fail_after(10):
+        async with await trio.open_tcp_stream(host, int(port)) as stream:
+            await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+    body = bytes(data).partition(b"\r\n\r\n")[2].decode()
+    return sum(sample.value for family in text_string_to_metric_families(body)
+               for sample in family.samples if sample.name == name)
+
+
+async def pulls_taken(broker: BrokerAddresses) -> float:
+    """The pull requests a broker (started with ``metricsPort=0``) has taken. It counts a pull
+    and, finding nothing, parks it in the same step (nothing between waits): once the count
+    has risen, the pull is parked."""
+    assert broker.metrics_addr is not None, "the broker serves no metrics (metricsPort)"
+    return await metric_total(broker.metrics_addr, "trio_ha_pull_requests_total")
 
 
 class TaskCounts(trio.abc.Instrument):

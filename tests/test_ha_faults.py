@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from conftest import ha_of, ha_slave_of, wait_until
 from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
@@ -674,7 +675,7 @@ async def test_peer_that_resets_before_it_is_served_costs_only_its_connection(tm
         raw.connect(ha_address_of(master))
         raw.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_LINGER, struct.pack("ii", 1, 0))
         raw.close()
-        await trio.sleep(0.3)
+        await trio.testing.wait_all_tasks_blocked()  # the master has accepted and dropped it
         stream = await connect(master.ha_address)  # the listener still serves
         hostile = local_address(stream)
         await wait_until(lambda: hostile in connections(master), "the master to list a new peer")

@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from conftest import ha_of, ha_slave_of, wait_until
 from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
@@ -243,7 +244,7 @@ async def test_point_1_a_connection_counts_once_the_put_it_did_not_carry_is_answ
             start = max_offset(master)
             await slave.send_all(REPORT.pack(start))  # it starts after the old put
             await wait_until(lambda: accepted(master) == 2, "the slave's request")
-            await trio.sleep(0.5)
+            await trio.testing.wait_all_tasks_blocked()  # the master has done all it will with it
             assert not puts.results  # the old put still waits: the slave cannot count yet
             nursery.start_soon(puts.put, 2)
             size = 0
