@@ -821,6 +821,7 @@ async def test_frame_at_an_unexpected_offset_diverges_once_not_a_reconnect_loop_
             await wait_until(lambda: ha_slave_of(slave).state == "diverged",
                              "the slave to report the divergence")
             await trio.sleep(1.0)  # ten reconnect intervals
+            await trio.testing.wait_all_tasks_blocked()  # and what was due in it has run
             stats = ha_slave_of(slave)
             assert stats.state == "diverged"
             assert stats.divergence is not None

@@ -381,6 +381,7 @@ async def test_point_14_an_empty_slave_refuses_a_start_where_no_log_can_begin(tm
             await wait_until(lambda: ha_slave_of(slave).state == "refused",
                              "the slave to refuse the master's start offset")
             await trio.sleep(0.5)  # five reconnect intervals: it does not try again
+            await trio.testing.wait_all_tasks_blocked()  # and what was due in it has run
             stats = ha_slave_of(slave)
             assert stats.state == "refused" and stats.refusal is not None
             assert str(offset) in stats.refusal
