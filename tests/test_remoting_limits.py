@@ -474,6 +474,7 @@ def _wait_for_backlog(pid, timeout=10.0):
             if f"pid={pid}," in line and int(fields[1]) > 8192:  # Send-Q
                 return
         time.sleep(0.1)
+    pytest.fail(f"no backlog of replies to us in the broker's send queue after {timeout:g} s")
 
 
 # ---- point 10 (descriptors): connection limits -----------------------------------------------
