@@ -20,7 +20,6 @@ here with intervals of 100 ms - 1 s, and no test asserts a duration.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import random
 import signal
 import socket as stdsocket
@@ -35,6 +34,7 @@ import pytest
 import trio
 import trio.testing
 
+import ha_slave_process
 from conftest import ha_of, ha_slave_of, wait_until
 from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
 from trio_ha.store import MessageStore
@@ -51,11 +51,7 @@ FRAME = struct.Struct(">qi")
 #: timers short enough for tests: heartbeats 100 ms, housekeeping 1 s, reconnect 100 ms
 FAST = dict(ha_send_heartbeat_interval=100, ha_housekeeping_interval=1000, ha_reconnect_interval=100)
 
-_CHILD_PATH = Path(__file__).with_name("ha_slave_process.py")
-_spec = importlib.util.spec_from_file_location("ha_slave_process", _CHILD_PATH)
-assert _spec is not None and _spec.loader is not None
-ha_slave_process = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ha_slave_process)
+_CHILD_PATH = Path(ha_slave_process.__file__)
 
 
 # ---- configuration and helpers -----------------------------------------------------------------
