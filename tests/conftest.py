@@ -4,10 +4,19 @@
 accessors ``ha_of`` / ``ha_slave_of`` are imported by the tests that use them (``from
 conftest import wait_until``), not fixtures: module-level helpers of those tests call them
 too, and plain functions need no plumbing to get there.
+
+For the tests that drive the ``trio-ha`` executable from plain (not trio) test functions:
+``cli`` runs it, ``ok_json`` runs it for JSON that must come, ``wait_for`` is ``wait_until``
+for code that blocks, and ``stop_processes`` ends the nodes a fixture started.
 """
 
 import inspect
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -43,6 +52,47 @@ async def wait_until(predicate, what: str, *, timeout: float = 10.0, interval: f
                 return value
             await trio.sleep(interval)
     pytest.fail(f"gave up after {timeout:g} s waiting for {what}")
+
+
+def wait_for(check, what: str, attempts: int = 60, pause: float = 0.5):
+    """``check()`` until it returns something true, and return that; fail, naming ``what``
+    was awaited, after ``attempts`` looks ``pause`` seconds apart (bounded in count and time).
+    ``wait_until`` for tests that run no trio loop (they drive child processes)."""
+    for _ in range(attempts):
+        value = check()
+        if value:
+            return value
+        time.sleep(pause)
+    raise AssertionError(f"{what}: not seen after {attempts} looks")
+
+
+def cli(*args, env_namesrv: str | None = None, timeout: float = 120
+        ) -> subprocess.CompletedProcess[str]:
+    """``trio-ha ARGS...`` (``python -m trio_ha.cli``) to its end, output captured as text;
+    with ``env_namesrv``, NAMESRV_ADDR set to it."""
+    env = None if env_namesrv is None else {**os.environ, "NAMESRV_ADDR": env_namesrv}
+    return subprocess.run([sys.executable, "-m", "trio_ha.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def ok_json(*args):
+    """``trio-ha ARGS... --json``, which must succeed: its output, decoded."""
+    done = cli(*args, "--json")
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return json.loads(done.stdout)
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM the nodes, last started first, and wait for each (30 s, then SIGKILL)."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in reversed(procs):
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
 
 
 async def pulled(client, topic: str, queue: int = 0, offset: int = 0) -> list:
