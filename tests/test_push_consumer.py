@@ -115,7 +115,7 @@ async def test_a_failing_message_is_retried_through_the_broker_then_dead_lettere
             # A message failed after the poison died comes back through the same delay and
             # retry queue: once it has, a fourth try of the poison would have come back too.
             await produce(namesrv, 1, prefix="canary")
-            await wait_until(lambda: canary_tries == [0, 1], "the canary's retry", timeout=20,
+            await wait_until(lambda: 1 in canary_tries, "the canary's retry", timeout=20,
                              interval=0.05)
             await trio.testing.wait_all_tasks_blocked()  # the listener calls of that pull ran
             assert len(tries) == 3  # dead: never delivered again
