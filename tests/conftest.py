@@ -1,19 +1,30 @@
 """Fixtures and helpers shared by the suite.
 
-``wait_until``, ``pulled`` and the HA statistics accessors ``ha_of`` / ``ha_slave_of`` are
-imported by
-the tests that use them (``from conftest import wait_until``), not fixtures: module-level
-helpers of those tests call them too, and plain functions need no plumbing to get there.
+``wait_until``, ``pulled``, ``metric_total``, ``pulls_taken`` and the HA statistics
+accessors ``ha_of`` / ``ha_slave_of`` are imported by the tests that use them (``from
+conftest import wait_until``), not fixtures: module-level helpers of those tests call them
+too, and plain functions need no plumbing to get there.
+
+For the tests that drive the ``trio-ha`` executable from plain (not trio) test functions:
+``cli`` runs it, ``ok_json`` runs it for JSON that must come, ``wait_for`` is ``wait_until``
+for code that blocks, and ``stop_processes`` ends the nodes a fixture started.
 """
 
 import inspect
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from typing import Any
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from trio_ha import FlushDiskType, MessageStore, StoreConfig
+from trio_ha.broker.broker import BrokerAddresses
 from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics
 from trio_ha.testing.rocketmq import (
     CLIENTS_VERSION,
@@ -43,6 +54,47 @@ async def wait_until(predicate, what: str, *, timeout: float = 10.0, interval: f
     pytest.fail(f"gave up after {timeout:g} s waiting for {what}")
 
 
+def wait_for(check, what: str, attempts: int = 60, pause: float = 0.5):
+    """``check()`` until it returns something true, and return that; fail, naming ``what``
+    was awaited, after ``attempts`` looks ``pause`` seconds apart (bounded in count and time).
+    ``wait_until`` for tests that run no trio loop (they drive child processes)."""
+    for _ in range(attempts):
+        value = check()
+        if value:
+            return value
+        time.sleep(pause)
+    raise AssertionError(f"{what}: not seen after {attempts} looks")
+
+
+def cli(*args, env_namesrv: str | None = None, timeout: float = 120
+        ) -> subprocess.CompletedProcess[str]:
+    """``trio-ha ARGS...`` (``python -m trio_ha.cli``) to its end, output captured as text;
+    with ``env_namesrv``, NAMESRV_ADDR set to it."""
+    env = None if env_namesrv is None else {**os.environ, "NAMESRV_ADDR": env_namesrv}
+    return subprocess.run([sys.executable, "-m", "trio_ha.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def ok_json(*args):
+    """``trio-ha ARGS... --json``, which must succeed: its output, decoded."""
+    done = cli(*args, "--json")
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return json.loads(done.stdout)
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM the nodes, last started first, and wait for each (30 s, then SIGKILL)."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in reversed(procs):
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
 async def pulled(client, topic: str, queue: int = 0, offset: int = 0) -> list:
     """The messages of (topic, queue) from ``offset`` a PULL_MESSAGE over ``client`` (a
     remoting client) returns right now, decoded ([] when it finds none)."""
@@ -58,6 +110,30 @@ async def pulled(client, topic: str, queue: int = 0, offset: int = 0) -> list:
         out.append(message)
         view = view[message.size:]
     return out
+
+
+async def metric_total(metrics_addr: str, name: str) -> float:
+    """The sum of the samples ``name`` in one scrape of a node's Prometheus endpoint: how a
+    test sees a broker's counters when it holds only the broker's addresses (a cluster from
+    ``serve_cluster``) — the pulls it has taken, say, to know one is parked."""
+    host, port = metrics_addr.rsplit(":", 1)
+    data = bytearray()
+    with trio.fail_after(10):
+        async with await trio.open_tcp_stream(host, int(port)) as stream:
+            await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+    body = bytes(data).partition(b"\r\n\r\n")[2].decode()
+    return sum(sample.value for family in text_string_to_metric_families(body)
+               for sample in family.samples if sample.name == name)
+
+
+async def pulls_taken(broker: BrokerAddresses) -> float:
+    """The pull requests a broker (started with ``metricsPort=0``) has taken. It counts a pull
+    and, finding nothing, parks it in the same step (nothing between waits): once the count
+    has risen, the pull is parked."""
+    assert broker.metrics_addr is not None, "the broker serves no metrics (metricsPort)"
+    return await metric_total(broker.metrics_addr, "trio_ha_pull_requests_total")
 
 
 class TaskCounts(trio.abc.Instrument):

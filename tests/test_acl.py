@@ -327,9 +327,11 @@ async def test_a_broker_with_acl_serves_signed_clients_and_answers_no_permission
                 try:
                     await producer.send(Message("topicA", b"now"))
                 except MQBrokerError as exc:
-                    assert exc.code == ResponseCode.NO_PERMISSION
-                    return False
-                return True
+                    refusal = exc
+                else:
+                    return True
+                assert refusal.code == ResponseCode.NO_PERMISSION
+                return False
 
             # the broker polls the file every 0.5 s: no event to wait on from here
             await wait_until(granted, "the broker to pick up the edited plain_acl.yml",

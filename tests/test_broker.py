@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from conftest import TaskCounts, wait_until
+from conftest import TaskCounts, pulls_taken, wait_until
 from trio_ha.remoting import open_remoting_client
 from trio_ha.testing import ClusterConfig, serve_cluster
 from trio_ha.wire import record as rec
@@ -16,7 +16,7 @@ from trio_ha.wire.heartbeat import HeartbeatData
 from trio_ha.wire.remoting import PullSysFlag, RemotingCommand, RequestCode, ResponseCode
 from trio_ha.wire.route import KVTable, TopicRouteData
 
-PROPERTIES = {"mappedFileSizeCommitLog": 1048576, "haReconnectInterval": 100}
+PROPERTIES = {"mappedFileSizeCommitLog": 1048576, "haReconnectInterval": 100, "metricsPort": 0}
 
 
 def send_request(topic, body, *, queue=0, props="", code=RequestCode.SEND_MESSAGE_V2):
@@ -200,13 +200,17 @@ async def test_long_polling_wakes_on_a_new_message_and_times_out_without_one(clu
         quiet = await client.invoke(pull_request("LP", 0, after, suspend_ms=300), 5)
         assert quiet.code == ResponseCode.PULL_NOT_FOUND
         results = []
+        taken = await pulls_taken(master)
 
         async def held_pull():
             results.append(await client.invoke(pull_request("LP", 0, after, suspend_ms=15_000), 20))
 
+        async def parked():
+            return await pulls_taken(master) == taken + 1
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(held_pull)
-            await trio.sleep(0.2)  # the pull is parked now
+            await wait_until(parked, "the pull to be parked")
             assert not results
             with trio.fail_after(5):  # far below the 15 s suspend: woken by the message
                 await client.invoke(send_request("LP", b"wake up"), 5)
@@ -222,14 +226,18 @@ async def test_64_long_polls_in_flight_on_one_connection(cluster):
         reply = await send_until_replicated(client, "Many")
         after = int(reply.ext_fields["queueOffset"]) + 1
         done = []
+        taken = await pulls_taken(master)
 
         async def held(i):
             done.append(await client.invoke(pull_request("Many", 0, after, suspend_ms=10_000, group=f"g{i}"), 15))
 
+        async def all_parked():
+            return await pulls_taken(master) == taken + 64
+
         async with trio.open_nursery() as nursery:
             for i in range(64):
                 nursery.start_soon(held, i)
-            await trio.sleep(0.3)
+            await wait_until(all_parked, "the 64 pulls to be parked")
             # The connection still answers other requests while 64 pulls are held.
             ping = await client.invoke(RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "Many", "queueId": 0}), 5)
             assert ping.code == ResponseCode.SUCCESS and not done
@@ -302,7 +310,7 @@ async def test_topics_routes_and_runtime_info(cluster):
         assert set(data.broker_datas[0].broker_addrs) == {0, 1}
 
 
-@pytest.mark.parametrize("code,feature", [
+@pytest.mark.parametrize(("code", "feature"), [
     (RequestCode.SEND_REPLY_MESSAGE, "request/reply"),
 ])
 async def test_unsupported_requests_say_what_is_missing(cluster, code, feature):

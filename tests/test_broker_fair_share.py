@@ -207,7 +207,7 @@ async def test_update_broker_config_range_checks_what_it_changes(nursery, tmp_pa
         assert (await current())[key] == before
 
 
-@pytest.mark.parametrize("field,value", [
+@pytest.mark.parametrize(("field", "value"), [
     ("retryMaxTimes", -1), ("brokerId", -1), ("whichBrokerWhenConsumeSlowly", -5),
     ("retryQueueNums", -1),
 ])

@@ -301,7 +301,7 @@ async def test_data_version_bumps_on_every_change(cfg):
 
 
 @pytest.mark.parametrize(
-    "config, words",
+    ("config", "words"),
     [
         (TopicConfig("bad topic", 4, 4), "invalid topic name"),
         (TopicConfig("a" * 128, 4, 4), "invalid topic name"),
@@ -437,7 +437,7 @@ async def test_commit_query_and_dirty_flag(cfg):
     assert offsets.table().offsets("t", "g2") == {1: 1}
     assert offsets.remove_group("g") == 1 and offsets.offsets_of_group("g") == {}
     for bad in [("g@x", "t", 0, 1), ("g", "t@x", 0, 1), ("g", "t", -1, 1), ("g", "t", 0, -1)]:
-        with pytest.raises(ValueError):
+        with pytest.raises(InvalidMetadataError):
             offsets.commit(*bad)
 
 
@@ -619,7 +619,7 @@ async def test_failed_persist_stays_dirty(cfg):
     offsets = ConsumerOffsetManager.load(cfg)
     offsets.commit("g", "t", 0, 1)
     make_unwritable(cfg)
-    with pytest.raises(OSError):
+    with pytest.raises(FileExistsError):
         await offsets.persist()
     assert offsets.dirty
 
@@ -675,7 +675,7 @@ async def test_delay_offsets(cfg):
     assert delay.replace_from_master(DelayOffsetTable({1: 4})) is True
     assert delay.table().offset_table == {1: 4}
     assert delay.replace_from_master(DelayOffsetTable({1: 4})) is False
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidMetadataError, match="delay level"):
         delay.update(0, 1)
 
 
@@ -683,7 +683,7 @@ async def test_persist_all_attempts_every_file(cfg):
     md = BrokerMetadata.load(cfg)
     md.offsets.commit("g", "t", 0, 1)
     make_unwritable(cfg)
-    with pytest.raises(OSError):
+    with pytest.raises(FileExistsError):
         await md.persist_all()
     assert all(m.dirty for m in md.managers())
 

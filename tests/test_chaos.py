@@ -90,7 +90,7 @@ def test_a_short_run_on_test_hosts_loses_nothing_acknowledged(tmp_path):
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("role,flush", [("SYNC_MASTER", "SYNC_FLUSH"),
+@pytest.mark.parametrize(("role", "flush"), [("SYNC_MASTER", "SYNC_FLUSH"),
                                         ("SYNC_MASTER", "ASYNC_FLUSH"),
                                         ("ASYNC_MASTER", "ASYNC_FLUSH")])
 def test_a_long_run_per_configuration(tmp_path, role, flush):

@@ -253,7 +253,7 @@ def test_a_small_disk_fills_to_the_last_page_and_gives_it_back(tmp_path):
         (small.path / "data").write_bytes(b"x" * 100_000)
         taken = small.fill()
         assert taken > 15 * 1024 * 1024 and small.free < 4096
-        with pytest.raises(OSError) as caught:
+        with pytest.raises(OSError, match="No space left") as caught:
             (small.path / "more").write_bytes(b"y" * 8192)
         assert caught.value.errno == 28  # ENOSPC
         small.release()

@@ -8,27 +8,17 @@ from __future__ import annotations
 import json
 import re
 import select
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from conftest import cli, ok_json, stop_processes, wait_for
 
 TOPIC = "CliOrders"
 GROUP = "cli_billing"
 #: each node's log file (--log-file), by role, filled by the cluster fixture
 LOGS: dict = {}
-
-
-def cli(*args, env_namesrv=None, timeout=120):
-    env = None
-    if env_namesrv is not None:
-        import os
-
-        env = {**os.environ, "NAMESRV_ADDR": env_namesrv}
-    return subprocess.run([sys.executable, "-m", "trio_ha.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def first_line(proc: subprocess.Popen, timeout: float = 60) -> str:
@@ -72,31 +62,7 @@ def cluster(tmp_path_factory):
             addresses.append(serving[1])
         yield namesrv_addr, addresses[0], addresses[1]
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in reversed(procs):
-            try:
-                proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-
-
-def ok_json(*args):
-    done = cli(*args, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-def wait_for(check, what: str, attempts: int = 60, pause: float = 0.5):
-    """``check()`` until it returns something truthy (bounded)."""
-    for _ in range(attempts):
-        value = check()
-        if value:
-            return value
-        time.sleep(pause)
-    raise AssertionError(f"{what}: not seen after {attempts} looks")
+        stop_processes(procs)
 
 
 def test_cluster_list_as_table_json_and_mqadmin_name(cluster):

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from conftest import stop_processes
+
 TOPIC = "CtrlCTopic"
 #: the longest any wait below takes before the test gives up
 WAIT = 60
@@ -50,18 +52,6 @@ def interrupt(proc: subprocess.Popen) -> tuple[str, str]:
     return out, err  # (stdout from where the test stopped reading)
 
 
-def stop(procs: list[subprocess.Popen]) -> None:
-    for proc in reversed(procs):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in reversed(procs):
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """The name server address of a name server and an ASYNC_MASTER, each its own process
@@ -84,7 +74,7 @@ def cluster(tmp_path_factory):
         assert "serving on" in read_line(procs[1]), "the broker did not start"
         yield listening[1], root / "store"
     finally:
-        stop(procs)
+        stop_processes(procs)
 
 
 def test_ctrl_c_on_produce_exits_130_with_one_line_saying_how_many_were_acknowledged(

@@ -17,7 +17,7 @@ import attrs
 import pytest
 import trio
 
-from conftest import wait_until
+from conftest import pulls_taken, wait_until
 from trio_ha.client import (
     Message,
     MessageQueue,
@@ -65,6 +65,7 @@ async def cluster(tmp_path):
     config = ClusterConfig(data_dir=tmp_path / "cluster", master_role="SYNC_MASTER", properties={
         "mappedFileSizeCommitLog": 1048576, "registerNameServerPeriod": 10000,
         "vipChannelEnable": "false", "slaveSyncInterval": 1000, "haReconnectInterval": 300,
+        "metricsPort": 0,
     })
     async with open_cluster(config) as cluster:
         async with open_producer(cluster.namesrv_addr, "warmup-producer") as producer:
@@ -248,16 +249,18 @@ async def test_long_polling(cluster):
                 await wait_for_route(consumer, topic, 1)
                 (mq,) = await consumer.queues(topic)
                 results = []
-                started = trio.Event()
+                master = cluster.master.started_addresses
+                taken = await pulls_taken(master)
 
                 async def pull():
-                    started.set()
                     results.append(await consumer.pull(mq, 0, suspend_timeout=20))
+
+                async def parked():
+                    return await pulls_taken(master) == taken + 1
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(pull)
-                    await started.wait()
-                    await trio.sleep(0.3)  # let the pull reach the broker and be held
+                    await wait_until(parked, "the pull to reach the broker and be held")
                     assert results == []  # held: nothing to return yet
                     sent = await producer.send(Message(topic, b"wake up"))
                 # the held pull answered with the message sent after it started

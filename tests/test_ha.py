@@ -314,6 +314,7 @@ async def test_slave_behind_the_masters_retained_log_diverges_fixes_rocketmq_338
             assert "gone from the master" in stats.divergence
             # It stays put: no reconnect loop, and it still serves what it has.
             await trio.sleep(0.3)
+            await trio.testing.wait_all_tasks_blocked()  # and what was due in it has run
             assert ha_slave_of(slave).state == "diverged"
             assert slave.max_commitlog_offset == slave_end
 

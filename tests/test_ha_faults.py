@@ -20,7 +20,6 @@ here with intervals of 100 ms - 1 s, and no test asserts a duration.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import random
 import signal
 import socket as stdsocket
@@ -33,7 +32,9 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
+import ha_slave_process
 from conftest import ha_of, ha_slave_of, wait_until
 from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
 from trio_ha.store import MessageStore
@@ -50,11 +51,7 @@ FRAME = struct.Struct(">qi")
 #: timers short enough for tests: heartbeats 100 ms, housekeeping 1 s, reconnect 100 ms
 FAST = dict(ha_send_heartbeat_interval=100, ha_housekeeping_interval=1000, ha_reconnect_interval=100)
 
-_CHILD_PATH = Path(__file__).with_name("ha_slave_process.py")
-_spec = importlib.util.spec_from_file_location("ha_slave_process", _CHILD_PATH)
-assert _spec is not None and _spec.loader is not None
-ha_slave_process = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ha_slave_process)
+_CHILD_PATH = Path(ha_slave_process.__file__)
 
 
 # ---- configuration and helpers -----------------------------------------------------------------
@@ -331,7 +328,7 @@ CUTS = [("body", 0), ("body", 1), ("body", 97), ("header", 5), ("header", 11),
         ("body", 1500), ("header", 8), ("raw", 3)]
 
 
-@pytest.mark.parametrize("role, method", [
+@pytest.mark.parametrize(("role", "method"), [
     (BrokerRole.ASYNC_MASTER, "send"),
     (BrokerRole.SYNC_MASTER, "send"),
     (BrokerRole.SYNC_MASTER, "sendfile"),
@@ -674,7 +671,7 @@ async def test_peer_that_resets_before_it_is_served_costs_only_its_connection(tm
         raw.connect(ha_address_of(master))
         raw.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_LINGER, struct.pack("ii", 1, 0))
         raw.close()
-        await trio.sleep(0.3)
+        await trio.testing.wait_all_tasks_blocked()  # the master has accepted and dropped it
         stream = await connect(master.ha_address)  # the listener still serves
         hostile = local_address(stream)
         await wait_until(lambda: hostile in connections(master), "the master to list a new peer")
@@ -820,6 +817,7 @@ async def test_frame_at_an_unexpected_offset_diverges_once_not_a_reconnect_loop_
             await wait_until(lambda: ha_slave_of(slave).state == "diverged",
                              "the slave to report the divergence")
             await trio.sleep(1.0)  # ten reconnect intervals
+            await trio.testing.wait_all_tasks_blocked()  # and what was due in it has run
             stats = ha_slave_of(slave)
             assert stats.state == "diverged"
             assert stats.divergence is not None

@@ -15,19 +15,20 @@ seconds at most.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import attrs
 import pytest
 import trio
+import trio.testing
 
+import ha_slave_process
 from conftest import ha_of, ha_slave_of, wait_until
+from ha_slave_process import master_config
 from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
 from trio_ha.chaos import hostile
 from trio_ha.store import MessageStore
@@ -40,25 +41,7 @@ SEGMENT = 64 * 1024
 OK = PutMessageStatus.PUT_OK
 NOT_REPLICATED = {PutMessageStatus.FLUSH_SLAVE_TIMEOUT, PutMessageStatus.SLAVE_NOT_AVAILABLE}
 
-_CHILD_PATH = Path(__file__).with_name("ha_slave_process.py")
-_spec = importlib.util.spec_from_file_location("ha_slave_process", _CHILD_PATH)
-assert _spec is not None and _spec.loader is not None
-ha_slave_process = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ha_slave_process)
-
-
-def master_config(root, **overrides) -> StoreConfig:
-    values: dict[str, Any] = dict(
-        store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT,
-        mapped_file_size_consume_queue=20 * 200, broker_role=BrokerRole.SYNC_MASTER,
-        ha_listen_port=0, ha_bind_address="127.0.0.1", slave_timeout=300,
-        # A frozen slave stays connected through the test: it still counts as worth
-        # waiting for, so puts wait (and could be answered by a rogue's ack).
-        ha_housekeeping_interval=30_000, ha_send_heartbeat_interval=100,
-    )
-    values.update(overrides)
-    return StoreConfig(**values)
-
+_CHILD_PATH = Path(ha_slave_process.__file__)
 
 
 def connections(master: MessageStore) -> dict[str, SlaveConnectionStatistics]:
@@ -243,7 +226,7 @@ async def test_point_1_a_connection_counts_once_the_put_it_did_not_carry_is_answ
             start = max_offset(master)
             await slave.send_all(REPORT.pack(start))  # it starts after the old put
             await wait_until(lambda: accepted(master) == 2, "the slave's request")
-            await trio.sleep(0.5)
+            await trio.testing.wait_all_tasks_blocked()  # the master has done all it will with it
             assert not puts.results  # the old put still waits: the slave cannot count yet
             nursery.start_soon(puts.put, 2)
             size = 0
@@ -380,6 +363,7 @@ async def test_point_14_an_empty_slave_refuses_a_start_where_no_log_can_begin(tm
             await wait_until(lambda: ha_slave_of(slave).state == "refused",
                              "the slave to refuse the master's start offset")
             await trio.sleep(0.5)  # five reconnect intervals: it does not try again
+            await trio.testing.wait_all_tasks_blocked()  # and what was due in it has run
             stats = ha_slave_of(slave)
             assert stats.state == "refused" and stats.refusal is not None
             assert str(offset) in stats.refusal

@@ -14,16 +14,14 @@ Everything runs over real loopback sockets against a real store; no test asserts
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-from pathlib import Path
-from typing import Any
 
 import trio
 import trio.testing
 
+import ha_slave_process
 from conftest import ha_of, wait_until
-from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
+from trio_ha import Message, PutMessageStatus, StoreConfig, open_store
 from trio_ha.chaos import hostile
 from trio_ha.store import MessageStore
 from trio_ha.wire.ha import FRAME_HEADER as FRAME
@@ -32,22 +30,11 @@ from trio_ha.wire.ha import REPORT, MasterProtocol
 SEGMENT = 64 * 1024
 OK = PutMessageStatus.PUT_OK
 
-_CHILD_PATH = Path(__file__).with_name("ha_slave_process.py")
-_spec = importlib.util.spec_from_file_location("ha_slave_process", _CHILD_PATH)
-assert _spec is not None and _spec.loader is not None
-ha_slave_process = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ha_slave_process)
-
 
 def master_config(root, **overrides) -> StoreConfig:
-    values: dict[str, Any] = dict(
-        store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT,
-        mapped_file_size_consume_queue=20 * 200, broker_role=BrokerRole.SYNC_MASTER,
-        ha_listen_port=0, ha_bind_address="127.0.0.1", slave_timeout=1000,
-        ha_housekeeping_interval=30_000, ha_send_heartbeat_interval=100,
-    )
-    values.update(overrides)
-    return StoreConfig(**values)
+    """The HA-port tests' master (ha_slave_process), whose puts wait 1 s for a slave."""
+    overrides.setdefault("slave_timeout", 1000)
+    return ha_slave_process.master_config(root, **overrides)
 
 
 def ha_address(master: MessageStore) -> str:

@@ -57,7 +57,7 @@ def test_segment_names_are_twenty_ascii_digits_exactly():
         assert layout.parse_segment_file_name(name) is None, name
 
 
-@pytest.mark.parametrize("sys_flag, expected", [
+@pytest.mark.parametrize(("sys_flag", "expected"), [
     (0, 56), (layout.SYSFLAG_BORNHOST_V6, 68), (layout.SYSFLAG_STOREHOST_V6, 56),
 ])
 def test_store_timestamp_follows_the_born_host(sys_flag, expected):

@@ -330,7 +330,7 @@ def golden_args(props=GOLDEN_PROPS) -> dict:
                 prepared_offset=0)
 
 
-@pytest.mark.parametrize("trailing, size", [(False, 157), (True, 158)])
+@pytest.mark.parametrize(("trailing", "size"), [(False, 157), (True, 158)])
 def test_golden_record(trailing, size):
     props = rec.encode_properties({"TAGS": "TAG1", "KEYS": "1234567890123"},
                                   trailing_separator=trailing).encode()
@@ -390,7 +390,7 @@ def test_multi_mib_records_identical(body_len, ipv6):
 
 
 @pytest.mark.parametrize(
-    "change, expected",
+    ("change", "expected"),
     [
         (dict(topic=b"t" * 128), backend.ERR_BAD_ARGUMENT),
         (dict(topic=b"t" * 127), None),
@@ -870,7 +870,7 @@ def test_scan_tags_and_fields():
 
 
 @pytest.mark.parametrize(
-    "props, tags",
+    ("props", "tags"),
     [(b"TAGS\x01a\x02TAGS\x01b", "b"), (b"TAGS\x01a\x02TAGS\x01", "a"),
      (b"TAGS\x01\x01x", "\x01x"), (b"TAGS\x01", None), (b"TAGSx\x01a", None),
      (b"\x02\x02TAGS\x01t\xff\x02", "t\ufffd"), (b"KEYS\x01k", None), (b"", None),
@@ -1266,7 +1266,7 @@ def resident_pages(mm, start: int, length: int) -> int:
     return sum(v & 1 for v in vec)
 
 
-@pytest.mark.parametrize("start, length", [(0, 64 * PAGE), (1, 64 * PAGE - 1), (PAGE - 1, 2),
+@pytest.mark.parametrize(("start", "length"), [(0, 64 * PAGE), (1, 64 * PAGE - 1), (PAGE - 1, 2),
                                            (12345, 20 * PAGE + 7), (5 * PAGE, 1), (0, 1)])
 def test_warm_fresh_file_mapping(tmp_path, warm_mode, start, length):
     # A fresh (fallocated, all-zero) segment file: after warm every page the range overlaps

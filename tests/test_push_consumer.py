@@ -8,6 +8,7 @@ import collections
 
 import pytest
 import trio
+import trio.testing
 
 from conftest import wait_until
 from trio_ha.client import (
@@ -79,12 +80,17 @@ async def test_a_failing_message_is_retried_through_the_broker_then_dead_lettere
     [poison, *rest] = await produce(namesrv, 3)
     tries: list[tuple[str, int, str]] = []
     good: set[str] = set()
+    canary_tries: list[int] = []
 
     async def listener(message):
         uniq = message.properties["UNIQ_KEY"]
         if uniq == poison:
             tries.append((message.topic, message.reconsume_times, message.body.decode()))
             raise ConsumeLater
+        if message.body == b"canary0":  # fails once: one trip through the retry path
+            canary_tries.append(message.reconsume_times)
+            if message.reconsume_times == 0:
+                raise ConsumeLater
         good.add(uniq)
 
     with trio.fail_after(40):
@@ -105,9 +111,15 @@ async def test_a_failing_message_is_retried_through_the_broker_then_dead_lettere
 
                 [dead] = await wait_until(dead_letters, "the dead letter", timeout=20)
             assert dead.properties["UNIQ_KEY"] == poison and dead.reconsume_times == 3
-            await trio.sleep(1.5)
-            assert len(tries) == 3  # dead: never delivered again
             assert consumer.statistics().sent_back == 3
+            # A message failed after the poison died comes back through the same delay and
+            # retry queue: once it has, a fourth try of the poison would have come back too.
+            await produce(namesrv, 1, prefix="canary")
+            await wait_until(lambda: 1 in canary_tries, "the canary's retry", timeout=20,
+                             interval=0.05)
+            await trio.testing.wait_all_tasks_blocked()  # the listener calls of that pull ran
+            assert len(tries) == 3  # dead: never delivered again
+            assert consumer.statistics().sent_back == 3 + 1  # the poison's, and the canary's
 
 
 async def test_two_members_share_the_queues(cluster):

@@ -21,7 +21,7 @@ from trio_ha.testing import ClusterConfig, open_cluster
 QUEUES = [MessageQueue("T", "b", i) for i in range(8)]
 
 
-@pytest.mark.parametrize("ids,expected", [
+@pytest.mark.parametrize(("ids", "expected"), [
     # 8 queues over 3: 3, 3, 2 (the first len % n take one more)
     (["c1", "c2", "c3"], {"c1": [0, 1, 2], "c2": [3, 4, 5], "c3": [6, 7]}),
     # over 4: 2 each

@@ -222,7 +222,8 @@ async def test_point_6_partial_frames_are_bounded_in_total(nursery):
                        peak)
 
     async def good_round_trip_meanwhile():
-        await trio.sleep(0.3)
+        await wait_until(lambda: served.server.statistics().request_bytes_buffered > 0,
+                         "the partial frames to take from the shared read budget")
         await good_round_trip(served.address)
 
     with traced_memory() as memory:
@@ -473,6 +474,7 @@ def _wait_for_backlog(pid, timeout=10.0):
             if f"pid={pid}," in line and int(fields[1]) > 8192:  # Send-Q
                 return
         time.sleep(0.1)
+    pytest.fail(f"no backlog of replies to us in the broker's send queue after {timeout:g} s")
 
 
 # ---- point 10 (descriptors): connection limits -----------------------------------------------

@@ -15,6 +15,7 @@ import trio
 from conftest import pulled, wait_until
 from trio_ha import open_store
 from trio_ha.broker.metadata import DelayOffsetManager
+from trio_ha.broker.metadata.files import config_dir_of
 from trio_ha.broker.schedule import ScheduleService, delayed
 from trio_ha.client import Message, open_producer
 from trio_ha.remoting import open_remoting_client
@@ -22,7 +23,7 @@ from trio_ha.store import PutRequest
 from trio_ha.store.results import PutMessageResult
 from trio_ha.testing import ClusterConfig, ProcessCluster, free_broker_port, serve_cluster
 from trio_ha.wire import record as rec
-from trio_ha.wire.metadata import SCHEDULE_TOPIC
+from trio_ha.wire.metadata import SCHEDULE_TOPIC, TOPICS_JSON
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from trio_ha.wire.route import KVTable
 
@@ -320,7 +321,25 @@ async def test_a_delayed_message_survives_a_sigkill_of_its_master(tmp_path):
             sent_at = wall_ms()
             result = await producer.send(Message("Survives", b"due later",
                                                  properties={"DELAY": "3"}))
-        await trio.sleep(1.5)  # the level's offset has been written at least once meanwhile
+        # What the kill must leave behind: the message waiting in its level's queue (DELAY 3:
+        # queue 2), and its topic (created by the send) written by a round of persisting.
+        topics = trio.Path(config_dir_of(config.store_dir(0)), TOPICS_JSON)
+        async with open_remoting_client(cluster.master.addr) as client:
+
+            async def waiting():
+                reply = await client.invoke(RemotingCommand.request(
+                    RequestCode.GET_MAX_OFFSET, {"topic": SCHEDULE_TOPIC, "queueId": 2}), 5)
+                if reply.code != ResponseCode.SUCCESS or reply.ext_fields["offset"] != "1":
+                    return False
+                try:
+                    return "Survives" in await topics.read_text()
+                except FileNotFoundError:
+                    return False
+
+            await wait_until(waiting, "the delayed message stored and its topic written",
+                             interval=0.1)
+            # not delivered yet: the kill comes while it waits
+            assert await pulled(client, "Survives", result.message_queue.queue_id) == []
         cluster.master.kill()
         cluster.restart(cluster.master)
         async with open_remoting_client(cluster.master.addr) as client:

@@ -62,7 +62,7 @@ async def test_second_master_for_a_broker_name_is_refused_and_the_slave_stays_he
 
             intruder = BrokerConfig.from_properties(
                 intruder_properties(config, cluster.namesrv_addr, str(tmp_path / "intruder")))
-            with pytest.raises(BaseException) as caught:
+            with pytest.raises(BaseExceptionGroup) as caught:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(serve_broker, intruder)
             (refusal,) = [e for e in leaves(caught.value) if isinstance(e, DuplicateMasterError)]

@@ -67,7 +67,7 @@ async def test_an_msync_error_is_raised_and_the_thread_serves_on(tmp_path):
         assert native is not None
         # Page 0 is never mapped: msync fails with ENOMEM.
         native.submit(_backend.engine.ffi.cast("uint8_t *", 16), 0, 10)  # type: ignore[attr-defined]
-        with pytest.raises(OSError) as caught:
+        with pytest.raises(OSError, match="msync") as caught:
             await thread._wait_done(native)
         assert caught.value.errno == errno.ENOMEM
         await thread.sync([(segment, 0, 100)])  # and it goes on

@@ -18,6 +18,7 @@ import textwrap
 
 import attrs
 import trio
+import trio.testing
 
 from conftest import ha_of, ha_slave_of, wait_until
 from test_ha import SEGMENT, master_config, slave_count
@@ -265,6 +266,7 @@ async def test_a_slave_following_the_name_server_stays_with_its_master_when_the_
                 await trio.sleep(0.02)
             await wait_until(lambda: sessions, "the slave to try the named master")
             await trio.sleep(0.5)  # time in which a following slave would have redialled
+            await trio.testing.wait_all_tasks_blocked()  # and what was due in it has run
             stats = ha_slave_of(slave)
             assert stats.master_address == master_ha
             assert registration.master_addr == "127.0.0.1:1"

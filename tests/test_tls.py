@@ -11,6 +11,7 @@ import struct
 
 import pytest
 import trio
+import trio.testing
 import trustme
 
 from trio_ha.client import (
@@ -148,7 +149,7 @@ async def test_a_connection_reset_before_its_first_byte_costs_only_itself(nurser
         await sock.connect((host, int(port)))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()
-    await trio.sleep(0.2)
+    await trio.testing.wait_all_tasks_blocked()  # the server has taken and dropped all 20
     assert await ask(address, client_tls(pki)) == b"ping"
 
 

@@ -16,10 +16,10 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import trio
 
+from conftest import cli, ok_json, wait_for
 from trio_ha.remoting import open_remoting_client
 from trio_ha.testing import ClusterConfig, ProcessCluster
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
@@ -34,19 +34,10 @@ CONSUMED = 20
 KEY = "order-7"
 
 
-def cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trio_ha.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def ok(*args) -> subprocess.CompletedProcess:
     done = cli(*args)
     assert done.returncode == 0, (args, done.stdout, done.stderr)
     return done
-
-
-def ok_json(*args):
-    return json.loads(ok(*args, "--json").stdout)
 
 
 def slave_stats(slave_addr: str) -> ConsumeStats | None:
@@ -71,16 +62,6 @@ def slave_connections(slave_addr: str) -> dict | None:
         return json.loads(reply.body) if reply.code == ResponseCode.SUCCESS else None
 
     return trio.run(ask)
-
-
-def wait_for(check, what: str, attempts: int = 60, pause: float = 0.5):
-    """``check()`` until it returns something truthy (bounded in count and time)."""
-    for _ in range(attempts):
-        value = check()
-        if value:
-            return value
-        time.sleep(pause)
-    raise AssertionError(f"{what}: not seen after {attempts} looks")
 
 
 def stopped(node) -> contextlib.AbstractContextManager:

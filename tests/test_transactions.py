@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from conftest import pulled, wait_until
 from trio_ha import open_store
@@ -110,7 +111,7 @@ async def test_commit_delivers_and_rollback_does_not(broker):
         assert {m.properties["TAGS"] for m in ops} == {"d"}
 
 
-@pytest.mark.parametrize("change,remark", [
+@pytest.mark.parametrize(("change", "remark"), [
     ({"group": "other"}, "The producer group wrong"),
     ({"table_offset": 7}, "The transaction state table offset wrong"),
     ({"offset": 1}, "Find prepared transaction message failed"),
@@ -157,6 +158,7 @@ async def test_an_undecided_transaction_is_checked_back_then_given_up(checking_b
         assert [c.ext_fields["tranStateTableOffset"] for c in checks[:3]] == ["1", "2", "3"]
         count = len(checks)
         await trio.sleep(1)
+        await trio.testing.wait_all_tasks_blocked()  # and what was due in it has run
         assert len(checks) == count == 3  # no more checks once given up
         assert await pulled(client, "Orders", 1) == []
 
@@ -173,6 +175,7 @@ async def test_a_check_answered_commit_delivers(checking_broker):
         [message] = await wait_until(lambda: pulled(client, "Orders", 1), "the commit")
         assert message.body == b"late yes"
         await trio.sleep(1)
+        await trio.testing.wait_all_tasks_blocked()  # and what was due in it has run
         assert len(checks) == 1  # decided: never asked again
 
 
@@ -349,6 +352,7 @@ async def test_a_check_racing_the_producers_own_end_delivers_once_as_rocketmq_do
         assert [m.body for m in await pulled(client, "Orders", 1)] == [b"raced"]
         asked = len(checks)
         await trio.sleep(1)  # five check rounds
+        await trio.testing.wait_all_tasks_blocked()  # and what was due in it has run
         assert len(checks) == asked  # decided: never asked again
         assert [m.body for m in await pulled(client, "Orders", 1)] == [b"raced"]
 

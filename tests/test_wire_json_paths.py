@@ -81,7 +81,7 @@ def test_both_paths_read_broken_headers_alike(noise, at):
     assert_same_reading(noise)
 
 
-@pytest.mark.parametrize("header, expect", [
+@pytest.mark.parametrize(("header", "expect"), [
     # malformed UTF-8 in a value: Java replaces it, orjson refuses the header
     (b'{"code":310,"extFields":{"a":"x\xff"}}', ("values", "x\ufffd")),
     # a lone surrogate escape: kept as the standard library reads it, orjson refuses it

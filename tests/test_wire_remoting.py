@@ -407,7 +407,7 @@ def test_send_header_errors_name_the_field():
     # the request code decides the names, as in Java
     with pytest.raises(HeaderFieldError, match="<producerGroup> is null"):
         send_message_header(RemotingCommand.request(10, encode_send_message_v2_fields(SEND)))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a send request"):
         send_message_header(RemotingCommand.request(11))
 
 
@@ -529,9 +529,9 @@ def test_encoding_refuses_frames_beyond_the_limit_and_fields_beyond_the_binary_h
     command = RemotingCommand.request(10)
     largest = MAX_FRAME_LENGTH - len(encode_head(command))  # the length field counts too
     assert len(encode_head(command, largest)) == len(encode_head(command))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="exceeds the remoting limits"):
         encode_head(command, largest + 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="does not fit the ROCKETMQ binary header"):
         encode(RemotingCommand(code=40000, serialize_type=SerializeType.ROCKETMQ))
 
 
@@ -571,7 +571,7 @@ def test_header_length_is_checked_before_the_frame_is_buffered():
 
 
 @pytest.mark.parametrize(
-    "header, match",
+    ("header", "match"),
     [
         ("{", "not valid JSON"),
         ("[1,2]", "must be an object"),
@@ -614,7 +614,7 @@ def binary_header(remark_len, remark, ext_len, ext):
 
 
 @pytest.mark.parametrize(
-    "header, match",
+    ("header", "match"),
     [
         (b"\x00" * 20, "shorter than 21"),
         (binary_header(100, b"ab", 0, b""), "remark length 100"),
@@ -693,7 +693,7 @@ def test_decode_frame_wants_exactly_one_frame():
     assert issubclass(RemotingDecodeError, WireError)
 
 
-@pytest.mark.parametrize("msg_id, queue_id, queue_offset, opaque", [
+@pytest.mark.parametrize(("msg_id", "queue_id", "queue_offset", "opaque"), [
     ("7F00000100002A9F0000000000000010", 0, 0, 1),
     ("7F00000100002A9F0000000000000010,7F00000100002A9F0000000000000200", 15, 2**40, 2**31 - 1),
     ("0A0B0C0D0000270F7FFFFFFFFFFFFFFF", 1023, 2**63 - 1, 0),

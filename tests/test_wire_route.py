@@ -190,7 +190,7 @@ def test_cluster_info_as_java_writes_it():
 
 
 @pytest.mark.parametrize(
-    "body, match",
+    ('body', 'match'),
     [
         (b"[]", "must be an object"),
         (b'{"brokerDatas":{}}', "brokerDatas must be an array"),
@@ -295,7 +295,7 @@ def test_compressed_register_body_bomb_is_rejected():
 
 
 @pytest.mark.parametrize(
-    "raw, match",
+    ('raw', 'match'),
     [
         (b"not zlib", "does not inflate"),
         (zlib.compress(b"\x00\x00"), "truncated"),
@@ -563,7 +563,7 @@ def test_consumer_offsets_sample_both_key_styles():
     assert five.data_version == DataVersion(2, 5)
     assert decode_consumer_offsets(encode_consumer_offsets(five)) == five
     assert offset_key("T", "g") == "T@g" and split_offset_key("T@g") == ("T", "g")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="is not <topic>@<group>"):
         split_offset_key("T@g@x")
 
 
@@ -646,7 +646,7 @@ def test_config_files_round_trip(topics, version, offsets, delay, groups, pretty
 
 
 @pytest.mark.parametrize(
-    "decode, text, match",
+    ('decode', 'text', 'match'),
     [
         (decode_topics_json, "", "not valid JSON"),
         (decode_topics_json, "[]", "must be an object"),
