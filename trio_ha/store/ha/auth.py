@@ -49,7 +49,7 @@ async def _receive_exactly(transport: HATransport, size: int, *, magic: bool) ->
         if not chunk:
             raise HAAuthError("the peer closed the connection during the handshake")
         data += chunk
-        if magic and data[:len(MAGIC)] != MAGIC[:len(data)]:
+        if magic and not MAGIC.startswith(data[:len(MAGIC)]):
             raise HAAuthError("the peer does not speak the authentication handshake (no "
                               "haAuthSecret on its side?)")
     return bytes(data)

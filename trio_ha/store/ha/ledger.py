@@ -127,14 +127,14 @@ class ReplicationLedger:
     #: the ``sync_acks``-th highest confirmed offset among counted connections, ever
     replicated: int = 0
     #: accounts evicted to make room and not yet closed by the pump (it takes them)
-    evicted: list[Account] = attrs.field(init=False, factory=list)
+    evicted: list[Account] = attrs.field(init=False, factory=list[Account])
     _open: int = attrs.field(init=False, default=0)
     #: the open accounts that are not proven yet, oldest first
-    _unproven: dict[int, Account] = attrs.field(init=False, factory=dict)
+    _unproven: dict[int, Account] = attrs.field(init=False, factory=dict[int, Account])
     #: acked offsets of open accepted accounts, sorted (``is_slave_ok``)
-    _positions: list[int] = attrs.field(init=False, factory=list)
+    _positions: list[int] = attrs.field(init=False, factory=list[int])
     #: confirmed offsets of open counted accounts, sorted (``replicated``)
-    _confirmed: list[int] = attrs.field(init=False, factory=list)
+    _confirmed: list[int] = attrs.field(init=False, factory=list[int])
 
     # ---- slots ------------------------------------------------------------------------------
 

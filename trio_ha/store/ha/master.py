@@ -530,7 +530,7 @@ class HAService:
     #: for
     replicated: Watermark = attrs.field(factory=Watermark)
     #: the live connections, by their account's key: each has an open account in ``ledger``
-    connections: dict[int, HAConnection] = attrs.field(factory=dict)
+    connections: dict[int, HAConnection] = attrs.field(factory=dict[int, HAConnection])
     #: which acks count, and so ``replicated``; which connection makes way for a newcomer
     ledger: ReplicationLedger = attrs.field(
         init=False, default=attrs.Factory(lambda self: _ledger_for(self), takes_self=True))
@@ -544,7 +544,8 @@ class HAService:
     #: unproven connections closed to make room for a newcomer (``_admit``)
     evicted_connections: int = 0
     #: the handshakes under way, oldest first (``_authenticate``)
-    _handshakes: collections.deque[trio.CancelScope] = attrs.field(factory=collections.deque)
+    _handshakes: collections.deque[trio.CancelScope] = attrs.field(
+        factory=collections.deque[trio.CancelScope])
     _refused: int = 0
     _refused_unlogged: int = 0
     _refusal_logged_at: float = -REFUSAL_LOG_INTERVAL
@@ -569,7 +570,8 @@ class HAService:
             connection.push_now()
 
     async def serve(self, *, listeners: list[trio.SocketListener] | None = None,
-                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+                    task_status: trio.TaskStatus[tuple[str, int] | None] = (
+                        trio.TASK_STATUS_IGNORED)) -> None:
         """Serve slaves on ``listeners`` (bound by the caller: ``open_store`` binds the HA port
         before it writes anything), or on haListenPort, until cancelled."""
         if not listeners:

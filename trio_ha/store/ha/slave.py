@@ -63,7 +63,6 @@ from ...watermark import Watermark
 from ...wire.ha import (
     NEED_DATA,
     FrameData,
-    FrameEnd,
     FrameHeader,
     HAProtocolError,
     OffsetMismatch,
@@ -202,8 +201,8 @@ class HAClient:
     #: where ``follow_master_address`` tries a new master (the client's own, while it runs)
     _nursery: trio.Nursery | None = None
     #: addresses being tried, and those that failed the handshake (-> when, trio clock)
-    _probing: set[str] = attrs.field(factory=set)
-    _not_followed: dict[str, float] = attrs.field(factory=dict)
+    _probing: set[str] = attrs.field(factory=set[str])
+    _not_followed: dict[str, float] = attrs.field(factory=dict[str, float])
     #: a connection to a new master that passed the handshake, for the next session
     _proven: tuple[str, HATransport] | None = None
 
@@ -304,7 +303,7 @@ class HAClient:
             return HAClientState.REFUSED
         return None
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
@@ -448,7 +447,7 @@ class HAClient:
                         frame_size = event.size
                     elif isinstance(event, FrameData):
                         body_offset = await commitlog.append_replica(body_offset, event.data)
-                    elif isinstance(event, FrameEnd):
+                    else:  # the frame's end (FrameEnd)
                         self.bytes_received += event.size
                 if reports.drained:  # this receive waited: others ran meanwhile
                     reports.drained = False
@@ -592,9 +591,9 @@ def _first_of(group: ExceptionGroup[_E]) -> _E:
     raise AssertionError("an exception group is never empty")
 
 
-def _leaves(group: ExceptionGroup[_E]) -> Iterator[_E]:
+def _leaves(group: BaseExceptionGroup[_E]) -> Iterator[_E]:
     for exc in group.exceptions:
-        if isinstance(exc, ExceptionGroup):
+        if isinstance(exc, BaseExceptionGroup):
             yield from _leaves(exc)
         else:
             yield exc
