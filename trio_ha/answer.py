@@ -35,28 +35,26 @@ class Answer(Generic[T]):
     """A value given once (``set``), awaited by one task or received by one callback."""
 
     _value: T | None = attrs.field(init=False, default=None)
-    _done: bool = attrs.field(init=False, default=False)
+    #: the answer is given. A plain attribute and not a property over a private one: the
+    #: puts' ``when_all`` reads it for every answer it waits on. Only ``set`` writes it.
+    done: bool = attrs.field(init=False, default=False)
     _waiter: trio.lowlevel.Task | None = attrs.field(init=False, default=None)
     _callback: Callable[[], None] | None = attrs.field(init=False, default=None)
 
     @property
-    def done(self) -> bool:
-        return self._done
-
-    @property
     def value(self) -> T:
         """The answer; only once ``done``."""
-        if not self._done:
+        if not self.done:
             raise RuntimeError("no answer yet")
         return self._value  # type: ignore[return-value]  # (set: a T, which may be None)
 
     def set(self, value: T) -> bool:
         """Give the answer, wake the waiting task and call the callback. False, changing
         nothing, if it was given already (the first answer counts)."""
-        if self._done:
+        if self.done:
             return False
         self._value = value
-        self._done = True
+        self.done = True
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -69,7 +67,7 @@ class Answer(Generic[T]):
 
     def when_done(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once the answer is given: now if it is, else from ``set``."""
-        if self._done:
+        if self.done:
             callback()
             return
         if self._callback is not None:
@@ -78,7 +76,7 @@ class Answer(Generic[T]):
 
     async def wait(self) -> T:
         """The answer, once given (after a checkpoint if it is already)."""
-        if self._done:
+        if self.done:
             await trio.lowlevel.checkpoint()
         else:
             if self._waiter is not None:
@@ -101,7 +99,7 @@ def when_all(answers: Sequence[Answer[Any] | None], callback: Callable[[], None]
     flush and replica answers). Waiting on one answer registers ``callback`` itself."""
     first = None
     for answer in answers:
-        if answer is not None and not answer._done:
+        if answer is not None and not answer.done:
             if first is not None:
                 _when_each(answers, callback)
                 return
@@ -114,7 +112,7 @@ def when_all(answers: Sequence[Answer[Any] | None], callback: Callable[[], None]
 
 def _when_each(answers: Sequence[Answer[Any] | None], callback: Callable[[], None]) -> None:
     """``when_all`` for two answers or more not given yet: count them down."""
-    waiting = [answer for answer in answers if answer is not None and not answer._done]
+    waiting = [answer for answer in answers if answer is not None and not answer.done]
     left = [len(waiting)]
 
     def one_given() -> None:

@@ -22,11 +22,17 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
+from typing import Any, TypeAlias
 
 import attrs
 import trio
 
 _TARGET, _SEQ, _TASK = 0, 1, 2
+
+#: a waiter: [target, sequence, task or None (left)]. A list and not a class so that heapq
+#: orders entries in C (by target, then arrival) and a leaving waiter is marked in place; a
+#: list's items cannot be typed one by one, hence Any.
+_Waiter: TypeAlias = list[Any]
 
 
 @attrs.frozen
@@ -40,12 +46,12 @@ class Watermark:
     """A monotonically rising integer with ``await wait_for(target)``."""
 
     _value: int = 0
-    #: heap of [target, sequence, task or None (left)]
-    _waiters: list[list] = attrs.field(factory=list)
-    _counter: itertools.count = attrs.field(factory=itertools.count)
+    #: heap of waiters, the lowest target first
+    _waiters: list[_Waiter] = attrs.field(factory=list[_Waiter])
+    _counter: itertools.count[int] = attrs.field(factory=itertools.count)
     _dead: int = 0
     #: called with the new value after every rise
-    _listeners: list[Callable[[int], None]] = attrs.field(factory=list)
+    _listeners: list[Callable[[int], None]] = attrs.field(factory=list[Callable[[int], None]])
 
     @property
     def value(self) -> int:
@@ -92,10 +98,10 @@ class Watermark:
         if self._value >= target:
             await trio.lowlevel.checkpoint()
             return self._value
-        entry = [target, next(self._counter), trio.lowlevel.current_task()]
+        entry: _Waiter = [target, next(self._counter), trio.lowlevel.current_task()]
         heapq.heappush(self._waiters, entry)
 
-        def abort(raise_cancel) -> trio.lowlevel.Abort:
+        def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
             entry[_TASK] = None  # dead in place; popped or compacted later
             self._dead += 1
             if self._dead > 64 and self._dead * 2 > len(self._waiters):

@@ -33,7 +33,8 @@ from typing import TypeVar
 import attrs
 import trio
 
-from .. import _backend
+import trio_ha._backend as _backend
+
 from .._errors import TrioHAError
 from ..config import BrokerRole, StoreConfig
 from ..ratelog import RateLimitedLog
@@ -130,7 +131,7 @@ class CommitLog:
     flush_count: int = 0
     #: the queue offset the next message of each (topic, queue id) gets; the store fills it
     #: from the consume queues after recovery
-    queue_offsets: dict[tuple[str, int], int] = attrs.field(factory=dict)
+    queue_offsets: dict[tuple[str, int], int] = attrs.field(factory=dict[tuple[str, int], int])
     _spare: Segment | None = None
     _spare_ready: trio.Event = attrs.field(factory=trio.Event)
     _spare_wanted: trio.Event = attrs.field(factory=trio.Event)
@@ -270,7 +271,9 @@ class CommitLog:
         segment.wrote_position = segment.flushed_position = 0
         return segment
 
-    async def run_allocator(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run_allocator(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Keep one spare segment ready after the last (RocketMQ's AllocateMappedFileService)."""
         task_status.started()
         while True:
@@ -436,7 +439,7 @@ class CommitLog:
         segment.wrote_position += n
         self.written.raise_to(segment.base_offset + segment.wrote_position)
 
-    async def append_replica(self, offset: int, data) -> int:
+    async def append_replica(self, offset: int, data: bytes | bytearray | memoryview) -> int:
         """Write replicated ``data`` at ``offset`` (the log's end); returns the new end."""
         segment = await self.replica_segment(offset)
         position = segment.wrote_position
@@ -534,7 +537,9 @@ class CommitLog:
             self.flushed.raise_to(offset)
             return offset
 
-    async def run_async_flush(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run_async_flush(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """ASYNC_FLUSH: every flushIntervalCommitLog, flush if enough pages are dirty; a full
         flush at least every flushCommitLogThoroughInterval."""
         config = self.config

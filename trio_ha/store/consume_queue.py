@@ -165,7 +165,8 @@ class ConsumeQueue:
         self.arrivals.raise_to(self.max_offset)
         return True
 
-    def put_run(self, entries, first_queue_offset: int, first_end: int, last_end: int) -> None:
+    def put_run(self, entries: bytes | memoryview, first_queue_offset: int, first_end: int,
+                last_end: int) -> None:
         """Index a run of records that follow each other in this queue: ``entries`` holds
         their 20-byte entries, ``first_end``/``last_end`` the commitlog end of the first and
         last record. The common case (the run continues the queue) is one write per file;
@@ -200,7 +201,7 @@ class ConsumeQueue:
         self.max_physical_offset = last_end
         self.arrivals.raise_to(self.max_offset)
 
-    def mend_run(self, entries, first_queue_offset: int) -> int:
+    def mend_run(self, entries: bytes | memoryview, first_queue_offset: int) -> int:
         """Crash recovery's re-dispatch: rewrite the entries of a run that the queue already
         holds but that differ from ``entries`` (what the records say). Returns how many.
 
@@ -426,7 +427,7 @@ class ConsumeQueue:
     # ---- durability ------------------------------------------------------------------------------
 
     def dirty_segments(self, least_pages: int) -> list[tuple[Segment, int, int]]:
-        out = []
+        out: list[tuple[Segment, int, int]] = []
         for segment in self.files.segments:
             if segment.flushed_position >= segment.wrote_position:
                 continue
@@ -451,10 +452,12 @@ class ConsumeQueueTable:
 
     root: str
     file_size: int
-    queues: dict[tuple[str, int], ConsumeQueue] = attrs.field(factory=dict)
+    queues: dict[tuple[str, int], ConsumeQueue] = attrs.field(
+        factory=dict[tuple[str, int], ConsumeQueue])
     #: arrival watermarks handed out for queues that do not exist yet (a long poll on a
     #: topic before its first message); the queue adopts its mark when it is created
-    _future_arrivals: dict[tuple[str, int], Watermark] = attrs.field(factory=dict)
+    _future_arrivals: dict[tuple[str, int], Watermark] = attrs.field(
+        factory=dict[tuple[str, int], Watermark])
 
     @classmethod
     def load(cls, root: str, file_size: int) -> ConsumeQueueTable:

@@ -25,7 +25,8 @@ from collections.abc import Sequence, Set
 import attrs
 import trio
 
-from .. import _backend
+import trio_ha._backend as _backend
+
 from .._backend import RecordInfo, Scanner, ScanResult
 from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
@@ -79,7 +80,7 @@ class Dispatcher:
     _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
     _scanner: Scanner = attrs.field(init=False, factory=lambda: _backend.engine.scanner(SCAN_BATCH))
     #: topic bytes as found in records -> the topic, or None for bytes that are no topic
-    _topics: dict[bytes, str | None] = attrs.field(factory=dict)
+    _topics: dict[bytes, str | None] = attrs.field(factory=dict[bytes, str | None])
 
     def start_at(self, offset: int) -> None:
         self.cursor = offset
@@ -146,7 +147,8 @@ class Dispatcher:
         if only is None and self.indexer is not None:
             self.indexer.add(segment, result)
 
-    def _with_due_times(self, segment: Segment, infos, records: Sequence[int], run) -> bytes:
+    def _with_due_times(self, segment: Segment, infos: Sequence[RecordInfo],
+                        records: Sequence[int], run: bytes | memoryview) -> bytes:
         """``run``'s entries with each delayed message's due time in the tags-code slot
         (RocketMQ's ``computeDeliverTimestamp``: a level above the highest counts as the
         highest; a level without a delay, one second). An entry whose DELAY property is
@@ -241,7 +243,9 @@ class Dispatcher:
         self._log.log(logging.ERROR, "stall", "dispatch: %s; at commitlog offset %d, puts get "
                       "SERVICE_NOT_AVAILABLE until it can", self.stalled, self.cursor)
 
-    async def run(self, limit: Watermark, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, limit: Watermark, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Follow ``limit`` for ever, indexing what appears below it."""
         task_status.started()
         while True:

@@ -26,7 +26,8 @@ import os
 
 import attrs
 
-from .. import _backend
+import trio_ha._backend as _backend
+
 from ..wire import layout
 from ..wire import record as rec
 from .segment import Segment
@@ -83,7 +84,7 @@ def _next_magic(segment: Segment, start: int) -> int | None:
     return min(hits) if hits else None
 
 
-def _chains(scanner, segment: Segment, position: int, flags: int, max_record: int,
+def _chains(scanner: _backend.Scanner, segment: Segment, position: int, flags: int, max_record: int,
             min_timestamp: int) -> bool:
     if position + rec.record_size(0, 0, 0) > segment.size:
         return False

@@ -47,7 +47,8 @@ import time
 
 import attrs
 
-from .. import _backend
+import trio_ha._backend as _backend
+
 from .._backend import Handle, ScanResult
 from .._errors import TrioHAError
 from ..config import StoreConfig
@@ -273,7 +274,7 @@ class IndexService:
     directory: str
     slot_num: int
     index_num: int
-    files: list[IndexFile] = attrs.field(factory=list)
+    files: list[IndexFile] = attrs.field(factory=list[IndexFile])
     #: the commitlog offset of the last record indexed (-1: none yet)
     after: int = -1
     #: the newest file's end time when it was last synced (the checkpoint's indexMsgTimestamp)

@@ -80,8 +80,7 @@ async def open_store(config: StoreConfig, *, lock: StoreLock | None = None):
             with unwrap_single_exception():
                 async with trio.open_nursery() as nursery:
                     await _run_services(store, nursery, ha_listeners)
-                    store._running = True
-                    store._accepting = config.broker_role is not BrokerRole.SLAVE
+                    store.mark_running()
                     try:
                         yield store
                     finally:
@@ -89,7 +88,7 @@ async def open_store(config: StoreConfig, *, lock: StoreLock | None = None):
                             await _shutdown(store)
                         nursery.cancel_scope.cancel()
         finally:
-            store._closed = True
+            store.mark_closed()
             _close_files(store)
     finally:
         if owned:
@@ -218,8 +217,7 @@ async def _run_services(store: MessageStore, nursery: trio.Nursery,
 
 async def _shutdown(store: MessageStore) -> None:
     """Stop taking puts, make everything durable, and say so with the abort file."""
-    store._closed = True
-    store._accepting = False
+    store.mark_closed()
     dispatcher = store.dispatcher
     await store.commitlog.flush(0)
     while dispatcher.dispatch_available(store.confirmed.value):

@@ -57,7 +57,7 @@ class FlushedStore(Protocol):
 
 
 async def run_queue_flush(
-    store: FlushedStore, *, task_status=trio.TASK_STATUS_IGNORED
+    store: FlushedStore, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Flush consume queues every flushIntervalConsumeQueue (2 dirty pages at least, all
     of them every flushConsumeQueueThoroughInterval), then the checkpoint."""

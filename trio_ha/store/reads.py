@@ -19,7 +19,8 @@ from typing import Protocol
 
 import trio
 
-from .. import _backend
+import trio_ha._backend as _backend
+
 from ..config import StoreConfig
 from ..watermark import Watermark
 from ..wire import layout
@@ -202,7 +203,10 @@ def read_queue(
     commitlog_min = store.commitlog.min_offset
     segments = store.commitlog.segments
     topic_bytes = topic.encode()
-    found: list = []
+    # the records (``raw``) or the decoded messages found: ``found`` is whichever this read fills
+    records: list[memoryview] = []
+    messages: list[rec.StoredMessage] = []
+    found: list[memoryview] | list[rec.StoredMessage] = records if raw else messages
     spans: list[tuple[Segment, int, int]] = []  # (segment, position, length)
     next_offset = queue_offset
     total = 0
@@ -238,7 +242,7 @@ def read_queue(
         if result.found:
             whole = segment.view()
             if raw:
-                found.extend(whole[at : at + size] for at, size in result.records)
+                records.extend(whole[at : at + size] for at, size in result.records)
                 gathered = result.spans
                 if spans and spans[-1][0] is segment and sum(spans[-1][1:]) == gathered[0][0]:
                     # the run goes on across a consume-queue file: one span still
@@ -248,7 +252,7 @@ def read_queue(
             else:
                 for at, size in result.records:
                     try:
-                        found.append(rec.decode_record(whole[at : at + size]))
+                        messages.append(rec.decode_record(whole[at : at + size]))
                     except RecordDecodeError:
                         status = GetMessageStatus.OFFSET_FOUND_NULL
             total += result.bytes
@@ -261,13 +265,14 @@ def read_queue(
         status = GetMessageStatus.FOUND
     if raw:
         views = tuple(segment.view(at, at + size) for segment, at, size in spans)
-        return GetMessageResult(status, (), next_offset, low, high, tuple(found),
+        return GetMessageResult(status, (), next_offset, low, high, tuple(records),
                                 last_commitlog_offset, views)
-    return GetMessageResult(status, tuple(found), next_offset, low, high, (),
+    return GetMessageResult(status, tuple(messages), next_offset, low, high, (),
                             last_commitlog_offset)
 
 
-def _report_unverified(store: ReadableStore, verifier: RecordVerifier, segment, entries: bytes,
+def _report_unverified(store: ReadableStore, verifier: RecordVerifier, segment: Segment,
+                       entries: bytes,
                        outcomes: bytes, topic: bytes, queue_id: int,
                        first_queue_offset: int) -> None:
     """Count and log the records a gather refused, with why (the slow check says)."""
@@ -313,7 +318,7 @@ def query_message(
         return QueryMessageResult([], 0, 0)
     max_num = min(max_num, store.config.max_msgs_num_batch)
     found = store.index.query(topic, key, max_num, begin, end)
-    records = []
+    records: list[bytes] = []
     for offset in found.phy_offsets:
         record = _record_at(store, offset)
         if record is None:

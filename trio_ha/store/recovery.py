@@ -28,7 +28,8 @@ import os
 
 import attrs
 
-from .. import _backend
+import trio_ha._backend as _backend
+
 from .._backend import Scanner
 from ..wire import layout
 from ..wire.layout import CQ_BLANK_SIZE, CQ_ENTRY, CQ_ENTRY_SIZE
@@ -37,6 +38,7 @@ from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable
 from .dispatch import Dispatcher
 from .holes import Hole, fill_hole, find_resume
+from .segment import Segment
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ class RecoveryReport:
         return text
 
 
-def _first_record_timestamp(scanner, segment, max_record: int) -> int | None:
+def _first_record_timestamp(scanner: Scanner, segment: Segment, max_record: int) -> int | None:
     result = scanner.scan(segment.handle, segment.size, 0, segment.base_offset, 0, max_record)
     if result.count == 0:
         return None
@@ -187,7 +189,7 @@ def recover(
                 continue
         break
 
-    mended = []
+    mended: list[str] = []
     for queue in queues:
         if queue.mended:
             # Entries a kill tore mid-copy, rewritten by the re-dispatch (RocketMQ keeps them)
@@ -298,7 +300,7 @@ def rebuild_disagreeing_queues(commitlog: CommitLog, queues: ConsumeQueueTable,
     if not damaged:
         return ()
     keys: set[tuple[str, int]] = set()
-    notes = []
+    notes: list[str] = []
     for queue in damaged:
         log.warning("recovery: consume queue %s disagrees with the commitlog (%s); rebuilding "
                     "it from the commitlog", queue.files.directory, queue.disagreement)

@@ -20,7 +20,8 @@ import os
 
 import attrs
 
-from .. import _backend
+import trio_ha._backend as _backend
+
 from .._backend import Handle
 from .._errors import TrioHAError
 from ..wire.layout import parse_segment_file_name, segment_file_name
@@ -216,7 +217,7 @@ class Segment:
         """The first position of ``pattern`` in ``[start, end)``, or -1 (C speed, no copy)."""
         return self._mmap.find(pattern, start, self.size if end is None else end)
 
-    def write(self, position: int, data) -> None:
+    def write(self, position: int, data: bytes | bytearray | memoryview) -> None:
         self._mmap[position : position + len(data)] = data
 
     # ---- durability -----------------------------------------------------------------------

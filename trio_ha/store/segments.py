@@ -41,7 +41,7 @@ class SegmentGapError(SegmentError):
 class SegmentQueue:
     directory: str
     segment_size: int
-    segments: list[Segment] = attrs.field(factory=list)
+    segments: list[Segment] = attrs.field(factory=list[Segment])
     #: segments are created with their blocks reserved and keep their descriptor (the
     #: commitlog); False: sparse, blocks reserved ahead of writes, no descriptor of their
     #: own (consume queues; see Segment.create)
@@ -56,7 +56,7 @@ class SegmentQueue:
         """
         os.makedirs(directory, exist_ok=True)
         queue = cls(directory, segment_size, reserved=reserved)
-        bases = []
+        bases: list[int] = []
         for name in os.listdir(directory):
             if name.endswith(".tmp"):
                 os.unlink(os.path.join(directory, name))

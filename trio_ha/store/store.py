@@ -29,7 +29,8 @@ from typing import Any
 import attrs
 import trio
 
-from .. import _backend
+import trio_ha._backend as _backend
+
 from ..config import BrokerRole, FlushDiskType, StoreConfig
 from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
@@ -75,8 +76,8 @@ class MessageStore:
     _accepting: bool = False
     _puts: int = 0
     _put_failures: int = 0
-    _born_hosts: dict[str, bytes] = attrs.field(factory=dict)
-    _topics: dict[str, bytes] = attrs.field(factory=dict)
+    _born_hosts: dict[str, bytes] = attrs.field(factory=dict[str, bytes])
+    _topics: dict[str, bytes] = attrs.field(factory=dict[str, bytes])
     #: the HA listener (when ha_listen_port is set) and, on a slave, the HA client: the
     #: store owns its replication, as RocketMQ's DefaultMessageStore owns HAService
     ha_service: HAService | None = None
@@ -130,6 +131,18 @@ class MessageStore:
         )
 
     flush_consume_queues = queue_flush.flush_consume_queues
+
+    # ---- its life (``opening.open_store`` drives it) ---------------------------------------
+
+    def mark_running(self) -> None:
+        """The services run: puts may come (a master's; a slave takes none)."""
+        self._running = True
+        self._accepting = self.config.broker_role is not BrokerRole.SLAVE
+
+    def mark_closed(self) -> None:
+        """Closing or closed: every put from now on is refused."""
+        self._closed = True
+        self._accepting = False
 
     # ---- puts -------------------------------------------------------------------------------
 
@@ -253,7 +266,8 @@ class MessageStore:
                 self._born_hosts[born_host] = encoded
         return encoded
 
-    def _illegal(self, remark: str, status=PutMessageStatus.MESSAGE_ILLEGAL) -> PutMessageResult:
+    def _illegal(self, remark: str,
+                 status: PutMessageStatus = PutMessageStatus.MESSAGE_ILLEGAL) -> PutMessageResult:
         self._put_failures += 1
         return PutMessageResult(status, remark=remark)
 

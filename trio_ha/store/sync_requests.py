@@ -176,7 +176,7 @@ class SyncRequestService:
     _receive: trio.MemoryReceiveChannel[SyncRequest] = attrs.field(init=False)
     #: every request since the oldest unanswered one, in append order (one answered out of
     #: turn, by its put, is dropped when it reaches the front)
-    _waiting: deque[SyncRequest] = attrs.field(init=False, factory=deque)
+    _waiting: deque[SyncRequest] = attrs.field(init=False, factory=deque[SyncRequest])
     #: the end of the last request dropped from the front: where the front's bytes start at
     #: the earliest (0 before any: nothing is assumed about a put that came before)
     _floor: int = attrs.field(init=False, default=0)

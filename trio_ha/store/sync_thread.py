@@ -26,7 +26,8 @@ import os
 import attrs
 import trio
 
-from .. import _backend
+import trio_ha._backend as _backend
+
 from .segment import Segment, sync_ranges
 
 

@@ -20,7 +20,8 @@ import time
 
 import attrs
 
-from .. import _backend
+import trio_ha._backend as _backend
+
 from .._backend import Scanner
 from ..wire import layout
 from .segment import Segment

@@ -51,7 +51,7 @@ class WaitHistogramSnapshot:
     def cumulative(self) -> list[tuple[float, int]]:
         """``(upper bound, waits at or below it)`` per bucket, the last bound ``inf``: the
         shape of a Prometheus histogram's buckets."""
-        out = []
+        out: list[tuple[float, int]] = []
         running = 0
         for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
             running += count

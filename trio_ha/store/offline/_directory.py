@@ -21,11 +21,12 @@ import contextlib
 import errno
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 
 import attrs
 
-from ... import _backend
+import trio_ha._backend as _backend
+
 from ..._errors import TrioHAError
 from ...config import StoreConfig
 from ...wire import layout
@@ -109,7 +110,7 @@ class SegmentFile:
 def segment_files(directory: str) -> list[SegmentFile]:
     """The files of a log directory named as segments, oldest first (other names are what
     the store ignores too)."""
-    found = []
+    found: list[SegmentFile] = []
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(directory):
             base = layout.parse_segment_file_name(name)
@@ -158,7 +159,7 @@ def map_read_only(f: SegmentFile) -> Segment:
 
 
 @contextlib.contextmanager
-def mapped(files: Sequence[SegmentFile]) -> Iterator[list[Segment]]:
+def mapped(files: Sequence[SegmentFile]) -> Generator[list[Segment]]:
     segments: list[Segment] = []
     try:
         for f in files:
@@ -179,7 +180,7 @@ def read_checkpoint(store: StoreDir) -> tuple[Checkpoint, bool, int | None]:
 
 
 @contextlib.contextmanager
-def store_lock(root: str, *, read_only_ok: bool) -> Iterator[str | None]:
+def store_lock(root: str, *, read_only_ok: bool) -> Generator[str | None]:
     """Hold the store's lock for the block (StoreLockedError when a broker has it open).
     With ``read_only_ok`` a directory where the lock cannot be written (a read-only copy)
     is worked on unlocked; the block gets a warning to pass on."""
@@ -210,7 +211,7 @@ class QueueDir:
 
 def queue_dirs(store: StoreDir) -> list[QueueDir]:
     """The consume queues the store would load (ConsumeQueueTable.load's rules)."""
-    found = []
+    found: list[QueueDir] = []
     with contextlib.suppress(FileNotFoundError):
         for topic in sorted(os.listdir(store.queue_root)):
             topic_dir = os.path.join(store.queue_root, topic)

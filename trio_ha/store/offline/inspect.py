@@ -17,7 +17,8 @@ import os
 
 import attrs
 
-from ... import _backend
+import trio_ha._backend as _backend
+
 from ...config import StoreConfig
 from ...wire.layout import CQ_BLANK_SIZE, CQ_ENTRY, CQ_ENTRY_SIZE
 from ..consume_queue import valid_prefix
@@ -181,7 +182,7 @@ def inspect_store(store_dir: str, *, config: StoreConfig | None = None) -> Store
         summary for queue in queues
         if (summary := _queue_summary(queue, file_size, min_offset)) is not None
     )
-    index = []
+    index: list[IndexFileSummary] = []
     for path in index_paths(store):
         header = read_index_header(path)
         if header is not None:

@@ -16,10 +16,12 @@ import array
 import os
 import sys
 from collections.abc import Callable
+from typing import BinaryIO
 
 import attrs
 
-from ... import _backend
+import trio_ha._backend as _backend
+
 from ...config import StoreConfig
 from ...wire import layout
 from ...wire.layout import CQ_BLANK_SIZE, CQ_ENTRY, CQ_ENTRY_SIZE
@@ -282,7 +284,7 @@ def _plan_index_cuts(store: StoreDir, segments: list[Segment], offset: int
     return cuts
 
 
-def _index_entry_phys(f, entries_at: int, entry: int) -> int:
+def _index_entry_phys(f: BinaryIO, entries_at: int, entry: int) -> int:
     f.seek(entries_at + index_files.ENTRY_SIZE * entry)
     return index_files.ENTRY.unpack(f.read(index_files.ENTRY_SIZE))[1]
 
@@ -301,7 +303,7 @@ def _plan(store: StoreDir, offset: int
     files = segment_files(store.commitlog_dir)
     size = (store.config.mapped_file_size_commit_log if store.sizes_configured
             else common_size(files)) or store.config.mapped_file_size_commit_log
-    usable, why, _gap = loadable_prefix(files, size)
+    _usable, why, _gap = loadable_prefix(files, size)
     if why is not None:
         raise OfflineStoreError(f"the commitlog's files are not one log ({why}): the store "
                                 "cannot open it, and it cannot be truncated")

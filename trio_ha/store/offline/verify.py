@@ -26,7 +26,8 @@ from typing import Protocol
 
 import attrs
 
-from ... import _backend
+import trio_ha._backend as _backend
+
 from ...config import StoreConfig
 from ...watermark import Watermark
 from ...wire import layout
@@ -530,7 +531,7 @@ def _checkpoint_warnings(checkpoint: Checkpoint, present: bool, size: int | None
     if not present:
         return ["no checkpoint file: after a crash, recovery would scan the log from its "
                 "first segment"]
-    warnings = []
+    warnings: list[str] = []
     if size != CHECKPOINT_FILE_SIZE:
         warnings.append(f"the checkpoint file has {size} bytes, not {CHECKPOINT_FILE_SIZE}")
     now = time.time_ns() // 1_000_000
