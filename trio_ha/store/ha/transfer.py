@@ -32,7 +32,8 @@ from typing import Protocol, TypeVar
 
 import trio
 
-from ... import _backend
+import trio_ha._backend as _backend
+
 from ..._sockets import peer_name, receive_now, unsent, write_now
 from ..segment import Segment
 
