@@ -3,7 +3,7 @@ reader's round or in a task each.
 
 The reader decodes frames. A request that never waits is served right there, in the reader's
 round, by the server's ``FastHandler`` (a broker's sends and admin verbs): its reply joins the
-read's one write, with no task spawned, scheduled and ended for it (issue 11). A request whose
+read's one write, with no task spawned, scheduled and ended for it. A request whose
 reply is made elsewhere — a SYNC_MASTER send waits for its slave's ack — comes back as an
 ``Answer`` to its reply (``trio_ha.answer``), given by the task that completes it (the HA ack
 reader) with no task of its own either. Every other request runs in a task of its own (the
@@ -46,9 +46,13 @@ socket for a hang-up every ``hangup_check_interval`` instead, so a peer that lea
 thousands of long-polled pulls in flight has them cancelled promptly, not when they time out.
 A FIN that never arrives (the peer closed while its requests still filled our receive window,
 so it waits in the peer's send queue) is ended by the idle timeout, which holds while not
-reading too (``_paused_wait``; issue 35, defect 6).
+reading too (``_paused_wait``).
 A held request uses ``holding()`` for its wait, which also ends when the server drains the
 connection at shutdown (the request then answers as if its wait had timed out).
+
+Why one module at about 750 lines: the reader, the writer, the requests in flight and the
+replies waiting for them share one connection's state (its budget, its pending answers, its
+shutdown), and the design card gives each connection one nursery owning both pumps.
 """
 
 from __future__ import annotations
@@ -575,7 +579,7 @@ class RemotingConnection:
 
     def _request_done(self) -> None:
         self._in_flight -= 1
-        # (an empty lot is looked at before it is called: unpark costs ~0.4 us even then,
+        # (an empty lot is looked at before it is called: unpark costs time even then,
         # and these run for every request)
         if self._slot_lot:
             self._slot_lot.unpark()

@@ -50,7 +50,7 @@ ROUND_PAUSE = 0.001
 # ... unless the round indexed at least this many records: the appends come in groups already
 # (a server round's sends, a group commit's flush, a batch), so the next group wakes the
 # dispatcher, and the pause would only cost its timer. A trio timer ends in a Cancelled
-# exception, raised and caught: 2-4 % of a broker's CPU at 12k sends/s (issue 11).
+# exception, raised and caught: a few per cent of a broker's CPU (docs/performance.md).
 PAUSE_BELOW = 16
 # A single dispatch round indexes at most this many records before yielding to the loop.
 ROUND_BUDGET = 16384

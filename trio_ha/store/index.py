@@ -23,7 +23,7 @@ which also indexes a store that had no index before.
 
 The files are sparse (420 MB each with RocketMQ's sizes; the disk holds the pages written),
 and a store into a page of a shared mapping that the filesystem cannot back is SIGBUS: the
-process dies, reads and all (issue 36; RocketMQ has the same hole). So no byte is written
+process dies, reads and all (RocketMQ has the same hole). So no byte is written
 into a file before its blocks are reserved (fallocate), and a refused reservation is an
 OSError the dispatcher waits out (a stall: puts get SERVICE_NOT_AVAILABLE, reads go on):
 

@@ -2,7 +2,7 @@
 object — the store's public face.
 
 A put is a value (``PutRequest``): ``append_now(request)`` appends it from the caller's task
-without a task switch (the broker answers a send from the reader's round, issue 11), and
+without a task switch (the broker answers a send from the reader's round), and
 ``put(request)`` does the same from a task that may wait — for the next segment before the
 append, and for the store's promise after it. The append itself is ``CommitLog.append``;
 when the store promises more than "in the page cache", the put then waits for its answers
@@ -154,7 +154,7 @@ class MessageStore:
         happened, and a put that happened is never turned into a Cancelled exception (except
         while it waits for SYNC_FLUSH or slaves, where the caller chose to stop waiting). The
         put yields once, after its append (``_finish``): a SYNC_MASTER put appends in the
-        round its request is read and its bytes go to the slave in the next (issue 11)."""
+        round its request is read and its bytes go to the slave in the next."""
         await trio.lowlevel.checkpoint_if_cancelled()
         if request.is_batch:
             appended = self._append_batch(request)
@@ -166,7 +166,7 @@ class MessageStore:
 
     def append_now(self, request: PutRequest) -> PutMessageResult | PendingPut | None:
         """``put`` without a task switch, for a caller that cannot wait in place (the broker
-        answers a send from the reader's round, issue 11): the result; or, for a put that
+        answers a send from the reader's round): the result; or, for a put that
         must wait for SYNC_FLUSH or slaves, its ``PendingPut``; or None, with nothing of it
         appended, when the put would have to wait for a new segment first (then call
         ``put``; the full segment may have been closed already)."""

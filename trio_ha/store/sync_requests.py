@@ -85,7 +85,7 @@ class PendingPut:
 
     Either a task waits for it (``wait``), or a caller that has no task to wait in asks to
     be called back (``when_done``): the broker answers a SYNC_MASTER send that way, from
-    the round in which the slave's ack arrives, with no task of its own (issue 11)."""
+    the round in which the slave's ack arrives, with no task of its own."""
 
     appended: PutMessageResult
     durable: SyncRequest | None = None
@@ -245,7 +245,7 @@ class SyncRequestService:
         leaves here unsent — its deadline passed, or its put was cancelled while it waited
         for room — is answered with the timeout status at once: it would otherwise stand at
         the front until its deadline, and the group transfer service would take it for the
-        oldest put still waiting (so no slave could count; fixed with issue 11's review)."""
+        oldest put still waiting (so no slave could count)."""
         if request.sent or request.done:
             return
         if self._held < self.capacity and not self._stopped:

@@ -5,8 +5,8 @@ An msync blocks for a few hundred microseconds, so it cannot run on the event lo
 a trio worker thread (``trio.to_thread.run_sync``). That thread is a Python thread: it needs
 the interpreter's lock to start the call and again to report back, and the event loop holds
 that lock whenever it is running tasks. Under SYNC_FLUSH the loop is busy exactly then (the
-puts of the next group, the slave's acks), so the handoffs cost more than the msync: in a
-broker, a flush took 570 us (p50) around an msync of 200 us (issue 11).
+puts of the next group, the slave's acks), so the handoffs cost more than the msync
+(docs/performance.md has the figures).
 
 The native engine has a thread of its own for this (``th_sync_thread_*`` in ``native/``): it
 is told of a range under its own mutex, calls msync, and adds 1 to an eventfd, which the loop

@@ -9,8 +9,8 @@ one its consume-queue entry promised (topic, queue id, queue offset). A record t
 not served: the pull treats it as missing (OFFSET_FOUND_NULL, the consumer moves past it),
 ``statistics().unverified_reads`` counts it, and the log says so at most once every 10 s.
 
-It costs one C call per record plus the CRC of its body: about 1.6 µs per record, measured
-with a micro-benchmark of ``read_queue`` (docs/formats.md, 'Reading').
+It costs one C call per record plus the CRC of its body (docs/performance.md has the figure;
+docs/formats.md, 'Reading', the rules).
 """
 
 from __future__ import annotations
