@@ -345,7 +345,7 @@ def test_the_human_log_has_time_and_level_and_the_level_option_filters(tmp_path)
     info = run_cli("store-demo", "--dir", str(store), "--count", "3", cwd=tmp_path)
     assert info.returncode == 0, info.stderr
     line = next(x for x in info.stderr.splitlines() if "recovered" in x)
-    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} INFO  trio_ha\.store\.store: "
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} INFO  trio_ha\.store\.opening: "
                     r"store \S+ recovered after a clean stop", line), line
     quiet = run_cli("--log-level", "warning", "store-demo", "--dir", str(store), "--count", "3",
                     cwd=tmp_path)

@@ -48,7 +48,15 @@ def read_line(proc: subprocess.Popen) -> str:
 
 def interrupt(proc: subprocess.Popen) -> tuple[str, str]:
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=WAIT)
+    try:
+        out, err = proc.communicate(timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        # Where is it stuck? SIGUSR1 makes the CLI print every thread's stack (faulthandler).
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"still running {WAIT} s after SIGINT; its stacks:\n{err[-6000:]}") from None
     return out, err  # (stdout from where the test stopped reading)
 
 
@@ -171,3 +179,22 @@ def test_ctrl_c_on_a_name_server_stops_it_and_exits_130(tmp_path):
     assert namesrv.returncode == 130, err
     assert err == ""
     assert out.startswith("shutting down")
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_command_goes_on(tmp_path):
+    """``kill -USR1`` on a node that does not stop shows where it is (faulthandler), and
+    the node keeps serving: it is a look, not a stop."""
+    namesrv = start("--log-file", str(tmp_path / "namesrv.log"), "namesrv", "--port", "0",
+                    "--bind", "127.0.0.1", cwd=tmp_path)
+    try:
+        assert read_line(namesrv).startswith("name server listening on")
+        namesrv.send_signal(signal.SIGUSR1)
+        time.sleep(1)  # (the dump is written by the signal handler; then the node goes on)
+        assert namesrv.poll() is None  # still serving
+        _, err = interrupt(namesrv)
+    finally:
+        if namesrv.poll() is None:
+            namesrv.kill()
+            namesrv.communicate()
+    assert namesrv.returncode == 130, err
+    assert "(most recent call first)" in err and "Current thread" in err, err

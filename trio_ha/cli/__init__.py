@@ -10,6 +10,8 @@ running cluster; ``bench`` and ``spark`` are sub-command groups.
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 
 # each registers its commands on the app
@@ -31,6 +33,10 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
+    # ``kill -USR1 <pid>`` prints every thread's stack to stderr and the process goes on:
+    # what an operator (or a test) needs to see where a node or a command that does not
+    # stop is stuck, as jstack is for a JVM.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         app()
     except KeyboardInterrupt:
