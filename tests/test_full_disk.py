@@ -184,20 +184,35 @@ async def test_defect_1_a_sync_master_on_a_full_disk_stays_up_as_rocketmq_does_n
                 assert committed_offset(master_dir) == 1  # the old content, whole
                 cluster.check()
 
+                last: dict[str, object] = {}
+
                 async def all_pulled(reader) -> bool:
                     bodies: list[bytes] = []
                     for _ in range(len(acked)):  # bounded: 32 a pull at most
                         reply = await reader.invoke(pull_request("Full", len(bodies)), 10)
                         if reply.code != ResponseCode.SUCCESS:
+                            last.update(code=reply.code, remark=reply.remark)
                             break
                         bodies += [m.body for m in _backend.engine.decode_records(reply.body)]
                         if len(bodies) >= len(acked):
                             break
+                    last.update(pulled=len(bodies), acked=len(acked))
                     return bodies[: len(acked)] == acked
 
-                for reader in (producer, slave_reader):
-                    await wait_until(lambda r=reader: all_pulled(r),
-                                     "every acknowledged message to be pulled", timeout=30)
+                for reader, name in ((producer, "master"), (slave_reader, "slave")):
+                    try:
+                        await wait_until(lambda r=reader: all_pulled(r),
+                                         f"every acknowledged message pulled from the {name}",
+                                         timeout=30)
+                    except pytest.fail.Exception:
+                        # what the last look found, and what the node said of its store
+                        info = await reader.invoke(RemotingCommand.request(
+                            RequestCode.GET_BROKER_RUNTIME_INFO), 10)
+                        table = KVTable.decode(info.body).table
+                        raise AssertionError(
+                            f"the {name}: {last}; storeTrouble={table.get('storeTrouble')!r}, "
+                            f"dispatchBehindBytes={table.get('dispatchBehindBytes')!r}"
+                        ) from None
 
                 small.release()
 

@@ -62,11 +62,12 @@ def produce(peer: RocketMQ, run_dir, namesrv: str, topic: str, count: int, *args
 def consume(peer: RocketMQ, run_dir, kind: str, namesrv: str, topic: str, group: str,
             expect: int, *args: object, properties: dict | None = None) -> list[dict]:
     """Run a Java consumer (``push`` or ``pull``) until it has ``expect`` messages, or
-    after 10 quiet seconds, or at 60 s; the message lines. (3 quiet seconds cut a lite pull
-    consumer short at 83 of 84 on a machine with a load of 15: its rebalance of a queue
-    came later than that.)"""
+    after 25 quiet seconds, or at 60 s; the message lines. (A consumer's rebalance runs
+    every 20 s, and a first one that missed a new topic's queues leaves them to the next:
+    3, then 10 quiet seconds cut a lite pull consumer short at 83 of 84. A run that gets
+    everything stops at ``expect``, so the wait costs only a failing run.)"""
     out = peer.run_program(run_dir, CLIENT, kind, "--namesrv", namesrv, "--topic", topic,
-                           "--group", group, "--expect", expect, "--idle-seconds", 10,
+                           "--group", group, "--expect", expect, "--idle-seconds", 25,
                            "--max-seconds", 60, *args, properties=properties)
     lines = program_lines(out)
     assert lines[-1].get("done") is True, out[-3000:]

@@ -315,19 +315,28 @@ def status(
     topics, consumer-group lag."""
     if wait_ready:
         _wait_until_ready(namesrv, wait_ready)
-    shown = 0
-    while True:
-        snapshot = run_client(lambda: cluster_status(namesrv))
-        if as_json:
-            print(json.dumps(snapshot), flush=True)
-        else:
-            if watch and sys.stdout.isatty():
-                print("\x1b[2J\x1b[H", end="")  # clear the screen between refreshes
-            _print_status(snapshot)
-        shown += 1
-        if not watch or (count and shown >= count):
-            return
-        time.sleep(watch)  # a Ctrl-C ends the watch: exit 130, as for every command
+
+    async def show() -> None:
+        # The whole watch is one trio run (one signal receiver), its pauses trio sleeps: a
+        # Ctrl-C at any moment cancels it and exits 130, as for every command. (A trio run
+        # per refresh with time.sleep between them once left a SIGINT unanswered: the
+        # process slept on in time.sleep, the signal gone.)
+        shown = 0
+        while True:
+            snapshot = await cluster_status(namesrv)
+            if as_json:
+                print(json.dumps(snapshot), flush=True)
+            else:
+                if watch and sys.stdout.isatty():
+                    print("\x1b[2J\x1b[H", end="")  # clear the screen between refreshes
+                _print_status(snapshot)
+                sys.stdout.flush()
+            shown += 1
+            if not watch or (count and shown >= count):
+                return
+            await trio.sleep(watch)
+
+    run_client(show)
 
 
 def _wait_until_ready(namesrv: str, timeout: float) -> None:
