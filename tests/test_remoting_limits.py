@@ -281,6 +281,8 @@ async def test_point_7_a_closed_connection_cancels_its_held_requests_promptly(nu
     await wait_until(lambda: handlers.cancelled == 8, "the held requests to be cancelled",
                      timeout=5)
     assert handlers.sleeping == 0
+    # (the close is recorded as the connection's nursery ends, just after the cancellations)
+    await wait_until(lambda: served.reasons() != [], "the close to be recorded", timeout=5)
     assert served.reasons() == [CloseReason.PEER_CLOSED]
 
 
