@@ -63,16 +63,16 @@ def test_a_changed_route_or_a_quiet_spell_starts_the_spacing_again():
     for now in (0.0, 0.1, 0.3, 0.7):
         gate.start(now)
         gate.finish(changed=False)
-    assert gate.interval == 0.8
+    assert gate.interval == pytest.approx(0.8)
     gate.start(1.5)
     gate.finish(changed=True)  # the new master showed up
     assert gate.opens_at() == pytest.approx(1.6)
     for now in (1.6, 1.7):
         gate.start(now)
         gate.finish(changed=False)
-    assert gate.interval == 0.2
+    assert gate.interval == pytest.approx(0.2)
     gate.start(1.7 + 2.0)  # nothing asked for two seconds: a new episode
-    assert gate.interval == 0.1
+    assert gate.interval == pytest.approx(0.1)
     gate.finish(changed=False)
     assert gate.opens_at() == pytest.approx(3.8)
 
