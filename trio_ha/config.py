@@ -308,6 +308,20 @@ class StoreConfig:
     ha_auth_secret: str | None = attrs.field(default=None, repr=False,
                                              validator=_ha_auth_secret)
 
+
+    # ---- controller mode (docs/controller-mode.md) -----------------------------------------
+    #: in controller mode, a SYNC_MASTER put is acknowledged only once every member of the
+    #: in-sync replica set has it. RocketMQ's default is false, which lets a failover truncate
+    #: messages already answered SEND_OK (docs/differences.md); ours is true
+    all_ack_in_sync_state_set: bool = True
+    #: with all_ack_in_sync_state_set false: how many replicas (the master counts) must have
+    #: a put before it is acknowledged
+    in_sync_replicas: int = attrs.field(default=1, validator=in_range(1, 64))
+    #: a master whose in-sync set is smaller than this refuses puts
+    min_in_sync_replicas: int = attrs.field(default=1, validator=in_range(1, 64))
+    #: a slave that has not caught up with the master for this long (ms) leaves the in-sync set
+    ha_max_time_slave_not_catchup: int = attrs.field(default=15_000, validator=_positive)
+
     @property
     def delay_levels(self) -> tuple[int, ...]:
         """``message_delay_level`` in milliseconds per level (level n at index n - 1)."""

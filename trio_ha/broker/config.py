@@ -98,8 +98,8 @@ VIP_PORT_OFFSET = 2
 class BrokerConfig:
     broker_cluster_name: str = "DefaultCluster"
     broker_name: str = "broker-a"
-    #: 0 for a master; a slave needs > 0
-    broker_id: int = attrs.field(default=0, validator=in_range(0))
+    #: 0 for a master; a slave needs > 0; -1 in controller mode (the controller gives the id)
+    broker_id: int = attrs.field(default=0, validator=in_range(-1))
     #: the address clients are given (and STOREHOST in records); from a broker.conf without
     #: it: bindAddress when that is one address, else this host's first non-loopback one
     #: (``local_address``, as RocketMQ picks it)
@@ -222,6 +222,25 @@ class BrokerConfig:
     metrics_port: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(in_range(0, 65535))
     )
+    # ---- controller mode (docs/controller-mode.md) -----------------------------------------
+    #: the broker takes its role and id from a controller (RocketMQ 5): brokerId and
+    #: brokerRole in the file are ignored
+    enable_controller_mode: bool = False
+    #: the controllers, ``host:port`` separated by ``;``
+    controller_addr: str | None = attrs.field(default=None, validator=_namesrv_addr)
+    #: among equally fresh replicas, the controller elects the lowest priority first
+    broker_election_priority: int = attrs.field(default=2**31 - 1, validator=in_range(0))
+    #: how often (ms) the broker asks the controller leader who its master is
+    sync_broker_metadata_period: int = attrs.field(default=5000, validator=in_range(100))
+    #: how often (ms) a master checks whether its in-sync set should shrink or grow
+    check_sync_state_set_period: int = attrs.field(default=5000, validator=in_range(100))
+    #: how often (ms) the broker asks its controllers which of them leads, once found
+    sync_controller_metadata_period: int = attrs.field(default=10_000, validator=in_range(100))
+    #: the controllers declare this broker dead after this long (ms) without a heartbeat
+    controller_heart_beat_timeout_mills: int = attrs.field(default=10_000,
+                                                           validator=in_range(1000))
+    #: how often (ms) the broker heartbeats to every controller
+    broker_heartbeat_interval: int = attrs.field(default=1000, validator=in_range(100))
     store: StoreConfig = attrs.field(factory=StoreConfig)
     #: TLS on the broker's ports, and on its own connections (registration, slave sync):
     #: RocketMQ's ``tls.*`` keys, in broker.conf or the ``tls.config.file`` it names
@@ -229,6 +248,13 @@ class BrokerConfig:
     tls_client: TlsClientConfig = attrs.field(factory=TlsClientConfig)
 
     def __attrs_post_init__(self) -> None:
+        if self.enable_controller_mode:
+            if not self.controller_addresses:
+                raise ConfigError("enableControllerMode needs controllerAddr (host:port;...)")
+            if self.write_buffer_low_water_mark > self.write_buffer_high_water_mark:
+                raise ConfigError(
+                    "writeBufferLowWaterMark must not exceed writeBufferHighWaterMark")
+            return  # the controller gives the id and the role
         if self.store.broker_role is BrokerRole.SLAVE and self.broker_id == 0:
             raise ConfigError("a SLAVE needs brokerId > 0 (0 is the master's id)")
         if self.store.broker_role is not BrokerRole.SLAVE and self.broker_id != 0:
@@ -268,6 +294,10 @@ class BrokerConfig:
     @property
     def ha_server_addr(self) -> str:
         return f"{self.broker_ip2 or self.broker_ip1}:{self.store.ha_listen_port}"
+
+    @property
+    def controller_addresses(self) -> list[str]:
+        return [a.strip() for a in (self.controller_addr or "").split(";") if a.strip()]
 
     @property
     def namesrv_addresses(self) -> list[str]:
@@ -316,9 +346,15 @@ class BrokerConfig:
             derived["ha_listen_port"] = 0 if listen_port == 0 else listen_port + HA_PORT_OFFSET
         if "storeHost" not in properties:
             derived["store_host"] = f"{broker_ip1}:{listen_port}"
+        controller_mode = bool(values.get("enable_controller_mode"))
+        if controller_mode:
+            # RocketMQ ignores both in controller mode: the broker starts fenced, as a store
+            # that takes no puts, with no id, until the controller names its role.
+            values["broker_id"] = -1
+            derived["broker_role"] = BrokerRole.SLAVE
         derived.update(store_overrides or {})
         store = attrs.evolve(store, **derived)
-        if store.broker_role is not BrokerRole.SLAVE:
+        if not controller_mode and store.broker_role is not BrokerRole.SLAVE:
             values["broker_id"] = 0
         tls = tls_settings(properties)
         if str(properties.get("useTLS", "")).strip().lower() == "true":  # NettyClientConfig's
