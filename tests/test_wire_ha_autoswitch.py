@@ -17,6 +17,7 @@ from trio_ha.wire.ha_autoswitch import (
     NEED_DATA,
     AutoSwitchMasterProtocol,
     AutoSwitchSlaveProtocol,
+    Batch,
     EpochStart,
     FrameData,
     FrameEnd,
@@ -64,7 +65,10 @@ def ack_bytes(offset, state=2):
     return struct.pack(">iq", state, offset)
 
 
-def master_in_transfer(request=0, epochs=(EpochStart(1, 0),), max_offset=10**6):
+ONE_EPOCH = (EpochStart(1, 0),)
+
+
+def master_in_transfer(request=0, epochs=ONE_EPOCH, max_offset=10**6):
     master = AutoSwitchMasterProtocol()
     master.receive_data(handshake_bytes())
     assert drain(master) == [SlaveHandshake(2, False, False)]
@@ -289,11 +293,14 @@ def test_an_ack_before_the_reply_is_a_protocol_error():
 
 
 def drain_until_error(protocol):
+    """The events before the protocol error that must come."""
     events = []
-    with pytest.raises(HAProtocolError):
+    try:
         while (event := protocol.next_event()) is not NEED_DATA:
             events.append(event)
-    return events
+    except HAProtocolError:
+        return events
+    raise AssertionError(f"no HAProtocolError after {events}")
 
 
 @pytest.mark.parametrize("state", [0, 3, 4, 5, -1, 2**31 - 1])
@@ -403,22 +410,31 @@ def test_master_sends_nothing_before_the_request_and_only_sane_headers():
         (50, 10, -1, 0, 0),
         (50, 10, 1, 0, -2),
     ]:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="out of range|frame at"):
             master.send_transfer_header(*bad)
     master.send_transfer_header(50, 10, 2, 40, 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="after epoch 2"):
         master.send_transfer_header(60, 10, 1, 0, 0)  # labels never go backwards
 
 
 def test_transfer_start_is_rocketmqs_first_ack_rule():
-    args = dict(min_offset=1 << 30, max_offset=(5 << 30) + 77, segment_size=1 << 30)
-    assert transfer_start(12345, sync_from_last_file=False, **args) == 12345
-    assert transfer_start(0, sync_from_last_file=False, **args) == 1 << 30
-    assert transfer_start(0, sync_from_last_file=True, **args) == 5 << 30
-    assert transfer_start(0, min_offset=-1, max_offset=0, segment_size=1024, sync_from_last_file=False) is None
-    assert transfer_start(0, min_offset=-1, max_offset=0, segment_size=1024, sync_from_last_file=True) == 0
-    with pytest.raises(ValueError):
-        transfer_start(-1, sync_from_last_file=False, **args)
+    def start(request, last_file, min_offset=1 << 30, max_offset=(5 << 30) + 77):
+        return transfer_start(
+            request,
+            min_offset=min_offset,
+            max_offset=max_offset,
+            segment_size=1 << 30,
+            sync_from_last_file=last_file,
+        )
+
+    assert start(12345, last_file=False) == 12345
+    assert start(12345, last_file=True) == 12345
+    assert start(0, last_file=False) == 1 << 30
+    assert start(0, last_file=True) == 5 << 30
+    assert start(0, last_file=False, min_offset=-1, max_offset=0) is None
+    assert start(0, last_file=True, min_offset=-1, max_offset=0) == 0
+    with pytest.raises(ValueError, match="out of range"):
+        start(-1, last_file=False)
 
 
 # ---- the slave's side: offsets, labels, bodies --------------------------------------------
@@ -544,7 +560,7 @@ def test_a_session_reaches_the_slave_whole_however_the_streams_are_cut(epochs, e
     start = transfer_start(
         0, min_offset=first, max_offset=log_end, segment_size=1 << 30, sync_from_last_file=False
     )
-    assert start == first
+    assert start is not None and start == first
     # master: batches that never cross an epoch, then a heartbeat
     wire = bytearray()
     offset = start
@@ -571,7 +587,7 @@ def test_a_session_reaches_the_slave_whole_however_the_streams_are_cut(epochs, e
             elif isinstance(event, TransferHeader):
                 headers.append(event)
     assert bytes(received) == log[start:]
-    assert slave.expected == log_end
+    assert slave.expected == (log_end if log_end > start else 0)  # heartbeats fix no start
     data_headers = [h for h in headers if h.size]
     assert [(h.offset, h.offset + h.size, h.epoch) for h in data_headers] == sent_labels
     # each epoch is announced once, at the first frame carrying it, with its start; the
@@ -693,12 +709,27 @@ def test_batches_cover_the_log_and_each_lies_in_its_epoch(epochs, room):
 
 def test_plan_batch_examples():
     epochs = [EpochStart(1, 0), EpochStart(2, 100), EpochStart(5, 250)]
-    assert plan_batch(epochs, 90, 150).end == 100
-    assert plan_batch(epochs, 100, 150).epoch == 2
-    assert plan_batch(epochs, 240, 10**9).end == 250
-    assert plan_batch(epochs, 250, 10**9).end == 10**9
-    assert plan_batch(epochs, 99, 99).size == 0
+    assert plan_batch(epochs, 90, 150) == Batch(1, 0, 90, 100)
+    assert plan_batch(epochs, 100, 150) == Batch(2, 100, 100, 150)
+    assert plan_batch(epochs, 240, 10**9) == Batch(2, 100, 240, 250)
+    assert plan_batch(epochs, 250, 10**9) == Batch(5, 250, 250, 10**9)
+    assert plan_batch(epochs, 99, 99) == Batch(1, 0, 99, 99)  # a heartbeat's label
     assert plan_batch([], 0, 10) is None
     assert plan_batch([EpochStart(3, 50)], 10, 20) is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="below its offset"):
         plan_batch(epochs, 10, 5)
+
+
+def test_the_slave_asks_for_exactly_what_completes_a_reply_or_a_header():
+    slave = AutoSwitchSlaveProtocol(broker_id=2)
+    reply = reply_bytes(1000, 2, [(1, 0), (2, 500)])
+    assert slave.bytes_wanted == 20
+    slave.receive_data(reply[:7])
+    assert slave.bytes_wanted == 13
+    slave.receive_data(reply[7:20])
+    assert slave.bytes_wanted == 24
+    assert slave.next_event() is NEED_DATA
+    slave.receive_data(reply[20:])
+    assert isinstance(slave.next_event(), HandshakeReply)
+    slave.start_transfer(1000)
+    assert slave.bytes_wanted == 36

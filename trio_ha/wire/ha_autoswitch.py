@@ -40,7 +40,6 @@ import bisect
 import enum
 import struct
 from collections.abc import Sequence
-from operator import attrgetter
 from typing import Protocol
 
 import attrs
@@ -194,7 +193,8 @@ class Batch:
         return self.end - self.offset
 
 
-_start_offset = attrgetter("start_offset")
+def _start_offset(entry: EpochLike) -> int:
+    return entry.start_offset
 
 
 def plan_batch(epochs: Sequence[EpochLike], offset: int, limit: int) -> Batch | None:
@@ -378,7 +378,7 @@ class AutoSwitchMasterProtocol:
         self._handshake = handshake
         # A burst of identical handshakes is one event and asks for one reply, as RocketMQ's
         # master answers one per wake-up: a peer cannot turn 16 bytes into 12 KiB at will.
-        first = bytes(buffer[: HANDSHAKE.size])
+        first = buffer[: HANDSHAKE.size]
         end = HANDSHAKE.size
         while buffer[end : end + HANDSHAKE.size] == first:
             end += HANDSHAKE.size
@@ -530,9 +530,15 @@ class AutoSwitchSlaveProtocol:
         (which the adapter may receive straight into the log), else the rest of a header."""
         if self._frame is not None:
             return max(1, self.body_remaining)
+        buffer = self._buffer
         if self._state is HAState.TRANSFER:
-            return max(1, TRANSFER_HEADER.size - len(self._buffer))
-        return max(1, HANDSHAKE_REPLY_HEADER.size - len(self._buffer))
+            return max(1, TRANSFER_HEADER.size - len(buffer))
+        want = HANDSHAKE_REPLY_HEADER.size
+        if len(buffer) >= want:
+            # The reply's body: next_event refuses a size out of range before it reads it.
+            (size,) = _STATE.unpack_from(buffer, _STATE.size)
+            want += max(0, min(size, EPOCH_ENTRY.size * MAX_EPOCH_ENTRIES))
+        return max(1, want - len(buffer))
 
     def send_handshake(self) -> bytes:
         if self._state is not HAState.HANDSHAKE:
