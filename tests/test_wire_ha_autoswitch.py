@@ -607,16 +607,34 @@ def test_a_session_reaches_the_slave_whole_however_the_streams_are_cut(epochs, e
     assert master.sent_end == (log_end if data_headers else -1)
 
 
-@settings(max_examples=300)
-@given(
-    position=st.integers(0, 10**4),
-    value=st.integers(0, 255),
-    extra_garbage=st.binary(max_size=40),
-    seed=st.integers(0, 2**32),
+mutations = st.lists(
+    st.tuples(
+        st.sampled_from(["flip", "cut", "insert", "repeat"]),
+        st.integers(0, 10**4),
+        st.binary(min_size=1, max_size=24),
+    ),
+    min_size=1,
+    max_size=4,
 )
-def test_any_corruption_parses_or_is_a_protocol_error(position, value, extra_garbage, seed):
-    """Flip one byte anywhere in a real session's streams, or append garbage: each side
-    either parses it or raises HAProtocolError, never anything else."""
+
+
+def mutate(stream: bytearray, kind: str, position: int, payload: bytes) -> None:
+    at = position % len(stream)
+    if kind == "flip":
+        stream[at] ^= payload[0] or 1
+    elif kind == "cut":
+        del stream[at : at + len(payload)]
+    elif kind == "insert":
+        stream[at:at] = payload
+    else:
+        stream[at:at] = stream[at : at + len(payload)]
+
+
+@settings(max_examples=300)
+@given(to_slave_mutations=mutations, to_master_mutations=mutations, seed=st.integers(0, 2**32))
+def test_any_corruption_parses_or_is_a_protocol_error(to_slave_mutations, to_master_mutations, seed):
+    """Flip, cut, insert or repeat bytes anywhere in a real session's streams: each side
+    either parses what it gets or raises HAProtocolError, never anything else."""
     rng = random.Random(seed)
     to_slave = bytearray(
         reply_bytes(300, 2, [(1, 0), (2, 100)])
@@ -626,9 +644,10 @@ def test_any_corruption_parses_or_is_a_protocol_error(position, value, extra_gar
         + transfer_bytes(130, b"", 2, 100, 130)
     )
     to_master = bytearray(handshake_bytes() * 2 + ack_bytes(0) + ack_bytes(60) + ack_bytes(130))
-    for stream in (to_slave, to_master):
-        stream[position % len(stream)] = value
-        stream += extra_garbage
+    for stream, changes in ((to_slave, to_slave_mutations), (to_master, to_master_mutations)):
+        for change in changes:
+            if stream:
+                mutate(stream, *change)
     slave = AutoSwitchSlaveProtocol(broker_id=2)
     try:
         for chunk in chop(bytes(to_slave), rng):
