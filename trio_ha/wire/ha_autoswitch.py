@@ -377,7 +377,8 @@ class AutoSwitchMasterProtocol:
             raise HAProtocolError(f"slave changed its handshake to {handshake}")
         self._handshake = handshake
         # A burst of identical handshakes is one event and asks for one reply, as RocketMQ's
-        # master answers one per wake-up: a peer cannot turn 16 bytes into 12 KiB at will.
+        # master answers once per wake-up: a peer that streams handshakes gets a reply (up to
+        # 12 KiB) per read at most, not one per 16 bytes.
         first = buffer[: HANDSHAKE.size]
         end = HANDSHAKE.size
         while buffer[end : end + HANDSHAKE.size] == first:
