@@ -23,7 +23,6 @@ timings printed (``-s``) are recorded in interop/README.md, never asserted.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import time
@@ -147,8 +146,7 @@ class FakeBroker:
             return await self.notices.receive()
 
 
-async def fake_broker(nursery: trio.Nursery, stack: contextlib.AsyncExitStack,
-                      controller: str) -> FakeBroker:
+async def fake_broker(nursery: trio.Nursery, client: RemotingClient) -> FakeBroker:
     send, receive = trio.open_memory_channel[RemotingCommand](16)
 
     async def collect(request: RemotingCommand, connection: object) -> None:
@@ -156,7 +154,6 @@ async def fake_broker(nursery: trio.Nursery, stack: contextlib.AsyncExitStack,
 
     _, port = await nursery.start(functools.partial(serve_remoting, collect, 0,
                                                     host="127.0.0.1"))
-    client = await stack.enter_async_context(open_remoting_client(controller))
     return FakeBroker(client, f"127.0.0.1:{port}", receive)
 
 
@@ -196,11 +193,12 @@ def replica(broker: FakeBroker, alive: bool) -> dict:
 
 
 async def transcript(controller: str) -> None:
+    await wait_for_controller_leader([controller])
     # the nursery (listeners, heartbeats) ends before the connections close
-    async with contextlib.AsyncExitStack() as stack, trio.open_nursery() as nursery:
-        await wait_for_controller_leader([controller])
-        first = await fake_broker(nursery, stack, controller)
-        second = await fake_broker(nursery, stack, controller)
+    async with open_remoting_client(controller) as first_client, \
+            open_remoting_client(controller) as second_client, trio.open_nursery() as nursery:
+        first = await fake_broker(nursery, first_client)
+        second = await fake_broker(nursery, second_client)
 
         # An unknown broker set has no replica info.
         reply = await replica_info(first.client)

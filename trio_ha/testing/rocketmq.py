@@ -16,9 +16,10 @@ its binary distribution:
 * :meth:`RocketMQ.start_namesrv`, :meth:`~RocketMQ.start_broker`,
   :meth:`~RocketMQ.start_controller` (5.x) and :meth:`~RocketMQ.start_program` start a
   :class:`JavaProcess`: its own process group and scratch directory (its ``user.home``:
-  RocketMQ writes its logs, name-server state and default store there), a small heap, stdout and stderr into one log file; they return once its
-  readiness line is printed. :meth:`JavaProcess.stop` sends SIGTERM to the group (the JVM's
-  shutdown hooks run: a broker unregisters and removes its ``abort`` file), then SIGKILL.
+  RocketMQ writes its logs, name-server state and default store there), a small heap, stdout
+  and stderr into one log file; they return once its readiness line is printed.
+  :meth:`JavaProcess.stop` sends SIGTERM to the group (the JVM's shutdown hooks run: a broker
+  unregisters and removes its ``abort`` file), then SIGKILL.
 
 Like :class:`~trio_ha.testing.processes.ProcessCluster`, it is synchronous: a test that stops a
 broker wants it stopped before its next line, and nothing here runs on a hot path.
