@@ -56,10 +56,19 @@ BROKER_NAME = "broker-a"
 # real peer, so they name no codec of ours.
 SUCCESS = 0
 CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH = 2001
+CONTROLLER_INVALID_REQUEST = 2005
+CONTROLLER_BROKER_NOT_ALIVE = 2006
 CONTROLLER_NOT_LEADER = 2007
 CONTROLLER_BROKER_METADATA_NOT_EXIST = 2008
+CONTROLLER_BROKER_NEED_TO_BE_REGISTERED = 2010
 CONTROLLER_MASTER_STILL_EXIST = 2011
+CONTROLLER_ELECT_MASTER_FAILED = 2012
 CONTROLLER_ALTER_SYNC_STATE_SET_FAILED = 2013
+CONTROLLER_BROKER_ID_INVALID = 2014
+
+#: mqadmin's cleanBrokerMetadata (RocketMQ's RequestCode.CLEAN_BROKER_DATA), which our
+#: RequestCode does not name
+CLEAN_BROKER_DATA = 1011
 
 #: how long a fake broker's heartbeat says it stays alive without another (a real broker's
 #: controllerHeartBeatTimeoutMills)
@@ -318,6 +327,90 @@ def test_a_broker_set_starts_up_and_fails_over_in_raw_commands(controller5):
     trio.run(transcript, controller5)
 
 
+async def refusals(controller: str) -> None:
+    """What the controller answers to requests out of order or incomplete: each answer's
+    code, remark, header and body, as a broker would get them."""
+    names = {"clusterName": CLUSTER, "brokerName": BROKER_NAME}
+    address = "127.0.0.1:1"  # nothing listens there: no notice is awaited here
+
+    async def ask(code: int, fields: Mapping[str, JavaValue | None] | None = None,
+                  body: bytes = b"") -> tuple[int, str | None, dict[str, str], bytes]:
+        reply = await call(client, code, fields, body)
+        return reply.code, reply.remark, reply.ext_fields, reply.body
+
+    async with open_remoting_client(controller) as client:
+        # A new set's first id must be 1.
+        assert await ask(RequestCode.CONTROLLER_APPLY_BROKER_ID, {
+            **names, "appliedBrokerId": 2, "registerCheckCode": f"{address};1"}) == (
+            CONTROLLER_BROKER_ID_INVALID, f"Broker-set: {BROKER_NAME} hasn't been registered "
+            "in controller, but broker try to apply brokerId: 2", names, b"")
+        # Nothing before APPLY_BROKER_ID: not REGISTER, not ELECT_MASTER.
+        assert await ask(RequestCode.CONTROLLER_REGISTER_BROKER, {
+            **names, "brokerId": 1, "brokerAddress": address, "invokeTime": millis()}) == (
+            CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
+            f"Broker-set: {BROKER_NAME} hasn't been registered in controller", names, b"")
+        assert await ask(RequestCode.CONTROLLER_ELECT_MASTER, {
+            **names, "brokerId": 1, "designateElect": False, "invokeTime": millis()}) == (
+            CONTROLLER_BROKER_NEED_TO_BE_REGISTERED, "Broker hasn't been registered", {}, b"")
+        # A heartbeat without the broker's controller id is refused, if an answer is asked.
+        assert await ask(RequestCode.BROKER_HEARTBEAT, {**names, "brokerAddr": address}) == (
+            CONTROLLER_INVALID_REQUEST, "Heart beat with empty brokerId", {}, b"")
+
+        # APPLY_BROKER_ID again with the same check code is accepted; with another, refused.
+        apply = {**names, "appliedBrokerId": 1, "registerCheckCode": f"{address};1"}
+        assert await ask(RequestCode.CONTROLLER_APPLY_BROKER_ID, apply) == (
+            SUCCESS, None, names, b"")
+        assert await ask(RequestCode.CONTROLLER_APPLY_BROKER_ID, apply) == (
+            SUCCESS, None, names, b"")
+        assert await ask(RequestCode.CONTROLLER_APPLY_BROKER_ID, {
+            **apply, "registerCheckCode": "127.0.0.1:2;1"}) == (
+            CONTROLLER_BROKER_ID_INVALID,
+            f"Fail to apply brokerId: 1 in broker-set: {BROKER_NAME}", names, b"")
+        assert await ask(RequestCode.CONTROLLER_REGISTER_BROKER, {
+            **names, "brokerId": 3, "brokerAddress": "127.0.0.1:3", "invokeTime": millis()}
+        ) == (CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
+              f"BrokerId: 3 hasn't been registered in broker-set: {BROKER_NAME}", names, b"")
+        # Before any election the replica info has a masterEpoch and no master fields.
+        assert await ask(RequestCode.CONTROLLER_GET_REPLICA_INFO,
+                         {"brokerName": BROKER_NAME}) == (
+            SUCCESS, None, {"masterEpoch": "0"}, b'{"syncStateSet":[],"syncStateSetEpoch":0}')
+
+        # The first election takes the asker even if it never sent a heartbeat, and
+        # designateElect (@CFNotNull) may be left out: its Java default is false.
+        code, _, header, _ = await ask(RequestCode.CONTROLLER_ELECT_MASTER, {
+            **names, "brokerId": 1, "invokeTime": millis()})
+        assert (code, header) == (SUCCESS, {"masterBrokerId": "1", "masterAddress": address,
+                                            "masterEpoch": "1", "syncStateSetEpoch": "1"})
+        # A master that is not alive is not "still master" (2011): the election fails.
+        assert await ask(RequestCode.CONTROLLER_ELECT_MASTER, {
+            **names, "brokerId": 1, "designateElect": False, "invokeTime": millis()}) == (
+            CONTROLLER_ELECT_MASTER_FAILED, "Failed to elect a new master", {}, b"")
+        # ...nor can it alter its set.
+        assert await ask(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET, {
+            "brokerName": BROKER_NAME, "masterBrokerId": 1, "masterEpoch": 1,
+            "invokeTime": millis()}, b'{"syncStateSet":[1,2],"syncStateSetEpoch":1}') == (
+            CONTROLLER_BROKER_NOT_ALIVE, "Rejecting alter syncStateSet request because the "
+            "replicas {1} don't alive", {"newSyncStateSetEpoch": "0"}, b"")
+        # GET_SYNC_STATE_DATA leaves out names it does not know.
+        code, _, header, body = await ask(RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, None,
+                                          json.dumps([BROKER_NAME, "nope"]).encode())
+        assert (code, header, list(read_json(body)["replicasInfoTable"])) == (
+            SUCCESS, {}, [BROKER_NAME])
+        # Cleaning a dead broker's id empties the set, and the set is forgotten.
+        assert await ask(CLEAN_BROKER_DATA, {
+            **names, "brokerControllerIdsToClean": "1", "isCleanLivingBroker": False,
+            "invokeTime": millis()}) == (SUCCESS, None, {}, b"")
+        assert await ask(RequestCode.CONTROLLER_GET_REPLICA_INFO,
+                         {"brokerName": BROKER_NAME}) == (
+            CONTROLLER_BROKER_METADATA_NOT_EXIST, "Broker metadata is not existed", {}, b"")
+        # A code it does not serve: REQUEST_CODE_NOT_SUPPORTED (3), remark with a blank first.
+        assert await ask(9999) == (3, " request type 9999 not supported", {}, b"")
+
+
+def test_the_controller_refuses_requests_out_of_order(controller5):
+    trio.run(refusals, controller5)
+
+
 # ---- three controllers ------------------------------------------------------------------------
 
 
@@ -344,8 +437,8 @@ def test_three_controllers_name_a_new_leader_when_the_leader_is_killed(rocketmq5
         leader = controller_leader(addresses, timeout=60)
         print(f"three controllers: boot lines after {booted}, "
               f"leader after {elapsed_since(began)}")
-        controllers[addresses.index(leader)].kill()
         killed = time.monotonic()
+        controllers[addresses.index(leader)].kill()
         survivors = [address for address in addresses if address != leader]
         new_leader = controller_leader(survivors, timeout=60)
         print(f"three controllers: new leader {elapsed_since(killed)} after the SIGKILL")
@@ -431,13 +524,20 @@ def test_two_real_brokers_fail_over_under_the_real_controller(rocketmq5, tmp_pat
                                     namesrv_addr, "--topic", "CtlT", "--count", 10)
         assert program_lines(out)[-1] == {"done": True, "count": 10, "errors": 0}, out[-3000:]
 
-        first.kill()
         killed = time.monotonic()
+        first.kill()
         wait_for_master(controller, b_addr, 1, 60)
         print(f"real brokers: b master {elapsed_since(killed)} after a's SIGKILL")
         shown = sync_state_set(rocketmq5, tmp_path / "adm2", controller)
         assert (shown["MasterBrokerId"], shown["MasterAddr"], shown["MasterEpoch"],
                 shown["SyncStateSetNums"]) == ("2", b_addr, "2", "1"), shown
+        # A new producer (a fresh route) sends to the new master.
+        out = rocketmq5.run_program(tmp_path / "producer2", CLIENT, "produce", "--namesrv",
+                                    namesrv_addr, "--topic", "CtlT", "--count", 10)
+        lines = program_lines(out)
+        assert lines[-1] == {"done": True, "count": 10, "errors": 0}, out[-3000:]
+        assert {line.get("brokerName") for line in lines[:-1]} == {BROKER_NAME}, lines
+        print(f"real brokers: 10 sends answered {elapsed_since(killed)} after a's SIGKILL")
     finally:
         for process in reversed(processes):
             process.kill()
