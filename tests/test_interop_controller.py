@@ -33,6 +33,7 @@ import attrs
 import pytest
 import trio
 
+from conftest import wait_until
 from trio_ha.remoting import RemotingClient, open_remoting_client, serve_remoting
 from trio_ha.testing import free_broker_port
 from trio_ha.testing.cluster import DEFAULT_SEGMENT_SIZE
@@ -258,9 +259,8 @@ async def transcript(controller: str) -> None:
             info = data["replicasInfoTable"][BROKER_NAME]
             return data if info["notInSyncReplicas"] == [replica(second, True)] else None
 
-        with trio.fail_after(10):  # its oneway heartbeats reach the controller
-            while (data := await second_alive()) is None:
-                await trio.sleep(0.2)
+        # its oneway heartbeats reach the controller
+        data = await wait_until(second_alive, "the second broker alive", interval=0.2)
         assert data == {"replicasInfoTable": {BROKER_NAME: {
             "inSyncReplicas": [replica(first, True)], "masterAddress": first.address,
             "masterBrokerId": 1, "masterEpoch": 1, "notInSyncReplicas": [replica(second, True)],
