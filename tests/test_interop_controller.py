@@ -415,7 +415,13 @@ def test_the_controller_refuses_requests_out_of_order(controller5):
 
 
 async def follower_answers(follower: str, leader: str, leader_id: str, peers: str) -> None:
-    header = await controller_metadata(follower)
+    async def knows_the_leader() -> dict[str, str] | None:
+        header = await controller_metadata(follower)
+        return header if header.get("controllerLeaderId") == leader_id else None
+
+    # The follower voted, but learns who won from the leader's first heartbeat.
+    header = await wait_until(knows_the_leader, "the follower naming the new leader",
+                              interval=0.2)
     assert header == {"group": CONTROLLER_GROUP, "controllerLeaderId": leader_id,
                       "controllerLeaderAddress": leader, "isLeader": "false", "peers": peers}
     async with open_remoting_client(follower) as client:
@@ -424,6 +430,12 @@ async def follower_answers(follower: str, leader: str, leader_id: str, peers: st
             "brokerAddress": "127.0.0.1:1", "invokeTime": millis()})
         assert (reply.code, reply.remark, reply.ext_fields) == (
             CONTROLLER_NOT_LEADER, "The controller is not in leader state", {})
+        # A heartbeat is every controller's own business: a follower takes it.
+        reply = await call(client, RequestCode.BROKER_HEARTBEAT, {
+            "clusterName": CLUSTER, "brokerName": BROKER_NAME, "brokerAddr": "127.0.0.1:1",
+            "brokerId": 1, "heartbeatTimeoutMills": HEARTBEAT_TIMEOUT_MS})
+        assert (reply.code, reply.remark, reply.ext_fields) == (
+            SUCCESS, "Heart beat success", {})
 
 
 def test_three_controllers_name_a_new_leader_when_the_leader_is_killed(rocketmq5, tmp_path):
