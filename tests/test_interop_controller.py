@@ -12,6 +12,8 @@ tests pin what the real controller does, so those codecs rest on observation, no
   the other and tells it so (NOTIFY_BROKER_ROLE_CHANGED, to a listener of ours at the
   broker's address). Every code, header field and body the controller sends is asserted
   whole, read with no codec of ours (the fastjson reader only quotes the numeric keys);
+* its refusals: a start-up out of order, a second APPLY_BROKER_ID, a dead master's election
+  and alter, a cleaned set, a code it does not serve;
 * three controllers: the leader is SIGKILLed, the survivors name a new one, and a follower
   answers CONTROLLER_NOT_LEADER;
 * two real 5.3.3 brokers in controller mode: one becomes master, the other its slave in the
