@@ -50,10 +50,12 @@ class SyncStateMachine(RuleBasedStateMachine):
         self.honest = honest
         self.held = {s: (confirm if s in others else 0) for s in SLAVES}
         self.links: dict[int, Link] = {}
-        #: the controller's own view, and every set it ever told the master
+        #: the controller's own view, every set it ever told the master, and when it took
+        #: each (a poll may be answered from a moment ago)
         self.ctl_members = self.state.members
         self.ctl_epoch = set_epoch
         self.told = {(self.state.members, set_epoch)}
+        self.ctl_history = [(self.now, self.ctl_members, self.ctl_epoch)]
         self.pending: Proposal | None = None
         self.last_confirm = self.state.confirm_offset
         self.last_replicated = self.state.replicated
@@ -136,8 +138,11 @@ class SyncStateMachine(RuleBasedStateMachine):
             link = self.links.get(member)
             assert link is not None and link.open
             if member not in self.state.members:
-                assert not link.learner
-                assert link.acked is not None and link.acked >= self.state.epoch_start
+                # A newcomer holds the confirm offset (so every put answered so far: #5663)
+                # and the start of this master's epoch, and is not an async learner.
+                assert not link.learner and link.acked is not None
+                assert link.acked >= self.state.confirm_offset
+                assert link.acked >= self.state.epoch_start
         self.pending = proposal
 
     @precondition(lambda self: self.pending is not None)
@@ -151,6 +156,7 @@ class SyncStateMachine(RuleBasedStateMachine):
         if how in ("accept", "lost after applying") and current:
             self.ctl_members, self.ctl_epoch = proposal.members, self.ctl_epoch + 1
             self.told.add((self.ctl_members, self.ctl_epoch))
+            self.ctl_history.append((self.now, self.ctl_members, self.ctl_epoch))
         if how == "accept" and current:
             self._step(lambda: self.state.accepted(self.ctl_members, self.ctl_epoch, self.now))
         elif how in ("lost", "lost after applying"):
@@ -164,12 +170,14 @@ class SyncStateMachine(RuleBasedStateMachine):
             self._step(lambda: self.state.refused(code, self.now))
         assert self.state.in_flight is None
 
-    @rule(lag=st.sampled_from([0.0, 1.0]))
+    @rule(lag=st.sampled_from([0.0, 0.5, 5.0]))
     def poll(self, lag: float) -> None:
-        """GET_REPLICA_INFO (or a role notice): the controller's set as it is."""
-        self.told.add((self.ctl_members, self.ctl_epoch))
-        self._step(lambda: self.state.controller_set(self.ctl_members, self.ctl_epoch,
-                                                     asked_at=self.now - lag))
+        """GET_REPLICA_INFO (or a role notice): the controller's set as it was when the poll
+        was asked, ``lag`` ago (an answer that took its time)."""
+        asked_at = self.now - lag
+        _, members, epoch = [h for h in self.ctl_history if h[0] <= asked_at or h is
+                             self.ctl_history[0]][-1]
+        self._step(lambda: self.state.controller_set(members, epoch, asked_at=asked_at))
 
     @rule(data=st.data())
     def stale_notice(self, data: st.DataObject) -> None:
@@ -303,6 +311,16 @@ def test_an_expansion_in_flight_counts_the_newcomer_5663():
     assert state.members == {1, 2} and state.set_epoch == 6 and state.in_flight is None
 
 
+def test_a_slave_behind_the_confirm_offset_is_not_added():
+    """Every put answered so far ended at or before the confirm offset: a slave that does
+    not hold it would join the set without them."""
+    state = master_of()
+    two = connected(state, 2, 900)
+    assert state.take_proposal(0.0) is None
+    state.ack(two, 1000, 0.5)
+    assert state.take_proposal(0.5) == Proposal(frozenset({1, 2}), 5)
+
+
 def test_a_slave_behind_the_confirm_offset_or_the_epoch_start_is_not_added():
     state = SyncState(MASTER, frozenset({1, 9}), 5, epoch_start=500, max_offset=600,
                       started=0.0, confirm_offset=100)
@@ -339,6 +357,16 @@ def test_a_member_without_a_connection_freezes_the_confirm_offset_6662():
     assert state.confirm_offset == 1250  # frozen while the shrink is in flight
     assert state.accepted(frozenset({1, 2}), 6, 3.5) is Step.RAISE
     assert state.confirm_offset == 1300 and state.replicated == 1300
+
+
+def test_a_drop_freezes_even_acks_the_master_has_not_counted_in_its_max_yet_6662():
+    """An ack can come before the master's max is told (the pump is late): the dropped
+    member's ack must not let a later rise of the max confirm bytes past it."""
+    state = master_of(2)
+    two = connected(state, 2, 1200)  # the log reached 1200, the set was told 1000 so far
+    assert state.confirm_offset == 1000
+    state.drop(two)
+    assert state.max_moved(1200) is Step.NOTHING and state.confirm_offset == 1000
 
 
 def test_two_slaves_dropping_at_once_make_one_proposal_naming_neither_9897():

@@ -320,7 +320,9 @@ class SyncState:
         ``epoch`` (applied if newer than what we know)."""
         self.in_flight = None
         self._dirty = True  # the facts may have moved on while it was in flight
-        return self._apply(members, epoch, now)
+        self._apply(members, epoch, now)
+        self._recount()  # applied or not, the proposal no longer counts as in flight
+        return self._publish()
 
     def refused(self, code: int | None, now: float) -> Step:
         """The controller refused the proposal in flight with ``code`` (None: no answer).
@@ -349,11 +351,16 @@ class SyncState:
             self._dirty = True
             self._recount()
             return self._publish()
-        return self._apply(members, epoch, asked_at)
-
-    def _apply(self, members: frozenset[int], epoch: int, now: float) -> Step:
-        if epoch <= self.set_epoch or self.broker_id not in members:
+        if not self._apply(members, epoch, asked_at):
             return NOTHING
+        self._recount()
+        return self._publish()
+
+    def _apply(self, members: frozenset[int], epoch: int, now: float) -> bool:
+        """Apply the controller's set if it is newer and names this master (the caller
+        counts again)."""
+        if epoch <= self.set_epoch or self.broker_id not in members:
+            return False
         joined = members - self.members
         self.members = members
         self.set_epoch = epoch
@@ -368,8 +375,7 @@ class SyncState:
                 replica = self._replica(broker_id)
                 if replica.caught_up is None or replica.caught_up < now:
                     replica.caught_up = now
-        self._recount()
-        return self._publish()
+        return True
 
     # ---- what the puts and the consume queues see -------------------------------------------
 
