@@ -11,7 +11,8 @@ advance) and #9897 (two slaves that dropped at once edited one copy of the set e
 set proposed named a dropped slave). Here the rules are one pure object, stepped with events
 as etcd's raft and h11's state machines are, and tested alone with any sequence of events
 (tests/test_ha_sync_state.py). The master's pumps own the sockets, the clock and the
-controller client; they step it and perform what it answers.
+controller client; they step it and perform what it answers. One is made per master term
+(each changeToMaster), from the set and epochs the controller named.
 
 Events, each a method (``now`` is the pump's clock, in seconds):
 
@@ -21,7 +22,7 @@ Events, each a method (``now`` is the pump's clock, in seconds):
 - ``ack``: the slave acknowledged the log up to an offset on that connection (an offset the
   pump has judged to be an acknowledgement: the ledger's rules, ``ledger.py``, come first).
 - ``drop``: the connection ended (once or many times: only the first counts).
-- ``max_moved``: the master's log grew (cheap: a comparison and at most two assignments).
+- ``max_moved``: the master's log grew (cheap: no loop, no allocation).
 - ``tick``: time passed (the set check, RocketMQ's ``checkSyncStateSetPeriod``).
 - ``accepted`` / ``refused``: the controller's answer to the proposal in flight.
 - ``controller_set``: a set the controller published (role notice, GET_REPLICA_INFO poll).
@@ -459,6 +460,14 @@ class SyncState:
         needed = self.in_sync_replicas - 1
         if needed <= 0:
             self._held = _UNBOUNDED  # nothing to wait for
+            return
+        if needed == 1:  # the usual case: the best ack, without building a list per ack
+            best = 0
+            for replica in self._replicas.values():
+                link = replica.link
+                if link is not None and link.acked is not None and link.acked > best:
+                    best = link.acked
+            self._held = best
             return
         acks = sorted((r.link.acked for r in self._replicas.values()
                        if r.link is not None and r.link.acked is not None), reverse=True)
