@@ -305,6 +305,20 @@ def test_load_falls_back_to_bak(tmp_path, broken):
     assert list(EpochFile.load(path).cache.entries) == good
 
 
+def test_a_broken_file_is_not_backed_up_over_a_good_bak(tmp_path):
+    path = str(tmp_path / "epochFileCheckpoint")
+    good = encode_epoch_file([EpochEntry(1, 0)])
+    with open(path + ".bak", "wb") as f:
+        f.write(good)
+    with open(path, "wb") as f:
+        f.write(b"torn")
+    epochs = EpochFile.load(path)
+    assert epochs.append(2, 10)
+    with open(path + ".bak", "rb") as f:
+        assert f.read() == good
+    assert list(EpochFile.load(path).cache.entries) == [EpochEntry(1, 0), EpochEntry(2, 10)]
+
+
 def test_load_refuses_when_both_are_broken(tmp_path):
     path = str(tmp_path / "epochFileCheckpoint")
     with open(path, "wb") as f:
@@ -345,15 +359,15 @@ def test_a_kill_at_any_moment_of_a_save_leaves_a_whole_history(tmp_path):
     b = a + [EpochEntry(e, e * 1000) for e in range(40, 400)]
     rng = random.Random(38)
     for _ in range(12):
-        child = subprocess.Popen([sys.executable, "-c", _SAVER.format(repo=REPO, path=path)],
-                                 stdout=subprocess.PIPE)
-        try:
-            assert child.stdout is not None
-            assert child.stdout.readline() == b"ready\n"
-            time.sleep(rng.uniform(0, 0.05))
-        finally:
-            child.send_signal(signal.SIGKILL)
-            child.wait()
+        with subprocess.Popen([sys.executable, "-c", _SAVER.format(repo=REPO, path=path)],
+                              stdout=subprocess.PIPE) as child:
+            try:
+                assert child.stdout is not None
+                assert child.stdout.readline() == b"ready\n"
+                time.sleep(rng.uniform(0, 0.05))
+            finally:
+                child.send_signal(signal.SIGKILL)
+                child.wait()
         assert list(EpochFile.load(path).cache.entries) in (a, b)
         with open(path, "rb") as f:
             assert decode_epoch_file(f.read()) in (a, b)

@@ -25,7 +25,8 @@ import truncation_crash as child  # noqa: E402
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "truncation_crash.py")
 #: every step a live truncation announces, in order, and "none" (it finishes)
 STEPS = ["checked", "intent-written", "memory-cut", "commitlog-zeroed", "queues-synced",
-         "index-cut", "epochs-cut", "checkpoint-written", "intent-removed", "none"]
+         "index-cut", "epochs-cut", "checkpoint-written", "spare-dropped", "intent-removed",
+         "none"]
 FOREVER = 2**62
 
 

@@ -16,12 +16,14 @@ gone. Here the cut is a transaction with a durable intent:
    cut store from here;
 4. on disk, in a worker thread: the commitlog's tail zeroed and synced (later segments are
    gone already), the cut consume-queue files synced, the newest index files rebuilt up to
-   the cut, the epoch file's entries from the cut on dropped, the checkpoint lowered;
+   the cut, the epoch file's entries from the cut on dropped, the checkpoint lowered; then
+   the spare segment made for the old end is removed;
 5. the intent is removed (and the directory synced).
 
 At open, an intent found means a truncation was under way: ``complete_pending`` cuts the
-commitlog (zeroed, synced) and the epoch file to its offset before recovery runs, and recovery,
-told it is a crash, cuts the queues and the index to the log it finds.
+commitlog files (later ones deleted, the tail zeroed, synced) and the epoch file to its offset
+before anything is loaded, and recovery, told it is a crash, cuts the queues and the index to
+the log it finds.
 
 While a truncation runs the store takes no puts; the index is detached (a query by key finds
 nothing for that moment). Only the change-to-master path may cut a store that takes puts
@@ -42,6 +44,7 @@ import trio_ha._backend as _backend
 
 from .._errors import TrioHAError
 from ..config import StoreConfig
+from ..wire import layout
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueue
@@ -109,7 +112,7 @@ async def truncate_live(store: MessageStore, offset: int, max_record: int) -> in
             _step("memory-cut")
             try:
                 await trio.to_thread.run_sync(
-                    _cut_on_disk, store.config, store.root, commitlog, cut_queues, index,
+                    _cut_on_disk, store.config, commitlog, cut_queues, index,
                     store.epochs, store.checkpoint, offset, max_record,
                     abandon_on_cancel=False,
                 )
@@ -117,9 +120,14 @@ async def truncate_live(store: MessageStore, offset: int, max_record: int) -> in
                 if index is not None:
                     store.index = index
                     dispatcher.indexer = index
+            # A spare segment made for the old end would lie past a gap: the next open
+            # refuses that.
+            await commitlog.drop_spare()
+            _step("spare-dropped")
             await trio.to_thread.run_sync(_remove_intent, intent)
             _step("intent-removed")
-    log.warning("store %s truncated to %d: %d bytes cut", store.root, offset, end - offset)
+    log.log(logging.WARNING if end > offset else logging.INFO,
+            "store %s truncated to %d: %d bytes cut", store.root, offset, end - offset)
     return end - offset
 
 
@@ -200,7 +208,7 @@ def _cut_in_memory(store: MessageStore, offset: int
     return cut, index
 
 
-def _cut_on_disk(config: StoreConfig, root: str, commitlog: CommitLog,
+def _cut_on_disk(config: StoreConfig, commitlog: CommitLog,
                  cut_queues: list[ConsumeQueue], index: IndexService | None,
                  epochs: EpochFile | None, checkpoint: Checkpoint, offset: int,
                  max_record: int) -> None:
@@ -304,20 +312,48 @@ def _fsync_dir(directory: str) -> None:
 # ---- at open ---------------------------------------------------------------------------------
 
 
-def complete_pending(config: StoreConfig, root: str, commitlog: CommitLog,
-                     checkpoint: Checkpoint) -> int | None:
-    """Blocking, at open, before recovery: finish the truncation a crash interrupted, if any
-    (its offset; None when there was none). The commitlog is cut (later segments deleted, the
-    tail zeroed and synced) and the epoch file and checkpoint follow; recovery, run as after
-    a crash, then cuts the consume queues and the index to the log it finds."""
+def complete_pending(config: StoreConfig, root: str) -> int | None:
+    """Blocking, at open, before anything is loaded: finish the truncation a crash
+    interrupted, if any (its offset; None when there was none). The commitlog files from the
+    cut on are deleted, newest first, and the rest of the one holding it is zeroed and
+    synced; the epoch file and the checkpoint follow; the intent goes. Recovery, run as
+    after a crash, then cuts the consume queues and the index to the log it finds."""
     offset = read_intent(root)
     if offset is None:
         return None
     log.warning("store %s: a truncation to %d was under way; finishing it", root, offset)
-    if commitlog.segments.segments:
-        commitlog.set_end(offset, zero_tail=True)
+    directory = config.commitlog_dir
+    files = sorted(
+        (base, name) for name in os.listdir(directory)
+        if (base := layout.parse_segment_file_name(name)) is not None
+    ) if os.path.isdir(directory) else []
+    for base, name in reversed(files):
+        if base >= offset:
+            os.unlink(os.path.join(directory, name))
+        else:
+            _zero_file_from(os.path.join(directory, name), offset - base)
+            break
+    if files:
+        _fsync_dir(directory)
     _step("recovery-cut")
     _cut_epochs(config, None, offset)
-    _lower_checkpoint(checkpoint, offset)
+    _lower_checkpoint(Checkpoint.load(os.path.join(root, "checkpoint")), offset)
     _remove_intent(intent_path(root))
     return offset
+
+
+def _zero_file_from(path: str, position: int) -> None:
+    """Zero what is not zero from ``position`` to the end of the file, and sync it (holes
+    stay holes: a chunk of zeros is not written again)."""
+    chunk = 1 << 20
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        while position < size:
+            length = min(chunk, size - position)
+            if any(os.pread(fd, length, position)):
+                os.pwrite(fd, bytes(length), position)
+            position += length
+        os.fsync(fd)
+    finally:
+        os.close(fd)
