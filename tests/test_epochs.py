@@ -229,7 +229,7 @@ def test_zero_entries_and_an_unchecked_crc():
     assert decode_epoch_file(b"1\n0\n5-100") == [EpochEntry(5, 100)]
 
 
-@pytest.mark.parametrize("data, why", [
+@pytest.mark.parametrize(("data", "why"), [
     (b"", "empty"),
     (b"2\n", "missing"),
     (b"x\n0\n", "not numbers"),

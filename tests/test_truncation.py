@@ -20,7 +20,7 @@ from trio_ha.store.ha.epochs import EpochEntry, EpochFile
 from trio_ha.store.truncation import INTENT_NAME
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import truncation_crash as child  # noqa: E402
+import truncation_crash as child
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "truncation_crash.py")
 #: every step a live truncation announces, in order, and "none" (it finishes)
@@ -80,6 +80,10 @@ async def check_next_put(store: MessageStore, end: int, kept: int) -> None:
     assert store.query_message(message.topic, "after-cut", 32, 0, FOREVER).records
 
 
+def intent_exists(root: str) -> bool:
+    return os.path.exists(os.path.join(root, INTENT_NAME))
+
+
 def tail_is_zero(root: str, cut: int) -> bool:
     """Every commitlog byte at or past ``cut`` on disk is zero (no file past it, or zeros)."""
     directory = os.path.join(root, "commitlog")
@@ -118,7 +122,7 @@ async def test_a_new_master_cuts_its_store(make_config):
         assert store.epochs.cache.entries == (EpochEntry(1, 0), EpochEntry(2, offsets[100]))
         assert list(EpochFile.load(config.epoch_file_path).cache.entries) == \
             [EpochEntry(1, 0), EpochEntry(2, offsets[100])]
-        assert not os.path.exists(os.path.join(store.root, INTENT_NAME))
+        assert not intent_exists(store.root)
         await store.flush()
         assert tail_is_zero(store.root, cut)
         await check_next_put(store, cut, child.CUT_AT)
@@ -181,7 +185,7 @@ async def test_a_kill_while_the_next_open_finishes_a_cut(tmp_path):
     root = str(tmp_path / "store")
     code, lines = await trio.to_thread.run_sync(_run_child, root, "memory-cut")
     assert code == -signal.SIGKILL
-    assert os.path.exists(os.path.join(root, INTENT_NAME))
+    assert intent_exists(root)
     code, _ = await trio.to_thread.run_sync(_run_child, root, "reopen:recovery-cut")
     assert code == -signal.SIGKILL
     cut, end, second, fourth = (int(x) for x in lines[0].split()[1:])
@@ -192,7 +196,7 @@ async def _check_after_crash(root: str, truncated: bool, cut: int, end: int, sec
                              fourth: int) -> None:
     config = child.store_config(root)
     async with open_store(config) as store:
-        assert not os.path.exists(os.path.join(root, INTENT_NAME))
+        assert not intent_exists(root)
         if truncated:
             await check_store(store, cut, child.CUT_AT)
         else:

@@ -36,7 +36,7 @@ import errno
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
@@ -47,13 +47,12 @@ from ..config import StoreConfig
 from ..wire import layout
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog
-from .consume_queue import ConsumeQueue
+from .consume_queue import ConsumeQueue, ConsumeQueueTable
+from .dispatch import Dispatcher
 from .ha.epochs import EpochFile
+from .ha.master import HAService
 from .index import IndexService
 from .segment import Segment
-
-if TYPE_CHECKING:
-    from .store import MessageStore
 
 __all__ = ["INTENT_NAME", "TruncationError", "complete_pending", "truncate_live"]
 
@@ -70,6 +69,36 @@ _SCAN_BATCH = 4096
 step_hook: Callable[[str], None] | None = None
 
 
+class TruncatedStore(Protocol):
+    """What a truncation uses of the MessageStore (the index it takes away and puts back)."""
+
+    index: IndexService | None
+
+    @property
+    def config(self) -> StoreConfig: ...
+
+    @property
+    def root(self) -> str: ...
+
+    @property
+    def commitlog(self) -> CommitLog: ...
+
+    @property
+    def queues(self) -> ConsumeQueueTable: ...
+
+    @property
+    def dispatcher(self) -> Dispatcher: ...
+
+    @property
+    def checkpoint(self) -> Checkpoint: ...
+
+    @property
+    def epochs(self) -> EpochFile | None: ...
+
+    @property
+    def ha_service(self) -> HAService | None: ...
+
+
 class TruncationError(TrioHAError):
     """A truncation was refused: nothing was changed. The message says why."""
 
@@ -82,7 +111,7 @@ def _step(name: str) -> None:
 # ---- the live cut -------------------------------------------------------------------------
 
 
-async def truncate_live(store: MessageStore, offset: int, max_record: int) -> int:
+async def truncate_live(store: TruncatedStore, offset: int, max_record: int) -> int:
     """Cut ``store`` (running, taking no puts) back to ``offset``; the bytes cut. See the
     module's docstring for the steps. TruncationError, with nothing changed, when the offset
     is not a record boundary at or below the max offset, or the store's HA service has
@@ -131,7 +160,7 @@ async def truncate_live(store: MessageStore, offset: int, max_record: int) -> in
     return end - offset
 
 
-def _refuse_unless_cuttable(store: MessageStore, offset: int, end: int) -> None:
+def _refuse_unless_cuttable(store: TruncatedStore, offset: int, end: int) -> None:
     commitlog = store.commitlog
     if offset < 0 or offset > end:
         raise TruncationError(f"cannot truncate to {offset}: the log ends at {end}")
@@ -184,7 +213,7 @@ def _walk_to(segment: Segment, offset: int, max_record: int) -> str | None:
     return f"the records stop at {at} before it ({result.reason})"
 
 
-def _cut_in_memory(store: MessageStore, offset: int
+def _cut_in_memory(store: TruncatedStore, offset: int
                    ) -> tuple[list[ConsumeQueue], IndexService | None]:
     """The cut as readers see it, with no await in between: the log's end and flushed mark,
     the dispatcher's cursor, the consume queues, the next queue offsets. The index is taken
