@@ -154,6 +154,25 @@ async def test_a_slave_cuts_its_store_and_the_epoch_file_on_disk(make_config):
         await check_next_put(store, cut, child.CUT_AT)
 
 
+async def test_a_broken_epoch_file_refuses_the_cut_before_anything_changes(make_config):
+    config = make_config(**_small(child.store_config("x")))
+    _write(config.epoch_file_path, b"2\n0\n1-0\n")  # says 2 entries, holds 1; no .bak
+    async with open_store(config) as store:
+        offsets = await put_all(store)
+        end = store.max_commitlog_offset
+        with pytest.raises(TruncationError, match="epochFileCheckpoint"):
+            await store.truncate_to(offsets[child.CUT_AT], for_new_master=True)
+        assert not intent_exists(store.root)
+        await check_store(store, end, child.MESSAGES)
+        await check_next_put(store, end, child.MESSAGES)  # and it takes puts again
+
+
+def _write(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
 def _small(config) -> dict:
     """The crash helper's file sizes, for make_config."""
     return {name: getattr(config, name) for name in (

@@ -49,7 +49,7 @@ from .checkpoint import Checkpoint
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueue, ConsumeQueueTable
 from .dispatch import Dispatcher
-from .ha.epochs import EpochFile
+from .ha.epochs import EpochFile, EpochFileError
 from .ha.master import HAService
 from .index import IndexService
 from .segment import Segment
@@ -124,6 +124,13 @@ async def truncate_live(store: TruncatedStore, offset: int, max_record: int) -> 
     dispatcher = store.dispatcher
     if dispatcher.error is not None:
         raise TruncationError(f"the store is read-only ({dispatcher.error}): it cannot be cut")
+    # A broken epoch file refuses the cut now, before anything changed.
+    epochs = store.epochs
+    if epochs is None:
+        try:
+            epochs = await trio.to_thread.run_sync(_epochs_on_disk, store.config)
+        except EpochFileError as exc:
+            raise TruncationError(f"cannot truncate to {offset}: {exc}") from exc
     # Every record kept must be in its consume queue before the queues are cut: the next
     # queue offsets are derived from them.
     await dispatcher.dispatched.wait_for(offset)
@@ -141,8 +148,8 @@ async def truncate_live(store: TruncatedStore, offset: int, max_record: int) -> 
             _step("memory-cut")
             try:
                 await trio.to_thread.run_sync(
-                    _cut_on_disk, store.config, commitlog, cut_queues, index,
-                    store.epochs, store.checkpoint, offset, max_record,
+                    _cut_on_disk, commitlog, cut_queues, index, epochs, store.checkpoint,
+                    offset, max_record,
                     abandon_on_cancel=False,
                 )
             finally:
@@ -237,7 +244,7 @@ def _cut_in_memory(store: TruncatedStore, offset: int
     return cut, index
 
 
-def _cut_on_disk(config: StoreConfig, commitlog: CommitLog,
+def _cut_on_disk(commitlog: CommitLog,
                  cut_queues: list[ConsumeQueue], index: IndexService | None,
                  epochs: EpochFile | None, checkpoint: Checkpoint, offset: int,
                  max_record: int) -> None:
@@ -253,7 +260,8 @@ def _cut_on_disk(config: StoreConfig, commitlog: CommitLog,
         index.catch_up(commitlog, offset, max_record)
         index.sync()
     _step("index-cut")
-    _cut_epochs(config, epochs, offset)
+    if epochs is not None:
+        epochs.truncate_from(offset)
     _step("epochs-cut")
     _lower_checkpoint(checkpoint, offset)
     _step("checkpoint-written")
@@ -269,15 +277,12 @@ def _zero_tail(commitlog: CommitLog, offset: int) -> None:
     last.sync_range(tail, last.size)
 
 
-def _cut_epochs(config: StoreConfig, epochs: EpochFile | None, offset: int) -> None:
-    """Drop the epochs that start at or after ``offset`` from the store's epoch file (the
-    one it holds, else the one on disk, if any)."""
-    if epochs is None:
-        path = config.epoch_file_path
-        if not (os.path.exists(path) or os.path.exists(path + ".bak")):
-            return
-        epochs = EpochFile.load(path)
-    epochs.truncate_from(offset)
+def _epochs_on_disk(config: StoreConfig) -> EpochFile | None:
+    """The store's epoch file, if it has one (EpochFileError when it cannot be read)."""
+    path = config.epoch_file_path
+    if not (os.path.exists(path) or os.path.exists(path + ".bak")):
+        return None
+    return EpochFile.load(path)
 
 
 def _lower_checkpoint(checkpoint: Checkpoint, offset: int) -> None:
@@ -365,7 +370,9 @@ def complete_pending(config: StoreConfig, root: str) -> int | None:
     if files:
         _fsync_dir(directory)
     _step("recovery-cut")
-    _cut_epochs(config, None, offset)
+    epochs = _epochs_on_disk(config)
+    if epochs is not None:
+        epochs.truncate_from(offset)
     _lower_checkpoint(Checkpoint.load(os.path.join(root, "checkpoint")), offset)
     _remove_intent(intent_path(root))
     return offset
