@@ -5,6 +5,7 @@ the store cut or untouched, never a mix (RocketMQ #10666 leaves the tail valid o
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -14,8 +15,8 @@ import attrs
 import pytest
 import trio
 
-from trio_ha import BrokerRole, GetMessageStatus, open_store
-from trio_ha.store import MessageStore, TruncationError
+from trio_ha import BrokerRole, GetMessageStatus, PutMessageStatus, open_store
+from trio_ha.store import MessageStore, TruncationError, TruncationUnfinished, truncation
 from trio_ha.store.ha.epochs import EpochEntry, EpochFile
 from trio_ha.store.truncation import INTENT_NAME
 
@@ -165,6 +166,31 @@ async def test_a_broken_epoch_file_refuses_the_cut_before_anything_changes(make_
         assert not intent_exists(store.root)
         await check_store(store, end, child.MESSAGES)
         await check_next_put(store, end, child.MESSAGES)  # and it takes puts again
+
+
+async def test_an_io_error_half_way_stops_puts_until_the_next_open_finishes_the_cut(
+        make_config, monkeypatch):
+    config = make_config(**_small(child.store_config("x")))
+
+    def fail(step: str) -> None:
+        if step == "index-cut":
+            raise OSError(errno.EIO, "injected")
+
+    monkeypatch.setattr(truncation, "step_hook", fail)
+    async with open_store(config) as store:
+        offsets = await put_all(store)
+        cut = offsets[child.CUT_AT]
+        with pytest.raises(TruncationUnfinished, match="injected"):
+            await store.truncate_to(cut, for_new_master=True)
+        message, queue_id = child.message(0)
+        refused = await store.put_message(message, queue_id)
+        assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert intent_exists(store.root)
+    monkeypatch.setattr(truncation, "step_hook", None)
+    async with open_store(config) as store:
+        assert not intent_exists(store.root)
+        await check_store(store, cut, child.CUT_AT)
+        await check_next_put(store, cut, child.CUT_AT)
 
 
 def _write(path: str, data: bytes) -> None:

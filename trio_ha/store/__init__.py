@@ -18,7 +18,7 @@ from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMe
 from .statistics import StoreStatistics
 from .store import MessageStore, StoreLock, StoreLockedError
 from .sync_requests import PendingPut, SyncServiceStatistics
-from .truncation import TruncationError
+from .truncation import TruncationError, TruncationUnfinished
 
 __all__ = [
     "EpochCache", "EpochEntry", "EpochFile", "EpochFileError",
@@ -26,6 +26,6 @@ __all__ = [
     "HAMasterStatistics", "HASlaveStatistics", "MessageStore", "PendingPut", "PutMessageResult",
     "PutMessageStatus", "PutRequest", "QueueEntry", "SlaveConnectionStatistics", "StoreLock",
     "StoreLockedError", "StoreStatistics", "SyncServiceStatistics", "TruncationError",
-    "open_splice_pipe",
+    "TruncationUnfinished", "open_splice_pipe",
     "open_store",
 ]

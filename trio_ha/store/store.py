@@ -448,7 +448,10 @@ class MessageStore:
         A store that takes puts (a master) is refused, unless the change-to-master path
         says it is that (``for_new_master``: it cuts before it serves as master; puts get
         SERVICE_NOT_AVAILABLE meanwhile). Whoever appends otherwise (a slave's HA client)
-        stops first. TruncationError, with nothing changed, when it cannot be done."""
+        stops first. TruncationError, with nothing changed, when it cannot be done;
+        TruncationUnfinished when an I/O error stopped it half-way: the store then refuses
+        puts until it is reopened, which finishes the cut (puts taken meanwhile would be cut
+        by it)."""
         if self._closed or not self._running:
             await trio.lowlevel.checkpoint()
             raise truncation.TruncationError("the store is not running")
@@ -463,10 +466,16 @@ class MessageStore:
         accepting = self._accepting
         self._truncating, self._accepting = True, False
         try:
-            return await truncation.truncate_live(self, offset, max_record_size(self.config))
-        finally:
+            cut = await truncation.truncate_live(self, offset, max_record_size(self.config))
+        except truncation.TruncationUnfinished:
+            raise  # refusing puts for good (``_truncating`` stays set)
+        except BaseException:
             self._truncating = False
             self._accepting = accepting and not self._closed
+            raise
+        self._truncating = False
+        self._accepting = accepting and not self._closed
+        return cut
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(

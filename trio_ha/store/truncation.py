@@ -54,7 +54,10 @@ from .ha.master import HAService
 from .index import IndexService
 from .segment import Segment
 
-__all__ = ["INTENT_NAME", "TruncationError", "complete_pending", "truncate_live"]
+__all__ = [
+    "INTENT_NAME", "TruncatedStore", "TruncationError", "TruncationUnfinished",
+    "complete_pending", "truncate_live",
+]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +106,11 @@ class TruncationError(TrioHAError):
     """A truncation was refused: nothing was changed. The message says why."""
 
 
+class TruncationUnfinished(TrioHAError):
+    """A truncation failed after it began (an I/O error): the store is cut in memory but
+    perhaps not on disk. It takes no more puts; reopening it finishes the cut."""
+
+
 def _step(name: str) -> None:
     if step_hook is not None:
         step_hook(name)
@@ -142,29 +150,44 @@ async def truncate_live(store: TruncatedStore, offset: int, max_record: int) -> 
         # From the intent on the cut must finish, here or at the next open: a cancelled
         # caller does not stop it half-way.
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(_write_intent, intent, offset)
-            _step("intent-written")
-            cut_queues, index = _cut_in_memory(store, offset)
-            _step("memory-cut")
             try:
-                await trio.to_thread.run_sync(
-                    _cut_on_disk, commitlog, cut_queues, index, epochs, store.checkpoint,
-                    offset, max_record,
-                    abandon_on_cancel=False,
-                )
-            finally:
-                if index is not None:
-                    store.index = index
-                    dispatcher.indexer = index
-            # A spare segment made for the old end would lie past a gap: the next open
-            # refuses that.
-            await commitlog.drop_spare()
-            _step("spare-dropped")
-            await trio.to_thread.run_sync(_remove_intent, intent)
-            _step("intent-removed")
+                await trio.to_thread.run_sync(_write_intent, intent, offset)
+            except OSError as exc:
+                raise TruncationError(f"cannot truncate to {offset}: cannot write "
+                                      f"{intent}: {exc}") from exc
+            _step("intent-written")
+            try:
+                await _cut(store, offset, epochs, max_record, intent)
+            except Exception as exc:
+                raise TruncationUnfinished(
+                    f"the truncation of {store.root} to {offset} failed half-way ({exc!r}); "
+                    "the store takes nothing more, and its next open finishes the cut"
+                ) from exc
     log.log(logging.WARNING if end > offset else logging.INFO,
             "store %s truncated to %d: %d bytes cut", store.root, offset, end - offset)
     return end - offset
+
+
+async def _cut(store: TruncatedStore, offset: int, epochs: EpochFile | None, max_record: int,
+               intent: str) -> None:
+    """Steps 3 to 5, once the intent is on disk."""
+    commitlog, dispatcher = store.commitlog, store.dispatcher
+    cut_queues, index = _cut_in_memory(store, offset)
+    _step("memory-cut")
+    try:
+        await trio.to_thread.run_sync(
+            _cut_on_disk, commitlog, cut_queues, index, epochs, store.checkpoint, offset,
+            max_record, abandon_on_cancel=False,
+        )
+    finally:
+        if index is not None:
+            store.index = index
+            dispatcher.indexer = index
+    # A spare segment made for the old end would lie past a gap: the next open refuses it.
+    await commitlog.drop_spare()
+    _step("spare-dropped")
+    await trio.to_thread.run_sync(_remove_intent, intent)
+    _step("intent-removed")
 
 
 def _refuse_unless_cuttable(store: TruncatedStore, offset: int, end: int) -> None:
