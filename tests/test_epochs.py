@@ -14,10 +14,12 @@ import time
 import zlib
 
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_ha import StoreConfig
+from trio_ha import Message, StoreConfig, open_store
+from trio_ha.store import retention
 from trio_ha.store.ha.epochs import (
     HANDSHAKE_MAX_ENTRIES,
     EpochCache,
@@ -374,3 +376,33 @@ def test_a_kill_at_any_moment_of_a_save_leaves_a_whole_history(tmp_path):
         if os.path.exists(path + ".bak"):
             with open(path + ".bak", "rb") as f:
                 assert decode_epoch_file(f.read()) in (a, b)
+
+
+async def test_retention_expires_the_epochs_that_ended_before_the_new_first_offset(
+        make_config):
+    """RocketMQ's cleanup calls truncateEpochFilePrefix(minPhyOffset - 1) after it deleted
+    commitlog files (spec §3.3 "Expiry"); the store's retention does it for its history."""
+    config = make_config(delete_commit_log_files_interval=0)
+    async with open_store(config) as store:
+        offsets = []
+        for i in range(400):
+            result = await store.put_message(Message("Old", b"x" * 900, keys=f"k{i}"))
+            offsets.append(result.commitlog_offset)
+        await store.flush()
+        await store.wait_dispatched()
+        segments = list(store.commitlog.segments.segments)
+        first_kept = segments[2].base_offset
+        epochs = await trio.to_thread.run_sync(EpochFile.load, config.epoch_file_path)
+        starts = [0, segments[1].base_offset + 10, first_kept, first_kept + 100]
+        for epoch, start in enumerate(starts, start=1):
+            assert epochs.append(epoch, start)
+        store.epochs = epochs
+        old = time.time() - 73 * 3600
+        for segment in segments[:2]:
+            os.utime(segment.path, (old, old))
+        assert await retention.delete_expired_files(store, force=True) == 2
+        assert store.min_commitlog_offset == first_kept
+    # Epoch 1 ended before the first kept byte; epoch 2 ends exactly there and stays (as
+    # in RocketMQ: an end <= min - 1 goes).
+    expected = [EpochEntry(2, starts[1]), EpochEntry(3, starts[2]), EpochEntry(4, starts[3])]
+    assert list(EpochFile.load(config.epoch_file_path).cache.entries) == expected
