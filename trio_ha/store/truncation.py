@@ -7,8 +7,9 @@ what it must not keep. RocketMQ 5.3.3 resets positions in memory only; the tail 
 disk and comes back after a crash (RocketMQ #10666), after the store answered as if it were
 gone. Here the cut is a transaction with a durable intent:
 
-1. the offset is checked (a record boundary at or below the max offset) and the consume
-   queues are brought up to it, before anything changes;
+1. the offset is checked (a record boundary at or below the max offset), the epoch file
+   read, and the consume queues brought up to it, before anything changes (a refusal is
+   ``TruncationError``);
 2. ``truncate.intent`` naming the offset is written and fsync'ed with its directory: from
    here on the cut happens, now or at the next open;
 3. in memory, in one go on the event loop: the log's end, the flushed mark, the dispatcher's
@@ -27,7 +28,8 @@ the log it finds.
 
 While a truncation runs the store takes no puts; the index is detached (a query by key finds
 nothing for that moment). Only the change-to-master path may cut a store that takes puts
-(``MessageStore.truncate_to``).
+(``MessageStore.truncate_to``). An I/O error after step 2 is ``TruncationUnfinished``: the
+store then takes no puts until its next open finishes the cut.
 """
 
 from __future__ import annotations
