@@ -28,7 +28,7 @@ import trio
 from .._errors import unwrap_single_exception
 from .._sockets import listen_named
 from ..config import BrokerRole, FlushDiskType, StoreConfig
-from . import retention
+from . import retention, truncation
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable
@@ -102,6 +102,8 @@ def _abort_path(store: MessageStore) -> str:
 
 def _load(config: StoreConfig, root: str) -> MessageStore:
     """Load and recover the store at ``root``, whose lock the caller holds."""
+    # A truncation a crash interrupted is finished before anything is loaded.
+    after_truncation = truncation.complete_pending(config, root) is not None
     commitlog = CommitLog.load(config)
     try:
         queues = ConsumeQueueTable.load(
@@ -140,7 +142,7 @@ def _load(config: StoreConfig, root: str) -> MessageStore:
         ),
     )
     try:
-        _recover(store)
+        _recover(store, after_truncation=after_truncation)
         with open(_abort_path(store), "wb"):
             pass
     except BaseException:
@@ -149,11 +151,13 @@ def _load(config: StoreConfig, root: str) -> MessageStore:
     return store
 
 
-def _recover(store: MessageStore) -> None:
+def _recover(store: MessageStore, *, after_truncation: bool) -> None:
     """Recovery, the index, the first segment, and the consume queues brought up to the
-    recovered end of the log: what must be true before the store takes a put."""
+    recovered end of the log: what must be true before the store takes a put. After a
+    truncation that a crash interrupted, recovery runs as after a crash: it cuts the queues
+    and the index to the log."""
     config, commitlog, dispatcher = store.config, store.commitlog, store.dispatcher
-    abnormal = os.path.exists(_abort_path(store))
+    abnormal = after_truncation or os.path.exists(_abort_path(store))
     store.recovery = recover(
         commitlog, store.queues, dispatcher, store.checkpoint,
         abnormal=abnormal, check_crc=config.check_crc_on_recover,
