@@ -4,6 +4,7 @@ This is the store's public face: what the broker and everything above it use of 
 is named here (an import-linter contract keeps them out of ``store.ha`` and
 ``store.sync_requests``): opening a store, a put as a value and its results, the statistics
 and states the metrics report, the HA client a broker registers with its master's address,
+the role scope a broker runs its own role's services in,
 and the splice pipe the loopback benchmark measures.
 """
 
@@ -14,6 +15,7 @@ from .ha.transfer import open_splice_pipe
 from .opening import open_store
 from .put_request import PutRequest
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
+from .roles import RoleChangeError, RoleScope
 from .statistics import StoreStatistics
 from .store import MessageStore, StoreLock, StoreLockedError
 from .sync_requests import PendingPut, SyncServiceStatistics
@@ -21,7 +23,8 @@ from .sync_requests import PendingPut, SyncServiceStatistics
 __all__ = [
     "GetMessageResult", "GetMessageStatus", "HAClient", "HAClientState", "HAConnectionState",
     "HAMasterStatistics", "HASlaveStatistics", "MessageStore", "PendingPut", "PutMessageResult",
-    "PutMessageStatus", "PutRequest", "QueueEntry", "SlaveConnectionStatistics", "StoreLock",
+    "PutMessageStatus", "PutRequest", "QueueEntry", "RoleChangeError", "RoleScope",
+    "SlaveConnectionStatistics", "StoreLock",
     "StoreLockedError", "StoreStatistics", "SyncServiceStatistics", "open_splice_pipe",
     "open_store",
 ]
