@@ -40,13 +40,15 @@ from .metadata import BrokerMetadata
 from .queue_locks import QueueLockManager
 from .registration import MASTER_ID, Registration
 from .schedule import ScheduleService
-from .slave_sync import SlaveSync
+from .slave_sync import SlaveSync, sync_from_master
 from .transactions import TransactionCheck
 
 __all__ = ["TPS_WINDOWS", "Broker", "BrokerAddresses", "BrokerStats", "RateCounter"]
 
 log = logging.getLogger(__name__)
 
+#: how long a slave becoming master tries to copy the old master's metadata one last time
+LAST_SYNC_TIMEOUT = 2.0
 #: the windows (seconds) of the throughput figures GET_BROKER_RUNTIME_INFO reports, as
 #: RocketMQ's StoreStatsService: "putTps" is "<last 10 s> <last 60 s> <last 600 s>"
 TPS_WINDOWS = (10, 60, 600)
@@ -271,6 +273,7 @@ class Broker:
         with ``epoch`` as its state version. An epoch below the last change's is refused."""
         async with self._changing_role(epoch) as scope:
             await scope.stop()
+            await self._last_sync_from_master()
             await self.store.change_to_master(role)
             self.registration.take_role(MASTER_ID, epoch, None, None)
             await scope.start(self._role_services())
@@ -293,6 +296,22 @@ class Broker:
             self.registration.take_role(broker_id, version, master_addr, self.store.ha_client)
             await scope.start(self._role_services())
         await self.registration.register_all()
+
+    async def _last_sync_from_master(self) -> None:
+        """A slave about to become master copies the old master's metadata once more, if
+        that still answers within LAST_SYNC_TIMEOUT (an orderly switch: it does). RocketMQ
+        does not, and a topic created in the last slaveSyncInterval before a switch is then
+        missing on the new master, and from the routes (rocketmq-helm #33)."""
+        master = self.registration.master_addr
+        if not self.is_slave or not master or master == self.addresses.broker_addr:
+            await trio.lowlevel.checkpoint()
+            return
+        with trio.move_on_after(LAST_SYNC_TIMEOUT):
+            outcomes = await sync_from_master(self.registration.pool, master, self.metadata,
+                                              self.store.max_queue_offset)
+            log.info("broker %s: last metadata sync from the old master %s: %s",
+                     self.config.broker_name, master,
+                     ", ".join(f"{name} {o.detail}" for name, o in outcomes.items()))
 
     @contextlib.asynccontextmanager
     async def _changing_role(self, epoch: int) -> AsyncIterator[RoleScope]:

@@ -128,6 +128,9 @@ class Registration:
         else:
             self._set_master(master_addr)
         self._registered_with.clear()  # each name server's acceptance is logged again
+        # The periodic round registers again too, and judges anew how soon the next comes
+        # (a slave without its master yet asks every second, not every period).
+        self._register_now.set()
 
     def register_soon(self) -> None:
         """Topic configs changed: tell the name servers now (RocketMQ registers at once)."""

@@ -21,11 +21,14 @@ Becoming a master, in order (RocketMQ's ``AutoSwitchHAService.changeToMaster``):
 2. the log is flushed and the consume queues are brought up to its end (``settle``). A
    slave receives byte ranges, not records, so its log may end inside a record whose rest
    never came; dispatch stops at the last whole record, and what follows it — the torn
-   tail — is cut (zeroed and synced, as recovery cuts a torn tail at open, but only the torn
-   bytes: the rest of the segment was never written);
+   tail — is sealed: zeroed, and the segment closed there with the blank record that ends
+   a segment (RocketMQ's END_OF_FILE), synced, so the next put goes to a new segment.
+   Recovery cuts a torn tail at open by lowering the log's end; at run time the end only
+   rises, because the tasks waiting for the log to grow (dispatch, group commit, long polls)
+   wait for an offset past the torn bytes, and would wait until the log grew past them again;
 3. the next queue offsets come from the consume queues, as after recovery;
 4. the SYNC_MASTER's group transfer service starts, and the HA connections served as a
-   slave are closed (their peers may hold the bytes just cut; they come back and say where
+   slave are closed (their peers may hold the torn bytes; they come back and say where
    their logs end, as RocketMQ's ``destroyConnections`` makes them);
 5. puts are accepted.
 
@@ -52,7 +55,8 @@ import trio_ha._backend as _backend
 from .._errors import TrioHAError
 from ..config import BrokerRole, FlushDiskType, StoreConfig
 from ..watermark import Watermark
-from .commitlog import CommitLog
+from ..wire.layout import END_FILE_MIN_BLANK_LENGTH
+from .commitlog import CommitLog, SegmentUnavailable
 from .consume_queue import ConsumeQueueTable
 from .dispatch import Dispatcher
 from .ha.group_transfer import GroupTransferService
@@ -223,7 +227,7 @@ async def hand_over(store: RoleStore) -> None:
 
 async def settle(store: RoleStore) -> None:
     """Make the log whole and the consume queues complete, once nothing writes into it: flush
-    it, dispatch every whole record, cut a torn tail, and derive the next queue offsets."""
+    it, dispatch every whole record, seal a torn tail, and derive the next queue offsets."""
     commitlog, dispatcher = store.commitlog, store.dispatcher
     await commitlog.flush(0)  # (SYNC_FLUSH dispatches only what is flushed)
     while True:
@@ -242,22 +246,25 @@ async def settle(store: RoleStore) -> None:
         # The log ends inside the blank record that closes a segment: it is closed.
         commitlog.end_segment(last)
     elif end < commitlog.max_offset:
-        await cut_torn_tail(commitlog, end)
+        await seal_torn_tail(commitlog, end)
     commitlog.queue_offsets = {
         (queue.topic, queue.queue_id): queue.max_offset for queue in store.queues
     }
-    if not commitlog.segments.segments:
+    while not commitlog.segments.segments and commitlog.writable_segment() is None:
         # An empty slave had no segment (its master would have started the log); a master
-        # appends into one, as an empty master's recovery creates it.
-        first = await trio.to_thread.run_sync(commitlog.create_first_segment, 0)
-        commitlog.segments.append_segment(first)
+        # appends into one: the allocator's spare, at the log's start (one creator per file).
+        try:
+            await commitlog.wait_for_segment()
+        except SegmentUnavailable as exc:
+            raise RoleChangeError(f"no first commitlog segment: {exc}") from exc
 
 
-async def cut_torn_tail(commitlog: CommitLog, end: int) -> None:
-    """End the log at ``end``, the end of its last whole record: zero the bytes after it (a
-    record cut short, at most one) and sync them, so that no crash can line a later record
-    up with them. The log was flushed and nothing writes into it: no flush runs across this
-    (one would raise ``flushed`` to the old end)."""
+async def seal_torn_tail(commitlog: CommitLog, end: int) -> None:
+    """Close the last segment at ``end``, the end of its last whole record: zero the bytes
+    after it (a record cut short, at most one), write the blank record that ends a segment
+    there, and sync both before any put comes, so that no crash finds the torn bytes again
+    with new records after them (recovery would stop at them and lose those). The log's end
+    rises to the segment's end; nothing of it is lowered."""
     last = commitlog.segments.last
     if last is None or end < last.base_offset:
         raise RoleChangeError(
@@ -267,14 +274,13 @@ async def cut_torn_tail(commitlog: CommitLog, end: int) -> None:
     start, stop = end - last.base_offset, last.wrote_position
     _backend.engine.zero(last.handle, start, stop - start)
     last.wrote_position = start
-    last.flushed_position = min(last.flushed_position, start)
-    commitlog.written.reset(end)
-    if commitlog.flushed.value > end:
-        commitlog.flushed.reset(end)
+    commitlog.end_segment(last)  # the blank record at ``start``; ``written`` rises
+    synced = max(stop, min(start + END_FILE_MIN_BLANK_LENGTH, last.size))
     with last.hold():
-        await trio.to_thread.run_sync(last.sync_range, start, stop)
-    log.warning("commitlog: cut %d bytes of a record cut short at offset %d (the rest never "
-                "came from the old master)", stop - start, end)
+        await trio.to_thread.run_sync(last.sync_range, start, synced)
+    log.warning("commitlog: sealed the segment at offset %d after the last whole record: "
+                "%d bytes of a record cut short (the rest never came from the old master) "
+                "are gone; the log goes on at %d", end, stop - start, last.end_offset)
 
 
 async def close_ha_connections(store: RoleStore) -> None:
