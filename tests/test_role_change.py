@@ -8,6 +8,7 @@ roles, and swap back."""
 
 import functools
 import os
+from typing import Any
 
 import pytest
 import trio
@@ -29,7 +30,7 @@ from trio_ha.wire.route import RegisterBrokerBody, TopicRouteData
 
 def replica_config(root, **overrides) -> StoreConfig:
     """A slave that knows no master yet, with an HA port of its own (to serve as master)."""
-    values = dict(
+    values: dict[str, Any] = dict(
         store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT,
         mapped_file_size_consume_queue=20 * 200, broker_role=BrokerRole.SLAVE,
         ha_listen_port=0, ha_bind_address="127.0.0.1", ha_reconnect_interval=100,
@@ -41,7 +42,8 @@ def replica_config(root, **overrides) -> StoreConfig:
 
 def ha_addr(store: MessageStore) -> str:
     assert store.ha_address is not None
-    return "%s:%d" % store.ha_address
+    host, port = store.ha_address
+    return f"{host}:{port}"
 
 
 async def bodies(store: MessageStore, topic: str, queue: int = 0) -> list[bytes]:
