@@ -257,7 +257,10 @@ async def test_two_brokers_swap_roles_at_run_time_and_swap_back(nursery, tmp_pat
         # B's, replicated: the logs are the same).
         await wait_until(lambda: b.store.max_queue_offset("Later", 0) > 0,
                          "the new master to deliver the delayed message", timeout=15)
-        assert await bodies(b.store, "Later") == [b"late"]
+        await b.store.wait_dispatched()
+        [delivered] = await b.store.get_messages("Later", 0, 0, 10)
+        assert delivered.body == b"late"
+        assert delivered.store_host == b.addresses.broker_addr  # B stored it, not A
         await a.store.wait_dispatched(b.store.max_commitlog_offset)
         assert await bodies(a.store, "Later") == [b"late"]
 
