@@ -16,7 +16,14 @@ import trio
 from conftest import ha_of, wait_until
 from test_broker import send_request, send_until_replicated
 from test_ha import SEGMENT, body, master_config
-from trio_ha import BrokerRole, Message, PutMessageStatus, StoreConfig, open_store
+from trio_ha import (
+    BrokerRole,
+    FlushDiskType,
+    Message,
+    PutMessageStatus,
+    StoreConfig,
+    open_store,
+)
 from trio_ha.broker import BrokerConfig, serve_broker
 from trio_ha.broker.broker import Broker
 from trio_ha.namesrv import serve_namesrv
@@ -54,11 +61,14 @@ async def bodies(store: MessageStore, topic: str, queue: int = 0) -> list[bytes]
 # ---- the store -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
 async def test_a_slave_with_a_torn_tail_becomes_a_master_that_appends_after_its_last_record(
-        tmp_path):
+        tmp_path, flush):
     """A slave receives byte ranges, not records: the master died with half a record sent.
     Becoming master zeroes that half and closes the segment there, and the next put goes to
-    the next segment, with the next queue offset; a restart finds the log clean."""
+    the next segment, with the next queue offset, and is dispatched (and, under SYNC_FLUSH,
+    flushed: nothing waits for an offset past the torn bytes); a restart finds the log
+    clean."""
     async with open_store(master_config(tmp_path / "m", broker_role=BrokerRole.ASYNC_MASTER)) \
             as old:
         sent = [body(i) for i in range(9)] + [b"a long one " * 200]
@@ -66,7 +76,7 @@ async def test_a_slave_with_a_torn_tail_becomes_a_master_that_appends_after_its_
         end9 = results[9].commitlog_offset
         log = old.commitlog.read(0, old.max_commitlog_offset)
     torn_at = end9 + results[9].size // 2
-    async with open_store(replica_config(tmp_path / "s")) as store:
+    async with open_store(replica_config(tmp_path / "s", flush_disk_type=flush)) as store:
         assert store.role is BrokerRole.SLAVE and store.ha_client is not None
         await store.commitlog.append_replica(0, log[:torn_at])
         await store.wait_dispatched(end9)
@@ -83,8 +93,8 @@ async def test_a_slave_with_a_torn_tail_becomes_a_master_that_appends_after_its_
         assert new.status is PutMessageStatus.PUT_OK
         assert (new.commitlog_offset, new.queue_offset) == (SEGMENT, 9)
         assert await bodies(store, "Torn") == sent[:9] + [b"first of the new master"]
-    async with open_store(replica_config(tmp_path / "s", broker_role=BrokerRole.ASYNC_MASTER)) \
-            as reopened:
+    async with open_store(replica_config(tmp_path / "s", broker_role=BrokerRole.ASYNC_MASTER,
+                                         flush_disk_type=flush)) as reopened:
         assert reopened.recovery is not None and not reopened.recovery.abnormal
         assert reopened.max_commitlog_offset == SEGMENT + new.size
         assert await bodies(reopened, "Torn") == sent[:9] + [b"first of the new master"]
