@@ -26,12 +26,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from trio_ha import FlushDiskType, MessageStore, StoreConfig
 from trio_ha.broker.broker import BrokerAddresses
 from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics
+from trio_ha.testing import free_broker_port
 from trio_ha.testing.rocketmq import (
     CLIENTS_VERSION,
     DEFAULT_VERSION,
     VERSION_5,
     RocketMQ,
     RocketMQUnavailable,
+    controller_leader,
 )
 from trio_ha.wire import record as rec
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
@@ -229,3 +231,17 @@ def rocketmq_clients() -> RocketMQ:
 def rocketmq5() -> RocketMQ:
     """The real Apache RocketMQ 5.3.3."""
     return _rocketmq_peer(VERSION_5)
+
+
+@pytest.fixture
+def controller5(rocketmq5, tmp_path):
+    """The address of one real RocketMQ 5.3.3 controller (DLedger, a group of one) in
+    ``tmp_path/controller``, once it leads; SIGKILLed after the test."""
+    port = free_broker_port()
+    address = f"127.0.0.1:{port}"
+    controller = rocketmq5.start_controller(tmp_path / "controller", port)
+    try:
+        controller_leader([address])
+        yield address
+    finally:
+        controller.kill()

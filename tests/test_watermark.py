@@ -57,6 +57,26 @@ async def test_reset_lowers_without_waking_and_raises_with():
         mark.reset(70)
 
 
+async def test_rewind_lowers_and_wakes_every_waiter_to_look_again():
+    """A live truncation (trio_ha.store.truncation) lowers the log's marks: a waiter for an
+    offset past the cut would otherwise sleep until the log grows past its old end."""
+    mark = Watermark(100)
+    seen: list[int] = []
+
+    async def wait(target: int) -> None:
+        seen.append(await mark.wait_for(target))
+
+    async with trio.open_nursery() as nursery:
+        for target in (101, 150, 300):
+            nursery.start_soon(wait, target)
+        await trio.testing.wait_all_tasks_blocked()
+        mark.rewind(40)
+    assert mark.value == 40
+    assert seen == [40, 40, 40]  # each sees the lower value and decides again
+    mark.rewind(60)  # not lower: a plain rise
+    assert mark.value == 60
+
+
 async def test_listeners_hear_every_rise_synchronously_and_can_leave():
     mark = Watermark()
     heard: list[int] = []

@@ -163,9 +163,12 @@ class PullConsumer:
     # ---- queues ---------------------------------------------------------------------------------
 
     async def queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
-        """The readable queues of ``topic``. Raises MQClientError if it has no route."""
+        """The readable queues of ``topic``. Raises MQClientError if it has no route.
+        ``refresh``: look the route up unless that was done within
+        ``route_refresh_min_interval`` (asked for, so not spaced as failures' lookups are)."""
         if refresh or topic not in self.instance.routes:
-            await self.instance.refresh_route(topic)
+            await self.instance.refresh_route(
+                topic, max_age=self.instance.config.route_refresh_min_interval)
         queues = self.instance.subscribe_queues(topic)
         if not queues and topic not in self.instance.routes:
             raise MQClientError(f"no route info of topic {topic}")

@@ -20,8 +20,9 @@ for that producer.) What the instance does:
 - **connections**: a ``RemotingClientPool``, one connection per address, remade after a break;
 - **routes**: GET_ROUTEINFO_BY_TOPIC from the name servers (the first that answers; a failing
   one is skipped), cached per topic, refreshed every ``poll_name_server_interval`` (30 s) for
-  every topic in use, and on demand after a failure (at most every
-  ``route_refresh_min_interval`` per topic, so a burst of failures costs one lookup). A topic
+  every topic in use, and on demand after a failure, so a master change is followed at once:
+  one lookup at a time per topic, shared by every caller that waited for it, spaced 100 ms
+  growing to 1 s while the route stays the same (``route_gate``). A topic
   the name server does not know can be sent to through the default topic TBW102's route
   (the broker then creates it), as Java producers do;
 - **heartbeats**: HEART_BEAT to every broker in the routes every
@@ -78,6 +79,7 @@ from ..wire.permission import readable, writable
 from ..wire.record import java_string_hash, parse_host_port
 from ..wire.remoting import LanguageCode, RemotingCommand, RequestCode, ResponseCode
 from ..wire.route import QueueData, TopicRouteData
+from .route_gate import RouteGate
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +155,11 @@ class ClientConfig:
     #: timeout of admin-style requests (route lookups, offsets, heartbeats)
     request_timeout: float = 3.0
     connect_timeout: float = 3.0
-    #: an on-demand refresh of a topic's route happens at most this often
+    #: after a failure, a topic's route is looked up again at once, then at most this often
+    #: (seconds), the spacing doubling while the lookups find the same route...
     route_refresh_min_interval: float = 0.1
+    #: ...up to this (``route_gate``; docs/remoting.md, *Our client*)
+    route_refresh_max_interval: float = 1.0
     #: the ip part of the client id (the address the name server is reached from by default)
     client_ip: str | None = None
     #: the part after ``@`` (default: pid#n)
@@ -297,7 +302,8 @@ class ClientInstance:
     closed: bool = False
     _namesrv_index: int = 0
     _route_locks: dict[str, trio.Lock] = attrs.field(factory=dict)
-    _refreshed_at: dict[str, float] = attrs.field(factory=dict)
+    #: topic -> when its route may be looked up again on demand (the back-off)
+    _route_gates: dict[str, RouteGate] = attrs.field(factory=dict)
     _heartbeat_now: trio.Event = attrs.field(factory=trio.Event)
     _heartbeat_lock: trio.Lock = attrs.field(factory=trio.Lock)
     #: what answers a broker's CHECK_TRANSACTION_STATE (set by transactional producers), and
@@ -385,26 +391,54 @@ class ClientInstance:
             raise MQClientError(f"bad route data for {topic}: {exc}") from None
 
     async def refresh_route(
-        self, topic: str, *, max_age: float | None = None, allow_default: bool = False
+        self, topic: str, *, max_age: float | None = None, allow_default: bool = False,
+        wait_until: float | None = None,
     ) -> TopicRouteData | None:
-        """Fetch ``topic``'s route now, unless it was fetched within ``max_age`` seconds
-        (default ``route_refresh_min_interval``); concurrent callers share one lookup. With
-        ``allow_default``, a topic the name server does not know gets TBW102's route for
-        publishing. Returns the route (None when the topic has none). Raises
+        """Fetch ``topic``'s route now, if its back-off allows (``RouteGate``: the next lookup
+        of a topic 100 ms after the last, the spacing growing to 1 s while lookups find the
+        same route), else return the cached one; with ``max_age`` instead, unless it was
+        fetched within ``max_age`` seconds (0: now, as the periodic poll does). With
+        ``wait_until`` (trio time), a lookup the back-off holds back is waited for, when it
+        may start by then. One lookup at a time per topic: callers that waited for one share
+        its answer. A topic without a cached route is always looked up (it may have just been
+        created). With ``allow_default``, a topic the name server does not know gets TBW102's
+        route for publishing. Returns the route (None when the topic has none). Raises
         ``MQClientError`` when no name server answers."""
-        if max_age is None:
-            max_age = self.config.route_refresh_min_interval
+        gate = self._route_gates.get(topic)
+        if gate is None:
+            gate = self._route_gates[topic] = RouteGate(
+                self.config.route_refresh_min_interval, self.config.route_refresh_max_interval)
+        asked = gate.started_count
         lock = self._route_locks.setdefault(topic, trio.Lock())
-        async with lock:
-            last = self._refreshed_at.get(topic)
-            # a fresh enough answer is reused only if it was a route (a missing route is
-            # the caller's failure: ask again, the topic may have just been created)
-            if last is not None and trio.current_time() - last <= max_age and (
-                topic in self.routes or (allow_default and topic in self.default_routes)
-            ):
-                return self.routes.get(topic)
+        while True:
+            async with lock:
+                cached = topic in self.routes or (allow_default and topic in self.default_routes)
+                if gate.started_count != asked and (cached or not allow_default):
+                    return self.routes.get(topic)  # a lookup began after our ask: ours too
+                now = trio.current_time()
+                if not cached:
+                    return await self._look_up(topic, gate, allow_default)
+                if max_age is not None:
+                    if gate.last_start is not None and now - gate.last_start <= max_age:
+                        return self.routes.get(topic)
+                    return await self._look_up(topic, gate, allow_default)
+                opens = gate.opens_at()
+                if opens <= now:
+                    return await self._look_up(topic, gate, allow_default)
+                if wait_until is None or opens > wait_until:
+                    return self.routes.get(topic)
+            # Wait without the lock, so callers that do not wait are not held up; whoever
+            # looks up first when it opens answers every waiter.
+            await trio.sleep_until(opens)
+
+    async def _look_up(self, topic: str, gate: RouteGate, allow_default: bool
+                       ) -> TopicRouteData | None:
+        """One lookup of ``topic``'s route (and TBW102's, with ``allow_default``, when the
+        name server has none), told to its back-off."""
+        before = self.routes.get(topic), self.default_routes.get(topic)
+        gate.start(trio.current_time())
+        try:
             route = await self.fetch_route(topic)
-            self._refreshed_at[topic] = trio.current_time()
             if route is not None:
                 self._set_route(topic, route)
                 self.default_routes.pop(topic, None)
@@ -414,13 +448,20 @@ class ClientInstance:
                 if default is not None:
                     self.default_routes[topic] = _default_publish_route(default)
                     self._learn_brokers(default)
+                    # The name server no longer routes the topic (its only master went, and
+                    # the one that replaced it has not the topic yet): a route kept from
+                    # before would send every retry to the old master; TBW102's reaches a
+                    # live one, which creates the topic.
+                    self.routes.pop(topic, None)
             return None
+        finally:
+            gate.finish(changed=(self.routes.get(topic), self.default_routes.get(topic)) != before)
 
     async def route(self, topic: str) -> TopicRouteData | None:
         """The cached route of ``topic``, fetched if there is none yet."""
         route = self.routes.get(topic)
         if route is None:
-            route = await self.refresh_route(topic, max_age=self.config.route_refresh_min_interval)
+            route = await self.refresh_route(topic)
         return route
 
     def _set_route(self, topic: str, route: TopicRouteData) -> None:

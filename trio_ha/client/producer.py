@@ -15,6 +15,11 @@ producer.send(Message(topic, body, tags=..., keys=...))``. What the Java
   broker codes SYSTEM_ERROR, SYSTEM_BUSY, SERVICE_NOT_AVAILABLE, TOPIC_NOT_EXIST,
   NO_PERMISSION) are retried ``retry_times_when_send_failed`` times (2), within the one
   ``timeout`` of the call; other codes (MESSAGE_ILLEGAL...) raise at once;
+- each such failure looks the topic's route up again at once (the instance spaces those
+  lookups), so a master change is followed by the send's own retry, not the next 30 s poll:
+  a slave answers a send SERVICE_NOT_AVAILABLE (ours and RocketMQ 4.9's) or SYSTEM_BUSY
+  (RocketMQ 5's, which rejects the request), a dead master refuses the connection. A retry
+  with no other broker group to go to waits for that lookup (within ``timeout``);
 - the stored-but-not-fully statuses FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT and
   SLAVE_NOT_AVAILABLE are results, not errors, and are only retried on another broker when
   ``retry_another_broker_when_not_store_ok`` is set (off by default: the message is stored on
@@ -472,7 +477,8 @@ class Producer:
                 ):
                     return result
                 continue
-            await self._refresh_quietly(topic, deadline)
+            await self._refresh_quietly(topic, deadline, failed_broker=mq.broker_name,
+                                        retrying=number < attempts - 1)
         if result is not None:  # an earlier attempt stored it (not fully): that is the answer
             return result
         if isinstance(last_error, MQBrokerError):
@@ -493,11 +499,20 @@ class Producer:
                     "master (the master is down or not registered)")
         return f"no route info of topic {topic} (is the name server or the broker up?)"
 
-    async def _refresh_quietly(self, topic: str, deadline: float) -> None:
-        """Refresh ``topic``'s route, giving up quietly on an error or at ``deadline``."""
+    async def _refresh_quietly(self, topic: str, deadline: float, *,
+                               failed_broker: str | None = None, retrying: bool = False) -> None:
+        """After a failed attempt: refresh ``topic``'s route (at once, unless its back-off
+        holds the lookup back), giving up quietly on an error or at ``deadline``. When a retry
+        follows with no other broker group to go to than ``failed_broker`` (the master of the
+        only group died or became a slave), the retry waits for that lookup, within
+        ``deadline``, so that it goes where the fresh route says, not where the send just
+        failed."""
+        wait = retrying and all(queue.broker_name == failed_broker
+                                for queue in self.instance.publish_queues(topic))
         with trio.move_on_at(deadline):
             try:
-                await self.instance.refresh_route(topic, allow_default=True)
+                await self.instance.refresh_route(topic, allow_default=True,
+                                                  wait_until=deadline if wait else None)
             except MQClientError:
                 pass
 

@@ -9,14 +9,28 @@ Rules kept from RocketMQ (docs/remoting.md, 'Name server'): topic queue data com
 a master's registration (broker id 0), and only when its data version changed; an address that
 registers under another broker id replaces its old entry (a role switch); a broker silent for
 120 s, or whose connection closed, is removed. A slave's registration is answered with its
-master's address and HA address, which is how a slave finds its master without configuration.
+live master's address and HA address (nothing while id 0 has no live holder), which is how a
+slave finds its master without configuration, and in controller mode the only way.
 
-One rule is ours, not RocketMQ's: a second master (broker id 0) for a broker name is refused
-while the first is live (``MasterConflict``). RocketMQ lets it replace the first, and then
-the two overwrite each other at every registration: routes flap between them, and the slave
-is pointed at whichever registered last, whose commitlog is not the one it copies. The first
-master's slot is free again once it unregisters, its connection closes, or it has been silent
-longer than the broker expiry.
+Stale masters are fenced by data version, as RocketMQ 5 does (#6316): a broker in
+controller mode registers with its master epoch as ``DataVersion.stateVersion``, and a
+registration for a broker id that a *different live* address holds with a greater
+stateVersion is ignored. RocketMQ answers it SUCCESS with no master named and drops the
+ignored address from the live table (its entries under other ids were already removed, since
+that removal comes first), so an old master that wakes after a failover cannot take id 0
+back from the one the controller elected; it learns its demotion from the controller, not
+from us. A registration with the *greater* stateVersion takes the id from the live holder
+(the newly elected master over a stale one still connected).
+
+One rule is ours, not RocketMQ's, and it decides what the version leaves open: a second
+master (broker id 0) for a broker name is refused while the first is live (``MasterConflict``)
+when their stateVersions are *equal*, which is every classic (non-controller) broker, whose
+stateVersion is always 0. RocketMQ lets it replace the first, and then the two overwrite each
+other at every registration: routes flap between them, and the slave is pointed at whichever
+registered last, whose commitlog is not the one it copies. The first master's slot is free
+again once it unregisters, its connection closes, or it has been silent longer than the
+broker expiry. "Live", for both rules, is registered within that expiry: RocketMQ counts an
+address live until its sweep removes it (up to 10 s later).
 
 A second rule of ours: a live registration belongs to the connection that made it (and, with
 the name server's ACL on, to the account that signed it). An UNREGISTER_BROKER of it, or a
@@ -68,6 +82,9 @@ class BrokerLiveInfo:
 class RegisterResult:
     master_addr: str | None
     ha_server_addr: str | None
+    #: the live address whose greater stateVersion got this registration ignored (None: it
+    #: was recorded); RocketMQ answers such a registration SUCCESS, naming no master
+    fenced_by: str | None = None
 
 
 class MasterConflict(TrioHAError):
@@ -130,20 +147,29 @@ class RouteInfoManager:
         principal: str | None = None,
     ) -> RegisterResult:
         """Record a registration; raises ``MasterConflict`` (and records nothing) for a second
-        master of a broker name whose master is live, and ``RegistrationHeld`` for an address
-        another open connection registered (``principal``: the ACL account that signed it)."""
+        master of a broker name whose master is live with the same stateVersion, and
+        ``RegistrationHeld`` for an address another open connection registered
+        (``principal``: the ACL account that signed it). A registration for an id a live
+        address holds with a greater stateVersion is ignored (``RegisterResult.fenced_by``)."""
         self._check_owner(broker_addr, connection, principal, now, "registration")
-        if broker_id == 0:
-            self._check_single_master(broker_name, broker_addr, now)
+        version = topics.data_version if topics is not None else DataVersion()
+        entry = self.broker_addr_table.get(broker_name)
+        held = entry[1] if entry is not None else {}
+        holder = held.get(broker_id)
+        if holder is not None and holder != broker_addr and self._check_holder(
+                broker_name, broker_id, holder, broker_addr, version.state_version, now):
+            # As RocketMQ: its move (below) comes before its version check, so the ignored
+            # address loses its entries under other ids, and its liveness, all the same.
+            self._move(held, broker_addr, broker_id)
+            self.broker_live_table.pop(broker_addr, None)
+            return RegisterResult(None, None, fenced_by=holder)
         self.cluster_addr_table.setdefault(cluster, set()).add(broker_name)
         _, addrs = self.broker_addr_table.setdefault(broker_name, (cluster, {}))
         self.broker_addr_table[broker_name] = (cluster, addrs)
-        for other_id in [i for i, a in addrs.items() if a == broker_addr and i != broker_id]:
-            del addrs[other_id]  # the same address under a new id: a role switch
+        self._move(addrs, broker_addr, broker_id)
         first = addrs.get(broker_id) != broker_addr
         addrs[broker_id] = broker_addr
 
-        version = topics.data_version if topics is not None else DataVersion()
         previous = self.broker_live_table.get(broker_addr)
         changed = first or previous is None or previous.data_version != version
         if broker_id == 0 and topics is not None and changed:
@@ -155,8 +181,24 @@ class RouteInfoManager:
         if broker_id == 0:
             return RegisterResult(None, None)
         master = addrs.get(0)
-        master_live = self.broker_live_table.get(master) if master else None
-        return RegisterResult(master, master_live.ha_server_addr if master_live else None)
+        master_live = self._live(master, now) if master is not None else None
+        if master is None or master_live is None:
+            return RegisterResult(None, None)
+        return RegisterResult(master, master_live.ha_server_addr)
+
+    @staticmethod
+    def _move(addrs: dict[int, str], broker_addr: str, broker_id: int) -> None:
+        """Drop ``broker_addr``'s entries under ids other than ``broker_id``: the same address
+        under a new id is a role switch (a promoted slave's <2,addr> becomes <0,addr>)."""
+        for other_id in [i for i, a in addrs.items() if a == broker_addr and i != broker_id]:
+            del addrs[other_id]
+
+    def _live(self, broker_addr: str, now: float) -> BrokerLiveInfo | None:
+        """``broker_addr``'s registration if it is live: registered within the expiry."""
+        live = self.broker_live_table.get(broker_addr)
+        if live is None or now - live.last_update > self.broker_expiry:
+            return None
+        return live
 
     def _check_owner(self, broker_addr: str, connection: RemotingConnection | None,
                      principal: str | None, now: float, verb: str) -> None:
@@ -172,17 +214,25 @@ class RouteInfoManager:
             return
         raise RegistrationHeld(broker_addr, verb, str(getattr(live.connection, "peer", "?")))
 
-    def _check_single_master(self, broker_name: str, broker_addr: str, now: float) -> None:
-        entry = self.broker_addr_table.get(broker_name)
-        current = entry[1].get(0) if entry is not None else None
-        if current is None or current == broker_addr:
-            return
-        live = self.broker_live_table.get(current)
-        if live is not None and now - live.last_update <= self.broker_expiry:
-            raise MasterConflict(broker_name, current, broker_addr, now - live.last_update,
+    def _check_holder(self, broker_name: str, broker_id: int, holder: str, broker_addr: str,
+                      state_version: int, now: float) -> bool:
+        """Whether a registration of ``broker_addr`` for ``broker_id``, which ``holder`` (another
+        address) has, is fenced: the holder is live with a greater stateVersion. Raises
+        ``MasterConflict`` for a second master with the same stateVersion as the live one."""
+        live = self._live(holder, now)
+        if live is None:
+            if broker_id == 0:
+                # The old master is gone (past expiry, not yet swept): the new one takes its
+                # place.
+                self.broker_live_table.pop(holder, None)
+            return False
+        held = live.data_version.state_version
+        if held > state_version:
+            return True
+        if broker_id == 0 and held == state_version:
+            raise MasterConflict(broker_name, holder, broker_addr, now - live.last_update,
                                  self.broker_expiry)
-        # The old master is gone (past expiry, not yet swept): the new one takes its place.
-        self.broker_live_table.pop(current, None)
+        return False  # a newer epoch's master (or any slave) takes the id, as in RocketMQ
 
     def _update_topic_queues(self, broker_name: str, topics: TopicConfigSerializeWrapper) -> None:
         names = set(topics.topic_config_table)

@@ -10,13 +10,15 @@ It also serves what mqadmin asks a name server, as RocketMQ 4.9.8's DefaultReque
 does: the KV config (``kvconfig``, written to ``kvConfigPath``), deleting a topic's routes,
 wiping or adding back a broker's write permission, the topics of a cluster, and its own
 configuration (``getNamesrvConfig``; ``updateNamesrvConfig`` for the keys that can change while
-it runs). Answers that differ on purpose: a second master for a live broker name is refused
-(``routes.MasterConflict``), and so is an UNREGISTER_BROKER (or a registration of the same
-address) from another connection than the live one that registered it
-(``routes.RegistrationHeld``). With ``aclEnable``, REGISTER_BROKER and UNREGISTER_BROKER need
-an admin account's signature as the admin verbs do (RocketMQ 5's brokers sign them with
-``innerClientAuthenticationCredentials``, ours too; a RocketMQ 4.9 broker cannot sign, and
-needs its address in ``globalWhiteRemoteAddresses``).
+it runs). A registration from a stale master (a live address holds its id with a greater
+``stateVersion``, RocketMQ 5's fence) is ignored and answered SUCCESS naming no master, as
+RocketMQ 5 answers it. Answers that differ on purpose: a second master for a live broker name,
+with the same stateVersion, is refused (``routes.MasterConflict``), and so is an
+UNREGISTER_BROKER (or a registration of the same address) from another connection than the
+live one that registered it (``routes.RegistrationHeld``). With ``aclEnable``,
+REGISTER_BROKER and UNREGISTER_BROKER need an admin account's signature as the admin verbs do
+(RocketMQ 5's brokers sign them with ``innerClientAuthenticationCredentials``, ours too; a
+RocketMQ 4.9 broker cannot sign, and needs its address in ``globalWhiteRemoteAddresses``).
 
 Why one module at about 600 lines: the server is the request table of the name server (one
 handler per request code around ``routes`` and the KV config); the route rules themselves
@@ -291,6 +293,15 @@ class NameServer:
                 request, ResponseCode.NO_PERMISSION, remark=str(exc),
                 ext_fields={"masterAddr": exc.live_master},
             )
+        if result.fenced_by is not None:
+            # RocketMQ's answer to a stale registration is a plain SUCCESS: the broker learns
+            # its demotion from the controller. The line says why its route did not change.
+            self.refusals.log(
+                logging.WARNING, ("fenced", request.field_str("brokerAddr")),
+                "namesrv: ignored the registration of %s as brokerId %s of %s: %s holds that id "
+                "with a greater stateVersion (a stale master, RocketMQ #6316)",
+                request.field_str("brokerAddr"), request.field_str("brokerId"),
+                request.field_str("brokerName"), result.fenced_by)
         fields: dict[str, str] = {}
         if result.master_addr:
             fields["masterAddr"] = result.master_addr

@@ -138,6 +138,8 @@ class CommitLog:
     #: set when an allocation attempt ends, success or failure (puts waiting for the spare
     #: look again)
     _attempted: trio.Event = attrs.field(factory=trio.Event)
+    #: the allocator is creating a segment in a worker thread (``drop_spare`` waits it out)
+    _allocating: bool = False
     #: why the allocator's last attempt failed (None: it did not), and how many failed
     allocation_error: str | None = None
     allocation_failures: int = 0
@@ -175,6 +177,12 @@ class CommitLog:
     @property
     def min_offset(self) -> int:
         return self.segments.min_offset
+
+    @property
+    def flush_lock(self) -> trio.Lock:
+        """Held by every flush: whoever holds it knows no msync is under way and that the
+        ``flushed`` mark does not move (a live truncation holds it)."""
+        return self._flush_lock
 
     @property
     def max_offset(self) -> int:
@@ -285,9 +293,13 @@ class CommitLog:
                 self._spare_ready = trio.Event()
             if spare is None:
                 try:
-                    created = await trio.to_thread.run_sync(
-                        self.create_first_segment, base, abandon_on_cancel=False
-                    )
+                    self._allocating = True
+                    try:
+                        created = await trio.to_thread.run_sync(
+                            self.create_first_segment, base, abandon_on_cancel=False
+                        )
+                    finally:
+                        self._allocating = False
                 except OSError as exc:
                     # A full disk or no descriptors left: say so, let puts that need the
                     # segment fail at once, and try again (never end the store for it).
@@ -314,6 +326,21 @@ class CommitLog:
                 self._attempt_ended()
             self._spare_wanted = trio.Event()
             await self._spare_wanted.wait()
+
+    async def drop_spare(self) -> None:
+        """The log's end moved back (a live truncation): remove the spare made for the old
+        end, and wait out a creation under way (the allocator removes a segment made for
+        an end that moved). Afterwards no file lies past the end with a gap before it, which
+        the next open would refuse; the allocator makes the spare the new end needs."""
+        spare = self._spare
+        if spare is not None and spare.base_offset != self._next_base():
+            self._spare = None
+            self._spare_ready = trio.Event()
+            spare.destroy()
+            self._spare_wanted.set()
+        await trio.lowlevel.checkpoint()
+        while self._allocating:
+            await self._attempted.wait()
 
     def _attempt_ended(self) -> None:
         self._attempted.set()

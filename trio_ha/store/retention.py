@@ -22,6 +22,7 @@ from ..config import StoreConfig
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable
 from .dispatch import Dispatcher
+from .ha.epochs import EpochFile
 from .health import disk_used_ratio
 from .index import IndexService
 
@@ -48,6 +49,9 @@ class RetainedStore(Protocol):
 
     @property
     def dispatcher(self) -> Dispatcher: ...
+
+    @property
+    def epochs(self) -> EpochFile | None: ...
 
 
 def _is_delete_hour(delete_when: str, now: float) -> bool:
@@ -90,6 +94,10 @@ async def delete_expired_files(
             queue.delete_expired(commitlog.min_offset)
         if store.index is not None:
             store.index.delete_expired(commitlog.min_offset)
+        if store.epochs is not None:
+            # The epochs that ended before the log's new first byte (RocketMQ's
+            # truncateEpochFilePrefix); the file is written in a thread.
+            await trio.to_thread.run_sync(store.epochs.expire_before, commitlog.min_offset)
     await trio.lowlevel.checkpoint()
     return deleted
 

@@ -12,7 +12,9 @@ What has logic of its own lives in its own module: opening, running and closing 
 (``opening``: ``open_store``), reads and look-ups (``reads``), the consume-queue flush
 (``queue_flush``), what the store reports (``statistics``), and below them ``commitlog``,
 ``consume_queue``, ``dispatch``, ``recovery``, ``retention``, ``group_commit`` and ``ha``.
-What stays here is what the store holds, the put path, and what a caller sees:
+The store's role (master or slave) may change while it runs: ``roles`` says how, and
+``change_to_master`` / ``change_to_slave`` here are its doors. What stays here is what the
+store holds, the put path, and what a caller sees:
 ``MessageStore`` binds the reads as its methods, so ``store.read_queue(...)`` is the reads'
 function, called on the store.
 
@@ -36,12 +38,13 @@ from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
 from ..wire import layout
 from ..wire import record as rec
-from . import queue_flush, reads
+from . import queue_flush, reads, roles, truncation
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog, SegmentUnavailable, encode_batch, encode_message
 from .consume_queue import ConsumeQueueTable, is_valid_topic
 from .dispatch import Dispatcher
 from .group_commit import GroupCommitService
+from .ha.epochs import EpochFile
 from .ha.group_transfer import GroupTransferService
 from .ha.master import HAService
 from .ha.slave import HAClient
@@ -74,6 +77,10 @@ class MessageStore:
     _closed: bool = False
     #: running, open, and a master: the put fast path's one check
     _accepting: bool = False
+    #: the role now (``roles``): the configured one until a change
+    _role: BrokerRole = attrs.field(init=False)
+    #: the services of the current role, in their own cancel scope (None until it runs)
+    role_scope: roles.RoleScope | None = None
     _puts: int = 0
     _put_failures: int = 0
     _born_hosts: dict[str, bytes] = attrs.field(factory=dict[str, bytes])
@@ -99,8 +106,14 @@ class MessageStore:
     disk: DiskMonitor = attrs.field(init=False)
     #: what the store's services could not do, at most once every 10 s per kind
     health_log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
+    #: the epoch history of controller mode, for whoever runs it (None: the store keeps
+    #: none in memory; a truncation still cuts the file at storePathEpochFile if one exists)
+    epochs: EpochFile | None = None
+    #: a truncation is under way: puts are refused until it is done
+    _truncating: bool = False
 
     def __attrs_post_init__(self) -> None:
+        self._role = self.config.broker_role
         self.disk = DiskMonitor(
             (self.config.commitlog_dir, self.queues.root),
             self.config.disk_space_warning_level_ratio,
@@ -137,12 +150,36 @@ class MessageStore:
     def mark_running(self) -> None:
         """The services run: puts may come (a master's; a slave takes none)."""
         self._running = True
-        self._accepting = self.config.broker_role is not BrokerRole.SLAVE
+        self._accepting = self._role is not BrokerRole.SLAVE
 
     def mark_closed(self) -> None:
         """Closing or closed: every put from now on is refused."""
         self._closed = True
         self._accepting = False
+
+    # ---- its role (``roles``) ---------------------------------------------------------------
+
+    @property
+    def role(self) -> BrokerRole:
+        """SYNC_MASTER, ASYNC_MASTER or SLAVE: the configured role until it changes."""
+        return self._role
+
+    def take_role(self, role: BrokerRole) -> None:
+        """(``roles``, once the role's services run) Puts from now on are those of
+        ``role``: refused on a slave, waiting for slaves on a SYNC_MASTER."""
+        self._role = role
+        self._waits = roles.waits_for(role, self.config.flush_disk_type)
+        self._accepting = self._running and not self._closed and role is not BrokerRole.SLAVE
+
+    async def change_to_master(self, role: BrokerRole = BrokerRole.SYNC_MASTER) -> None:
+        """Become a master of kind ``role`` without a restart: the HA client stops, a torn
+        tail is cut, the consume queues catch up, then puts are accepted (``roles``)."""
+        await roles.change_to_master(self, role)
+
+    async def change_to_slave(self, master_ha_address: str | None) -> None:
+        """Become a slave of ``master_ha_address`` without a restart: puts are refused, the
+        waiting ones answered, then the HA client starts (``roles``)."""
+        await roles.change_to_slave(self, master_ha_address)
 
     # ---- puts -------------------------------------------------------------------------------
 
@@ -212,7 +249,10 @@ class MessageStore:
         the full one, with the reasons.)"""
         if self._closed or not self._running:
             return self._illegal("store is closed", PutMessageStatus.SERVICE_NOT_AVAILABLE)
-        if self.config.broker_role is BrokerRole.SLAVE:
+        if self._truncating:
+            return self._illegal("the store is cutting its log back",
+                                 PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        if self._role is BrokerRole.SLAVE:
             return self._illegal(
                 "a slave does not accept writes", PutMessageStatus.SERVICE_NOT_AVAILABLE
             )
@@ -389,8 +429,7 @@ class MessageStore:
             durable=group_commit.request(end, start) if group_commit is not None else None,
             replica=group_transfer.request(end, start) if group_transfer is not None else None,
             # a SYNC_MASTER without an HA service: no slave can ack
-            no_replicas=group_transfer is None
-            and self.config.broker_role is BrokerRole.SYNC_MASTER,
+            no_replicas=group_transfer is None and self._role is BrokerRole.SYNC_MASTER,
         )
 
     # ---- reads (``reads``) --------------------------------------------------------------------
@@ -429,6 +468,44 @@ class MessageStore:
     async def flush(self) -> int:
         """Flush the commitlog now; returns the flushed offset."""
         return await self.commitlog.flush(0)
+
+    async def truncate_to(self, offset: int, *, for_new_master: bool = False) -> int:
+        """Cut the log back to ``offset`` (a record boundary at or below the max offset),
+        with its consume queues, index, epoch file and checkpoint, crash-safely
+        (``truncation``); the bytes cut. Reads, pulls, max offsets and the next put or
+        replicated byte all follow the cut once it returns.
+
+        A store that takes puts (a master) is refused, unless the change-to-master path
+        says it is that (``for_new_master``: it cuts before it serves as master; puts get
+        SERVICE_NOT_AVAILABLE meanwhile). Whoever appends otherwise (a slave's HA client)
+        stops first. TruncationError, with nothing changed, when it cannot be done;
+        TruncationUnfinished when an I/O error stopped it half-way: the store then refuses
+        puts until it is reopened, which finishes the cut (puts taken meanwhile would be cut
+        by it)."""
+        if self._closed or not self._running:
+            await trio.lowlevel.checkpoint()
+            raise truncation.TruncationError("the store is not running")
+        if self._truncating:
+            await trio.lowlevel.checkpoint()
+            raise truncation.TruncationError("a truncation is already under way")
+        if self._accepting and not for_new_master:
+            await trio.lowlevel.checkpoint()
+            raise truncation.TruncationError(
+                "the store takes puts (a master): only the change-to-master path may cut it"
+            )
+        accepting = self._accepting
+        self._truncating, self._accepting = True, False
+        try:
+            cut = await truncation.truncate_live(self, offset, max_record_size(self.config))
+        except truncation.TruncationUnfinished:
+            raise  # refusing puts for good (``_truncating`` stays set)
+        except BaseException:
+            self._truncating = False
+            self._accepting = accepting and not self._closed
+            raise
+        self._truncating = False
+        self._accepting = accepting and not self._closed
+        return cut
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(
