@@ -36,6 +36,7 @@ from ..wire.metadata import TopicConfig
 from ..wire.remoting import SendMessageRequestHeader
 from .clients import ClientManager
 from .config import BrokerConfig
+from .controller.link import ControllerLink
 from .metadata import BrokerMetadata
 from .queue_locks import QueueLockManager
 from .registration import MASTER_ID, Registration
@@ -234,6 +235,8 @@ class Broker:
     _persist_soon: trio.Event = attrs.field(factory=trio.Event, init=False)
     #: what the current role runs, in the broker's nursery (``start_role_services``)
     _role_scope: RoleScope | None = attrs.field(default=None, init=False)
+    #: in controller mode, the broker's membership of its set (``controller.link``)
+    controller_link: ControllerLink | None = attrs.field(default=None, init=False)
 
     @property
     def is_slave(self) -> bool:
