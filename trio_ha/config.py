@@ -183,6 +183,9 @@ class StoreConfig:
     )
     #: commitlog directory; ``<store_path_root_dir>/commitlog`` when unset
     store_path_commit_log: str | None = None
+    #: the epoch file of controller mode (storePathEpochFile);
+    #: ``<store_path_root_dir>/epochFileCheckpoint`` when unset
+    store_path_epoch_file: str | None = None
     mapped_file_size_commit_log: int = attrs.field(
         default=DEFAULT_COMMITLOG_SEGMENT_SIZE, validator=in_range(4096)
     )
@@ -316,6 +319,11 @@ class StoreConfig:
     @property
     def commitlog_dir(self) -> str:
         return self.store_path_commit_log or os.path.join(self.store_path_root_dir, "commitlog")
+
+    @property
+    def epoch_file_path(self) -> str:
+        return self.store_path_epoch_file or os.path.join(self.store_path_root_dir,
+                                                          "epochFileCheckpoint")
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, str] | str, **overrides: Any) -> StoreConfig:

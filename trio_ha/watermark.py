@@ -92,6 +92,22 @@ class Watermark:
         else:
             self._value = value
 
+    def rewind(self, value: int) -> None:
+        """Set the mark to ``value`` even if lower (a live store cut its log) and wake every
+        waiter: each sees the new value, possibly below its target, and must look again.
+        (``reset`` leaves waiters above the new value waiting for their old targets, which
+        a log that grows again from a lower end may take long to reach.)"""
+        if value >= self._value:
+            self.raise_to(value)
+            return
+        self._value = value
+        waiters, self._waiters, self._dead = self._waiters, [], 0
+        for entry in waiters:
+            task = entry[_TASK]
+            if task is not None:
+                entry[_TASK] = None
+                trio.lowlevel.reschedule(task)
+
     async def wait_for(self, target: int) -> int:
         """Return once the mark is at least ``target`` (at once if it already is, after a
         checkpoint). Returns the mark's value at that moment."""

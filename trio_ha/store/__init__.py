@@ -8,6 +8,7 @@ and the splice pipe the loopback benchmark measures.
 """
 
 from .consume_queue import QueueEntry
+from .ha.epochs import EpochCache, EpochEntry, EpochFile, EpochFileError
 from .ha.master import HAConnectionState, HAMasterStatistics, SlaveConnectionStatistics
 from .ha.slave import HAClient, HAClientState, HASlaveStatistics
 from .ha.transfer import open_splice_pipe
@@ -17,11 +18,14 @@ from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMe
 from .statistics import StoreStatistics
 from .store import MessageStore, StoreLock, StoreLockedError
 from .sync_requests import PendingPut, SyncServiceStatistics
+from .truncation import TruncationError
 
 __all__ = [
+    "EpochCache", "EpochEntry", "EpochFile", "EpochFileError",
     "GetMessageResult", "GetMessageStatus", "HAClient", "HAClientState", "HAConnectionState",
     "HAMasterStatistics", "HASlaveStatistics", "MessageStore", "PendingPut", "PutMessageResult",
     "PutMessageStatus", "PutRequest", "QueueEntry", "SlaveConnectionStatistics", "StoreLock",
-    "StoreLockedError", "StoreStatistics", "SyncServiceStatistics", "open_splice_pipe",
+    "StoreLockedError", "StoreStatistics", "SyncServiceStatistics", "TruncationError",
+    "open_splice_pipe",
     "open_store",
 ]

@@ -177,6 +177,12 @@ class CommitLog:
         return self.segments.min_offset
 
     @property
+    def flush_lock(self) -> trio.Lock:
+        """Held by every flush: whoever holds it knows no msync is under way and that the
+        ``flushed`` mark does not move (a live truncation holds it)."""
+        return self._flush_lock
+
+    @property
     def max_offset(self) -> int:
         return self.written.value
 

@@ -28,7 +28,7 @@ import trio
 from .._errors import unwrap_single_exception
 from .._sockets import listen_named
 from ..config import BrokerRole, FlushDiskType, StoreConfig
-from . import retention
+from . import retention, truncation
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable
@@ -153,7 +153,10 @@ def _recover(store: MessageStore) -> None:
     """Recovery, the index, the first segment, and the consume queues brought up to the
     recovered end of the log: what must be true before the store takes a put."""
     config, commitlog, dispatcher = store.config, store.commitlog, store.dispatcher
-    abnormal = os.path.exists(_abort_path(store))
+    # A truncation a crash interrupted is finished first; recovery then runs as after a
+    # crash, which cuts the queues and the index to the log it finds.
+    cut = truncation.complete_pending(config, store.root, commitlog, store.checkpoint)
+    abnormal = cut is not None or os.path.exists(_abort_path(store))
     store.recovery = recover(
         commitlog, store.queues, dispatcher, store.checkpoint,
         abnormal=abnormal, check_crc=config.check_crc_on_recover,

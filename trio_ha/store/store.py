@@ -36,12 +36,13 @@ from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
 from ..wire import layout
 from ..wire import record as rec
-from . import queue_flush, reads
+from . import queue_flush, reads, truncation
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog, SegmentUnavailable, encode_batch, encode_message
 from .consume_queue import ConsumeQueueTable, is_valid_topic
 from .dispatch import Dispatcher
 from .group_commit import GroupCommitService
+from .ha.epochs import EpochFile
 from .ha.group_transfer import GroupTransferService
 from .ha.master import HAService
 from .ha.slave import HAClient
@@ -99,6 +100,11 @@ class MessageStore:
     disk: DiskMonitor = attrs.field(init=False)
     #: what the store's services could not do, at most once every 10 s per kind
     health_log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
+    #: the epoch history of controller mode, for whoever runs it (None: the store keeps
+    #: none in memory; a truncation still cuts the file at storePathEpochFile if one exists)
+    epochs: EpochFile | None = None
+    #: a truncation is under way: puts are refused until it is done
+    _truncating: bool = False
 
     def __attrs_post_init__(self) -> None:
         self.disk = DiskMonitor(
@@ -212,6 +218,9 @@ class MessageStore:
         the full one, with the reasons.)"""
         if self._closed or not self._running:
             return self._illegal("store is closed", PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        if self._truncating:
+            return self._illegal("the store is cutting its log back",
+                                 PutMessageStatus.SERVICE_NOT_AVAILABLE)
         if self.config.broker_role is BrokerRole.SLAVE:
             return self._illegal(
                 "a slave does not accept writes", PutMessageStatus.SERVICE_NOT_AVAILABLE
@@ -429,6 +438,35 @@ class MessageStore:
     async def flush(self) -> int:
         """Flush the commitlog now; returns the flushed offset."""
         return await self.commitlog.flush(0)
+
+    async def truncate_to(self, offset: int, *, for_new_master: bool = False) -> int:
+        """Cut the log back to ``offset`` (a record boundary at or below the max offset),
+        with its consume queues, index, epoch file and checkpoint, crash-safely
+        (``truncation``); the bytes cut. Reads, pulls, max offsets and the next put or
+        replicated byte all follow the cut once it returns.
+
+        A store that takes puts (a master) is refused, unless the change-to-master path
+        says it is that (``for_new_master``: it cuts before it serves as master; puts get
+        SERVICE_NOT_AVAILABLE meanwhile). Whoever appends otherwise (a slave's HA client)
+        stops first. TruncationError, with nothing changed, when it cannot be done."""
+        if self._closed or not self._running:
+            await trio.lowlevel.checkpoint()
+            raise truncation.TruncationError("the store is not running")
+        if self._truncating:
+            await trio.lowlevel.checkpoint()
+            raise truncation.TruncationError("a truncation is already under way")
+        if self._accepting and not for_new_master:
+            await trio.lowlevel.checkpoint()
+            raise truncation.TruncationError(
+                "the store takes puts (a master): only the change-to-master path may cut it"
+            )
+        accepting = self._accepting
+        self._truncating, self._accepting = True, False
+        try:
+            return await truncation.truncate_live(self, offset, max_record_size(self.config))
+        finally:
+            self._truncating = False
+            self._accepting = accepting and not self._closed
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(
