@@ -452,7 +452,7 @@ def runtime_info(
     table = {
         "brokerVersionDesc": BROKER_VERSION_DESC,
         "brokerVersion": BROKER_VERSION_CODE,
-        "brokerRole": broker.config.role.value,
+        "brokerRole": store.role.value,
         "commitLogMinOffset": stats.min_commitlog_offset,
         "commitLogMaxOffset": stats.max_commitlog_offset,
         "commitLogFlushedOffset": stats.flushed_offset,

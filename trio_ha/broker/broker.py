@@ -6,21 +6,31 @@ clients connected to it and its counters. ``serve_broker`` (``trio_ha.broker.ser
 store and loads the metadata first and only then builds the Broker, so no processor ever sees
 a broker without its store; the processors (``send``, ``pull``, ``admin``) take it as their
 first argument, and ``dispatch`` routes requests to them.
+
+Its role may change while it serves (``change_to_master`` / ``change_to_slave``: RocketMQ 5's
+controller mode, spec ``controller-mode.md`` §2.4). What only a role runs — a master's delay
+schedule and transaction check, a slave's metadata sync — runs in a ``RoleScope`` of the
+broker's nursery, so leaving the role cancels exactly that; the store changes its own role
+(``trio_ha.store.roles``); and the broker registers at once with its new id and the master
+epoch as its state version. Whether the broker is a slave is the store's role, read where a
+request is served: a send that reaches a broker that stopped being the master gets the
+slave's answer (SERVICE_NOT_AVAILABLE, as a RocketMQ 4.x/5.x slave's store answers it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import attrs
 import trio
 
 from ..config import BrokerRole
 from ..remoting import RemotingConnection
-from ..store import MessageStore, PutMessageResult
+from ..store import MessageStore, PutMessageResult, RoleChangeError, RoleScope
 from ..wire import layout
 from ..wire.metadata import TopicConfig
 from ..wire.remoting import SendMessageRequestHeader
@@ -28,7 +38,7 @@ from .clients import ClientManager
 from .config import BrokerConfig
 from .metadata import BrokerMetadata
 from .queue_locks import QueueLockManager
-from .registration import Registration
+from .registration import MASTER_ID, Registration
 from .schedule import ScheduleService
 from .slave_sync import SlaveSync
 from .transactions import TransactionCheck
@@ -197,13 +207,12 @@ class Broker:
             takes_self=True,
         )
     )
-    #: a slave's copy of its master's metadata (None on a master)
-    slave_sync: SlaveSync | None = attrs.field(
+    #: a slave's copy of its master's metadata (it runs while the broker is a slave)
+    slave_sync: SlaveSync = attrs.field(
         default=attrs.Factory(
             lambda self: SlaveSync(self.registration, self.metadata,
                                    self.config.slave_sync_interval / 1000,
-                                   self.store.max_queue_offset)
-            if self.config.role is BrokerRole.SLAVE else None,
+                                   self.store.max_queue_offset),
             takes_self=True,
         )
     )
@@ -221,10 +230,84 @@ class Broker:
     started_at: float = attrs.field(factory=time.time)
     #: set when a table should be written before the next periodic round
     _persist_soon: trio.Event = attrs.field(factory=trio.Event, init=False)
+    #: what the current role runs, in the broker's nursery (``start_role_services``)
+    _role_scope: RoleScope | None = attrs.field(default=None, init=False)
 
     @property
     def is_slave(self) -> bool:
-        return self.config.role is BrokerRole.SLAVE
+        return self.store.role is BrokerRole.SLAVE
+
+    @property
+    def state_version(self) -> int:
+        """The master epoch of the last role change (0: none): the registered stateVersion."""
+        return self.registration.state_version
+
+    # ---- its role --------------------------------------------------------------------------
+
+    def _role_services(self) -> list[Callable[..., Awaitable[None]]]:
+        """What the broker's current role runs: RocketMQ's changeSpecialServiceStatus (the
+        schedule and the transaction check on a master) and SlaveSynchronize (a slave's)."""
+        if self.is_slave:
+            return [self._run_slave_sync]
+        return [self.schedule.run, self.transaction_check.run]
+
+    async def _run_slave_sync(self, *, task_status: trio.TaskStatus[None] = (
+            trio.TASK_STATUS_IGNORED)) -> None:
+        task_status.started()
+        await self.slave_sync.run()
+
+    async def start_role_services(self, nursery: trio.Nursery) -> None:
+        """Start what the broker's role runs, in a scope of ``nursery`` that a role change
+        replaces (``serve_broker`` calls it once the broker serves)."""
+        self._role_scope = RoleScope(nursery)
+        await self._role_scope.start(self._role_services())
+
+    async def change_to_master(self, epoch: int,
+                               role: BrokerRole = BrokerRole.SYNC_MASTER) -> None:
+        """Become the master (RocketMQ's ``ReplicasManager.changeToMaster``): the slave sync
+        stops; the store stops copying, cuts a torn tail, waits for dispatch and takes puts
+        (``role``: SYNC_MASTER as RocketMQ's controller mode makes it, or ASYNC_MASTER);
+        the schedule and the transaction check start; the broker registers at once as id 0
+        with ``epoch`` as its state version. An epoch below the last change's is refused."""
+        async with self._changing_role(epoch) as scope:
+            await scope.stop()
+            await self.store.change_to_master(role)
+            self.registration.take_role(MASTER_ID, epoch, None, None)
+            await scope.start(self._role_services())
+        await self.registration.register_all()
+
+    async def change_to_slave(self, master_addr: str | None, master_ha_addr: str | None,
+                              broker_id: int, epoch: int | None = None) -> None:
+        """Become a slave of the master at ``master_addr`` (remoting) / ``master_ha_addr``
+        (HA; None: learn both from the name servers), registered as ``broker_id`` (> 0,
+        the controller's id): the schedule and the transaction check stop, before the
+        store refuses puts, answers those waiting and starts copying; the slave sync starts;
+        the broker registers at once, with ``epoch`` (None: the last one) as its state
+        version (RocketMQ's ``ReplicasManager.changeToSlave``)."""
+        if broker_id <= MASTER_ID:
+            raise ValueError(f"a slave's broker id is above {MASTER_ID}, not {broker_id}")
+        version = self.state_version if epoch is None else epoch
+        async with self._changing_role(version) as scope:
+            await scope.stop()
+            await self.store.change_to_slave(master_ha_addr)
+            self.registration.take_role(broker_id, version, master_addr, self.store.ha_client)
+            await scope.start(self._role_services())
+        await self.registration.register_all()
+
+    @contextlib.asynccontextmanager
+    async def _changing_role(self, epoch: int) -> AsyncIterator[RoleScope]:
+        """One role change at a time, never to an epoch older than the last."""
+        scope = self._role_scope
+        if scope is None:
+            raise RoleChangeError("the broker does not serve yet: its role cannot change")
+        async with scope.changing:
+            if epoch < self.state_version:
+                raise RoleChangeError(
+                    f"epoch {epoch} is older than this broker's, {self.state_version}")
+            log.info("broker %s: changing role at epoch %d (was %s, brokerId %d)",
+                     self.config.broker_name, epoch, self.store.role.value,
+                     self.registration.broker_id)
+            yield scope
 
     @property
     def master_addr(self) -> str | None:

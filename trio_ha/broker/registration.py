@@ -16,6 +16,12 @@ latter, following a new master when the answer changes — unless ``haMasterAddr
 configured, which always wins. With ``haAuthSecret`` a new master is followed (HA and
 metadata sync both) only once it has passed the HA handshake (``HAClient.follow_master_address``).
 
+The broker id registered is the configured one until the broker changes role at run time
+(``Broker.change_to_master`` / ``change_to_slave``, RocketMQ 5's controller mode): then 0 as
+a master, the controller's id as a slave, and the master epoch rides along as the
+``stateVersion`` of the topic table's DataVersion (``ReplicasManager`` sets it so; a 5.x name
+server keeps a stale master from taking id 0 back by it).
+
 Our name server refuses a second master for a broker name whose master is live (RocketMQ's
 lets it replace the first, and the two then take turns in the routes, and the slave follows
 whichever registered last). A master refused so when it starts raises
@@ -33,7 +39,6 @@ import attrs
 import trio
 
 from .._errors import TrioHAError
-from ..config import BrokerRole
 from ..remoting import RemotingClientPool, RemotingError, open_remoting_client
 from ..store import HAClient
 from ..wire import record as rec
@@ -42,7 +47,7 @@ from ..wire.route import RegisterBrokerBody
 from .config import BrokerConfig
 from .metadata import TopicConfigManager
 
-__all__ = ["DuplicateMasterError", "Registration"]
+__all__ = ["MASTER_ID", "DuplicateMasterError", "Registration"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,8 @@ MAX_REGISTER_PERIOD_MS = 60_000
 SLAVE_WITHOUT_MASTER_RETRY = 1.0
 #: UNREGISTER_BROKER at shutdown: every name server together, within this (s)
 UNREGISTER_TIMEOUT = 2.0
+#: ``MixAll.MASTER_ID``: the broker id of a master; a slave's is above it
+MASTER_ID = 0
 
 
 class DuplicateMasterError(TrioHAError):
@@ -89,28 +96,55 @@ class Registration:
     ha_client: HAClient | None = None
     #: the master's remoting address, learned from registration (slaves)
     master_addr: str | None = None
+    #: the id registered: the configured brokerId until a role change sets it
+    broker_id: int = attrs.field(
+        default=attrs.Factory(lambda self: self.config.broker_id, takes_self=True))
+    #: the master epoch of the last role change (0: none), sent as the DataVersion's
+    #: stateVersion
+    state_version: int = 0
     _register_now: trio.Event = attrs.field(factory=trio.Event, init=False)
     #: whether a registration round has completed (the broker serves from then on)
     _started: bool = attrs.field(default=False, init=False)
     #: the name servers whose last answer was a registration: the log says when that changes
     _registered_with: set[str] = attrs.field(factory=set, init=False)
+    #: the last round had a refusal as a second master: the next comes soon, not a period
+    #: later (a master made at run time may register before the old one has left id 0)
+    _refused: bool = attrs.field(default=False, init=False)
 
     @property
     def is_slave(self) -> bool:
-        return self.config.role is BrokerRole.SLAVE
+        return self.broker_id != MASTER_ID
+
+    def take_role(self, broker_id: int, state_version: int, master_addr: str | None,
+                  ha_client: HAClient | None) -> None:
+        """Register from now on as ``broker_id`` (0: the master) with ``state_version``; a
+        slave's master is ``master_addr`` until a name server says otherwise, and its HA
+        client ``ha_client`` follows the master the name servers name."""
+        self.broker_id = broker_id
+        self.state_version = state_version
+        self.ha_client = ha_client
+        if broker_id == MASTER_ID:
+            self.master_addr = None
+        else:
+            self._set_master(master_addr)
+        self._registered_with.clear()  # each name server's acceptance is logged again
 
     def register_soon(self) -> None:
         """Topic configs changed: tell the name servers now (RocketMQ registers at once)."""
         self._register_now.set()
 
     def register_request(self) -> RemotingCommand:
-        body = RegisterBrokerBody(self.topics.registration_wrapper()).encode()
+        wrapper = self.topics.registration_wrapper()
+        if self.state_version:
+            wrapper = attrs.evolve(wrapper, data_version=attrs.evolve(
+                wrapper.data_version, state_version=self.state_version))
+        body = RegisterBrokerBody(wrapper).encode()
         return RemotingCommand.request(RequestCode.REGISTER_BROKER, {
             "brokerName": self.config.broker_name,
             "brokerAddr": self.broker_addr,
             "clusterName": self.config.broker_cluster_name,
             "haServerAddr": self.ha_addr or "",
-            "brokerId": self.config.broker_id,
+            "brokerId": self.broker_id,
             "compressed": False,
             # UtilAll.crc32: the same masked CRC-32 as a record's BODYCRC
             "bodyCrc32": rec.body_crc(body),
@@ -126,6 +160,7 @@ class Registration:
         async with trio.open_nursery() as nursery:
             for address in self.config.namesrv_addresses:
                 nursery.start_soon(self._register_one, address, request, timeout, refusals)
+        self._refused = bool(refusals)
         if not refusals:
             self._started = True
             return
@@ -150,7 +185,7 @@ class Registration:
             return
         live_master = response.ext_fields.get("masterAddr")
         if (response.code == ResponseCode.NO_PERMISSION and live_master
-                and self.config.broker_id == 0 and live_master != self.broker_addr):
+                and self.broker_id == MASTER_ID and live_master != self.broker_addr):
             refusals.append(DuplicateMasterError(
                 address, self.config.broker_name, self.broker_addr, live_master,
                 response.remark or "another master holds this broker name"))
@@ -163,7 +198,7 @@ class Registration:
         if address not in self._registered_with:
             self._registered_with.add(address)
             log.info("broker: %s (%s, brokerId %d) registered with name server %s",
-                     self.config.broker_name, self.broker_addr, self.config.broker_id, address)
+                     self.config.broker_name, self.broker_addr, self.broker_id, address)
         if self.is_slave:
             self._follow_master(response.ext_fields.get("masterAddr"),
                                 response.ext_fields.get("haServerAddr"))
@@ -189,10 +224,10 @@ class Registration:
         period = min(max(self.config.register_name_server_period, MIN_REGISTER_PERIOD_MS),
                      MAX_REGISTER_PERIOD_MS) / 1000
         while True:
-            # A slave that has not learned its master yet (it registered first) asks again
-            # soon instead of waiting a whole period.
-            wait = (SLAVE_WITHOUT_MASTER_RETRY if self.is_slave and self.master_addr is None
-                    else period)
+            # A slave that has not learned its master yet (it registered first), or a master
+            # refused while another held id 0, asks again soon instead of waiting a period.
+            soon = self._refused or (self.is_slave and self.master_addr is None)
+            wait = SLAVE_WITHOUT_MASTER_RETRY if soon else period
             with trio.move_on_after(wait):
                 await self._register_now.wait()
             # A change while registering sets the new event: it is registered next round.
@@ -205,7 +240,7 @@ class Registration:
         short-lived connection."""
         request = RemotingCommand.request(RequestCode.UNREGISTER_BROKER, {
             "brokerName": self.config.broker_name, "brokerAddr": self.broker_addr,
-            "clusterName": self.config.broker_cluster_name, "brokerId": self.config.broker_id,
+            "clusterName": self.config.broker_cluster_name, "brokerId": self.broker_id,
         })
 
         async def one(address: str) -> None:

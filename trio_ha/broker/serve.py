@@ -26,7 +26,9 @@ serves pulls and queries (so consumers keep going while the master is down), lea
 master's HA address from its registration when haMasterAddress is not set — and follows it
 when the master changes — and copies topics, consumer offsets, delay offsets and subscription
 groups from the master every slaveSyncInterval, never moving an offset back (RocketMQ issue
-#1094).
+#1094). The role may change while the broker serves, without a restart
+(``Broker.change_to_master`` / ``change_to_slave``): whoever drives it — RocketMQ 5's
+controller, an embedding program, a test — gets the live ``Broker`` through ``on_serving``.
 
 Cancelling the nursery shuts down gracefully: listeners close, connections stop reading, held
 pulls answer, running requests get at most shutdownWaitTimeSeconds to finish and write their
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -92,17 +95,20 @@ async def serve_broker(
     config: BrokerConfig,
     *,
     task_status: trio.TaskStatus[BrokerAddresses] = trio.TASK_STATUS_IGNORED,
+    on_serving: Callable[[Broker], object] | None = None,
 ) -> None:
-    """Run a broker until cancelled; reports its BrokerAddresses through ``task_status``."""
+    """Run a broker until cancelled; reports its BrokerAddresses through ``task_status``,
+    and, just before, hands the live ``Broker`` to ``on_serving`` (to change its role)."""
     lock = await trio.to_thread.run_sync(StoreLock.acquire, config.store.store_path_root_dir)
     try:
-        await _serve_locked(config, lock, task_status)
+        await _serve_locked(config, lock, task_status, on_serving)
     finally:
         lock.release()
 
 
 async def _serve_locked(
-    config: BrokerConfig, lock: StoreLock, task_status: trio.TaskStatus[BrokerAddresses]
+    config: BrokerConfig, lock: StoreLock, task_status: trio.TaskStatus[BrokerAddresses],
+    on_serving: Callable[[Broker], object] | None,
 ) -> None:
     host = config.bind_address
     listeners = await listen_named(config.listen_port, host, "listenPort")
@@ -124,7 +130,7 @@ async def _serve_locked(
         async with open_store(config.store, lock=lock) as store:
             try:
                 await _run(config, store, metadata, listeners, vip_listeners,
-                           metrics_listeners, task_status)
+                           metrics_listeners, task_status, on_serving)
             finally:
                 with trio.CancelScope(shield=True):
                     await metadata.persist_all()
@@ -143,6 +149,7 @@ async def _run(
     vip_listeners: list[trio.SocketListener],
     metrics_listeners: list[trio.SocketListener],
     task_status: trio.TaskStatus[BrokerAddresses],
+    on_serving: Callable[[Broker], object] | None,
 ) -> None:
     """Build the broker and serve until cancelled; unregister on the way out."""
     port = listeners[0].socket.getsockname()[1]
@@ -177,6 +184,8 @@ async def _run(
                          addresses.metrics_addr)
             log.info("broker %s (%s) serving on %s", config.broker_name, config.role.value,
                      addresses.broker_addr)
+            if on_serving is not None:
+                on_serving(broker)
             task_status.started(addresses)
             await trio.sleep_forever()
         finally:
@@ -264,10 +273,7 @@ async def _serve(
         # Registered before "started": whoever started the broker finds it in the routes.
         await broker.registration.register_all()
         nursery.start_soon(broker.registration.run)
-    if not broker.is_slave:
-        await nursery.start(broker.schedule.run)
-        await nursery.start(broker.transaction_check.run)
-    else:
-        assert broker.slave_sync is not None
-        nursery.start_soon(broker.slave_sync.run)
+    # A master's schedule and transaction check, or a slave's metadata sync, in a scope of
+    # their own: a role change replaces them (``Broker.change_to_master``/``change_to_slave``).
+    await broker.start_role_services(nursery)
     return servers

@@ -4,6 +4,7 @@ This is the store's public face: what the broker and everything above it use of 
 is named here (an import-linter contract keeps them out of ``store.ha`` and
 ``store.sync_requests``): opening a store, a put as a value and its results, the statistics
 and states the metrics report, the HA client a broker registers with its master's address,
+the role scope a broker runs its own role's services in,
 and the splice pipe the loopback benchmark measures.
 """
 
@@ -15,6 +16,7 @@ from .ha.transfer import open_splice_pipe
 from .opening import open_store
 from .put_request import PutRequest
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
+from .roles import RoleChangeError, RoleScope
 from .statistics import StoreStatistics
 from .store import MessageStore, StoreLock, StoreLockedError
 from .sync_requests import PendingPut, SyncServiceStatistics
@@ -24,8 +26,8 @@ __all__ = [
     "EpochCache", "EpochEntry", "EpochFile", "EpochFileError",
     "GetMessageResult", "GetMessageStatus", "HAClient", "HAClientState", "HAConnectionState",
     "HAMasterStatistics", "HASlaveStatistics", "MessageStore", "PendingPut", "PutMessageResult",
-    "PutMessageStatus", "PutRequest", "QueueEntry", "SlaveConnectionStatistics", "StoreLock",
-    "StoreLockedError", "StoreStatistics", "SyncServiceStatistics", "TruncationError",
-    "open_splice_pipe",
+    "PutMessageStatus", "PutRequest", "QueueEntry", "RoleChangeError", "RoleScope",
+    "SlaveConnectionStatistics", "StoreLock", "StoreLockedError", "StoreStatistics",
+    "SyncServiceStatistics", "TruncationError", "open_splice_pipe",
     "open_store",
 ]

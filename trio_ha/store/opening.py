@@ -4,7 +4,8 @@
 queues up to date, and runs the store's services as tasks in its own nursery: segment
 pre-allocation, commitlog flush (async flush, or group commit under SYNC_FLUSH), dispatch,
 consume-queue flush with the checkpoint, retention, and replication (the HA service a master
-listens with, the group transfer its SYNC_MASTER puts wait on, a slave's HA client). Leaving
+listens with, the group transfer its SYNC_MASTER puts wait on, a slave's HA client: these
+two in a scope of their own, which a role change at run time replaces, see ``roles``). Leaving
 the block stops taking puts, flushes everything, answers every put still waiting, writes the
 checkpoint and removes the ``abort`` file — unless something was left undone, in which case
 the next open performs crash recovery, as it would after a kill.
@@ -41,6 +42,7 @@ from .index import IndexService
 from .lock import StoreLock
 from .queue_flush import flush_consume_queues, run_queue_flush
 from .recovery import rebuild_disagreeing_queues, recover
+from .roles import RoleScope, services_for, waits_for
 from .store import MessageStore, max_record_size
 from .verify import RecordVerifier
 
@@ -131,10 +133,7 @@ def _load(config: StoreConfig, root: str) -> MessageStore:
             if config.broker_role is BrokerRole.SYNC_MASTER and ha_service is not None
             else None
         ),
-        waits=(
-            config.flush_disk_type is FlushDiskType.SYNC_FLUSH
-            or config.broker_role is BrokerRole.SYNC_MASTER
-        ),
+        waits=waits_for(config.broker_role, config.flush_disk_type),
         verifier=(
             RecordVerifier(max_record_size(config)) if config.check_crc_on_read else None
         ),
@@ -212,10 +211,10 @@ async def _run_services(store: MessageStore, nursery: trio.Nursery,
     await nursery.start(store.disk.run)
     if store.ha_service is not None:
         await nursery.start(functools.partial(store.ha_service.serve, listeners=ha_listeners))
-    if store.group_transfer is not None:
-        await nursery.start(store.group_transfer.run)
-    if store.ha_client is not None:
-        await nursery.start(store.ha_client.run)
+    # What only the configured role runs (the group transfer service, the HA client) runs
+    # in a scope of its own, which a role change cancels and replaces (``roles``).
+    store.role_scope = RoleScope(nursery)
+    await store.role_scope.start(services_for(store))
 
 
 async def _shutdown(store: MessageStore) -> None:

@@ -12,7 +12,9 @@ What has logic of its own lives in its own module: opening, running and closing 
 (``opening``: ``open_store``), reads and look-ups (``reads``), the consume-queue flush
 (``queue_flush``), what the store reports (``statistics``), and below them ``commitlog``,
 ``consume_queue``, ``dispatch``, ``recovery``, ``retention``, ``group_commit`` and ``ha``.
-What stays here is what the store holds, the put path, and what a caller sees:
+The store's role (master or slave) may change while it runs: ``roles`` says how, and
+``change_to_master`` / ``change_to_slave`` here are its doors. What stays here is what the
+store holds, the put path, and what a caller sees:
 ``MessageStore`` binds the reads as its methods, so ``store.read_queue(...)`` is the reads'
 function, called on the store.
 
@@ -36,7 +38,7 @@ from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
 from ..wire import layout
 from ..wire import record as rec
-from . import queue_flush, reads, truncation
+from . import queue_flush, reads, roles, truncation
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog, SegmentUnavailable, encode_batch, encode_message
 from .consume_queue import ConsumeQueueTable, is_valid_topic
@@ -75,6 +77,10 @@ class MessageStore:
     _closed: bool = False
     #: running, open, and a master: the put fast path's one check
     _accepting: bool = False
+    #: the role now (``roles``): the configured one until a change
+    _role: BrokerRole = attrs.field(init=False)
+    #: the services of the current role, in their own cancel scope (None until it runs)
+    role_scope: roles.RoleScope | None = None
     _puts: int = 0
     _put_failures: int = 0
     _born_hosts: dict[str, bytes] = attrs.field(factory=dict[str, bytes])
@@ -107,6 +113,7 @@ class MessageStore:
     _truncating: bool = False
 
     def __attrs_post_init__(self) -> None:
+        self._role = self.config.broker_role
         self.disk = DiskMonitor(
             (self.config.commitlog_dir, self.queues.root),
             self.config.disk_space_warning_level_ratio,
@@ -143,12 +150,36 @@ class MessageStore:
     def mark_running(self) -> None:
         """The services run: puts may come (a master's; a slave takes none)."""
         self._running = True
-        self._accepting = self.config.broker_role is not BrokerRole.SLAVE
+        self._accepting = self._role is not BrokerRole.SLAVE
 
     def mark_closed(self) -> None:
         """Closing or closed: every put from now on is refused."""
         self._closed = True
         self._accepting = False
+
+    # ---- its role (``roles``) ---------------------------------------------------------------
+
+    @property
+    def role(self) -> BrokerRole:
+        """SYNC_MASTER, ASYNC_MASTER or SLAVE: the configured role until it changes."""
+        return self._role
+
+    def take_role(self, role: BrokerRole) -> None:
+        """(``roles``, once the role's services run) Puts from now on are those of
+        ``role``: refused on a slave, waiting for slaves on a SYNC_MASTER."""
+        self._role = role
+        self._waits = roles.waits_for(role, self.config.flush_disk_type)
+        self._accepting = self._running and not self._closed and role is not BrokerRole.SLAVE
+
+    async def change_to_master(self, role: BrokerRole = BrokerRole.SYNC_MASTER) -> None:
+        """Become a master of kind ``role`` without a restart: the HA client stops, a torn
+        tail is cut, the consume queues catch up, then puts are accepted (``roles``)."""
+        await roles.change_to_master(self, role)
+
+    async def change_to_slave(self, master_ha_address: str | None) -> None:
+        """Become a slave of ``master_ha_address`` without a restart: puts are refused, the
+        waiting ones answered, then the HA client starts (``roles``)."""
+        await roles.change_to_slave(self, master_ha_address)
 
     # ---- puts -------------------------------------------------------------------------------
 
@@ -221,7 +252,7 @@ class MessageStore:
         if self._truncating:
             return self._illegal("the store is cutting its log back",
                                  PutMessageStatus.SERVICE_NOT_AVAILABLE)
-        if self.config.broker_role is BrokerRole.SLAVE:
+        if self._role is BrokerRole.SLAVE:
             return self._illegal(
                 "a slave does not accept writes", PutMessageStatus.SERVICE_NOT_AVAILABLE
             )
@@ -398,8 +429,7 @@ class MessageStore:
             durable=group_commit.request(end, start) if group_commit is not None else None,
             replica=group_transfer.request(end, start) if group_transfer is not None else None,
             # a SYNC_MASTER without an HA service: no slave can ack
-            no_replicas=group_transfer is None
-            and self.config.broker_role is BrokerRole.SYNC_MASTER,
+            no_replicas=group_transfer is None and self._role is BrokerRole.SYNC_MASTER,
         )
 
     # ---- reads (``reads``) --------------------------------------------------------------------
