@@ -240,6 +240,10 @@ class StoreConfig:
     #: ``ip:port`` recorded as STOREHOST in every record (brokerIP1:listenPort)
     store_host: str = "127.0.0.1:10911"
     broker_role: BrokerRole = attrs.field(default=BrokerRole.ASYNC_MASTER, converter=BrokerRole)
+    #: RocketMQ 5's controller mode (the broker's enableControllerMode, read from the same
+    #: key): the HA port speaks the AutoSwitch protocol (store/ha/autoswitch_master.py) and a
+    #: slave copies with the AutoSwitch client; false: the classic protocol
+    enable_controller_mode: bool = False
     os_page_cache_busy_timeout_mills: int = attrs.field(default=1000, validator=_positive)
     #: index every message by key (KEYS, UNIQ_KEY) in ``<root>/index`` for QUERY_MESSAGE
     message_index_enable: bool = True
@@ -310,6 +314,20 @@ class StoreConfig:
     #: RocketMQ peer cannot replicate with such a node). None: the classic protocol
     ha_auth_secret: str | None = attrs.field(default=None, repr=False,
                                              validator=_ha_auth_secret)
+
+
+    # ---- controller mode (docs/controller-mode.md) -----------------------------------------
+    #: in controller mode, a SYNC_MASTER put is acknowledged only once every member of the
+    #: in-sync replica set has it. RocketMQ's default is false, which lets a failover truncate
+    #: messages already answered SEND_OK (docs/differences.md); ours is true
+    all_ack_in_sync_state_set: bool = True
+    #: with all_ack_in_sync_state_set false: how many replicas (the master counts) must have
+    #: a put before it is acknowledged
+    in_sync_replicas: int = attrs.field(default=1, validator=in_range(1, 64))
+    #: a master whose in-sync set is smaller than this refuses puts
+    min_in_sync_replicas: int = attrs.field(default=1, validator=in_range(1, 64))
+    #: a slave that has not caught up with the master for this long (ms) leaves the in-sync set
+    ha_max_time_slave_not_catchup: int = attrs.field(default=15_000, validator=_positive)
 
     @property
     def delay_levels(self) -> tuple[int, ...]:
