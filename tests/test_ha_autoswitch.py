@@ -11,6 +11,7 @@ member of the in-sync set; a hostile peer loses its connection, and only that.""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import trio
 
@@ -37,7 +38,7 @@ COPY_TIMEOUT = 20.0
 def controller_config(root, **overrides) -> StoreConfig:
     """A controller-mode store as a broker starts it: fenced (a slave with no master), with
     an HA port of its own for when it becomes master."""
-    values = dict(
+    values: dict[str, Any] = dict(
         store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT,
         mapped_file_size_consume_queue=20 * 200, broker_role=BrokerRole.SLAVE,
         ha_listen_port=0, ha_bind_address="127.0.0.1", ha_reconnect_interval=100,
@@ -85,6 +86,7 @@ async def test_a_slave_copies_its_master_and_its_epochs(tmp_path):
     async with open_store(controller_config(tmp_path / "a")) as a, \
             open_store(controller_config(tmp_path / "b")) as b:
         await become_master(a, epoch=1, broker_id=1)
+        end = 0
         for i in range(20):
             end = await put(a, "Copy", body(i))
         await croles.change_to_slave(b, ha_addr(a), broker_id=2)
@@ -108,6 +110,7 @@ async def test_an_old_master_rejoins_cuts_what_the_new_master_never_had_and_copi
     async with open_store(controller_config(tmp_path / "a")) as a, \
             open_store(controller_config(tmp_path / "b")) as b:
         await become_master(a, epoch=1, broker_id=1)
+        shared_end = a_end = b_end = 0
         for i in range(10):
             shared_end = await put(a, "Fail", body(i))
         await croles.change_to_slave(b, ha_addr(a), broker_id=2)
@@ -205,6 +208,7 @@ async def test_a_frame_never_crosses_an_epoch_boundary(tmp_path):
     wrote its bytes, though one frame could carry all of it."""
     async with open_store(controller_config(tmp_path / "m")) as master:
         await become_master(master, epoch=1, broker_id=1)
+        boundary = end = 0
         for i in range(10):
             boundary = await put(master, "Epochs", body(i))
         await become_master(master, epoch=2, broker_id=1)

@@ -43,6 +43,7 @@ from ...wire.ha_autoswitch import (
     NEED_DATA,
     AutoSwitchSlaveProtocol,
     FrameData,
+    FrameEnd,
     HandshakeReply,
     HAProtocolError,
     TransferHeader,
@@ -214,7 +215,7 @@ class AutoSwitchHAClient(HAClient):
                             starting = None
                     elif isinstance(event, FrameData):
                         body_offset = await commitlog.append_replica(body_offset, event.data)
-                    else:  # the frame's end (FrameEnd)
+                    elif isinstance(event, FrameEnd):
                         self.bytes_received += event.size
                         if starting is not None:
                             await self._record_epoch(*starting)
