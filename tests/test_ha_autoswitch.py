@@ -291,3 +291,26 @@ async def test_a_hostile_peer_loses_its_connection_and_nothing_else(tmp_path):
             await croles.change_to_slave(slave, ha_addr(master), broker_id=2)
             await copied(slave, end)
             assert log_bytes(slave, end) == log_bytes(master, end)
+
+
+async def test_a_slave_with_a_torn_tail_becomes_master_and_its_queues_follow_its_puts(tmp_path):
+    """The log of a slave cut mid-frame ends inside a record: becoming master cuts that half
+    record and appends the epoch entry where the whole records end; the consume queues then
+    take the new master's puts (the dispatcher was waiting past the old, torn end)."""
+    async with open_store(controller_config(tmp_path / "m")) as old:
+        await become_master(old, epoch=1, broker_id=1)
+        ends = [await put(old, "Torn", body(i)) for i in range(4)]
+        ends.append(await put(old, "Torn", b"a long one " * 200))  # longer than the next put
+        log = log_bytes(old, ends[-1])
+    whole = ends[3]
+    async with open_store(controller_config(tmp_path / "s")) as store:
+        await store.commitlog.append_replica(0, log[: whole + (ends[4] - whole) // 2])
+        await store.wait_dispatched(whole)
+        await become_master(store, epoch=2, broker_id=2)
+        assert store.commitlog.max_offset == whole
+        assert history(store) == (EpochEntry(2, whole),)
+        await put(store, "Torn", b"first of the new master")
+        with trio.fail_after(COPY_TIMEOUT):
+            await store.wait_dispatched()
+        got = [m.body for m in await store.get_messages("Torn", 0, 0, 100)]
+        assert got == [body(i) for i in range(4)] + [b"first of the new master"]

@@ -86,7 +86,9 @@ async def change_to_master(store: ControllerStore, *, epoch: int, broker_id: int
         store.ha_client = None
         store.group_transfer = None
         if was is BrokerRole.SLAVE:
+            await _first_segment_from_allocator(store)
             await roles.settle(store)
+            _wake_log_waiters(store)
         service.autoswitch = None
         await roles.close_ha_connections(store)
         epochs = await epochs_of(store)
@@ -114,6 +116,29 @@ async def change_to_master(store: ControllerStore, *, epoch: int, broker_id: int
                  "set %s)", config.store_path_root_dir, was.value, epoch, start,
                  sorted(sync_state_set))
         return term
+
+
+async def _first_segment_from_allocator(store: ControllerStore) -> None:
+    """An empty slave's log has no segment yet; take the allocator's (a workaround):
+    ``roles.settle`` would create segment 0 in a worker thread of its own while the allocator
+    creates the same file as its spare, and the two renames of one tmp file race (one failed
+    with FileNotFoundError). One creator per file name, as for a slave's replicated bytes."""
+    commitlog = store.commitlog
+    while not commitlog.segments.segments and commitlog.writable_segment() is None:
+        await commitlog.wait_for_segment()
+
+
+def _wake_log_waiters(store: ControllerStore) -> None:
+    """Wake whoever waits on the log's end, to look again (a workaround): ``roles.settle``
+    cuts a torn tail with ``Watermark.reset``, which leaves a waiter for more than the old end
+    waiting (the dispatcher waits there when the log ends inside a record), so the consume
+    queues would never see the new master's puts. A rewind wakes every waiter; the value is
+    put back before any of them runs."""
+    written = store.commitlog.written
+    end = written.value
+    if end > 0:
+        written.rewind(end - 1)
+        written.raise_to(end)
 
 
 async def change_to_slave(store: ControllerStore, master_ha_address: str | None, *,

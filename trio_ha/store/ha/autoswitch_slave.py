@@ -19,9 +19,10 @@ RocketMQ 5 does, from the epoch histories. A session:
 4. ack the log end: the master's first ack is the request, where it starts;
 5. receive frames straight into the commitlog mapping, as the classic client does (the
    receive loop and the acks are the classic session's shape, its ``Reports`` included);
-   record an epoch entry when a frame starts an epoch this log has not seen (once the frame's
-   bytes are in: RocketMQ labels the frame that ends an epoch with the next one, whose start
-   is that frame's end), and keep the confirm offset (the master's, capped at the local end).
+   record an epoch entry when a frame starts an epoch this log has not seen, before its bytes
+   are written and acked (a crash then cannot leave acked bytes whose epoch the log forgot;
+   the frame RocketMQ labels with the next epoch, starting at its end, is recorded after its
+   body), and keep the confirm offset (the master's, capped at the local end).
 
 Everything else — the back-off between sessions, following a new master address, the
 ``diverged`` state for a frame that does not continue the log (after a truncation that can
@@ -178,7 +179,7 @@ class AutoSwitchHAClient(HAClient):
         frame_size = 0  # bytes in the body being received
         report = reports.before_wait
         unyielded = 0
-        #: the epoch a frame began (epoch, start), recorded once its bytes are in
+        #: an epoch RocketMQ labelled a frame with, starting at its end: recorded after it
         starting: tuple[int, int] | None = None
         with trio.CancelScope(deadline=trio.current_time() + silence) as quiet:
             while True:
@@ -209,10 +210,15 @@ class AutoSwitchHAClient(HAClient):
                         if event.confirm_offset >= 0:
                             self.confirm_offset = min(event.confirm_offset, commitlog.max_offset)
                         if event.new_epoch:
-                            starting = (event.epoch, event.epoch_start_offset)
-                        if starting is not None and event.is_heartbeat:
-                            await self._record_epoch(*starting)
-                            starting = None
+                            if event.epoch_start_offset <= event.offset or event.is_heartbeat:
+                                # Its bytes are the epoch's: recorded before they are
+                                # acked, so that a crash cannot keep acked bytes whose
+                                # epoch this log forgot (the next handshake would cut them).
+                                await self._record_epoch(event.epoch, event.epoch_start_offset)
+                            else:
+                                # RocketMQ labels the frame that ends an epoch with the next
+                                # one, starting at the frame's end: recorded after the body.
+                                starting = (event.epoch, event.epoch_start_offset)
                     elif isinstance(event, FrameData):
                         body_offset = await commitlog.append_replica(body_offset, event.data)
                     elif isinstance(event, FrameEnd):
