@@ -141,6 +141,12 @@ async def test_an_old_master_rejoins_cuts_what_the_new_master_never_had_and_copi
         assert got == [body(i) for i in range(10)] + [b"kept " + body(i) for i in range(7)]
 
 
+def master_connections(master: MessageStore):
+    stats = master.statistics().ha
+    assert stats is not None
+    return stats.connections
+
+
 # ---- raw peers --------------------------------------------------------------------------------
 
 
@@ -231,13 +237,16 @@ async def test_a_frame_never_crosses_an_epoch_boundary(tmp_path):
 
 async def test_a_sync_master_put_waits_for_every_member_of_the_in_sync_set(tmp_path):
     """allAckInSyncStateSet (our default): with the set {1, 2} a put is answered only once
-    member 2 acked its bytes, though they reached it before."""
+    member 2 acked its bytes, though they reached it before, and though a slave outside the
+    set (3) acked them first."""
     async with open_store(controller_config(tmp_path / "m", slave_timeout=10_000)) as master:
         await become_master(master, epoch=1, broker_id=1, members=frozenset({1, 2}))
         assert master.config.all_ack_in_sync_state_set
         slave = await RawSlave.connect(master, broker_id=2)
-        async with slave.stream:
+        outsider = await RawSlave.connect(master, broker_id=3)
+        async with slave.stream, outsider.stream:
             await slave.handshake(0)
+            await outsider.handshake(0)
             answers: list[PutMessageStatus] = []
             answered = trio.Event()
 
@@ -252,7 +261,12 @@ async def test_a_sync_master_put_waits_for_every_member_of_the_in_sync_set(tmp_p
                     await master.commitlog.written.wait_for(1)
                     end = master.commitlog.max_offset
                     await slave.receive_until(end)
-                assert not answered.is_set()  # the bytes reached member 2; it has not acked
+                    await outsider.receive_until(end)
+                await outsider.ack(end)
+                await wait_until(lambda: any(c.confirmed_offset == end
+                                             for c in master_connections(master)),
+                                 "the outsider's ack", timeout=COPY_TIMEOUT)
+                assert not answered.is_set()  # member 2 has the bytes but has not acked
                 await slave.ack(end)
                 with trio.fail_after(COPY_TIMEOUT):
                     await answered.wait()
@@ -314,3 +328,24 @@ async def test_a_slave_with_a_torn_tail_becomes_master_and_its_queues_follow_its
             await store.wait_dispatched()
         got = [m.body for m in await store.get_messages("Torn", 0, 0, 100)]
         assert got == [body(i) for i in range(4)] + [b"first of the new master"]
+
+
+async def test_a_slave_whose_epochs_the_master_does_not_share_keeps_its_log_and_retries(
+        tmp_path, caplog):
+    """No consistent point (-1): the handshake fails, the log says why, nothing is cut, and
+    the client tries again (after 2 s, as RocketMQ)."""
+    async with open_store(controller_config(tmp_path / "m")) as master, \
+            open_store(controller_config(tmp_path / "s")) as slave:
+        await become_master(master, epoch=1, broker_id=1)
+        await put(master, "Alien", b"the master's")
+        await become_master(slave, epoch=5, broker_id=2)
+        end = await put(slave, "Alien", b"another set's")
+        await croles.change_to_slave(slave, ha_addr(master), broker_id=2)
+        client = slave.ha_client
+        assert isinstance(client, AutoSwitchHAClient)
+        await wait_until(lambda: client.last_error is not None, "the failed handshake",
+                         timeout=COPY_TIMEOUT)
+        assert "no consistent point" in (client.last_error or "")
+        assert "shares no epoch" in caplog.text
+        assert slave.commitlog.max_offset == end and client.truncated_bytes == 0
+        assert history(slave) == (EpochEntry(5, 0),)
