@@ -31,8 +31,10 @@ A broker not in controller mode answers both as RocketMQ's does: SYSTEM_ERROR.
 from __future__ import annotations
 
 import attrs
+import trio
 
 from ..remoting import RemotingConnection
+from ..store import SyncState
 from ..wire.controller import EpochEntryCacheBody, EpochEntryView, SyncStateSet
 from ..wire.errors import WireError
 from ..wire.layout import INT64_MAX
@@ -44,29 +46,50 @@ __all__ = ["BrokerTarget", "broker_epoch_cache", "notify_role_changed"]
 @attrs.define(eq=False)
 class BrokerTarget:
     broker: Broker
-    #: the in-sync set the controller last gave this broker as master
-    sync_state_set: SyncStateSet = attrs.field(factory=SyncStateSet)
+    #: the in-sync set of this broker's current master term (None: not master)
+    sync_state: SyncState | None = None
 
     async def change_to_master(self, epoch: int, sync_state_set: SyncStateSet,
                                same_master: bool) -> None:
-        await self.broker.change_to_master(epoch)
-        self.apply_sync_state_set(sync_state_set)
+        link = self.broker.controller_link
+        assert link is not None and link.identity is not None
+        self.sync_state = None
+        self.sync_state = await self.broker.change_to_controller_master(
+            epoch, link.identity.broker_id, sync_state_set.members, sync_state_set.epoch)
 
     async def change_to_slave(self, master_addr: str, master_id: int, epoch: int,
                               broker_id: int) -> None:
-        await self.broker.change_to_slave(master_addr, None, broker_id, epoch)
+        self.sync_state = None
+        await self.broker.change_to_controller_slave(master_addr, broker_id, epoch)
 
     def apply_sync_state_set(self, sync_state_set: SyncStateSet,
                              asked_at: float | None = None) -> None:
-        if sync_state_set.epoch >= self.sync_state_set.epoch:
-            self.sync_state_set = sync_state_set
+        state = self.sync_state
+        if state is None:
+            return
+        when = trio.current_time() if asked_at is None else asked_at
+        state.controller_set(sync_state_set.members, sync_state_set.epoch, when)
+        # Whatever the step said: raising the puts' watermark to where it is costs nothing.
+        self.broker.store.raise_replicated()
 
     def take_proposal(self, now: float) -> SyncStateSet | None:
-        return None
+        state = self.sync_state
+        if state is None:
+            return None
+        state.tick(now)
+        proposal = state.take_proposal(now)
+        return None if proposal is None else SyncStateSet(proposal.members, proposal.epoch)
 
     def proposal_answered(self, accepted: SyncStateSet | None, code: int | None,
                           now: float) -> None:
-        return None
+        state = self.sync_state
+        if state is None:
+            return
+        if accepted is not None:
+            state.accepted(accepted.members, accepted.epoch, now)
+        else:
+            state.refused(code, now)
+        self.broker.store.raise_replicated()
 
     def last_epoch(self) -> int:
         epochs = self.broker.store.epochs
@@ -76,6 +99,9 @@ class BrokerTarget:
         return self.broker.store.commitlog.max_offset
 
     def confirm_offset(self) -> int:
+        state = self.sync_state
+        if state is not None:
+            return state.confirm_offset
         return self.broker.store.max_commitlog_offset
 
 

@@ -25,6 +25,7 @@ changes in the same order, with the helpers of that module (``settle``, ``hand_o
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Protocol
 
@@ -86,7 +87,9 @@ async def change_to_master(store: ControllerStore, *, epoch: int, broker_id: int
         store.ha_client = None
         store.group_transfer = None
         if was is BrokerRole.SLAVE:
-            await roles.settle(store)
+            # RocketMQ's truncateInvalidMsg: the epoch begins at the last whole record.
+            await roles.settle(
+                store, cut=functools.partial(store.truncate_to, for_new_master=True))
         service.autoswitch = None
         await roles.close_ha_connections(store)
         epochs = await epochs_of(store)

@@ -38,7 +38,7 @@ from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
 from ..wire import layout
 from ..wire import record as rec
-from . import queue_flush, reads, roles, truncation
+from . import controller_roles, queue_flush, reads, roles, truncation
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog, SegmentUnavailable, encode_batch, encode_message
 from .consume_queue import ConsumeQueueTable, is_valid_topic
@@ -48,6 +48,7 @@ from .ha.epochs import EpochFile
 from .ha.group_transfer import GroupTransferService
 from .ha.master import HAService
 from .ha.slave import HAClient
+from .ha.sync_state import SyncState
 from .health import DiskMonitor, StoreHealth
 from .index import IndexService
 from .lock import StoreLock, StoreLockedError
@@ -180,6 +181,31 @@ class MessageStore:
         """Become a slave of ``master_ha_address`` without a restart: puts are refused, the
         waiting ones answered, then the HA client starts (``roles``)."""
         await roles.change_to_slave(self, master_ha_address)
+
+    async def change_to_controller_master(self, *, epoch: int, broker_id: int,
+                                          sync_state_set: frozenset[int],
+                                          sync_state_set_epoch: int) -> SyncState:
+        """Controller mode: become the SYNC_MASTER of master epoch ``epoch`` with the in-sync
+        set the controller named; the term's in-sync set is returned, for the controller link
+        to propose and apply changes to (``controller_roles``)."""
+        term = await controller_roles.change_to_master(
+            self, epoch=epoch, broker_id=broker_id, sync_state_set=sync_state_set,
+            sync_state_set_epoch=sync_state_set_epoch)
+        return term.sync_state
+
+    async def change_to_controller_slave(self, master_ha_address: str | None, *,
+                                         broker_id: int) -> None:
+        """Controller mode: copy from ``master_ha_address`` with the AutoSwitch protocol as
+        controller id ``broker_id``, cutting the log to the point shared with the master
+        first (``controller_roles``)."""
+        await controller_roles.change_to_slave(self, master_ha_address, broker_id=broker_id)
+
+    def raise_replicated(self) -> None:
+        """Controller mode: the in-sync set's answer rose (an accepted set, a shrink): wake
+        the puts it covers."""
+        service = self.ha_service
+        if service is not None and service.autoswitch is not None:
+            service.autoswitch.raise_replicated(service)
 
     # ---- puts -------------------------------------------------------------------------------
 

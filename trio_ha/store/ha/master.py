@@ -173,6 +173,8 @@ class AutoSwitchServing(Protocol):
 
     def group_transfer_service(self, service: HAService) -> GroupTransferService: ...
 
+    def raise_replicated(self, service: HAService) -> None: ...
+
 
 @attrs.define(eq=False)
 class HAConnection:
