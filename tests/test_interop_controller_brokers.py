@@ -176,9 +176,10 @@ def test_our_brokers_join_fail_over_and_rejoin_under_the_real_controller(
     brokers: list[NodeProcess | None] = [None, None]
 
     def start(i: int) -> NodeProcess:
-        brokers[i] = NodeProcess.start(f"b{i}", broker_spec(roots[i], ports[i], namesrv.addr,
-                                                            controller), log_dir=logs)
-        return brokers[i]
+        node = NodeProcess.start(f"b{i}", broker_spec(roots[i], ports[i], namesrv.addr,
+                                                      controller), log_dir=logs)
+        brokers[i] = node
+        return node
 
     try:
         start(0)
