@@ -200,6 +200,21 @@ def raw_send(body: bytes) -> RemotingCommand:
         "g": int(time.time() * 1000), "h": 0}, body=body)
 
 
+async def wait_routed_master(namesrv: str, address: str) -> None:
+    """Until the name server names ``address`` as the set's master (id 0) in the route of
+    TBW102, the topic every broker of the set serves from its start."""
+    async def routed() -> bool:
+        async with open_remoting_client(namesrv) as client:
+            reply = await client.invoke(RemotingCommand.request(
+                RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"}), 10)
+        if reply.code != ResponseCode.SUCCESS:
+            return False
+        return any(data["brokerAddrs"].get("0") == address
+                   for data in read_json(reply.body)["brokerDatas"])
+    await wait_until(routed, f"the name server to route to {address}", timeout=30,
+                     interval=0.2)
+
+
 async def send_at_resumed_master(address: str, until_demoted: trio.Event,
                                  answers: dict[bytes, int | str]) -> None:
     """SEND_MESSAGE straight to ``address`` every 50 ms until ``until_demoted`` is set (and at
@@ -241,7 +256,11 @@ def test_a_stopped_master_resumes_demoted_and_acknowledges_nothing(rocketmq5, co
             new_epoch = trio.run(wait_master, controller, pair.addrs[1], 1, 60.0)
             elected = time.monotonic() - stopped_at
             assert new_epoch == 2
-            # the new master takes sends (the name server fences the stopped one's route)
+            # The new master takes sends once the name server routes to it. (A producer that
+            # fetched its route before that sends into the stopped master, whose connection
+            # stays open: each send times out and the route is not refreshed before the next
+            # poll. Not this test's subject: docs/controller-mode.md.)
+            trio.run(wait_routed_master, pair.namesrv.addr, pair.addrs[1])
             trio.run(first_send_ok, pair.namesrv.addr, 30.0)
             acked += trio.run(send_some, pair.namesrv.addr, 20, "new-master")
         finally:
