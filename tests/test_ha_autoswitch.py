@@ -349,3 +349,19 @@ async def test_a_slave_whose_epochs_the_master_does_not_share_keeps_its_log_and_
         assert "shares no epoch" in caplog.text
         assert slave.commitlog.max_offset == end and client.truncated_bytes == 0
         assert history(slave) == (EpochEntry(5, 0),)
+
+
+async def test_a_slave_with_ha_master_address_copies_from_it_without_the_name_server(tmp_path):
+    # A configured haMasterAddress pins the slave's source (how a test puts a proxy in front
+    # of the master): a change to slave that names no address copies from it.
+    async with open_store(controller_config(tmp_path / "a")) as a:
+        await become_master(a, epoch=1, broker_id=1)
+        end = 0
+        for i in range(10):
+            end = await put(a, "Pinned", body(i))
+        config = controller_config(tmp_path / "b", ha_master_address=ha_addr(a))
+        async with open_store(config) as b:
+            await croles.change_to_slave(b, None, broker_id=2)
+            assert isinstance(b.ha_client, AutoSwitchHAClient)
+            await copied(b, end)
+            assert log_bytes(b, end) == log_bytes(a, end)

@@ -127,6 +127,10 @@ async def change_to_slave(store: ControllerStore, master_ha_address: str | None,
     scope = _scope(store)
     service = store.ha_service
     assert service is not None
+    # A configured haMasterAddress pins where the slave copies from (a proxy in front of the
+    # master, in tests). RocketMQ's controller-mode slave ignores it and always takes the
+    # address the name server names (docs/controller-mode.md, "Under faults").
+    master_ha_address = master_ha_address or store.config.ha_master_address or None
     async with scope.changing:
         was = store.role
         client = store.ha_client
