@@ -54,7 +54,10 @@ def java_broker(rocketmq5, run_dir: Path, port: int, namesrv: str, controller: s
         "namesrvAddr": namesrv, "enableControllerMode": True, "controllerAddr": controller,
         "haSendHeartbeatInterval": 1000, "mappedFileSizeCommitLog": DEFAULT_SEGMENT_SIZE,
         "maxHashSlotNum": 1000, "maxIndexNum": 4000, "autoCreateTopicEnable": True,
-        "checkSyncStateSetPeriod": 1000}, name=run_dir.name)
+        "checkSyncStateSetPeriod": 1000,
+        # as ours by default: a send is answered once every in-sync member has it, so a
+        # failover loses no acknowledged send (RocketMQ's default, false, may)
+        "allAckInSyncStateSet": True}, name=run_dir.name)
 
 
 def java_produce(rocketmq5, run_dir: Path, namesrv: str, prefix: str, count: int = 10
@@ -139,9 +142,47 @@ class Peers:
         self.processes.append(process)
         return process
 
+    def roles(self, name: str) -> tuple[str, str | Path, str | Path]:
+        """``name``'s (ours or "java") address and store root, and the other's store root."""
+        if name == "ours":
+            return self.ours_addr, self.ours_root, self.java_root
+        return self.java_addr, self.java_root, self.ours_root
+
     def kill_all(self) -> None:
         for process in reversed(self.processes):
             process.kill()
+
+
+def fail_over(peers: Peers, victim, survivor: str, acked: list[bytes], step: str) -> None:
+    """SIGKILL ``victim`` (the master) while nothing is sent: ``survivor`` (ours or "java")
+    becomes master, the Java client's sends succeed, the survivor's log and epoch file extend
+    the victim's by the new epoch, and every acknowledged send is readable."""
+    addr, root, other_root = peers.roles(survivor)
+    epochs_before = epochs(root)
+    victim.kill()
+    trio.run(wait_master, peers.controller, addr, 1, 60.0)
+    acked += java_produce(peers.rocketmq5, peers.tmp_path / step, peers.namesrv, step)
+    assert_logs_agree(root, other_root)
+    now = epochs(root)
+    assert now[:-1] == epochs_before and now[-1].epoch == epochs_before[-1].epoch + 1, now
+    bodies = trio.run(bodies_in, peers.namesrv)
+    lost = [body for body in acked if body not in bodies]
+    assert not lost, f"{len(lost)} of {len(acked)} acknowledged sends lost: {lost[:5]}"
+
+
+def rejoin(peers: Peers, slave: str, acked: list[bytes], step: str):
+    """``slave`` (ours or "java") starts again, joins the master's in-sync set, copies what
+    it lacks; both logs and epoch files are then the same. The slave's process."""
+    process = peers.start_ours() if slave == "ours" else peers.start_java()
+    master = "java" if slave == "ours" else "ours"
+    master_addr, master_root, slave_root = peers.roles(master)
+    trio.run(wait_master, peers.controller, master_addr, 2, 90.0)
+    acked += java_produce(peers.rocketmq5, peers.tmp_path / step, peers.namesrv, step)
+    wait_caught_up(master_root, slave_root, 30)
+    assert_logs_agree(master_root, slave_root)
+    assert_logs_agree(slave_root, master_root)
+    assert epochs(slave_root) == epochs(master_root)
+    return process
 
 
 def test_ours_joins_a_real_master_as_slave_and_takes_over(rocketmq5, controller5, tmp_path):
@@ -150,23 +191,15 @@ def test_ours_joins_a_real_master_as_slave_and_takes_over(rocketmq5, controller5
         java = peers.start_java()
         trio.run(wait_master, controller5, peers.java_addr, 1, 60.0)
         acked = java_produce(rocketmq5, tmp_path / "p1", peers.namesrv, "before")
-        peers.start_ours()
         # our slave joins the in-sync set once it has acknowledged what the master confirmed
-        trio.run(wait_master, controller5, peers.java_addr, 2, 90.0)
-        acked += java_produce(rocketmq5, tmp_path / "p2", peers.namesrv, "in-sync")
-        wait_caught_up(peers.java_root, peers.ours_root, 30)
-        assert_logs_agree(peers.java_root, peers.ours_root)
-        assert_logs_agree(peers.ours_root, peers.java_root)
+        ours = rejoin(peers, "ours", acked, "in-sync")
         assert [entry.epoch for entry in epochs(peers.ours_root)] == [1]
 
-        java.kill()
-        trio.run(wait_master, controller5, peers.ours_addr, 1, 60.0)
-        acked += java_produce(rocketmq5, tmp_path / "p3", peers.namesrv, "after")
-        assert_logs_agree(peers.ours_root, peers.java_root)
-        assert [entry.epoch for entry in epochs(peers.ours_root)] == [1, 2]
-        bodies = trio.run(bodies_in, peers.namesrv)
-        lost = [body for body in acked if body not in bodies]
-        assert not lost, f"{len(lost)} of {len(acked)} acknowledged sends lost: {lost[:5]}"
+        fail_over(peers, java, "ours", acked, "ours-master")
+        java = rejoin(peers, "java", acked, "java-back")
+        fail_over(peers, ours, "java", acked, "java-master")
+        rejoin(peers, "ours", acked, "ours-back")
+        assert [entry.epoch for entry in epochs(peers.ours_root)] == [1, 2, 3]
     finally:
         peers.kill_all()
 
@@ -178,21 +211,46 @@ def test_a_real_broker_joins_our_master_as_slave_and_takes_over(rocketmq5, contr
         ours = peers.start_ours()
         trio.run(wait_master, controller5, peers.ours_addr, 1, 60.0)
         acked = trio.run(send_some, peers.namesrv, 20, "before")
+        java = rejoin(peers, "java", acked, "in-sync")
+        assert [entry.epoch for entry in epochs(peers.java_root)] == [1]
+
+        fail_over(peers, ours, "java", acked, "java-master")
+        ours = rejoin(peers, "ours", acked, "ours-back")
+        fail_over(peers, java, "ours", acked, "ours-master")
+        rejoin(peers, "java", acked, "java-back")
+        assert [entry.epoch for entry in epochs(peers.java_root)] == [1, 2, 3]
+    finally:
+        peers.kill_all()
+
+
+def test_a_real_slave_without_its_epoch_file_rejoins_our_master(rocketmq5, controller5,
+                                                                tmp_path):
+    """The adapter's suspect: a Java slave with data but no epoch file (lost, or a broker
+    new to controller mode). It skips the truncation and its first ack is its log end (not
+    0 and then its end), where our master goes on from; it takes its epoch entry from the
+    frames."""
+    peers = Peers(rocketmq5, tmp_path, controller5)
+    try:
+        peers.start_ours()
+        trio.run(wait_master, controller5, peers.ours_addr, 1, 60.0)
+        acked = trio.run(send_some, peers.namesrv, 20, "before")
+        java = peers.start_java()
+        trio.run(wait_master, controller5, peers.ours_addr, 2, 90.0)
+        wait_caught_up(peers.ours_root, peers.java_root, 30)
+        java.kill()
+        trio.run(wait_master, controller5, peers.ours_addr, 1, 60.0)
+        for name in (EPOCH_FILE_NAME, EPOCH_FILE_NAME + ".bak"):
+            (peers.java_root / name).unlink(missing_ok=True)
+        acked += trio.run(send_some, peers.namesrv, 20, "alone")
         peers.start_java()
         trio.run(wait_master, controller5, peers.ours_addr, 2, 90.0)
-        acked += trio.run(send_some, peers.namesrv, 20, "in-sync")
+        acked += trio.run(send_some, peers.namesrv, 20, "rejoined")
         wait_caught_up(peers.ours_root, peers.java_root, 30)
         assert_logs_agree(peers.ours_root, peers.java_root)
         assert_logs_agree(peers.java_root, peers.ours_root)
-        assert [entry.epoch for entry in epochs(peers.java_root)] == [1]
-
-        ours.kill()
-        trio.run(wait_master, controller5, peers.java_addr, 1, 60.0)
-        acked += java_produce(rocketmq5, tmp_path / "p1", peers.namesrv, "after")
-        assert_logs_agree(peers.java_root, peers.ours_root)
-        assert [entry.epoch for entry in epochs(peers.java_root)] == [1, 2]
+        # it wrote its epoch file again from the frames' labels
+        assert epochs(peers.java_root) == epochs(peers.ours_root) == [EpochEntry(1, 0)]
         bodies = trio.run(bodies_in, peers.namesrv)
-        lost = [body for body in acked if body not in bodies]
-        assert not lost, f"{len(lost)} of {len(acked)} acknowledged sends lost: {lost[:5]}"
+        assert not [body for body in acked if body not in bodies]
     finally:
         peers.kill_all()
