@@ -274,6 +274,9 @@ def assert_share_up_to_the_new_epoch(survivor_root: str | Path, victim_root: str
     assert epochs(victim_root) == epochs(survivor_root)[:-1]
 
 
+# Opt-in (-m "interop and soak"): about a minute of the interop budget, and the failovers
+# under load of our brokers alone run in every suite (test_interop_controller_brokers.py).
+@pytest.mark.soak
 def test_mixed_failovers_under_load_lose_no_acknowledged_send(rocketmq5, controller5,
                                                               tmp_path):
     """Four producers send all the time while the master is SIGKILLed, each way: the killed
