@@ -22,18 +22,20 @@ is sent. A classic store has none, and its puts, reads and dispatch are as they 
 What it follows changes with the role (``controller_roles`` switches it):
 
 - **the log** (``follow_log``): a store that has no controller role yet (its recovery
-  dispatched the whole recovered log at open, as RocketMQ's recovery does), and a slave
-  becoming master while it cuts a torn tail and its queues catch up: an elected master's
-  in-sync set is itself alone (RocketMQ's election names ``{newMaster}``), so its whole log
-  is confirmed;
+  dispatched the whole recovered log at open, as RocketMQ's does after a clean stop; the
+  confirm offset is not kept across a restart), and a slave becoming master while it cuts a
+  torn tail and its queues catch up: an elected master's in-sync set is itself alone
+  (RocketMQ's election names ``{newMaster}``), so its whole log is confirmed;
 - **a master term** (``follow_term``): the term's in-sync set (``sync_state.SyncState``). The
   log's growth is the set's ``max_moved`` event, told here at the append that makes it, so
   that a put which waits for nothing (``WAIT=false``: a send-back, a transaction's commit, a
   due delayed message) is confirmed too, and not only when the next waiting put comes;
 - **held** (``hold``): a slave, until its master says more (``master_confirmed``), and a
-  master between two terms. It never falls, except when the log is cut below it
-  (``before_cut``/``after_cut``: a slave that cut its log back to the point it shares with a
-  new master, which that master's log holds).
+  master between two terms.
+
+It never falls, except when the log is cut below it (``before_cut``/``after_cut``: a slave
+that cut its log back to the point it shares with a new master, a new master that cut a torn
+tail).
 """
 
 from __future__ import annotations

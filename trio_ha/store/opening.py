@@ -231,8 +231,8 @@ async def _shutdown(store: MessageStore) -> None:
     await store.commitlog.flush(0)
     # The whole log, past a controller-mode store's confirm offset too: nobody reads from
     # here on, and the next open dispatches every whole record it recovers anyway (as
-    # RocketMQ's recovery does), so what is left out would only make this stop look like a
-    # crash.
+    # RocketMQ's after a clean stop), so what is left out would only make this stop look
+    # like a crash.
     while dispatcher.dispatch_available(store.log_mark.value):
         await trio.lowlevel.checkpoint()
     await flush_consume_queues(store, 0)

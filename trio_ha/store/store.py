@@ -10,7 +10,8 @@ from group commit and group transfer (``sync_requests``).
 
 What has logic of its own lives in its own module: opening, running and closing the store
 (``opening``: ``open_store``), reads and look-ups (``reads``), the consume-queue flush
-(``queue_flush``), what the store reports (``statistics``), and below them ``commitlog``,
+(``queue_flush``), what the store reports (``statistics``), how far readers see the log in
+controller mode (``confirm``: the confirm offset), and below them ``commitlog``,
 ``consume_queue``, ``dispatch``, ``recovery``, ``retention``, ``group_commit`` and ``ha``.
 The store's role (master or slave) may change while it runs: ``roles`` says how, and
 ``change_to_master`` / ``change_to_slave`` here are its doors. What stays here is what the
