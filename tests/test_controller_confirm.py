@@ -68,8 +68,12 @@ async def heard_from_master(client: AutoSwitchHAClient) -> None:
     """Wait for a frame (a heartbeat, if nothing is written) the master sends from now on:
     it carries the master's confirm offset of that moment."""
     since = client.last_frame_time
-    await wait_until(lambda: client.last_frame_time > since, "a frame from the master",
-                     timeout=COPY_TIMEOUT)
+
+    def heard() -> bool:
+        last = client.last_frame_time
+        return last is not None and (since is None or last > since)
+
+    await wait_until(heard, "a frame from the master", timeout=COPY_TIMEOUT)
 
 
 async def test_a_master_shows_consumers_only_what_its_in_sync_slave_acknowledged(tmp_path):
