@@ -21,6 +21,13 @@ changes in the same order, with the helpers of that module (``settle``, ``hand_o
 - The epoch file is loaded (in a worker thread) the first time a role needs it, and kept
   on the store (``MessageStore.epochs``), so that a truncation cuts the history the store
   serves from.
+
+Each change also says what the store's confirm offset (``confirm``: how far its consume
+queues are built) follows. A slave becoming master shows its whole log (RocketMQ's election
+leaves the new master alone in its set), then the term's in-sync set, which starts from what
+readers saw; a master's term makes its puts ask the set first when minInSyncReplicas is
+above 1 (``MessageStore.gate_puts``: IN_SYNC_REPLICAS_NOT_ENOUGH). A slave holds the offset
+where it is, and its master's frames raise it (``autoswitch_slave``).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import trio
 
 from ..config import BrokerRole
 from . import roles
+from .confirm import ConfirmOffset
 from .ha.autoswitch_master import MasterTerm
 from .ha.autoswitch_slave import AutoSwitchHAClient
 from .ha.epochs import EpochFile
@@ -46,8 +54,20 @@ class ControllerStore(RoleStore, Protocol):
     """What a controller-mode role change needs of the store (``MessageStore``)."""
 
     epochs: EpochFile | None
+    confirm: ConfirmOffset | None
 
     async def truncate_to(self, offset: int, *, for_new_master: bool = False) -> int: ...
+
+    def gate_puts(self, sync_state: SyncState | None) -> None: ...
+
+    def follow_confirm(self, offset: int) -> None: ...
+
+
+def _confirm_of(store: ControllerStore) -> ConfirmOffset:
+    confirm = store.confirm
+    if confirm is None:  # (a controller-mode store always has one)
+        raise RoleChangeError("the store keeps no confirm offset (enableControllerMode)")
+    return confirm
 
 
 def _scope(store: ControllerStore) -> RoleScope:
@@ -80,13 +100,18 @@ async def change_to_master(store: ControllerStore, *, epoch: int, broker_id: int
     scope = _scope(store)
     service = store.ha_service
     assert service is not None  # _scope checked it
+    confirm = _confirm_of(store)
     config = store.config
     async with scope.changing:
         was = store.role
         await scope.stop()  # the HA client, or the last term's group transfer, ends
         store.ha_client = None
         store.group_transfer = None
+        confirm.hold()  # (the last term's set decides no more; its gate stays till the next)
         if was is BrokerRole.SLAVE:
+            # An elected master's set is itself alone: its whole log is confirmed, and its
+            # queues are built to the end before it serves (the torn tail is found there).
+            confirm.follow_log()
             # RocketMQ's truncateInvalidMsg: the epoch begins at the last whole record.
             await roles.settle(
                 store, cut=functools.partial(store.truncate_to, for_new_master=True))
@@ -102,7 +127,8 @@ async def change_to_master(store: ControllerStore, *, epoch: int, broker_id: int
         sync_state = SyncState(
             broker_id, sync_state_set, sync_state_set_epoch,
             epoch_start=history[-1].start_offset, max_offset=start,
-            started=trio.current_time(), confirm_offset=min(service.replicated.value, start),
+            # What readers were shown before this term is confirmed: the set goes on from it.
+            started=trio.current_time(), confirm_offset=min(confirm.visible.value, start),
             all_ack=config.all_ack_in_sync_state_set, in_sync_replicas=config.in_sync_replicas,
             min_in_sync_replicas=config.min_in_sync_replicas,
             max_not_catchup=config.ha_max_time_slave_not_catchup / 1000,
@@ -110,6 +136,8 @@ async def change_to_master(store: ControllerStore, *, epoch: int, broker_id: int
         term = MasterTerm(history, sync_state)
         service.autoswitch = term
         term.raise_replicated(service)
+        confirm.follow_term(sync_state, service.replicated)
+        store.gate_puts(sync_state)
         store.group_transfer = service.group_transfer_service()
         await scope.start(roles.services_for(store))
         store.take_role(BrokerRole.SYNC_MASTER)
@@ -131,6 +159,7 @@ async def change_to_slave(store: ControllerStore, master_ha_address: str | None,
     # master, in tests). RocketMQ's controller-mode slave ignores it and always takes the
     # address the name server names (docs/controller-mode.md, "Under faults").
     master_ha_address = master_ha_address or store.config.ha_master_address or None
+    confirm = _confirm_of(store)
     async with scope.changing:
         was = store.role
         client = store.ha_client
@@ -144,6 +173,10 @@ async def change_to_slave(store: ControllerStore, master_ha_address: str | None,
             await roles.hand_over(store)
         await scope.stop()  # the group transfer service answers what still waits
         store.group_transfer = None
+        store.gate_puts(None)
+        # A slave's confirm offset is its master's: held where it is until the master's
+        # frames say more (a cut to the point shared with the master lowers it).
+        confirm.hold()
         service.autoswitch = None
         await roles.close_ha_connections(store)
         # The term's acks answered its puts, all answered now; the log may be cut below them.

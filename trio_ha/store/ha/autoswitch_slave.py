@@ -22,7 +22,9 @@ RocketMQ 5 does, from the epoch histories. A session:
    record an epoch entry when a frame starts an epoch this log has not seen, before its bytes
    are written and acked (a crash then cannot leave acked bytes whose epoch the log forgot;
    the frame RocketMQ labels with the next epoch, starting at its end, is recorded after its
-   body), and keep the confirm offset (the master's, capped at the local end).
+   body), and keep the confirm offset: the master's, capped at the local end once the
+   frame's body is in (as RocketMQ's slave sets it), which the store's consume queues are
+   built up to (``MessageStore.follow_confirm``).
 
 Everything else — the back-off between sessions, following a new master address, the
 ``diverged`` state for a frame that does not continue the log (after a truncation that can
@@ -76,6 +78,8 @@ class ReplicaStore(Protocol):
     epochs: EpochFile | None
 
     async def truncate_to(self, offset: int, *, for_new_master: bool = False) -> int: ...
+
+    def follow_confirm(self, offset: int) -> None: ...
 
 
 class _Acks:
@@ -181,6 +185,8 @@ class AutoSwitchHAClient(HAClient):
         unyielded = 0
         #: an epoch RocketMQ labelled a frame with, starting at its end: recorded after it
         starting: tuple[int, int] | None = None
+        #: the confirm offset of the frame being received (-1: the master sent none)
+        confirm = -1
         with trio.CancelScope(deadline=trio.current_time() + silence) as quiet:
             while True:
                 wanted = protocol.bytes_wanted
@@ -207,8 +213,9 @@ class AutoSwitchHAClient(HAClient):
                         self.last_frame_time = time.time()
                         self._served = True
                         body_offset, frame_size = event.offset, event.size
-                        if event.confirm_offset >= 0:
-                            self.confirm_offset = min(event.confirm_offset, commitlog.max_offset)
+                        confirm = event.confirm_offset
+                        if event.is_heartbeat:
+                            self._confirmed(confirm)
                         if event.new_epoch:
                             if event.epoch_start_offset <= event.offset or event.is_heartbeat:
                                 # Its bytes are the epoch's: recorded before they are
@@ -226,6 +233,7 @@ class AutoSwitchHAClient(HAClient):
                         if starting is not None:
                             await self._record_epoch(*starting)
                             starting = None
+                        self._confirmed(confirm)
                 if reports.drained:
                     reports.drained = False
                     unyielded = n
@@ -236,6 +244,14 @@ class AutoSwitchHAClient(HAClient):
                         reports.report_now()
                         await trio.lowlevel.checkpoint()
         raise MasterConnectionLost(f"master silent for {silence:g} s")
+
+    def _confirmed(self, offset: int) -> None:
+        """The master confirmed its log up to ``offset`` (-1: it has not computed it): this
+        store's consume queues may be built up to there, as far as its log goes."""
+        if offset >= 0:
+            end = self.commitlog.max_offset
+            self.confirm_offset = confirm = offset if offset < end else end
+            self.store.follow_confirm(confirm)
 
     async def _record_epoch(self, epoch: int, start: int) -> None:
         """A frame of an epoch this connection had not seen is in: record where the epoch
