@@ -178,6 +178,36 @@ async def test_the_retry_of_a_send_uses_the_route_looked_up_after_its_failure(nu
     assert namesrv.lookups == 2
 
 
+async def test_a_send_that_times_out_on_a_silent_master_still_looks_the_route_up(nursery):
+    """A master that takes requests and never answers (a SIGSTOPped process): the send runs
+    out of time, with no time left for its own route lookup, so the lookup runs after it;
+    the next send goes to the master the name server names by then."""
+
+    async def silent(request, connection):
+        await trio.sleep_forever()
+
+    host, port = await nursery.start(
+        lambda task_status: serve_remoting(silent, 0, host="127.0.0.1",
+                                           task_status=task_status))
+    live_host, live_port = await nursery.start(
+        lambda task_status: serve_remoting(answer_sends, 0, host="127.0.0.1",
+                                           task_status=task_status))
+    namesrv = ScriptedNamesrv(master=f"{host}:{port}", moves_to=f"{live_host}:{live_port}")
+    await namesrv.start(nursery)
+    with trio.fail_after(20):
+        async with open_producer(namesrv.address, "silent-p", retry_times_when_send_failed=0,
+                                 poll_name_server_interval=AN_HOUR) as producer:
+            with pytest.raises(MQClientError, match="timed out"):
+                await producer.send(Message("Silent", b"x"), timeout=0.5)
+            assert namesrv.lookups == 1
+            live = f"{live_host}:{live_port}"
+            await wait_until(lambda: producer.instance.master_addr("broker-a") == live,
+                             "the route looked up after the timeout")
+            assert namesrv.lookups == 2
+            result = await producer.send(Message("Silent", b"y"), timeout=5)
+    assert result.send_status is SendStatus.SEND_OK
+
+
 # ---- a real cluster whose master is replaced -----------------------------------------------------
 
 

@@ -752,3 +752,29 @@ def test_the_slave_asks_for_exactly_what_completes_a_reply_or_a_header():
     assert isinstance(slave.next_event(), HandshakeReply)
     slave.start_transfer(1000)
     assert slave.bytes_wanted == 36
+
+
+def test_what_a_real_5_3_3_slave_sends_our_master():
+    """The openings a RocketMQ 5.3.3 ``AutoSwitchHAClient`` made against our master in
+    tests/test_interop_controller_mixed.py (docs/controller-mode-observed.md). Its request
+    is never followed by a smaller ack: a slave with data but no epoch file skips the
+    truncation and its first ack is its log end (not 0 and then its end); an empty slave
+    sends 0 once haSendHeartbeatInterval has passed; later acks end where frames ended, and
+    the periodic report restates the last."""
+    # data but no epoch file: log end 3570, master at 7120 with one epoch
+    master = AutoSwitchMasterProtocol()
+    master.receive_data(handshake_bytes(broker_id=2))
+    assert drain(master) == [SlaveHandshake(2, False, False)]
+    master.send_handshake_reply([EpochStart(1, 0)], 7120)
+    master.receive_data(ack_bytes(3570))
+    assert drain(master) == [SlaveAck(3570, first=True)]
+    master.send_transfer_header(3570, 7120 - 3570, 1, 0, 3570)
+    master.receive_data(ack_bytes(7120))
+    master.receive_data(ack_bytes(7120))  # the 1 s report restates it
+    assert drain(master) == [SlaveAck(7120)]
+    # an empty slave: its request is 0, then its acks follow the frames
+    empty = master_in_transfer(request=0, max_offset=3570)
+    empty.send_transfer_header(0, 3570, 1, 0, 3570)
+    empty.receive_data(ack_bytes(3570))
+    assert drain(empty) == [SlaveAck(3570)]
+    assert (empty.request, empty.last_ack) == (0, 3570)

@@ -240,6 +240,10 @@ class StoreConfig:
     #: ``ip:port`` recorded as STOREHOST in every record (brokerIP1:listenPort)
     store_host: str = "127.0.0.1:10911"
     broker_role: BrokerRole = attrs.field(default=BrokerRole.ASYNC_MASTER, converter=BrokerRole)
+    #: RocketMQ 5's controller mode (the broker's enableControllerMode, read from the same
+    #: key): the HA port speaks the AutoSwitch protocol (store/ha/autoswitch_master.py) and a
+    #: slave copies with the AutoSwitch client; false: the classic protocol
+    enable_controller_mode: bool = False
     os_page_cache_busy_timeout_mills: int = attrs.field(default=1000, validator=_positive)
     #: index every message by key (KEYS, UNIQ_KEY) in ``<root>/index`` for QUERY_MESSAGE
     message_index_enable: bool = True

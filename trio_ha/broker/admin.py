@@ -65,6 +65,7 @@ from ..wire.queue_locks import LockBatchRequest, LockBatchResponse
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from ..wire.remoting.java import abbreviate
 from ..wire.route import KVTable
+from . import controller_mode
 from .broker import Broker
 from .config import BrokerConfig
 from .config_keys import ROCKETMQ_KEYS
@@ -824,4 +825,6 @@ HANDLERS: dict[int, AdminHandler] = {
     RequestCode.GET_CONSUME_STATS: consume_stats,
     RequestCode.QUERY_TOPIC_CONSUME_BY_WHO: topic_consumed_by,
     RequestCode.GET_CONSUMER_CONNECTION_LIST: consumer_connections,
+    RequestCode.NOTIFY_BROKER_ROLE_CHANGED: controller_mode.notify_role_changed,
+    RequestCode.GET_BROKER_EPOCH_CACHE: controller_mode.broker_epoch_cache,
 }

@@ -20,6 +20,7 @@ slave's answer (SERVICE_NOT_AVAILABLE, as a RocketMQ 4.x/5.x slave's store answe
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -30,12 +31,13 @@ import trio
 
 from ..config import BrokerRole
 from ..remoting import RemotingConnection
-from ..store import MessageStore, PutMessageResult, RoleChangeError, RoleScope
+from ..store import MessageStore, PutMessageResult, RoleChangeError, RoleScope, SyncState
 from ..wire import layout
 from ..wire.metadata import TopicConfig
 from ..wire.remoting import SendMessageRequestHeader
 from .clients import ClientManager
 from .config import BrokerConfig
+from .controller.link import ControllerLink
 from .metadata import BrokerMetadata
 from .queue_locks import QueueLockManager
 from .registration import MASTER_ID, Registration
@@ -234,6 +236,8 @@ class Broker:
     _persist_soon: trio.Event = attrs.field(factory=trio.Event, init=False)
     #: what the current role runs, in the broker's nursery (``start_role_services``)
     _role_scope: RoleScope | None = attrs.field(default=None, init=False)
+    #: in controller mode, the broker's membership of its set (``controller.link``)
+    controller_link: ControllerLink | None = attrs.field(default=None, init=False)
 
     @property
     def is_slave(self) -> bool:
@@ -271,13 +275,42 @@ class Broker:
         (``role``: SYNC_MASTER as RocketMQ's controller mode makes it, or ASYNC_MASTER);
         the schedule and the transaction check start; the broker registers at once as id 0
         with ``epoch`` as its state version. An epoch below the last change's is refused."""
+        await self._become_master(epoch, functools.partial(self.store.change_to_master, role))
+
+    async def change_to_controller_master(self, epoch: int, broker_id: int,
+                                          sync_state_set: frozenset[int],
+                                          sync_state_set_epoch: int) -> SyncState:
+        """``change_to_master`` in controller mode: the store appends the epoch to its epoch
+        file, speaks AutoSwitch to its slaves and answers SYNC_MASTER puts once the in-sync
+        set (returned: the controller link proposes its changes) has them."""
+        term: list[SyncState] = []
+
+        async def store_change() -> None:
+            term.append(await self.store.change_to_controller_master(
+                epoch=epoch, broker_id=broker_id, sync_state_set=sync_state_set,
+                sync_state_set_epoch=sync_state_set_epoch))
+
+        await self._become_master(epoch, store_change)
+        return term[0]
+
+    async def _become_master(self, epoch: int,
+                             store_change: Callable[[], Awaitable[object]]) -> None:
         async with self._changing_role(epoch) as scope:
             await scope.stop()
             await self._last_sync_from_master()
-            await self.store.change_to_master(role)
+            await store_change()
             self.registration.take_role(MASTER_ID, epoch, None, None)
             await scope.start(self._role_services())
         await self.registration.register_all()
+
+    async def change_to_controller_slave(self, master_addr: str, broker_id: int,
+                                         epoch: int) -> None:
+        """``change_to_slave`` in controller mode: the store copies with the AutoSwitch
+        protocol, cutting its log to the point shared with the master first. The master's
+        HA address comes from the name server's answer to the registration, as RocketMQ's
+        does (``Registration`` hands it to the store's HA client)."""
+        await self._become_slave(master_addr, broker_id, epoch, functools.partial(
+            self.store.change_to_controller_slave, None, broker_id=broker_id))
 
     async def change_to_slave(self, master_addr: str | None, master_ha_addr: str | None,
                               broker_id: int, epoch: int | None = None) -> None:
@@ -287,12 +320,17 @@ class Broker:
         store refuses puts, answers those waiting and starts copying; the slave sync starts;
         the broker registers at once, with ``epoch`` (None: the last one) as its state
         version (RocketMQ's ``ReplicasManager.changeToSlave``)."""
+        await self._become_slave(master_addr, broker_id, epoch, functools.partial(
+            self.store.change_to_slave, master_ha_addr))
+
+    async def _become_slave(self, master_addr: str | None, broker_id: int, epoch: int | None,
+                            store_change: Callable[[], Awaitable[object]]) -> None:
         if broker_id <= MASTER_ID:
             raise ValueError(f"a slave's broker id is above {MASTER_ID}, not {broker_id}")
         version = self.state_version if epoch is None else epoch
         async with self._changing_role(version) as scope:
             await scope.stop()
-            await self.store.change_to_slave(master_ha_addr)
+            await store_change()
             self.registration.take_role(broker_id, version, master_addr, self.store.ha_client)
             await scope.start(self._role_services())
         await self.registration.register_all()

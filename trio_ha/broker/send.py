@@ -64,6 +64,7 @@ STATUS_CODES = {
     PutMessageStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
     PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
     PutMessageStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutMessageStatus.IN_SYNC_REPLICAS_NOT_ENOUGH: ResponseCode.SYSTEM_ERROR,
 }
 
 REMARKS = {
@@ -71,6 +72,8 @@ REMARKS = {
         "create mapped file failed, server is busy or broken.",
     PutMessageStatus.OS_PAGECACHE_BUSY:
         "[PC_SYNCHRONIZED]broker busy, start flow control for a while",
+    # RocketMQ 5.3.3's SendMessageProcessor and EndTransactionProcessor, word for word
+    PutMessageStatus.IN_SYNC_REPLICAS_NOT_ENOUGH: "in-sync replicas not enough",
 }
 
 PROPERTY_CLUSTER = "CLUSTER"

@@ -63,6 +63,8 @@ from ..store import MessageStore, StoreLock, open_store
 from ..wire.remoting import RemotingCommand, ResponseCode
 from .broker import Broker, BrokerAddresses
 from .config import VIP_PORT_OFFSET, BrokerConfig
+from .controller.link import ControllerLink
+from .controller_mode import BrokerTarget
 from .dispatch import handle, handle_now, handle_vip
 from .metadata import BrokerMetadata, config_dir_of
 from .metrics import broker_registry
@@ -269,6 +271,17 @@ async def _serve(
         log.warning("broker %s: no namesrvAddr (broker.conf, -n or $NAMESRV_ADDR): it registers "
                     "nowhere, so clients find it only by its address %s", config.broker_name,
                     broker.addresses.broker_addr)
+    if config.enable_controller_mode:
+        # Fenced until the controller names the role: the store takes no puts and nothing is
+        # registered; each role change registers at once (docs/controller-mode.md).
+        await broker.start_role_services(nursery)
+        link = ControllerLink(config, broker.addresses.broker_addr, broker.registration.pool,
+                              BrokerTarget(broker))
+        broker.controller_link = link
+        await nursery.start(link.run)
+        if config.namesrv_addresses:
+            nursery.start_soon(_register_once_unfenced, broker, link)
+        return servers
     if config.namesrv_addresses:
         # Registered before "started": whoever started the broker finds it in the routes.
         await broker.registration.register_all()
@@ -277,3 +290,9 @@ async def _serve(
     # their own: a role change replaces them (``Broker.change_to_master``/``change_to_slave``).
     await broker.start_role_services(nursery)
     return servers
+
+
+async def _register_once_unfenced(broker: Broker, link: ControllerLink) -> None:
+    """A controller-mode broker's periodic registration starts once it has a role."""
+    await link.role_known.wait()
+    await broker.registration.run()

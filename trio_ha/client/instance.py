@@ -431,6 +431,18 @@ class ClientInstance:
             # looks up first when it opens answers every waiter.
             await trio.sleep_until(opens)
 
+    def refresh_route_soon(self, topic: str) -> None:
+        """``refresh_route`` in the background (no checkpoint): for a send that ran out of
+        time on a broker that never answered (a stopped process), whose own refresh had no
+        time left; the next send then goes where the fresh route says."""
+        self.nursery.start_soon(self._refresh_in_background, topic)
+
+    async def _refresh_in_background(self, topic: str) -> None:
+        try:
+            await self.refresh_route(topic, allow_default=True)
+        except MQClientError as exc:
+            log.debug("client: route of %s not refreshed: %s", topic, exc)
+
     async def _look_up(self, topic: str, gate: RouteGate, allow_default: bool
                        ) -> TopicRouteData | None:
         """One lookup of ``topic``'s route (and TBW102's, with ``allow_default``, when the

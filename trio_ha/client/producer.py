@@ -507,6 +507,12 @@ class Producer:
         only group died or became a slave), the retry waits for that lookup, within
         ``deadline``, so that it goes where the fresh route says, not where the send just
         failed."""
+        if trio.current_time() >= deadline:
+            # The attempt used the send's whole time (a broker that took the request and
+            # never answered): the route is looked up anyway, for the sends that follow.
+            self.instance.refresh_route_soon(topic)
+            await trio.lowlevel.checkpoint()
+            return
         wait = retrying and all(queue.broker_name == failed_broker
                                 for queue in self.instance.publish_queues(topic))
         with trio.move_on_at(deadline):

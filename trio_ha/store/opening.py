@@ -196,6 +196,10 @@ def _recover(store: MessageStore, *, after_truncation: bool) -> None:
     commitlog.queue_offsets = {
         (queue.topic, queue.queue_id): queue.max_offset for queue in store.queues
     }
+    if store.confirm is not None:
+        # Controller mode: what recovery dispatched is what readers see, until the
+        # controller names a role (``confirm``).
+        store.confirm.recovered()
 
 
 async def _run_services(store: MessageStore, nursery: trio.Nursery,
@@ -206,6 +210,8 @@ async def _run_services(store: MessageStore, nursery: trio.Nursery,
         await nursery.start(store.group_commit.run)  # SYNC_FLUSH: it flushes, too
     else:
         await nursery.start(commitlog.run_async_flush)
+    # The dispatcher follows what readers may see: the log (written, or flushed under
+    # SYNC_FLUSH), or in controller mode the confirm offset, which a rise wakes it for too.
     await nursery.start(store.dispatcher.run, store.confirmed)
     await nursery.start(run_queue_flush, store)
     await nursery.start(retention.run_retention, store)
@@ -223,7 +229,11 @@ async def _shutdown(store: MessageStore) -> None:
     store.mark_closed()
     dispatcher = store.dispatcher
     await store.commitlog.flush(0)
-    while dispatcher.dispatch_available(store.confirmed.value):
+    # The whole log, past a controller-mode store's confirm offset too: nobody reads from
+    # here on, and the next open dispatches every whole record it recovers anyway (as
+    # RocketMQ's after a clean stop), so what is left out would only make this stop look
+    # like a crash.
+    while dispatcher.dispatch_available(store.log_mark.value):
         await trio.lowlevel.checkpoint()
     await flush_consume_queues(store, 0)
     if dispatcher.error is None and dispatcher.behind_bytes == 0:

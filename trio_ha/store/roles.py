@@ -225,9 +225,13 @@ async def hand_over(store: RoleStore) -> None:
         await service.replicated.wait_for(store.commitlog.max_offset)
 
 
-async def settle(store: RoleStore) -> None:
+async def settle(store: RoleStore,
+                 cut: Callable[[int], Awaitable[object]] | None = None) -> None:
     """Make the log whole and the consume queues complete, once nothing writes into it: flush
-    it, dispatch every whole record, seal a torn tail, and derive the next queue offsets."""
+    it, dispatch every whole record, seal a torn tail (or, with ``cut``, cut the log back to
+    its last whole record: controller mode, where the new master's epoch must begin exactly
+    where its whole records end, so that a slave holding the torn bytes cuts them too), and
+    derive the next queue offsets."""
     commitlog, dispatcher = store.commitlog, store.dispatcher
     await commitlog.flush(0)  # (SYNC_FLUSH dispatches only what is flushed)
     while True:
@@ -246,7 +250,10 @@ async def settle(store: RoleStore) -> None:
         # The log ends inside the blank record that closes a segment: it is closed.
         commitlog.end_segment(last)
     elif end < commitlog.max_offset:
-        await seal_torn_tail(commitlog, end)
+        if cut is not None:
+            await cut(end)
+        else:
+            await seal_torn_tail(commitlog, end)
     commitlog.queue_offsets = {
         (queue.topic, queue.queue_id): queue.max_offset for queue in store.queues
     }

@@ -10,7 +10,8 @@ from group commit and group transfer (``sync_requests``).
 
 What has logic of its own lives in its own module: opening, running and closing the store
 (``opening``: ``open_store``), reads and look-ups (``reads``), the consume-queue flush
-(``queue_flush``), what the store reports (``statistics``), and below them ``commitlog``,
+(``queue_flush``), what the store reports (``statistics``), how far readers see the log in
+controller mode (``confirm``: the confirm offset), and below them ``commitlog``,
 ``consume_queue``, ``dispatch``, ``recovery``, ``retention``, ``group_commit`` and ``ha``.
 The store's role (master or slave) may change while it runs: ``roles`` says how, and
 ``change_to_master`` / ``change_to_slave`` here are its doors. What stays here is what the
@@ -38,9 +39,10 @@ from ..ratelog import RateLimitedLog
 from ..watermark import Watermark
 from ..wire import layout
 from ..wire import record as rec
-from . import queue_flush, reads, roles, truncation
+from . import controller_roles, queue_flush, reads, roles, truncation
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog, SegmentUnavailable, encode_batch, encode_message
+from .confirm import ConfirmOffset
 from .consume_queue import ConsumeQueueTable, is_valid_topic
 from .dispatch import Dispatcher
 from .group_commit import GroupCommitService
@@ -48,6 +50,7 @@ from .ha.epochs import EpochFile
 from .ha.group_transfer import GroupTransferService
 from .ha.master import HAService
 from .ha.slave import HAClient
+from .ha.sync_state import SyncState
 from .health import DiskMonitor, StoreHealth
 from .index import IndexService
 from .lock import StoreLock, StoreLockedError
@@ -62,6 +65,8 @@ log = logging.getLogger(__name__)
 
 # The record encoder reserves 64 KiB beyond the body limit for the rest of the record.
 RECORD_OVERHEAD_LIMIT = 64 * 1024
+#: the remark of a put refused for too small an in-sync set (RocketMQ's broker answers it)
+IN_SYNC_REPLICAS_NOT_ENOUGH = "in-sync replicas not enough"
 
 
 @attrs.define(eq=False)
@@ -111,9 +116,28 @@ class MessageStore:
     epochs: EpochFile | None = None
     #: a truncation is under way: puts are refused until it is done
     _truncating: bool = False
+    #: the commitlog's own mark for readers: flushed bytes under SYNC_FLUSH, written ones
+    #: otherwise (``log_mark``)
+    _log_mark: Watermark = attrs.field(init=False)
+    #: what readers and the dispatcher follow (``confirmed``): ``_log_mark`` on a classic
+    #: store, the confirm offset in controller mode
+    _visible: Watermark = attrs.field(init=False)
+    #: controller mode: the confirm offset and what it follows (None: a classic store)
+    confirm: ConfirmOffset | None = attrs.field(init=False, default=None)
+    #: a controller-mode master whose puts need minInSyncReplicas: the term's in-sync set,
+    #: asked by every put (which then takes the full check, ``_admit``); None otherwise
+    _in_sync_gate: SyncState | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._role = self.config.broker_role
+        commitlog = self.commitlog
+        self._log_mark = self._visible = (
+            commitlog.flushed if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+            else commitlog.written
+        )
+        if self.config.enable_controller_mode:
+            self.confirm = ConfirmOffset(self._log_mark)
+            self._visible = self.confirm.visible
         self.disk = DiskMonitor(
             (self.config.commitlog_dir, self.queues.root),
             self.config.disk_space_warning_level_ratio,
@@ -125,10 +149,16 @@ class MessageStore:
 
     @property
     def confirmed(self) -> Watermark:
-        """What consumers may see: flushed bytes under SYNC_FLUSH, written ones otherwise."""
-        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            return self.commitlog.flushed
-        return self.commitlog.written
+        """What consumers may see, and how far the consume queues are built: flushed bytes
+        under SYNC_FLUSH, written ones otherwise; in controller mode, the confirm offset
+        (``confirm``), which stays at or below that."""
+        return self._visible
+
+    @property
+    def log_mark(self) -> Watermark:
+        """The commitlog's own mark for readers: flushed bytes under SYNC_FLUSH, written
+        ones otherwise (``confirmed`` on a classic store)."""
+        return self._log_mark
 
     def check_disk(self) -> None:
         """Look at the disk use now (the store's task does it every second)."""
@@ -150,12 +180,18 @@ class MessageStore:
     def mark_running(self) -> None:
         """The services run: puts may come (a master's; a slave takes none)."""
         self._running = True
-        self._accepting = self._role is not BrokerRole.SLAVE
+        self._accepting = self._takes_puts_unchecked()
 
     def mark_closed(self) -> None:
         """Closing or closed: every put from now on is refused."""
         self._closed = True
         self._accepting = False
+
+    def _takes_puts_unchecked(self) -> bool:
+        """Whether a put may take the fast path (``_accepts``): running, open, a master, and
+        no in-sync set to ask first."""
+        return (self._running and not self._closed and self._role is not BrokerRole.SLAVE
+                and self._in_sync_gate is None)
 
     # ---- its role (``roles``) ---------------------------------------------------------------
 
@@ -169,7 +205,20 @@ class MessageStore:
         ``role``: refused on a slave, waiting for slaves on a SYNC_MASTER."""
         self._role = role
         self._waits = roles.waits_for(role, self.config.flush_disk_type)
-        self._accepting = self._running and not self._closed and role is not BrokerRole.SLAVE
+        self._accepting = self._takes_puts_unchecked()
+
+    def gate_puts(self, sync_state: SyncState | None) -> None:
+        """(``controller_roles``) Puts that wait for slaves (WAIT=true) are refused,
+        IN_SYNC_REPLICAS_NOT_ENOUGH, while ``sync_state`` does not admit them (its set, or
+        the proposal in flight, smaller than minInSyncReplicas), as RocketMQ's CommitLog
+        refuses them before the append. None: no such check. A term whose
+        minInSyncReplicas is 1 needs none (the set always holds its master), so its puts
+        keep the fast path; a store with a gate sends every put through ``_admit``."""
+        self._in_sync_gate = (
+            sync_state if sync_state is not None and sync_state.min_in_sync_replicas > 1
+            else None
+        )
+        self._accepting = self._takes_puts_unchecked()
 
     async def change_to_master(self, role: BrokerRole = BrokerRole.SYNC_MASTER) -> None:
         """Become a master of kind ``role`` without a restart: the HA client stops, a torn
@@ -180,6 +229,39 @@ class MessageStore:
         """Become a slave of ``master_ha_address`` without a restart: puts are refused, the
         waiting ones answered, then the HA client starts (``roles``)."""
         await roles.change_to_slave(self, master_ha_address)
+
+    async def change_to_controller_master(self, *, epoch: int, broker_id: int,
+                                          sync_state_set: frozenset[int],
+                                          sync_state_set_epoch: int) -> SyncState:
+        """Controller mode: become the SYNC_MASTER of master epoch ``epoch`` with the in-sync
+        set the controller named; the term's in-sync set is returned, for the controller link
+        to propose and apply changes to (``controller_roles``)."""
+        term = await controller_roles.change_to_master(
+            self, epoch=epoch, broker_id=broker_id, sync_state_set=sync_state_set,
+            sync_state_set_epoch=sync_state_set_epoch)
+        return term.sync_state
+
+    async def change_to_controller_slave(self, master_ha_address: str | None, *,
+                                         broker_id: int) -> None:
+        """Controller mode: copy from ``master_ha_address`` with the AutoSwitch protocol as
+        controller id ``broker_id``, cutting the log to the point shared with the master
+        first (``controller_roles``)."""
+        await controller_roles.change_to_slave(self, master_ha_address, broker_id=broker_id)
+
+    def raise_replicated(self) -> None:
+        """Controller mode: the in-sync set's answer rose (an accepted set, a shrink): wake
+        the puts it covers, and show consumers what it confirms."""
+        service = self.ha_service
+        if service is not None and service.autoswitch is not None:
+            service.autoswitch.raise_replicated(service)
+        if self.confirm is not None:
+            self.confirm.refresh()
+
+    def follow_confirm(self, offset: int) -> None:
+        """Controller mode, a slave: its master confirmed the log up to ``offset`` (capped
+        at this log's end): the consume queues may be built up to there."""
+        if self.confirm is not None:
+            self.confirm.master_confirmed(offset)
 
     # ---- puts -------------------------------------------------------------------------------
 
@@ -243,10 +325,12 @@ class MessageStore:
             return self._illegal(str(exc), PutMessageStatus.PROPERTIES_SIZE_EXCEEDED)
         return await self.put(request)
 
-    def _admit(self, topic: str, queue_id: int, body_len: int) -> bytes | PutMessageResult:
+    def _admit(self, topic: str, queue_id: int, body_len: int,
+               wait: bool) -> bytes | PutMessageResult:
         """The encoded topic of a put that may go ahead, or why it is refused before it
         touches the log. (The put paths first try ``_accepts``, a cached fast check; this is
-        the full one, with the reasons.)"""
+        the full one, with the reasons.) ``wait``: the put waits for the store's promise
+        (WAIT=true), which the in-sync gate asks of it."""
         if self._closed or not self._running:
             return self._illegal("store is closed", PutMessageStatus.SERVICE_NOT_AVAILABLE)
         if self._truncating:
@@ -280,6 +364,11 @@ class MessageStore:
             return self._illegal(
                 f"body of {body_len} bytes exceeds maxMessageSize {self.config.max_message_size}"
             )
+        gate = self._in_sync_gate
+        if gate is not None and wait and not gate.admits_puts:
+            # RocketMQ's remark, which END_TRANSACTION answers with as it is.
+            return self._illegal(IN_SYNC_REPLICAS_NOT_ENOUGH,
+                                 PutMessageStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
         return topic_bytes
 
     def _accepts(self, topic: str, queue_id: int, body_len: int) -> bytes | None:
@@ -340,7 +429,7 @@ class MessageStore:
         topic, queue_id, body = request.topic, request.queue_id, request.body
         topic_bytes = self._accepts(topic, queue_id, len(body))
         if topic_bytes is None:
-            admitted = self._admit(topic, queue_id, len(body))
+            admitted = self._admit(topic, queue_id, len(body), request.wait_store_msg_ok)
             if isinstance(admitted, PutMessageResult):
                 return admitted
             topic_bytes = admitted
@@ -383,7 +472,7 @@ class MessageStore:
         topic_bytes = self._accepts(topic, queue_id, len(body))
         if topic_bytes is None:
             # The whole body counts against maxMessageSize, as RocketMQ checks a batch.
-            admitted = self._admit(topic, queue_id, len(body))
+            admitted = self._admit(topic, queue_id, len(body), request.wait_store_msg_ok)
             if isinstance(admitted, PutMessageResult):
                 return admitted
             topic_bytes = admitted
@@ -495,6 +584,9 @@ class MessageStore:
             )
         accepting = self._accepting
         self._truncating, self._accepting = True, False
+        confirm = self.confirm
+        if confirm is not None:
+            confirm.before_cut(offset)  # (the cut waits for what it keeps to be dispatched)
         try:
             cut = await truncation.truncate_live(self, offset, max_record_size(self.config))
         except truncation.TruncationUnfinished:
@@ -503,6 +595,9 @@ class MessageStore:
             self._truncating = False
             self._accepting = accepting and not self._closed
             raise
+        finally:
+            if confirm is not None:
+                confirm.after_cut(self.commitlog.max_offset)
         self._truncating = False
         self._accepting = accepting and not self._closed
         return cut

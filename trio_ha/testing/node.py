@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m trio_ha.testing.node SPEC_JSON", file=sys.stderr)
         return 2
     spec = json.loads(argv[0])
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+    logging.basicConfig(level=spec.get("log_level", "WARNING"), stream=sys.stderr,
                         format=f"{spec['name']} %(levelname)s %(name)s: %(message)s")
     try:
         trio.run(serve_node, spec)

@@ -44,6 +44,8 @@ import trio
 from ...remoting import RemotingClientPool, RemotingError
 from ...wire.controller import (
     SPECS,
+    AlterSyncStateSetRequestHeader,
+    AlterSyncStateSetResponseHeader,
     ApplyBrokerIdRequestHeader,
     BrokerHeartbeatRequestHeader,
     ControllerDecodeError,
@@ -113,7 +115,19 @@ class RoleTarget(Protocol):
     async def change_to_slave(self, master_addr: str, master_id: int, epoch: int,
                               broker_id: int) -> None: ...
 
-    def apply_sync_state_set(self, sync_state_set: SyncStateSet) -> None: ...
+    def apply_sync_state_set(self, sync_state_set: SyncStateSet,
+                             asked_at: float | None = None) -> None: ...
+
+    def take_proposal(self, now: float) -> SyncStateSet | None:
+        """As master: the in-sync set to propose now (members, and the set's CURRENT
+        epoch), marked in flight; None when nothing is to change."""
+        ...
+
+    def proposal_answered(self, accepted: SyncStateSet | None, code: int | None,
+                          now: float) -> None:
+        """The controller's answer to the proposal in flight: the set it accepted, or the
+        refusal's code (None: no answer)."""
+        ...
 
     def last_epoch(self) -> int: ...
 
@@ -147,6 +161,7 @@ class ControllerLink:
     _views_in: trio.MemorySendChannel[MasterView] = attrs.field(init=False)
     _views_out: trio.MemoryReceiveChannel[MasterView] = attrs.field(init=False)
     _leader_changed: trio.Event = attrs.field(factory=trio.Event)
+    _proposal_wanted: trio.Event = attrs.field(factory=trio.Event)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     #: an election loop runs (at most one)
     _electing: bool = attrs.field(default=False, init=False)
@@ -349,12 +364,59 @@ class ControllerLink:
 
     async def replica_info(self) -> MasterView:
         """GET_REPLICA_INFO from the leader, as a view."""
+        asked_at = trio.current_time()
         response = await self._call_leader(
             RequestCode.CONTROLLER_GET_REPLICA_INFO,
             GetReplicaInfoRequestHeader(self.config.broker_name))
         header = SPECS[GetReplicaInfoResponseHeader].decode(response)
         return MasterView(header.master_broker_id, header.master_address,
-                          header.master_epoch or 0, _sync_state_set(response.body))
+                          header.master_epoch or 0, _sync_state_set(response.body), asked_at)
+
+    async def _run_proposals(self) -> None:
+        """As master: every checkSyncStateSetPeriod, and when woken by ``proposal_due``,
+        send the in-sync set change the master wants (ALTER_SYNC_STATE_SET) and hand the
+        controller's answer back. One at a time: the set's rules allow one in flight."""
+        period = self.config.check_sync_state_set_period / 1000
+        while True:
+            with trio.move_on_after(period):
+                await self._proposal_wanted.wait()
+            self._proposal_wanted = trio.Event()
+            assert self.state is not None and self.identity is not None
+            if not self.state.is_master:
+                continue
+            proposal = self.target.take_proposal(trio.current_time())
+            if proposal is None:
+                continue
+            accepted: SyncStateSet | None = None
+            code: int | None = None
+            try:
+                response = await self._call_leader(
+                    RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET,
+                    AlterSyncStateSetRequestHeader(
+                        self.config.broker_name, self.identity.broker_id,
+                        self.state.master_epoch, int(self.clock() * 1000)),
+                    proposal.encode())
+                header = SPECS[AlterSyncStateSetResponseHeader].decode(response)
+                body = _sync_state_set(response.body)
+                accepted = SyncStateSet(body.members if body is not None else proposal.members,
+                                        header.new_sync_state_set_epoch)
+                log.info("broker %s: the controller accepted the in-sync set %s (epoch %d)",
+                         self.config.broker_name, sorted(accepted.members), accepted.epoch)
+            except ControllerError as exc:
+                code = exc.code
+                log.info("broker %s: in-sync set %s refused: %s", self.config.broker_name,
+                         sorted(proposal.members), exc)
+            except (RemotingError, WireError) as exc:
+                log.info("broker %s: in-sync set %s: no answer: %s", self.config.broker_name,
+                         sorted(proposal.members), exc)
+            self.target.proposal_answered(accepted, code, trio.current_time())
+            if accepted is not None:
+                self.state.set_applied(accepted)
+
+    def proposal_due(self) -> None:
+        """The master's in-sync set wants a change: propose it now rather than at the next
+        period (called from the HA pumps; no checkpoint)."""
+        self._proposal_wanted.set()
 
     async def _run_leader_refresh(self) -> None:
         period = self.config.sync_controller_metadata_period / 1000
@@ -434,7 +496,7 @@ class ControllerLink:
         name = self.config.broker_name
         try:
             if isinstance(decision, NewSyncStateSet):
-                self.target.apply_sync_state_set(decision.sync_state_set)
+                self.target.apply_sync_state_set(decision.sync_state_set, decision.asked_at)
                 self.state.set_applied(decision.sync_state_set)
                 return
             if isinstance(decision, BecomeMaster):
@@ -467,6 +529,7 @@ class ControllerLink:
             nursery.start_soon(self._run_heartbeats)
             nursery.start_soon(self._run_polls)
             nursery.start_soon(self._run_leader_refresh)
+            nursery.start_soon(self._run_proposals)
 
 
 def _sync_state_set(body: bytes) -> SyncStateSet | None:

@@ -38,6 +38,9 @@ class MasterView:
     master_addr: str | None
     epoch: int
     sync_state_set: SyncStateSet | None = None
+    #: when (trio time) the request that brought this view was sent: a set seen in an answer
+    #: is at least as new as that moment (None: a notice, as new as its arrival)
+    asked_at: float | None = None
 
     @property
     def has_master(self) -> bool:
@@ -78,6 +81,7 @@ class NewSyncStateSet:
     """This master's in-sync set changed at the same epoch (an accepted proposal, a poll)."""
 
     sync_state_set: SyncStateSet
+    asked_at: float | None = None
 
 
 RoleDecision = BecomeMaster | BecomeSlave | AskElection | NewSyncStateSet
@@ -115,7 +119,7 @@ class ReplicaState:
         if (view.epoch == self.master_epoch and self.is_master
                 and view.sync_state_set is not None
                 and view.sync_state_set.epoch > self.sync_state_set.epoch):
-            return NewSyncStateSet(view.sync_state_set)
+            return NewSyncStateSet(view.sync_state_set, view.asked_at)
         return None
 
     def role_taken(self, decision: BecomeMaster | BecomeSlave) -> None:

@@ -68,7 +68,7 @@ import enum
 import itertools
 import logging
 import time
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import attrs
 import trio
@@ -160,6 +160,20 @@ class HAMasterStatistics:
     auth_failures: int = 0
     #: unproven connections closed to make room for a newcomer (``HAService._evict``)
     evicted_connections: int = 0
+
+
+class AutoSwitchServing(Protocol):
+    """What a controller-mode master serves its slaves with in its current term
+    (``autoswitch_master.MasterTerm``): its connections speak the AutoSwitch protocol, and
+    its SYNC_MASTER puts wait for the in-sync set. The role change sets it on the service;
+    None while the store is not a controller-mode master."""
+
+    def connection(self, service: HAService, transport: HATransport, address: str,
+                   account: Account) -> HAConnection: ...
+
+    def group_transfer_service(self, service: HAService) -> GroupTransferService: ...
+
+    def raise_replicated(self, service: HAService) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -410,8 +424,12 @@ class HAConnection:
                 self._parked = False
             if self.next_offset != offset:
                 continue  # pushed meanwhile: no heartbeat due, and the offset moved
-            await self.transport.send_all(self.protocol.send_heartbeat(offset))
+            await self.transport.send_all(self._heartbeat(offset))
             self._last_send = trio.current_time()
+
+    def _heartbeat(self, offset: int) -> bytes:
+        """An empty frame at ``offset``: the writer's sign of life on an idle link."""
+        return self.protocol.send_heartbeat(offset)
 
     def push_now(self) -> None:
         """Send what the log gained since the last frame now, with one non-blocking write
@@ -543,6 +561,9 @@ class HAService:
     auth_failures: int = 0
     #: unproven connections closed to make room for a newcomer (``_admit``)
     evicted_connections: int = 0
+    #: a controller-mode master's term (its connections speak AutoSwitch); None: classic,
+    #: or a controller-mode store that is not master now (it serves no slave then)
+    autoswitch: AutoSwitchServing | None = None
     #: the handshakes under way, oldest first (``_authenticate``)
     _handshakes: collections.deque[trio.CancelScope] = attrs.field(
         factory=collections.deque[trio.CancelScope])
@@ -552,7 +573,10 @@ class HAService:
 
     def group_transfer_service(self) -> GroupTransferService:
         """The service that answers SYNC_MASTER puts from ``replicated``; it tells the
-        ledger which put waits longest (what a connection must have carried to count)."""
+        ledger which put waits longest (what a connection must have carried to count).
+        A controller-mode master's term has its own (puts wait for the in-sync set)."""
+        if self.autoswitch is not None:
+            return self.autoswitch.group_transfer_service(self)
         service = GroupTransferService.for_replicas(self.replicated, self.is_slave_ok, self.config)
         self.ledger.oldest_waiting = service.oldest_waiting
         return service
@@ -598,6 +622,15 @@ class HAService:
         if not self.ledger.has_room():
             await self._close_refused(transport, address)
             return
+        if self.config.enable_controller_mode and self.autoswitch is None:
+            # A controller-mode store serves slaves only while the controller has made it
+            # master (its role change sets ``autoswitch``): a slave has no epoch to offer.
+            self.peer_log.log(logging.WARNING, ("not master", peer_host(address)),
+                              "HA: refused %s: this controller-mode store is not a master "
+                              "now", address)
+            with trio.CancelScope(shield=True):
+                await transport.aclose()
+            return
         if self.config.ha_auth_secret is not None and not await self._authenticate(
                 transport, address, self.config.ha_auth_secret):
             return
@@ -605,7 +638,14 @@ class HAService:
         if account is None:
             await self._close_refused(transport, address)
             return
-        connection = HAConnection(self, transport, address, account)
+        autoswitch = self.autoswitch
+        if autoswitch is None and self.config.enable_controller_mode:
+            self.ledger.drop(account)  # the term ended during the authentication
+            with trio.CancelScope(shield=True):
+                await transport.aclose()
+            return
+        connection = (HAConnection(self, transport, address, account) if autoswitch is None
+                      else autoswitch.connection(self, transport, address, account))
         self.connections[account.key] = connection
         self.peer_log.log(logging.INFO, ("connected", peer_host(address)),
                           "HA: slave %s connected", address)

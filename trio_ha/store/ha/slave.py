@@ -51,7 +51,7 @@ import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import attrs
 import trio
@@ -99,6 +99,9 @@ class HAClientState(enum.StrEnum):
     #: connected, proving the shared secret to the master and checking its proof
     #: (haAuthSecret)
     AUTHENTICATING = "authenticating"
+    #: connected, AutoSwitch only: waiting for the master's epoch list, then truncating the
+    #: log to the point both agree on (``autoswitch_slave``)
+    HANDSHAKE = "handshake"
     #: connected, copying the master's log
     TRANSFER = "transfer"
     #: the last session failed; the next attempt comes after the back-off (see the module)
@@ -372,6 +375,19 @@ class HAClient:
         )
 
     async def _session(self, address: str) -> None:
+        transport = await self._open_session(address)
+        self._transport = transport
+        try:
+            await self._replicate(transport, address)
+        finally:
+            self._spliced_before += transport.bytes_spliced
+            self._transport = None
+            with trio.CancelScope(shield=True):
+                await transport.aclose()
+
+    async def _open_session(self, address: str) -> HATransport:
+        """A transport to the master at ``address`` that passed the authentication
+        handshake, if the store has haAuthSecret (the caller closes it)."""
         self.state = HAClientState.CONNECTING
         self._served = False
         proven, self._proven = self._proven, None
@@ -383,30 +399,32 @@ class HAClient:
             proven = None
             with trio.fail_after(CONNECT_TIMEOUT):
                 transport = await self.connect(address)
-        self._transport = transport
-        try:
-            secret = self.config.ha_auth_secret
-            if secret is not None and proven is None:
-                self.state = HAClientState.AUTHENTICATING
+        secret = self.config.ha_auth_secret
+        if secret is not None and proven is None:
+            self.state = HAClientState.AUTHENTICATING
+            try:
                 with trio.fail_after(HANDSHAKE_TIMEOUT):
                     await authenticate_master(transport, secret)
-            commitlog = self.commitlog
-            local_end = commitlog.max_offset
-            protocol = SlaveProtocol(expected=local_end if commitlog.segments.segments else None)
-            await transport.send_all(protocol.send_report(local_end))
-            self.state = HAClientState.TRANSFER
-            self.connected_since = time.time()
-            log.info("HA: replicating from %s, local log ends at %d", address, local_end)
-            reports = _Reports(transport, protocol, commitlog.written, local_end,
-                               self.config.ha_send_heartbeat_interval / 1000)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(reports.run)
-                await self._receive(transport, protocol, reports)
-        finally:
-            self._spliced_before += transport.bytes_spliced
-            self._transport = None
-            with trio.CancelScope(shield=True):
-                await transport.aclose()
+            except BaseException:
+                await self._close(transport)
+                raise
+        return transport
+
+    async def _replicate(self, transport: HATransport, address: str) -> None:
+        """Copy the master's log over ``transport`` until the session ends (the classic
+        protocol: report the log end, then receive frames)."""
+        commitlog = self.commitlog
+        local_end = commitlog.max_offset
+        protocol = SlaveProtocol(expected=local_end if commitlog.segments.segments else None)
+        await transport.send_all(protocol.send_report(local_end))
+        self.state = HAClientState.TRANSFER
+        self.connected_since = time.time()
+        log.info("HA: replicating from %s, local log ends at %d", address, local_end)
+        reports = _Reports(transport, protocol, commitlog.written, local_end,
+                           self.config.ha_send_heartbeat_interval / 1000)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reports.run)
+            await self._receive(transport, protocol, reports)
 
     async def _receive(self, transport: HATransport, protocol: SlaveProtocol,
                        reports: _Reports) -> None:
@@ -515,6 +533,13 @@ class _Backoff:
         return self._wait
 
 
+class ReportEncoder(Protocol):
+    """What ``Reports`` needs of a protocol: the bytes that report a log end (the classic
+    8-byte report, or the AutoSwitch ack)."""
+
+    def send_report(self, offset: int) -> bytes: ...
+
+
 @attrs.define(eq=False)
 class _Reports:
     """How a session tells the master where the slave's log ends.
@@ -528,7 +553,7 @@ class _Reports:
     haSendHeartbeatInterval when nothing else went, so the master hears from its slave."""
 
     transport: HATransport
-    protocol: SlaveProtocol
+    protocol: ReportEncoder
     written: Watermark
     #: the last log end sent (or being sent)
     reported: int
@@ -582,6 +607,11 @@ class _Reports:
                     await self.transport.send_all(self.protocol.send_report(end))
             finally:
                 self._sending = False
+
+
+#: the session's reporter, for the AutoSwitch client too (``autoswitch_slave``), whose acks
+#: follow the same rules: from the receiver when the socket is empty, else from its task
+Reports = _Reports
 
 
 def _first_of(group: ExceptionGroup[_E]) -> _E:

@@ -1,0 +1,241 @@
+"""Issue 38: our brokers in RocketMQ 5's controller mode, judged by the real 5.3.3 controller.
+
+Two of our brokers (real processes) of one broker set, our name server and one real
+controller: the first broker to start is made master, the second joins as its slave, our
+client sends through the name server, and mqadmin's controller verbs show the set. Then the
+master is SIGKILLed: the controller elects the slave, which becomes master without a restart,
+and sends succeed again through the name server; every send answered SEND_OK before the kill
+is readable after it. The killed broker restarts and rejoins as a slave.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from conftest import wait_until
+from trio_ha.client import Message, MQError, open_producer, open_pull_consumer
+from trio_ha.remoting import open_remoting_client
+from trio_ha.testing import free_broker_port
+from trio_ha.testing.cluster import DEFAULT_SEGMENT_SIZE
+from trio_ha.testing.processes import NodeProcess
+from trio_ha.wire.controller import EpochEntryCacheBody
+from trio_ha.wire.fastjson import read_json
+from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
+
+pytestmark = pytest.mark.interop
+
+CLUSTER = "OurCtlCluster"
+BROKER_NAME = "broker-c"
+TOPIC = "CtlOurs"
+
+
+def broker_spec(root: str, port: int, namesrv: str, controller: str) -> dict:
+    return {"kind": "broker", "log_level": "INFO", "properties": {
+        "brokerClusterName": CLUSTER, "brokerName": BROKER_NAME, "brokerIP1": "127.0.0.1",
+        "bindAddress": "127.0.0.1", "listenPort": str(port), "namesrvAddr": namesrv,
+        "enableControllerMode": "true", "controllerAddr": controller,
+        "storePathRootDir": root, "mappedFileSizeCommitLog": str(DEFAULT_SEGMENT_SIZE),
+        "maxHashSlotNum": "1000", "maxIndexNum": "4000", "haSendHeartbeatInterval": "1000",
+        "autoCreateTopicEnable": "true", "checkSyncStateSetPeriod": "1000",
+    }}
+
+
+async def replica_info(controller: str) -> tuple[str | None, int, list[int]]:
+    """The set's master address, master epoch and in-sync set, as the controller says."""
+    async with open_remoting_client(controller) as client:
+        reply = await client.invoke(RemotingCommand.request(
+            RequestCode.CONTROLLER_GET_REPLICA_INFO, {"brokerName": BROKER_NAME}), 10)
+    if reply.code != ResponseCode.SUCCESS:
+        return None, 0, []
+    members = read_json(reply.body)["syncStateSet"] if reply.body else []
+    return (reply.ext_fields.get("masterAddress"), int(reply.ext_fields.get("masterEpoch", 0)),
+            sorted(members))
+
+
+async def wait_master(controller: str, address: str, members: int, timeout: float) -> int:
+    """Until ``address`` is master with ``members`` in its in-sync set; its epoch."""
+    async def seen():
+        master, epoch, in_sync = await replica_info(controller)
+        return epoch if master == address and len(in_sync) == members else None
+    return await wait_until(seen, f"{address} master with {members} in sync", timeout=timeout,
+                            interval=0.2)
+
+
+async def epoch_cache(address: str) -> EpochEntryCacheBody:
+    async with open_remoting_client(address) as client:
+        reply = await client.invoke(RemotingCommand.request(RequestCode.GET_BROKER_EPOCH_CACHE),
+                                    10)
+    assert reply.code == ResponseCode.SUCCESS, reply
+    return EpochEntryCacheBody.decode(reply.body)
+
+
+async def first_send_ok(namesrv: str, timeout: float) -> float:
+    """Send until one is answered SEND_OK (a failover under way refuses the others); the
+    trio time it was answered."""
+    async with open_producer(namesrv, "ctlOurProducers", send_msg_timeout=2.0,
+                             retry_times_when_send_failed=0) as producer:
+        with trio.fail_after(timeout):
+            while True:  # bounded by the deadline
+                try:
+                    await producer.send(Message(TOPIC, b"first after the kill"))
+                    return trio.current_time()
+                except MQError:
+                    await trio.sleep(0.05)
+
+
+async def kill_under_load(victim: NodeProcess, controller: str, successor: str,
+                          namesrv: str, prefix: str, took: list[float]) -> list[bytes]:
+    """Four producers send all the time; SIGKILL ``victim`` (the master) among them, until
+    ``successor`` is master and has answered SEND_OK. Records the seconds from the kill to
+    that first SEND_OK in ``took``; returns every body answered SEND_OK."""
+    acked: list[bytes] = []
+    killed_at: list[float] = []
+    successor_port = int(successor.rsplit(":", 1)[1])
+    first_ok = trio.Event()
+
+    async def load(task: int) -> None:
+        async with open_producer(namesrv, f"ctlLoad{task}", send_msg_timeout=2.0,
+                                 retry_times_when_send_failed=0) as producer:
+            for i in range(100_000):  # bounded by the deadline below too
+                body = f"{prefix}{task}-{i}".encode()
+                try:
+                    result = await producer.send(Message(TOPIC, body))
+                except MQError:
+                    await trio.sleep(0.02)
+                    continue
+                acked.append(body)
+                # offsetMsgId names the broker that stored it: ip (8 hex), port (8 hex), offset
+                if killed_at and not first_ok.is_set() and \
+                        int(result.offset_msg_id[8:16], 16) == successor_port:
+                    took.append(trio.current_time() - killed_at[0])
+                    first_ok.set()
+
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            for task in range(4):
+                nursery.start_soon(load, task)
+            await trio.sleep(0.5)
+            victim.kill()
+            killed_at.append(trio.current_time())
+            await wait_master(controller, successor, 1, 60.0)
+            await first_ok.wait()
+            await trio.sleep(0.3)
+            nursery.cancel_scope.cancel()
+    return acked
+
+
+async def send_some(namesrv: str, count: int, prefix: str) -> list[bytes]:
+    """``count`` sends, each retried by the producer; the bodies answered SEND_OK (any other
+    answer fails the test)."""
+    sent = []
+    async with open_producer(namesrv, "ctlOurProducers", send_msg_timeout=5.0,
+                             retry_times_when_send_failed=4) as producer:
+        for i in range(count):
+            body = f"{prefix}{i}".encode()
+            await producer.send(Message(TOPIC, body))
+            sent.append(body)
+    return sent
+
+
+async def bodies_in(namesrv: str) -> set[bytes]:
+    """Every message body the topic's master serves, read queue by queue from offset 0."""
+    found: set[bytes] = set()
+    async with open_pull_consumer(namesrv, "ctlOurReaders") as consumer:
+        for queue in await consumer.queues(TOPIC, refresh=True):
+            offset, end = 0, await consumer.max_offset(queue)
+            while offset < end:  # bounded: each pull moves on or ends the queue
+                result = await consumer.pull(queue, offset, 32, suspend_timeout=0)
+                found.update(m.body for m in result.messages)
+                if result.next_begin_offset <= offset:
+                    break
+                offset = result.next_begin_offset
+    return found
+
+
+def mqadmin_lines(rocketmq5, run_dir, *args: object) -> list[str]:
+    out = rocketmq5.mqadmin(run_dir, *args)
+    return [line for line in out.splitlines() if line.strip()]
+
+
+KILLS = 5
+
+
+def test_our_brokers_join_fail_over_and_rejoin_under_the_real_controller(
+        rocketmq5, controller5, tmp_path):
+    controller = controller5
+    ports = [free_broker_port() for _ in range(2)]
+    roots = [str(tmp_path / f"b{i}") for i in range(2)]
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    logs = str(tmp_path / "logs")
+    os.makedirs(logs)
+    namesrv = NodeProcess.start("ns", {"kind": "namesrv", "port": free_broker_port()},
+                                log_dir=logs)
+    brokers: list[NodeProcess | None] = [None, None]
+
+    def start(i: int) -> NodeProcess:
+        node = NodeProcess.start(f"b{i}", broker_spec(roots[i], ports[i], namesrv.addr,
+                                                      controller), log_dir=logs)
+        brokers[i] = node
+        return node
+
+    try:
+        start(0)
+        assert trio.run(wait_master, controller, addrs[0], 1, 60.0) == 1
+        with open(os.path.join(roots[0], "brokerIdentity")) as identity:
+            assert identity.read() == f"{CLUSTER}#{BROKER_NAME}#1"
+        start(1)
+        # The slave joins the in-sync set once it has acknowledged bytes it was sent up to
+        # the confirm offset (its first report is a request, which proves nothing): so after
+        # the first sends, not while the log is empty.
+        acked = trio.run(send_some, namesrv.addr, 20, "before")
+        trio.run(wait_master, controller, addrs[0], 2, 60.0)
+        acked += trio.run(send_some, namesrv.addr, 20, "in-sync")
+
+        cache = trio.run(epoch_cache, addrs[0])
+        assert [(e.epoch, e.start_offset) for e in cache.epochs] == [(1, 0)]
+        assert cache.broker_id == 0 and cache.max_offset > 0
+        # mqadmin's controller verbs see our brokers as RocketMQ's
+        shown = mqadmin_lines(rocketmq5, tmp_path / "adm1", "getSyncStateSet", "-a",
+                              controller, "-b", BROKER_NAME)
+        assert shown[:6] == [f"#brokerName\t{BROKER_NAME}", "#MasterBrokerId\t1",
+                             f"#MasterAddr\t{addrs[0]}", "#MasterEpoch\t1",
+                             "#SyncStateSetEpoch\t2", "#SyncStateSetNums\t2"], shown
+        assert sum("alive=true" in line for line in shown[6:]) == 2, shown
+        epochs = mqadmin_lines(rocketmq5, tmp_path / "adm2", "getBrokerEpoch", "-n",
+                               namesrv.addr, "-b", BROKER_NAME)
+        # each broker answers GET_BROKER_EPOCH_CACHE: the master as id 0, the slave as its
+        # controller id, both with the one epoch the master began
+        assert sorted(line for line in epochs if line.startswith("#brokerId")) == \
+            ["#brokerId\t0", "#brokerId\t2"], epochs
+        entries = [line for line in epochs if line.startswith("#Epoch")]
+        assert len(entries) == 2 and all(
+            line.startswith("#Epoch: EpochEntry{epoch=1, startOffset=0, endOffset=")
+            for line in entries), epochs
+
+        master, took = 0, []
+        for kill in range(KILLS):
+            survivor = 1 - master
+            killed = brokers[master]
+            assert killed is not None
+            acked += trio.run(kill_under_load, killed, controller, addrs[survivor],
+                              namesrv.addr, f"load{kill}-", took)
+            start(master)  # the old master comes back as a slave of the new one
+            acked += trio.run(send_some, namesrv.addr, 10, f"rejoin{kill}-")
+            trio.run(wait_master, controller, addrs[survivor], 2, 60.0)
+            master = survivor
+        took.sort()
+        print(f"our brokers: SIGKILL to first SEND_OK of the new master over {KILLS} kills: "
+              f"median {took[len(took) // 2]:.2f} s, max {took[-1]:.2f} s")
+
+        bodies = trio.run(bodies_in, namesrv.addr)
+        lost = [body for body in acked if body not in bodies]
+        print(f"our brokers: {len(acked)} sends answered SEND_OK, {len(lost)} of them lost")
+        assert not lost
+        assert trio.run(epoch_cache, addrs[master]).epochs[-1].epoch == KILLS + 1
+    finally:
+        for node in [*brokers, namesrv]:
+            if node is not None:
+                node.kill()
