@@ -10,6 +10,7 @@ is readable after it. The killed broker restarts and rejoins as a slave.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -21,7 +22,7 @@ from trio_ha.remoting import open_remoting_client
 from trio_ha.testing import free_broker_port
 from trio_ha.testing.cluster import DEFAULT_SEGMENT_SIZE
 from trio_ha.testing.processes import NodeProcess
-from trio_ha.wire.controller import EpochEntryCacheBody
+from trio_ha.wire.controller import EpochEntryCacheBody, encode_broker_names
 from trio_ha.wire.fastjson import read_json
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 
@@ -239,3 +240,62 @@ def test_our_brokers_join_fail_over_and_rejoin_under_the_real_controller(
         for node in [*brokers, namesrv]:
             if node is not None:
                 node.kill()
+
+
+async def replicas_of(controller: str) -> dict[int, bool]:
+    """Every member of the set the controller knows (in sync or not): controller id -> alive,
+    by CONTROLLER_GET_SYNC_STATE_DATA."""
+    async with open_remoting_client(controller) as client:
+        reply = await client.invoke(RemotingCommand.request(
+            RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, None,
+            encode_broker_names([BROKER_NAME])), 10)
+    assert reply.code == ResponseCode.SUCCESS, reply
+    table = read_json(reply.body)["replicasInfoTable"].get(BROKER_NAME, {})
+    members = [*table.get("inSyncReplicas", []), *table.get("notInSyncReplicas", [])]
+    return {int(m["brokerId"]): bool(m["alive"]) for m in members}
+
+
+def test_mqadmin_elects_and_cleans_our_brokers(rocketmq5, controller5, tmp_path):
+    """mqadmin's electMaster moves the master role to our slave (an admin's switch-over, no
+    failure): our brokers swap roles at run time and sends go on; cleanBrokerMetadata makes
+    the controller forget a dead broker of ours."""
+    controller = controller5
+    ports = [free_broker_port() for _ in range(2)]
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    logs = str(tmp_path / "logs")
+    os.makedirs(logs)
+    namesrv = NodeProcess.start("ns", {"kind": "namesrv", "port": free_broker_port()},
+                                log_dir=logs)
+    nodes = [namesrv]
+    try:
+        for i in range(2):
+            nodes.append(NodeProcess.start(f"b{i}", broker_spec(
+                str(tmp_path / f"b{i}"), ports[i], namesrv.addr, controller), log_dir=logs))
+            if i == 0:
+                trio.run(wait_master, controller, addrs[0], 1, 60.0)
+        acked = trio.run(send_some, namesrv.addr, 10, "before")
+        trio.run(wait_master, controller, addrs[0], 2, 60.0)
+
+        rocketmq5.mqadmin(tmp_path / "adm1", "electMaster", "-a", controller, "-c", CLUSTER,
+                          "-bn", BROKER_NAME, "-b", 2)
+        assert trio.run(wait_master, controller, addrs[1], 1, 60.0) == 2
+        trio.run(first_send_ok, namesrv.addr, 60.0)
+        acked += trio.run(send_some, namesrv.addr, 10, "after")
+        # the old master follows the new one and is back in its in-sync set
+        trio.run(wait_master, controller, addrs[1], 2, 60.0)
+        assert not set(acked) - trio.run(bodies_in, namesrv.addr)
+
+        nodes[1].kill()  # broker id 1, now the slave
+        trio.run(functools.partial(
+            wait_until, functools.partial(is_alive, controller, 1, False),
+            "broker 1 dead in the controller's eyes", timeout=30))
+        out = rocketmq5.mqadmin(tmp_path / "adm2", "cleanBrokerMetadata", "-a", controller,
+                                "-c", CLUSTER, "-bn", BROKER_NAME, "-b", 1)
+        assert trio.run(replicas_of, controller) == {2: True}, out
+    finally:
+        for node in reversed(nodes):
+            node.kill()
+
+
+async def is_alive(controller: str, broker_id: int, alive: bool) -> bool:
+    return (await replicas_of(controller)).get(broker_id) is alive

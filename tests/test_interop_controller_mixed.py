@@ -218,14 +218,13 @@ def test_a_real_broker_joins_our_master_as_slave_and_takes_over(rocketmq5, contr
         ours = peers.start_ours()
         trio.run(wait_master, controller5, peers.ours_addr, 1, 60.0)
         acked = trio.run(send_some, peers.namesrv, 20, "before")
-        java = rejoin(peers, "java", acked, "in-sync")
+        rejoin(peers, "java", acked, "in-sync")
         assert [entry.epoch for entry in epochs(peers.java_root)] == [1]
 
+        # (the other way round, a Java master's failover to ours and back, is the test above)
         fail_over(peers, ours, "java", acked, "java-master")
-        ours = rejoin(peers, "ours", acked, "ours-back")
-        fail_over(peers, java, "ours", acked, "ours-master")
-        rejoin(peers, "java", acked, "java-back")
-        assert [entry.epoch for entry in epochs(peers.java_root)] == [1, 2, 3]
+        rejoin(peers, "ours", acked, "ours-back")
+        assert [entry.epoch for entry in epochs(peers.ours_root)] == [1, 2]
     finally:
         peers.kill_all()
 

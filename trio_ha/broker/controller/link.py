@@ -41,6 +41,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from ..._errors import TrioHAError
 from ...remoting import RemotingClientPool, RemotingError
 from ...wire.controller import (
     SPECS,
@@ -91,7 +92,7 @@ ELECT_RETRY = 5.0
 VIEW_BACKLOG = 16
 
 
-class ControllerError(Exception):
+class ControllerError(TrioHAError):
     """A controller answered a request with an error code (or an unreadable answer)."""
 
     def __init__(self, code: int, remark: str | None) -> None:
