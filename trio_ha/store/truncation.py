@@ -34,7 +34,6 @@ store then takes no puts until its next open finishes the cut.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 from collections.abc import Callable
@@ -44,6 +43,7 @@ import trio
 
 import trio_ha._backend as _backend
 
+from .._durable import fsync_dir
 from .._errors import TrioHAError
 from ..config import StoreConfig
 from ..wire import layout
@@ -333,7 +333,7 @@ def _write_intent(path: str, offset: int) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
+    fsync_dir(os.path.dirname(path))
 
 
 def read_intent(root: str) -> int | None:
@@ -354,18 +354,7 @@ def read_intent(root: str) -> int | None:
 
 def _remove_intent(path: str) -> None:
     os.unlink(path)
-    _fsync_dir(os.path.dirname(path))
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # some file systems refuse fsync on a directory
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
+    fsync_dir(os.path.dirname(path))
 
 
 # ---- at open ---------------------------------------------------------------------------------
@@ -393,7 +382,7 @@ def complete_pending(config: StoreConfig, root: str) -> int | None:
             _zero_file_from(os.path.join(directory, name), offset - base)
             break
     if files:
-        _fsync_dir(directory)
+        fsync_dir(directory)
     _step("recovery-cut")
     epochs = _epochs_on_disk(config)
     if epochs is not None:

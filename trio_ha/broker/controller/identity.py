@@ -22,11 +22,11 @@ moved a store or changed brokerName, and must say which is right.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import attrs
 
+from ..._durable import fsync_dir, replace_synced
 from ..._errors import TrioHAError
 
 __all__ = ["IDENTITY_FILE", "TEMP_IDENTITY_FILE", "BrokerIdentity", "IdentityError",
@@ -82,24 +82,6 @@ def _parse(path: Path, text: str, parts: int) -> list[str]:
     return fields
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @attrs.define(eq=False)
 class IdentityFiles:
     """The two files of one store. Blocking I/O: call from a worker thread."""
@@ -151,17 +133,17 @@ class IdentityFiles:
         return PendingIdentity(cluster, name, int(broker_id), code)
 
     def save_pending(self, pending: PendingIdentity) -> None:
-        _write_atomically(self.pending_path, pending.text())
+        replace_synced(str(self.pending_path), pending.text().encode())
 
     def drop_pending(self) -> None:
         try:
             self.pending_path.unlink()
         except FileNotFoundError:
             return
-        _fsync_dir(self.directory)
+        fsync_dir(str(self.directory))
 
     def save(self, identity: BrokerIdentity) -> None:
         """Record a granted id, then forget the pending claim (in that order: a crash between
         leaves both, and ``load`` prefers the granted one)."""
-        _write_atomically(self.identity_path, identity.text())
+        replace_synced(str(self.identity_path), identity.text().encode())
         self.drop_pending()

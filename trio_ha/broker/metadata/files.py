@@ -14,12 +14,12 @@ Everything here blocks on the file system: the managers call it from a worker th
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 from collections.abc import Callable
 from typing import TypeVar, overload
 
+from ..._durable import fsync_dir, write_synced
 from ..._errors import TrioHAError
 
 __all__ = [
@@ -59,31 +59,6 @@ def _bak_path(path: str) -> str:
     return path + ".bak"
 
 
-def _write_synced(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # pragma: no cover - platforms that cannot open directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # pragma: no cover - some file systems refuse fsync on a directory
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
 def _read_or_none(path: str) -> bytes | None:
     try:
         with open(path, "rb") as f:
@@ -98,7 +73,7 @@ def _read_or_none(path: str) -> bytes | None:
 def write_tmp(path: str, data: bytes) -> None:
     """Step 1: the new content to ``<path>.tmp``, fsync'ed. A ``.tmp`` left by a crash is
     simply overwritten (and never loaded)."""
-    _write_synced(_tmp_path(path), data)
+    write_synced(_tmp_path(path), data)
 
 
 def backup_previous(path: str) -> None:
@@ -109,7 +84,7 @@ def backup_previous(path: str) -> None:
     if not previous:
         return
     bak_tmp = _tmp_path(_bak_path(path))
-    _write_synced(bak_tmp, previous)
+    write_synced(bak_tmp, previous)
     os.replace(bak_tmp, _bak_path(path))
 
 
@@ -117,7 +92,7 @@ def install_tmp(path: str) -> None:
     """Step 3: rename ``<path>.tmp`` over ``<path>`` and fsync the directory. RocketMQ deletes
     the file first; ``os.replace`` is atomic on POSIX, so the file never goes missing."""
     os.replace(_tmp_path(path), path)
-    _fsync_dir(os.path.dirname(path))
+    fsync_dir(os.path.dirname(path))
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:

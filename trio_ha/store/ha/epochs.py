@@ -21,13 +21,13 @@ Everything on ``EpochFile`` blocks on the file system: call it from a worker thr
 
 from __future__ import annotations
 
-import errno
 import os
 import zlib
 from collections.abc import Iterable, Sequence
 
 import attrs
 
+from ..._durable import fsync_dir, replace_synced
 from ..._errors import TrioHAError
 
 __all__ = [
@@ -296,15 +296,15 @@ class EpochFile:
         if self.cache.entries:
             previous = _read_or_none(self.path)
             if previous and _decodes(previous):
-                _replace_synced(self.bak_path, previous)
+                replace_synced(self.bak_path, previous)
         else:
             try:
                 os.unlink(self.bak_path)
             except FileNotFoundError:
                 pass
             else:
-                _fsync_dir(directory)
-        _replace_synced(self.path, data)
+                fsync_dir(directory)
+        replace_synced(self.path, data)
 
 
 def _read_or_none(path: str) -> bytes | None:
@@ -332,30 +332,3 @@ def _read_entries(path: str) -> tuple[list[EpochEntry] | None, str | None]:
         return decode_epoch_file(data), None
     except ValueError as exc:
         return None, str(exc)
-
-
-def _replace_synced(path: str, data: bytes) -> None:
-    """``data`` under ``path`` atomically and durably: tmp file, fsync, rename, fsync the
-    directory. A tmp file a crash leaves is overwritten by the next write and never read."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # some file systems refuse fsync on a directory
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
