@@ -96,6 +96,7 @@ async def kill_under_load(victim: NodeProcess, controller: str, successor: str,
     killed_at: list[float] = []
     successor_port = int(successor.rsplit(":", 1)[1])
     first_ok = trio.Event()
+    loaded = trio.Event()  # the producers' sends are being answered
 
     async def load(task: int) -> None:
         async with open_producer(namesrv, f"ctlLoad{task}", send_msg_timeout=2.0,
@@ -108,6 +109,7 @@ async def kill_under_load(victim: NodeProcess, controller: str, successor: str,
                     await trio.sleep(0.02)
                     continue
                 acked.append(body)
+                loaded.set()
                 # offsetMsgId names the broker that stored it: ip (8 hex), port (8 hex), offset
                 if killed_at and not first_ok.is_set() and \
                         int(result.offset_msg_id[8:16], 16) == successor_port:
@@ -118,7 +120,7 @@ async def kill_under_load(victim: NodeProcess, controller: str, successor: str,
         async with trio.open_nursery() as nursery:
             for task in range(4):
                 nursery.start_soon(load, task)
-            await trio.sleep(0.5)
+            await loaded.wait()
             victim.kill()
             killed_at.append(trio.current_time())
             await wait_master(controller, successor, 1, 60.0)
