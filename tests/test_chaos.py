@@ -51,7 +51,10 @@ def _short_run(tmp_path, network: str, kinds: set[str], seconds: int, seed: int)
     failed = [c for c in verdict["checks"] if not c["passed"]]
     assert done.returncode == 0 and not failed, (failed, verdict["figures"])
     figures = verdict["figures"]
-    assert figures["acknowledged"] > 100 and figures["lost acknowledged (master)"] == 0
+    # "Nothing acknowledged was lost" must be about some sends. How many a run gets depends on
+    # the load of the machine (CI's two cores run the rest of the suite beside it; 96 once):
+    # the bound says only that the run was not starved.
+    assert figures["acknowledged"] >= 20 and figures["lost acknowledged (master)"] == 0
     assert figures["consumed"] > 0
     history = (tmp_path / "run" / "history.jsonl").read_text().splitlines()
     assert {json.loads(line)["event"] for line in history} == {"send", "consume", "fault"}

@@ -309,8 +309,18 @@ async def test_server_gathers_the_replies_of_a_round_into_one_write_in_whole_fra
     await theirs.aclose()
 
 
-async def test_a_reply_to_a_closed_connection_is_dropped_and_the_connection_ends(nursery):
+async def test_a_peer_that_hangs_up_loses_its_replies_not_its_requests(nursery):
+    """Requests read whole are carried out though their peer has gone (a producer's last
+    oneway sends arrive with its FIN behind them): the reader stops, the requests running
+    finish, their replies are dropped, and then the connection ends."""
     from trio_ha.remoting import CloseReason, RemotingConnection
+
+    carried_out = []
+
+    async def recording(request, connection):
+        await trio.sleep(float(request.ext_fields["sleep"]))
+        carried_out.append(request.opaque)
+        return RemotingCommand.response_to(request, ResponseCode.SUCCESS)
 
     ours, theirs = trio.testing.memory_stream_pair()
     counting = CountingStream(ours)
@@ -318,18 +328,65 @@ async def test_a_reply_to_a_closed_connection_is_dropped_and_the_connection_ends
     done = trio.Event()
 
     async def serve():
+        await connection.serve(recording)
+        done.set()
+
+    nursery.start_soon(serve)
+    oneway = RemotingCommand.request(SLOW, {"sleep": "0.5"}, opaque=7, oneway=True)
+    await theirs.send_all(encode(oneway) + encode(RemotingCommand.request(
+        SLOW, {"sleep": "0.3"}, opaque=8)))
+    await wait_until(lambda: connection.in_flight == 2, "both requests to start")
+    await theirs.aclose()  # the peer leaves while its requests run
+    with trio.fail_after(5):
+        await done.wait()
+    assert sorted(carried_out) == [7, 8]  # both were carried out to the end
+    assert connection.close_reason is CloseReason.PEER_CLOSED
+    assert counting.writes == []  # the reply was never written
+    assert connection.pending_reply_bytes == 0 and connection.in_flight == 0
+
+
+async def test_requests_of_a_peer_gone_are_cancelled_after_the_finish_timeout(nursery):
+    """What a departed peer left running gets ``finish_timeout``, not forever."""
+    from trio_ha.remoting import CloseReason, RemotingConnection
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    connection = RemotingConnection(ours, "memory", RemotingLimits(finish_timeout=0.2))
+    done = trio.Event()
+
+    async def serve():
         await connection.serve(handler)
         done.set()
 
     nursery.start_soon(serve)
-    await theirs.send_all(encode(RemotingCommand.request(SLOW, {"sleep": "5"}, opaque=7)))
+    await theirs.send_all(encode(RemotingCommand.request(SLOW, {"sleep": "30"}, opaque=7)))
     await wait_until(lambda: connection.in_flight == 1, "the request to start")
-    await theirs.aclose()  # the peer leaves while its request runs
-    with trio.fail_after(3):
+    await theirs.aclose()
+    with trio.fail_after(5):
         await done.wait()
     assert connection.close_reason is CloseReason.PEER_CLOSED
-    assert counting.writes == []  # the reply was never written
-    assert connection.pending_reply_bytes == 0 and connection.in_flight == 0
+    assert connection.in_flight == 0
+
+
+async def test_a_bad_frame_cancels_the_requests_of_its_connection_at_once(nursery):
+    """A peer closed for misbehaving gets no grace: its requests are cancelled with it."""
+    from trio_ha.remoting import CloseReason, RemotingConnection
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    connection = RemotingConnection(ours, "memory")
+    done = trio.Event()
+
+    async def serve():
+        await connection.serve(handler)
+        done.set()
+
+    nursery.start_soon(serve)
+    await theirs.send_all(encode(RemotingCommand.request(SLOW, {"sleep": "30"}, opaque=7)))
+    await wait_until(lambda: connection.in_flight == 1, "the request to start")
+    await theirs.send_all(struct.pack(">ii", 8, 99) + b"\0" * 4)  # a header longer than its frame
+    with trio.fail_after(3):
+        await done.wait()
+    assert connection.close_reason is CloseReason.BAD_FRAME
+    assert connection.in_flight == 0
 
 
 MAPPED = 9004

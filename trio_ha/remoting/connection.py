@@ -50,6 +50,15 @@ reading too (``_paused_wait``).
 A held request uses ``holding()`` for its wait, which also ends when the server drains the
 connection at shutdown (the request then answers as if its wait had timed out).
 
+A peer that hangs up (or whose connection breaks) loses its replies, not its requests. A
+request read whole is carried out, as RocketMQ's thread pools carry it out whatever became of
+the channel: a producer's last oneway sends, or a consumer's offsets sent oneway just before it
+closes, arrive with a FIN behind them, and a send that must first create its topic is still
+running when the FIN is read. So the hang-up stops the reader, ends the held waits and drops
+the replies, and the requests running get ``finish_timeout`` to finish before the connection's
+nursery is cancelled. A connection closed for misbehaving (a bad frame, a frame or a write that
+never completes, idling) is cancelled at once, requests and all.
+
 Why one module at about 750 lines: the reader, the writer, the requests in flight and the
 replies waiting for them share one connection's state (its budget, its pending answers, its
 shutdown), and the design card gives each connection one nursery owning both pumps.
@@ -271,13 +280,30 @@ class RemotingConnection:
 
     def close(self, reason: CloseReason, detail: object = None) -> None:
         """End the connection now: its reader, writer and requests are cancelled."""
+        self._mark_closed(reason, detail)
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def _hang_up(self, reason: CloseReason, detail: object = None) -> None:
+        """The peer has gone (FIN, RST, a failed write): stop reading, end the held waits and
+        drop the replies; ``serve`` gives the requests running ``finish_timeout`` to finish
+        (see the module)."""
+        self._mark_closed(reason, detail)
+        if self._read_scope is not None:
+            self._read_scope.cancel()
+        self._writer_lot.unpark_all()
+        self._room_lot.unpark_all()
+
+    def _mark_closed(self, reason: CloseReason, detail: object) -> None:
         if self.close_reason is None:
             self.close_reason = reason
             self.close_detail = str(detail) if detail is not None else None
         for scope in list(self._holds):
             scope.cancel()
-        if self._scope is not None:
-            self._scope.cancel()
+        # Nobody will read them: give back what the replies hold of the shared budget.
+        self.budgets.replies.release(self._outbox_bytes)
+        self._outbox_bytes = 0
+        self._outbox.clear()
 
     def drain(self) -> None:
         """Stop reading requests, end held requests early, and close once the running
@@ -316,11 +342,16 @@ class RemotingConnection:
                 except RemotingDecodeError as exc:
                     self.close(CloseReason.BAD_FRAME, exc)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self.close(CloseReason.LOST, exc)
+                    self._hang_up(CloseReason.LOST, exc)
                 if not self.closed:  # drained: let the running requests finish and answer
                     while self._in_flight or self._outbox_bytes:
                         await self._idle_lot.park()
                     self.close(CloseReason.SHUTDOWN)
+                else:  # hung up: the requests running finish, unanswered (see the module)
+                    with trio.move_on_after(self.limits.finish_timeout):
+                        while self._tasks_running:
+                            await self._idle_lot.park()
+                    nursery.cancel_scope.cancel()
         finally:
             if self.close_reason is None:  # cancelled from outside: the shutdown deadline
                 self.close_reason = CloseReason.SHUTDOWN
@@ -367,7 +398,7 @@ class RemotingConnection:
                         return
                     continue  # a write moved the idle deadline
                 if not data:
-                    self.close(CloseReason.PEER_CLOSED)
+                    self._hang_up(CloseReason.PEER_CLOSED)
                     return
                 self._last_activity = now
                 decoder.receive_data(data)
@@ -454,7 +485,7 @@ class RemotingConnection:
 
     async def _wait_for_room(self) -> None:
         await trio.lowlevel.checkpoint()
-        while True:
+        while not self.closed:  # (a peer gone takes no replies: nothing to wait for)
             if not self._writable or (self._outbox_bytes + self._promised
                                       >= self.limits.write_buffer_high_water_mark):
                 wait = self._room_lot.park
@@ -506,7 +537,7 @@ class RemotingConnection:
         except (OSError, ValueError):
             hung_up = True
         if hung_up:
-            self.close(CloseReason.PEER_CLOSED, "seen while not reading")
+            self._hang_up(CloseReason.PEER_CLOSED, "seen while not reading")
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -577,13 +608,19 @@ class RemotingConnection:
             self._settle(self._promises.pop(task, 0))
             self._request_done()
 
+    @property
+    def _tasks_running(self) -> int:
+        """Requests running in tasks: those in flight but for the ones served without a task
+        whose replies are being made elsewhere (their effect has happened)."""
+        return self._in_flight - len(self._pending)
+
     def _request_done(self) -> None:
         self._in_flight -= 1
         # (an empty lot is looked at before it is called: unpark costs time even then,
         # and these run for every request)
         if self._slot_lot:
             self._slot_lot.unpark()
-        if not self._in_flight and self._idle_lot:
+        if self._idle_lot and self._in_flight <= len(self._pending):
             self._idle_lot.unpark_all()
 
     def _promise(self, promise: int) -> None:
@@ -654,6 +691,8 @@ class RemotingConnection:
         return parts, size
 
     def _written(self, size: int) -> None:
+        if self.closed:
+            return  # the replies were dropped, and their bytes given back, at the close
         self._outbox_bytes -= size
         self.budgets.replies.release(size)
         if not self._writable and self._outbox_bytes <= self.limits.write_buffer_low_water_mark:
@@ -683,7 +722,7 @@ class RemotingConnection:
                     self._writing = False
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self._written(size)
-                self.close(CloseReason.LOST, exc)
+                self._hang_up(CloseReason.LOST, exc)
                 return
             self._written(size)
 

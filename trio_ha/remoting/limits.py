@@ -83,6 +83,10 @@ class RemotingLimits:
     #: how often a connection the server is not reading (back-pressure) is checked for a peer
     #: that has gone away
     hangup_check_interval: float = attrs.field(default=1.0, validator=_positive)
+    #: when a peer hangs up (or its connection breaks), how long the requests it had already
+    #: sent may take to finish before they are cancelled: a request read whole is carried
+    #: out, as RocketMQ's thread pools do; only its reply is lost
+    finish_timeout: float = attrs.field(default=10.0, validator=_non_negative)
 
     def __attrs_post_init__(self) -> None:
         if self.write_buffer_low_water_mark > self.write_buffer_high_water_mark:
