@@ -63,9 +63,10 @@ def consume(peer: RocketMQ, run_dir, kind: str, namesrv: str, topic: str, group:
             expect: int, *args: object, properties: dict | None = None) -> list[dict]:
     """Run a Java consumer (``push`` or ``pull``) until it has ``expect`` messages, or
     after 25 quiet seconds, or at 60 s; the message lines. (A consumer's rebalance runs
-    every 20 s, and a first one that missed a new topic's queues leaves them to the next:
-    3, then 10 quiet seconds cut a lite pull consumer short at 83 of 84. A run that gets
-    everything stops at ``expect``, so the wait costs only a failing run.)"""
+    every 20 s, and a first one that missed a new topic's queues leaves them to the next. A
+    run that gets everything stops at ``expect``, so the wait costs only a failing run. The
+    83 of 84 this test once saw was not the wait: a oneway send was lost with its
+    producer's connection, see test_broker's hang-up test.)"""
     out = peer.run_program(run_dir, CLIENT, kind, "--namesrv", namesrv, "--topic", topic,
                            "--group", group, "--expect", expect, "--idle-seconds", 25,
                            "--max-seconds", 60, *args, properties=properties)
