@@ -3,15 +3,18 @@
 Two of our brokers (real processes) of one broker set, our name server and one real
 controller: the first broker to start is made master, the second joins as its slave, our
 client sends through the name server, and mqadmin's controller verbs show the set. Then the
-master is SIGKILLed: the controller elects the slave, which becomes master without a restart,
-and sends succeed again through the name server; every send answered SEND_OK before the kill
-is readable after it. The killed broker restarts and rejoins as a slave.
+master is SIGKILLed, five times in turn, under load from four of our producers and the real
+Java producer (RocketMQ 5.3.3's): the controller elects the slave, which becomes master
+without a restart, and both clients' sends succeed again through the name server; every send
+answered SEND_OK, by either, is readable after it. The killed broker restarts and rejoins as
+a slave.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import time
 
 import pytest
 import trio
@@ -22,6 +25,7 @@ from trio_ha.remoting import open_remoting_client
 from trio_ha.testing import free_broker_port
 from trio_ha.testing.cluster import DEFAULT_SEGMENT_SIZE
 from trio_ha.testing.processes import NodeProcess
+from trio_ha.testing.rocketmq import JavaProcess, RocketMQ, program_lines
 from trio_ha.wire.controller import EpochEntryCacheBody, encode_broker_names
 from trio_ha.wire.fastjson import read_json
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
@@ -88,10 +92,12 @@ async def first_send_ok(namesrv: str, timeout: float) -> float:
 
 
 async def kill_under_load(victim: NodeProcess, controller: str, successor: str,
-                          namesrv: str, prefix: str, took: list[float]) -> list[bytes]:
+                          namesrv: str, prefix: str, took: list[float],
+                          killed_wall: list[float]) -> list[bytes]:
     """Four producers send all the time; SIGKILL ``victim`` (the master) among them, until
     ``successor`` is master and has answered SEND_OK. Records the seconds from the kill to
-    that first SEND_OK in ``took``; returns every body answered SEND_OK."""
+    that first SEND_OK in ``took`` and the kill's wall-clock time in ``killed_wall``; returns
+    every body answered SEND_OK."""
     acked: list[bytes] = []
     killed_at: list[float] = []
     successor_port = int(successor.rsplit(":", 1)[1])
@@ -123,6 +129,7 @@ async def kill_under_load(victim: NodeProcess, controller: str, successor: str,
             await loaded.wait()
             victim.kill()
             killed_at.append(trio.current_time())
+            killed_wall.append(time.time())
             await wait_master(controller, successor, 1, 60.0)
             await first_ok.wait()
             await trio.sleep(0.3)
@@ -158,6 +165,42 @@ async def bodies_in(namesrv: str) -> set[bytes]:
     return found
 
 
+JAVA_CLIENT = "trioha.interop.Client"
+
+
+def start_java_producer(rocketmq5: RocketMQ, run_dir, namesrv: str, stop_file) -> JavaProcess:
+    """The real Java producer, sending one message after another and going on after failures,
+    until ``stop_file`` exists. It learns a new master from the name server at its next route
+    poll (pollNameServerInterval, 30 s by default, 1 s here: the setting an application that
+    rides out failovers shortens)."""
+    return rocketmq5.start_program(
+        run_dir, JAVA_CLIENT, "produce", "--mode", "steady", "--namesrv", namesrv,
+        "--topic", TOPIC, "--group", "ctlJavaProducer", "--prefix", "java", "--timeout", 2000,
+        "--poll-namesrv-ms", 1000, "--stop-file", stop_file, "--max-seconds", 900,
+        name="java-producer")
+
+
+def java_lines(java: JavaProcess) -> list[dict]:
+    """The Java producer's lines so far (whole lines only: it is still printing)."""
+    output = java.output()
+    return program_lines(output[:output.rfind("\n") + 1])
+
+
+def java_first_ok_after(java: JavaProcess, since: float, port: int, timeout: float) -> float:
+    """Wall-clock time of the Java producer's first SEND_OK from the broker on ``port`` after
+    ``since`` (offsetMsgId: ip, port, offset in hex)."""
+    deadline = time.monotonic() + timeout
+    while True:  # bounded by the deadline
+        for line in java_lines(java):
+            if line.get("status") == "SEND_OK" and line["t"] >= since * 1000 and \
+                    int(line["offsetMsgId"][8:16], 16) == port:
+                return line["t"] / 1000
+        if java.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no SEND_OK from port {port} for the Java producer: "
+                                 f"{java.tail()}")
+        time.sleep(0.1)
+
+
 def mqadmin_lines(rocketmq5, run_dir, *args: object) -> list[str]:
     out = rocketmq5.mqadmin(run_dir, *args)
     return [line for line in out.splitlines() if line.strip()]
@@ -177,6 +220,7 @@ def test_our_brokers_join_fail_over_and_rejoin_under_the_real_controller(
     namesrv = NodeProcess.start("ns", {"kind": "namesrv", "port": free_broker_port()},
                                 log_dir=logs)
     brokers: list[NodeProcess | None] = [None, None]
+    java: JavaProcess | None = None
 
     def start(i: int) -> NodeProcess:
         node = NodeProcess.start(f"b{i}", broker_spec(roots[i], ports[i], namesrv.addr,
@@ -218,30 +262,45 @@ def test_our_brokers_join_fail_over_and_rejoin_under_the_real_controller(
             line.startswith("#Epoch: EpochEntry{epoch=1, startOffset=0, endOffset=")
             for line in entries), epochs
 
-        master, took = 0, []
+        stop_java = tmp_path / "java-stop"
+        java = start_java_producer(rocketmq5, tmp_path / "java", namesrv.addr, stop_java)
+        java_first_ok_after(java, 0, ports[0], 60)
+        master, took, java_took = 0, [], []
         for kill in range(KILLS):
             survivor = 1 - master
             killed = brokers[master]
             assert killed is not None
+            killed_wall: list[float] = []
             acked += trio.run(kill_under_load, killed, controller, addrs[survivor],
-                              namesrv.addr, f"load{kill}-", took)
+                              namesrv.addr, f"load{kill}-", took, killed_wall)
+            java_took.append(java_first_ok_after(java, killed_wall[0], ports[survivor], 60)
+                             - killed_wall[0])
             start(master)  # the old master comes back as a slave of the new one
             acked += trio.run(send_some, namesrv.addr, 10, f"rejoin{kill}-")
             trio.run(wait_master, controller, addrs[survivor], 2, 60.0)
             master = survivor
-        took.sort()
-        print(f"our brokers: SIGKILL to first SEND_OK of the new master over {KILLS} kills: "
-              f"median {took[len(took) // 2]:.2f} s, max {took[-1]:.2f} s")
+        stop_java.touch()
+        assert java.wait(30) == 0, java.tail()
+        java_acked = [f"java-{line['i']}".encode() for line in java_lines(java)
+                      if line.get("status") == "SEND_OK"]
+        for name, times in (("our client", took), ("the Java client", java_took)):
+            times.sort()
+            print(f"our brokers, {name}: SIGKILL to first SEND_OK of the new master over "
+                  f"{KILLS} kills: median {times[len(times) // 2]:.2f} s, max {times[-1]:.2f} s")
 
         bodies = trio.run(bodies_in, namesrv.addr)
         lost = [body for body in acked if body not in bodies]
-        print(f"our brokers: {len(acked)} sends answered SEND_OK, {len(lost)} of them lost")
-        assert not lost
+        java_lost = [body for body in java_acked if body not in bodies]
+        print(f"our brokers: {len(acked)} sends of our client and {len(java_acked)} of the Java "
+              f"client answered SEND_OK, {len(lost)} and {len(java_lost)} of them lost")
+        assert not lost and not java_lost
         assert trio.run(epoch_cache, addrs[master]).epochs[-1].epoch == KILLS + 1
     finally:
         for node in [*brokers, namesrv]:
             if node is not None:
                 node.kill()
+        if java is not None:
+            java.kill()
 
 
 async def replicas_of(controller: str) -> dict[int, bool]:

@@ -49,6 +49,8 @@ import org.apache.rocketmq.remoting.RPCHook;
  *         [--tx-plan CRU] [--tx-check C|R] [--linger-seconds S]
  *         [--tags TagA,TagB] [--size BYTES] [--prefix TEXT] [--group G] [--timeout MS]
  *         [--retries N] [--delay LEVEL] [--property k=v]... [--access-key AK --secret-key SK]
+ *         [--poll-namesrv-ms MS]
+ * produce --mode steady --namesrv A --topic T --stop-file F [--max-seconds S] [--count N] ...
  * push    --namesrv A --topic T[,T2...] --group G [--tags 'TagA || TagB'] [--expect N]
  *         [--max-seconds S] [--idle-seconds S] [--later-first | --always-later | --orderly]
  *         [--max-reconsume N]
@@ -63,6 +65,12 @@ import org.apache.rocketmq.remoting.RPCHook;
  * each message, which sends it back to the broker (CONSUMER_SEND_MSG_BACK). {@code --orderly}
  * consumes with a MessageListenerOrderly, which locks each queue at the broker (LOCK_BATCH_MQ)
  * before it reads it.
+ *
+ * <p>{@code --mode steady} sends one message after another, going on after a failed send (as an
+ * application riding out a failover does), until the file {@code --stop-file} exists, after
+ * {@code --max-seconds} (120) or {@code --count} (1000000) sends; each line has its wall-clock
+ * time {@code t} in milliseconds. {@code --poll-namesrv-ms} is the client's
+ * pollNameServerInterval: how soon it learns a route change (a new master) by itself.
  */
 public final class Client {
     private Client() {
@@ -144,12 +152,28 @@ public final class Client {
         producer.setRetryTimesWhenSendFailed(opts.getInt("retries", 0));
         producer.setRetryTimesWhenSendAsyncFailed(opts.getInt("retries", 0));
         producer.setInstanceName("producer-" + ProcessHandle.current().pid());
+        producer.setPollNameServerInterval(opts.getInt("poll-namesrv-ms", 30000));
         producer.start();
-        int count = opts.getInt("count", 1);
         String mode = opts.get("mode", "sync");
+        int count = opts.getInt("count", mode.equals("steady") ? 1000000 : 1);
         AtomicInteger errors = new AtomicInteger();
         try {
-            if (mode.equals("batch")) {
+            if (mode.equals("steady")) {
+                java.io.File stopFile = new java.io.File(opts.require("stop-file"));
+                long deadline = System.currentTimeMillis() + 1000L * opts.getInt("max-seconds", 120);
+                for (int i = 0; i < count && !stopFile.exists() && System.currentTimeMillis() < deadline; i++) {
+                    Map<String, Object> line;
+                    try {
+                        line = sent(i, producer.send(message(opts, i)));
+                    } catch (Exception e) {
+                        errors.incrementAndGet();
+                        line = failed(i, e);
+                        Thread.sleep(20);
+                    }
+                    line.put("t", System.currentTimeMillis());
+                    Json.print(line);
+                }
+            } else if (mode.equals("batch")) {
                 int batch = opts.getInt("batch", 32);
                 for (int start = 0; start < count; start += batch) {
                     List<Message> msgs = new ArrayList<>();
