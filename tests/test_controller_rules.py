@@ -7,7 +7,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from tests.controller_harness import Harness
+from controller_harness import Harness
 from trio_ha.controller.liveness import BrokerIdentity
 from trio_ha.controller.records import BrokerSetRecord, key_for
 from trio_ha.controller.rules import (
@@ -377,7 +377,7 @@ def test_alter_refusals_have_rocketmqs_codes() -> None:
         (dict(members={2, 3}), ResponseCode.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED),
     ]
     for kwargs, code in cases:
-        d = alter(h, **kwargs)  # type: ignore[arg-type]
+        d = alter(h, **kwargs)
         assert (d.code, d.changes) == (code, ()), kwargs
     assert h.state == before
 
@@ -623,11 +623,11 @@ def _step(h: Harness, op: tuple[object, ...]) -> Decision | None:
             members = members | {r.master_id}
         return alter_sync_state_set(h.state, h.live, h.now, AlterSyncStateSetRequestHeader(
             name, r.master_id, r.master_epoch + master_delta),
-            SyncStateSet(members, max(0, r.sync_state_set_epoch + epoch_delta)))  # type: ignore[arg-type]
+            SyncStateSet(members, max(0, r.sync_state_set_epoch + epoch_delta)))
     if kind == "clean":
         _, name, ids, living = op
         assert isinstance(ids, frozenset)
-        text = ";".join(str(i) for i in sorted(ids)) or None  # type: ignore[arg-type]
+        text = ";".join(str(i) for i in sorted(ids)) or None
         return clean_broker_data(h.state, h.live, h.now, CleanBrokerDataRequestHeader(
             name, "c1", text, living))  # type: ignore[arg-type]
     if kind == "tick":
