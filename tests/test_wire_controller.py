@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 from trio_ha.wire.controller import (
     SPECS,
+    ApplyBrokerIdResponseHeader,
     BrokerHeartbeatRequestHeader,
+    BrokerReplicasInfo,
     ControllerDecodeError,
     ElectMasterRequestHeader,
     ElectMasterResponseBody,
@@ -16,6 +18,8 @@ from trio_ha.wire.controller import (
     EpochEntryView,
     GetMetaDataResponseHeader,
     RegisterBrokerToControllerResponseHeader,
+    ReplicaIdentity,
+    ReplicasInfo,
     SyncStateSet,
     decode_broker_names,
     encode_broker_names,
@@ -123,3 +127,39 @@ def test_any_bytes_decode_or_raise_the_typed_error(data: bytes) -> None:
             decode(data)
         except ControllerDecodeError:
             pass
+
+
+def test_broker_replicas_info_in_fastjsons_layout() -> None:
+    # what a 5.3.3 controller answers getSyncStateSet with: bean fields sorted, nulls left out
+    body = (b'{"replicasInfoTable":{"broker-a":{"inSyncReplicas":[{"alive":true,'
+            b'"brokerAddress":"127.0.0.1:30911","brokerId":1,"brokerName":"broker-a"}],'
+            b'"masterAddress":"127.0.0.1:30911","masterBrokerId":1,"masterEpoch":2,'
+            b'"notInSyncReplicas":[{"alive":false,"brokerAddress":"127.0.0.1:30921",'
+            b'"brokerId":2,"brokerName":"broker-a"}],"syncStateSetEpoch":3}}}')
+    info = BrokerReplicasInfo.decode(body)
+    assert info == BrokerReplicasInfo({"broker-a": ReplicasInfo(
+        1, "127.0.0.1:30911", 2, 3,
+        (ReplicaIdentity("broker-a", 1, "127.0.0.1:30911", True),),
+        (ReplicaIdentity("broker-a", 2, "127.0.0.1:30921", False),))})
+    assert info.encode() == body
+    no_master = BrokerReplicasInfo({"b": ReplicasInfo(None, None, 3, 4)})
+    assert no_master.encode() == (b'{"replicasInfoTable":{"b":{"inSyncReplicas":[],'
+                                  b'"masterEpoch":3,"notInSyncReplicas":[],'
+                                  b'"syncStateSetEpoch":4}}}')
+    assert BrokerReplicasInfo.decode(no_master.encode()) == no_master
+
+
+@pytest.mark.parametrize("body", [
+    b"[]", b'{"replicasInfoTable":[]}', b'{"replicasInfoTable":{"a":1}}',
+    b'{"replicasInfoTable":{"a":{"inSyncReplicas":[{"brokerId":"x"}]}}}',
+    b'{"replicasInfoTable":{"a":{"masterEpoch":99999999999}}}',
+    b'{"replicasInfoTable":{"a":{"inSyncReplicas":[{"brokerId":1,"alive":"maybe"}]}}}',
+])
+def test_malformed_broker_replicas_info_is_a_decode_error(body: bytes) -> None:
+    with pytest.raises(ControllerDecodeError):
+        BrokerReplicasInfo.decode(body)
+
+
+def test_apply_broker_id_answer_header_names_the_set() -> None:
+    assert SPECS[ApplyBrokerIdResponseHeader].encode(ApplyBrokerIdResponseHeader("c1", "b")) == \
+        {"clusterName": "c1", "brokerName": "b"}

@@ -1,6 +1,61 @@
 """Our own controller (issue 39): RocketMQ 5's controller side of controller mode, so a broker
 group fails over without a JVM. See docs/controller.md."""
 
+from .election import ElectionOutcome, elect
+from .liveness import BrokerIdentity, HeartbeatTable, LiveInfo
+from .records import BrokerSetRecord, MemberRecord, RecordError, key_for
+from .rules import (
+    ControllerConfig,
+    ControllerState,
+    Decision,
+    RecordChange,
+    RoleChangeNotice,
+    StoredSet,
+    accept_heartbeat,
+    alter_sync_state_set,
+    apply_broker_id,
+    clean_broker_data,
+    controller_elect,
+    elect_master,
+    get_next_broker_id,
+    get_replica_info,
+    get_sync_state_data,
+    on_broker_dead,
+    register_broker,
+    sets_to_reelect,
+)
 from .state_store import CommitConflict, StateStore, Versioned, Write
 
-__all__ = ["CommitConflict", "StateStore", "Versioned", "Write"]
+__all__ = [
+    "BrokerIdentity",
+    "BrokerSetRecord",
+    "CommitConflict",
+    "ControllerConfig",
+    "ControllerState",
+    "Decision",
+    "ElectionOutcome",
+    "HeartbeatTable",
+    "LiveInfo",
+    "MemberRecord",
+    "RecordChange",
+    "RecordError",
+    "RoleChangeNotice",
+    "StateStore",
+    "StoredSet",
+    "Versioned",
+    "Write",
+    "accept_heartbeat",
+    "alter_sync_state_set",
+    "apply_broker_id",
+    "clean_broker_data",
+    "controller_elect",
+    "elect",
+    "elect_master",
+    "get_next_broker_id",
+    "get_replica_info",
+    "get_sync_state_data",
+    "key_for",
+    "on_broker_dead",
+    "register_broker",
+    "sets_to_reelect",
+]

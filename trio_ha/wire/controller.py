@@ -28,7 +28,16 @@ import attrs
 
 from .errors import WireError
 from .fastjson import encode_json, read_json
-from .json_fields import as_int, as_object, decoding, get_int, get_list, get_object, get_str
+from .json_fields import (
+    as_int,
+    as_object,
+    decoding,
+    get_bool,
+    get_int,
+    get_list,
+    get_object,
+    get_str,
+)
 from .remoting.headers import FieldKind, HeaderField, HeaderSpec
 from .route import BrokerData
 
@@ -37,7 +46,9 @@ __all__ = [
     "AlterSyncStateSetRequestHeader",
     "AlterSyncStateSetResponseHeader",
     "ApplyBrokerIdRequestHeader",
+    "ApplyBrokerIdResponseHeader",
     "BrokerHeartbeatRequestHeader",
+    "BrokerReplicasInfo",
     "CleanBrokerDataRequestHeader",
     "ControllerDecodeError",
     "ElectMasterRequestHeader",
@@ -53,6 +64,8 @@ __all__ = [
     "NotifyBrokerRoleChangedRequestHeader",
     "RegisterBrokerToControllerRequestHeader",
     "RegisterBrokerToControllerResponseHeader",
+    "ReplicaIdentity",
+    "ReplicasInfo",
     "SyncStateSet",
     "decode_broker_names",
     "encode_broker_names",
@@ -110,6 +123,16 @@ class ApplyBrokerIdRequestHeader:
     FIELDS = (_opt("cluster_name", "clusterName"), _opt("broker_name", "brokerName"),
               _opt("applied_broker_id", "appliedBrokerId", _LONG),
               _opt("register_check_code", "registerCheckCode"))
+
+
+@attrs.frozen
+class ApplyBrokerIdResponseHeader:
+    """The answer to APPLY_BROKER_ID names the set back; success is the response code."""
+
+    cluster_name: str | None = None
+    broker_name: str | None = None
+
+    FIELDS = (_opt("cluster_name", "clusterName"), _opt("broker_name", "brokerName"))
 
 
 @attrs.frozen
@@ -305,6 +328,7 @@ class CleanBrokerDataRequestHeader:
 SPECS: dict[type[Any], HeaderSpec[Any]] = {
     cls: HeaderSpec(cls, cls.FIELDS) for cls in (
         GetNextBrokerIdRequestHeader, GetNextBrokerIdResponseHeader, ApplyBrokerIdRequestHeader,
+        ApplyBrokerIdResponseHeader,
         RegisterBrokerToControllerRequestHeader, RegisterBrokerToControllerResponseHeader,
         ElectMasterRequestHeader, ElectMasterResponseHeader, GetReplicaInfoRequestHeader,
         GetReplicaInfoResponseHeader, NotifyBrokerRoleChangedRequestHeader,
@@ -425,6 +449,83 @@ class EpochEntryCacheBody:
             return cls(get_str(obj, "clusterName", what, ""), get_str(obj, "brokerName", what, ""),
                        get_int(obj, "brokerId", what, 0), epochs,
                        get_int(obj, "maxOffset", what, 0))
+
+
+@attrs.frozen
+class ReplicaIdentity:
+    """One member of a broker set as CONTROLLER_GET_SYNC_STATE_DATA shows it: its controller
+    id, address, and whether the controller hears its heartbeats."""
+
+    broker_name: str
+    broker_id: int
+    broker_address: str
+    alive: bool = False
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"alive": self.alive, "brokerAddress": self.broker_address,
+                "brokerId": self.broker_id, "brokerName": self.broker_name}
+
+    @classmethod
+    def from_json_obj(cls, obj: dict[str, Any], path: str) -> ReplicaIdentity:
+        return cls(get_str(obj, "brokerName", path, ""), get_int(obj, "brokerId", path),
+                   get_str(obj, "brokerAddress", path, ""), get_bool(obj, "alive", path, False))
+
+
+@attrs.frozen
+class ReplicasInfo:
+    """One broker set in a ``BrokerReplicasInfo``: its master (None when it has none), both
+    epochs, and its members split by whether they are in the in-sync set."""
+
+    master_broker_id: int | None
+    master_address: str | None
+    master_epoch: int
+    sync_state_set_epoch: int
+    in_sync_replicas: tuple[ReplicaIdentity, ...] = ()
+    not_in_sync_replicas: tuple[ReplicaIdentity, ...] = ()
+
+    def to_json_obj(self) -> dict[str, Any]:
+        # None values are left out by the writer, as fastjson leaves out nulls.
+        return {"inSyncReplicas": [r.to_json_obj() for r in self.in_sync_replicas],
+                "masterAddress": self.master_address, "masterBrokerId": self.master_broker_id,
+                "masterEpoch": self.master_epoch,
+                "notInSyncReplicas": [r.to_json_obj() for r in self.not_in_sync_replicas],
+                "syncStateSetEpoch": self.sync_state_set_epoch}
+
+    @classmethod
+    def from_json_obj(cls, obj: dict[str, Any], path: str) -> ReplicasInfo:
+        def replicas(key: str) -> tuple[ReplicaIdentity, ...]:
+            where = f"{path}.{key}[]"
+            return tuple(ReplicaIdentity.from_json_obj(as_object(v, where), where)
+                         for v in get_list(obj, key, path))
+
+        return cls(get_int(obj, "masterBrokerId", path, None),
+                   get_str(obj, "masterAddress", path, None),
+                   get_int(obj, "masterEpoch", path, 0, int32=True),
+                   get_int(obj, "syncStateSetEpoch", path, 0, int32=True),
+                   replicas("inSyncReplicas"), replicas("notInSyncReplicas"))
+
+
+@attrs.frozen
+class BrokerReplicasInfo:
+    """The answer to CONTROLLER_GET_SYNC_STATE_DATA (1006), what mqadmin's
+    ``getSyncStateSet`` prints: per broker name asked for and known, its ``ReplicasInfo``."""
+
+    replicas_info_table: dict[str, ReplicasInfo] = attrs.field(factory=dict[str, ReplicasInfo])
+
+    def encode(self) -> bytes:
+        return encode_json({"replicasInfoTable": {
+            name: info.to_json_obj() for name, info in self.replicas_info_table.items()}})
+
+    @classmethod
+    def decode(cls, data: bytes | bytearray | memoryview) -> BrokerReplicasInfo:
+        what = "BrokerReplicasInfo"
+        obj = _body(data, what)
+        with decoding(ControllerDecodeError, what):
+            table = get_object(obj, "replicasInfoTable", what)
+            return cls({name: ReplicasInfo.from_json_obj(
+                            as_object(value, f"{what}.replicasInfoTable[{name!r}]"),
+                            f"{what}.replicasInfoTable[{name!r}]")
+                        for name, value in table.items()})
 
 
 def encode_broker_names(names: Iterable[str]) -> bytes:
