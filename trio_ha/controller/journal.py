@@ -245,7 +245,7 @@ class Journal:
     @classmethod
     def _open_sync(cls, directory: str, compact_bytes: int, compact_frames: int) -> Journal:
         directory = os.path.abspath(directory)
-        os.makedirs(directory, exist_ok=True)
+        _make_directory(directory)
         lock_fd = _lock_directory(directory)
         try:
             return cls._recover(directory, lock_fd, compact_bytes, compact_frames)
@@ -546,6 +546,23 @@ class Journal:
             compactions=self._compactions,
             last_compaction=self._last_compaction,
         )
+
+
+def _make_directory(directory: str) -> None:
+    """``os.makedirs``, and each directory it creates made durable in its parent: the
+    journal's own fsyncs cover its file and its entry in ``directory``, not ``directory``'s
+    entry in its parent."""
+    missing: list[str] = []
+    path = directory
+    while not os.path.isdir(path) and len(missing) < 256:  # bounded by the path's depth
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    os.makedirs(directory, exist_ok=True)
+    for created in reversed(missing):
+        fsync_dir(os.path.dirname(created))
 
 
 def _lock_directory(directory: str) -> int:
