@@ -36,6 +36,7 @@ import trio.testing
 from trio_ha.chaos import disk
 from trio_ha.controller import (
     CommitConflict,
+    CompactionFailed,
     Journal,
     JournalCorrupt,
     JournalFailed,
@@ -349,6 +350,32 @@ async def test_compaction_stopped_after_each_step(tmp_path):
         assert journal.statistics().recovered_frames == 1
         assert await journal.commit([Write("after", 0, b"x")]) == {"after": sequence + 1}
     assert (await records_of(tmp_path))["after"] == Versioned(sequence + 1, b"x")
+
+
+async def test_a_failed_snapshot_leaves_the_journal_in_charge(tmp_path):
+    """The snapshot cannot be written (here its tmp path is a directory: a real EISDIR, as a
+    full disk would give ENOSPC): the old journal stays complete and in charge, commits go
+    on, and compaction happens once the snapshot can be written again."""
+    async with Journal.open(tmp_path, compact_bytes=1024) as journal:
+        (tmp_path / SNAPSHOT_TMP_NAME).mkdir()
+        expected: dict[str, Versioned] = {}
+        for n in range(40):
+            key = f"k{n % 4}"
+            old = expected.get(key)
+            value = f"value {n}".encode() * 4
+            got = await journal.commit([Write(key, 0 if old is None else old.version, value)])
+            expected[key] = Versioned(got[key], value)
+        assert journal.statistics().compactions == 0
+        assert journal.statistics().file_bytes > 1024
+        with pytest.raises(CompactionFailed, match="snapshot failed"):
+            await journal.compact()
+        await journal.commit([Write("still", 0, b"taking commits")])
+        expected["still"] = (await journal.load())["still"]
+        (tmp_path / SNAPSHOT_TMP_NAME).rmdir()
+        await journal.compact()
+        assert journal.statistics().compactions == 1
+        assert await journal.load() == expected
+    assert await records_of(tmp_path) == expected
 
 
 # ---- one journal per directory -----------------------------------------------------------------

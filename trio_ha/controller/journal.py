@@ -66,7 +66,8 @@ from .journal_format import (
 from .state_store import CommitConflict, Versioned, Write
 
 __all__ = [
-    "JOURNAL_NAME", "LOCK_NAME", "SNAPSHOT_TMP_NAME", "CompactionInfo", "Journal",
+    "JOURNAL_NAME", "LOCK_NAME", "SNAPSHOT_TMP_NAME", "CompactionFailed", "CompactionInfo",
+    "Journal",
     "JournalFailed", "JournalLocked", "JournalStatistics", "install_snapshot", "write_snapshot",
 ]
 
@@ -94,6 +95,11 @@ class JournalLocked(TrioHAError, RuntimeError):
 class JournalFailed(TrioHAError, OSError):
     """A write or fsync of the journal failed: it takes no more commits, and whether the
     commit that saw this happened is unknown until a restart replays the file."""
+
+
+class CompactionFailed(TrioHAError, OSError):
+    """``compact()`` could not write the snapshot (a full disk): the journal is intact, in
+    charge and takes commits; compaction is tried again later."""
 
 
 @attrs.frozen
@@ -480,14 +486,18 @@ class Journal:
         """Compact now (it also happens by itself past ``compact_bytes``/``compact_frames``)."""
         async with self._lock:
             self._check_usable()
-            compactions = self._compactions
-            await self._compact_locked()
-            self._check_usable()
-            if self._compactions == compactions or self._last_compaction is None:
-                raise JournalFailed(f"journal {self.directory}: the snapshot failed (logged)")
+            error = await self._compact_locked()
+            self._check_usable()  # the switch failed: JournalFailed
+            if error is not None or self._last_compaction is None:
+                raise CompactionFailed(
+                    f"journal {self.directory}: the snapshot failed ({error}); the journal "
+                    "goes on without it"
+                )
             return self._last_compaction
 
-    async def _compact_locked(self) -> None:
+    async def _compact_locked(self) -> OSError | None:
+        """Compact with the lock held; the error that kept the snapshot from being written
+        (the journal goes on), or None. A failed switch leaves the journal failed."""
         before = self._end
         records = dict(self._records)
         try:
@@ -502,7 +512,7 @@ class Journal:
                 os.unlink(os.path.join(self.directory, SNAPSHOT_TMP_NAME))
             except OSError:
                 pass
-            return
+            return exc
         self._fsyncs += 1
         try:
             self._fd = await trio.to_thread.run_sync(self._switch_sync, self._fd)
@@ -511,7 +521,7 @@ class Journal:
             # is no longer the journal. Only a restart knows which file is in charge.
             self._failed = exc
             log.error("controller journal %s: snapshot switch failed: %s", self.directory, exc)
-            return
+            return None
         self._fsyncs += 1
         self._end = size
         self._frames_in_file = 1
@@ -522,6 +532,7 @@ class Journal:
             "controller journal %s compacted: %d bytes to %d at sequence %d",
             self.directory, before, size, self._sequence,
         )
+        return None
 
     def _switch_sync(self, old_fd: int) -> int:
         install_snapshot(self.directory)
