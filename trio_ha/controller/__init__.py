@@ -2,6 +2,15 @@
 group fails over without a JVM. See docs/controller.md."""
 
 from .election import ElectionOutcome, elect
+from .journal import (
+    CompactionFailed,
+    CompactionInfo,
+    Journal,
+    JournalFailed,
+    JournalLocked,
+    JournalStatistics,
+)
+from .journal_format import JournalCorrupt
 from .liveness import BrokerIdentity, HeartbeatTable, LiveInfo
 from .records import BrokerSetRecord, MemberRecord, RecordError, key_for
 from .rules import (
@@ -27,6 +36,13 @@ from .rules import (
 from .state_store import CommitConflict, StateStore, Versioned, Write
 
 __all__ = [
+    "CompactionFailed",
+    "CompactionInfo",
+    "Journal",
+    "JournalCorrupt",
+    "JournalFailed",
+    "JournalLocked",
+    "JournalStatistics",
     "BrokerIdentity",
     "BrokerSetRecord",
     "CommitConflict",
