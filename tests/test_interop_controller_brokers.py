@@ -177,27 +177,41 @@ def start_java_producer(rocketmq5: RocketMQ, run_dir, namesrv: str, stop_file) -
         run_dir, JAVA_CLIENT, "produce", "--mode", "steady", "--namesrv", namesrv,
         "--topic", TOPIC, "--group", "ctlJavaProducer", "--prefix", "java", "--timeout", 2000,
         "--poll-namesrv-ms", 1000, "--stop-file", stop_file, "--max-seconds", 900,
-        name="java-producer")
+        "--interval-ms", 5, name="java-producer")
 
 
-def java_lines(java: JavaProcess) -> list[dict]:
-    """The Java producer's lines so far (whole lines only: it is still printing)."""
-    output = java.output()
-    return program_lines(output[:output.rfind("\n") + 1])
+class JavaLines:
+    """The Java producer's lines, read as they come (whole lines only: it is still printing)."""
+
+    def __init__(self, java: JavaProcess):
+        self.java = java
+        self.lines: list[dict] = []
+        self._read = 0
+
+    def update(self) -> list[dict]:
+        output = self.java.output()
+        end = output.rfind("\n") + 1
+        if end > self._read:
+            self.lines += program_lines(output[self._read:end])
+            self._read = end
+        return self.lines
 
 
-def java_first_ok_after(java: JavaProcess, since: float, port: int, timeout: float) -> float:
+def java_first_ok_after(java: JavaLines, since: float, port: int, timeout: float) -> float:
     """Wall-clock time of the Java producer's first SEND_OK from the broker on ``port`` after
     ``since`` (offsetMsgId: ip, port, offset in hex)."""
     deadline = time.monotonic() + timeout
+    seen = 0
     while True:  # bounded by the deadline
-        for line in java_lines(java):
+        lines = java.update()
+        for line in lines[seen:]:
             if line.get("status") == "SEND_OK" and line["t"] >= since * 1000 and \
                     int(line["offsetMsgId"][8:16], 16) == port:
                 return line["t"] / 1000
-        if java.poll() is not None or time.monotonic() > deadline:
+        seen = len(lines)
+        if java.java.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"no SEND_OK from port {port} for the Java producer: "
-                                 f"{java.tail()}")
+                                 f"{java.java.tail()}")
         time.sleep(0.1)
 
 
@@ -264,7 +278,8 @@ def test_our_brokers_join_fail_over_and_rejoin_under_the_real_controller(
 
         stop_java = tmp_path / "java-stop"
         java = start_java_producer(rocketmq5, tmp_path / "java", namesrv.addr, stop_java)
-        java_first_ok_after(java, 0, ports[0], 60)
+        java_lines = JavaLines(java)
+        java_first_ok_after(java_lines, 0, ports[0], 60)
         master, took, java_took = 0, [], []
         for kill in range(KILLS):
             survivor = 1 - master
@@ -273,7 +288,7 @@ def test_our_brokers_join_fail_over_and_rejoin_under_the_real_controller(
             killed_wall: list[float] = []
             acked += trio.run(kill_under_load, killed, controller, addrs[survivor],
                               namesrv.addr, f"load{kill}-", took, killed_wall)
-            java_took.append(java_first_ok_after(java, killed_wall[0], ports[survivor], 60)
+            java_took.append(java_first_ok_after(java_lines, killed_wall[0], ports[survivor], 60)
                              - killed_wall[0])
             start(master)  # the old master comes back as a slave of the new one
             acked += trio.run(send_some, namesrv.addr, 10, f"rejoin{kill}-")
@@ -281,7 +296,7 @@ def test_our_brokers_join_fail_over_and_rejoin_under_the_real_controller(
             master = survivor
         stop_java.touch()
         assert java.wait(30) == 0, java.tail()
-        java_acked = [f"java-{line['i']}".encode() for line in java_lines(java)
+        java_acked = [f"java-{line['i']}".encode() for line in java_lines.update()
                       if line.get("status") == "SEND_OK"]
         for name, times in (("our client", took), ("the Java client", java_took)):
             times.sort()

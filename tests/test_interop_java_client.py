@@ -60,16 +60,17 @@ def produce(peer: RocketMQ, run_dir, namesrv: str, topic: str, count: int, *args
 
 
 def consume(peer: RocketMQ, run_dir, kind: str, namesrv: str, topic: str, group: str,
-            expect: int, *args: object, properties: dict | None = None) -> list[dict]:
+            expect: int, *args: object, properties: dict | None = None,
+            max_seconds: int = 60, idle_seconds: int = 25) -> list[dict]:
     """Run a Java consumer (``push`` or ``pull``) until it has ``expect`` messages, or
-    after 25 quiet seconds, or at 60 s; the message lines. (A consumer's rebalance runs
+    after ``idle_seconds`` quiet seconds, or at ``max_seconds``; the message lines. (A consumer's rebalance runs
     every 20 s, and a first one that missed a new topic's queues leaves them to the next. A
     run that gets everything stops at ``expect``, so the wait costs only a failing run. The
     83 of 84 this test once saw was not the wait: a oneway send was lost with its
     producer's connection, see test_broker's hang-up test.)"""
     out = peer.run_program(run_dir, CLIENT, kind, "--namesrv", namesrv, "--topic", topic,
-                           "--group", group, "--expect", expect, "--idle-seconds", 25,
-                           "--max-seconds", 60, *args, properties=properties)
+                           "--group", group, "--expect", expect, "--idle-seconds", idle_seconds,
+                           "--max-seconds", max_seconds, *args, properties=properties)
     lines = program_lines(out)
     assert lines[-1].get("done") is True, out[-3000:]
     return [line for line in lines if "msgId" in line]
@@ -269,9 +270,12 @@ def test_a_message_the_java_listener_always_fails_ends_in_the_dead_letter_topic(
     # Long enough for a second rebalance (every 20 s): the client's first one can run before
     # it has learnt the route of %RETRY%<group>, which the broker makes at its first
     # heartbeat, and the retries are pulled only once a rebalance has given it that queue.
+    # (It stops at the third refusal, 2 s later: the refusal's send-back puts the message in
+    # the dead letter topic meanwhile.)
     out = rocketmq.run_program(tmp_path / "fail", CLIENT, "push", "--namesrv", namesrv,
-                               "--topic", topic, "--group", group, "--expect", 1,
-                               "--max-seconds", 35, "--always-later", "--max-reconsume", 2)
+                               "--topic", topic, "--group", group, "--expect-later", 3,
+                               "--linger-seconds", 2, "--max-seconds", 35, "--always-later",
+                               "--max-reconsume", 2)
     later = [line for line in program_lines(out) if "later" in line]
     assert [line["reconsumeTimes"] for line in later] == [0, 1, 2]
     assert {line["later"] for line in later} == {sent["msgId"]}
@@ -380,8 +384,10 @@ def test_consumers_keep_reading_from_the_slave_after_the_master_stops(peer_name,
     # master's topic config reaches it (docs/differences.md, "A slave serves what it holds").
     cluster.stop(cluster.master)
     try:
-        # No count to stop at (it may repeat some): it stops 3 s after the last message.
-        after = consume(rocketmq, tmp_path / "c2", "pull", namesrv, topic, group, 10_000)
+        # No count to stop at (it may repeat some): it stops 8 s after the last message (the
+        # topic's route is known: its first rebalance takes every queue).
+        after = consume(rocketmq, tmp_path / "c2", "pull", namesrv, topic, group, 10_000,
+                        idle_seconds=8)
         fresh = consume(rocketmq, tmp_path / "c3", "push", namesrv, topic, unique("gnew"), 40)
     finally:
         cluster.restart(cluster.master)

@@ -50,10 +50,11 @@ import org.apache.rocketmq.remoting.RPCHook;
  *         [--tags TagA,TagB] [--size BYTES] [--prefix TEXT] [--group G] [--timeout MS]
  *         [--retries N] [--delay LEVEL] [--property k=v]... [--access-key AK --secret-key SK]
  *         [--poll-namesrv-ms MS]
- * produce --mode steady --namesrv A --topic T --stop-file F [--max-seconds S] [--count N] ...
+ * produce --mode steady --namesrv A --topic T --stop-file F [--max-seconds S] [--count N]
+ *         [--interval-ms MS] ...
  * push    --namesrv A --topic T[,T2...] --group G [--tags 'TagA || TagB'] [--expect N]
  *         [--max-seconds S] [--idle-seconds S] [--later-first | --always-later | --orderly]
- *         [--max-reconsume N]
+ *         [--max-reconsume N] [--expect-later N --linger-seconds S]
  * pull    --namesrv A --topic T[,T2...] --group G [--tags EXPR] [--expect N] [--max-seconds S]
  *         [--idle-seconds S] [--access-key AK --secret-key SK]
  * </pre>
@@ -68,8 +69,8 @@ import org.apache.rocketmq.remoting.RPCHook;
  *
  * <p>{@code --mode steady} sends one message after another, going on after a failed send (as an
  * application riding out a failover does), until the file {@code --stop-file} exists, after
- * {@code --max-seconds} (120) or {@code --count} (1000000) sends; each line has its wall-clock
- * time {@code t} in milliseconds. {@code --poll-namesrv-ms} is the client's
+ * {@code --max-seconds} (120) or {@code --count} (1000000) sends, {@code --interval-ms} (0)
+ * apart; each line has its wall-clock time {@code t} in milliseconds. {@code --poll-namesrv-ms} is the client's
  * pollNameServerInterval: how soon it learns a route change (a new master) by itself.
  */
 public final class Client {
@@ -172,6 +173,7 @@ public final class Client {
                     }
                     line.put("t", System.currentTimeMillis());
                     Json.print(line);
+                    Thread.sleep(opts.getInt("interval-ms", 0));
                 }
             } else if (mode.equals("batch")) {
                 int batch = opts.getInt("batch", 32);
@@ -391,11 +393,19 @@ public final class Client {
         }
         Map<String, Boolean> refused = new java.util.concurrent.ConcurrentHashMap<>();
         Stop stop = new Stop(opts);
+        // --expect-later N: also stop once N deliveries were refused (RECONSUME_LATER), after
+        // --linger-seconds for the last refusal's send-back to reach the broker.
+        int expectLater = opts.getInt("expect-later", Integer.MAX_VALUE);
+        AtomicInteger refusals = new AtomicInteger();
+        java.util.concurrent.atomic.AtomicBoolean laterDone = new java.util.concurrent.atomic.AtomicBoolean();
         consumer.registerMessageListener((MessageListenerConcurrently) (msgs, context) -> {
             for (MessageExt msg : msgs) {
                 if (alwaysLater || laterFirst && refused.putIfAbsent(msg.getMsgId(), Boolean.TRUE) == null) {
                     Json.print(Json.obj("consumer", name, "later", msg.getMsgId(),
                         "reconsumeTimes", msg.getReconsumeTimes()));
+                    if (refusals.incrementAndGet() >= expectLater) {
+                        laterDone.set(true);
+                    }
                     return ConsumeConcurrentlyStatus.RECONSUME_LATER;
                 }
             }
@@ -407,8 +417,11 @@ public final class Client {
         });
         consumer.start();
         Json.print(Json.obj("started", name));
-        while (!stop.done()) {
+        while (!stop.done() && !laterDone.get()) {
             Thread.sleep(100);
+        }
+        if (laterDone.get()) {
+            Thread.sleep(1000L * opts.getInt("linger-seconds", 0));
         }
         // shutdown() persists the consumed offsets to the broker before it returns.
         consumer.shutdown();
