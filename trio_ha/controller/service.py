@@ -317,6 +317,8 @@ class ControllerService:
                     nursery.start_soon(self._notify, pool, notice, limiter, token)
             finally:
                 nursery.cancel_scope.cancel()
+                with trio.CancelScope(shield=True):
+                    await pool.aclose()
 
     async def _notify(self, pool: RemotingClientPool, notice: RoleChangeNotice,
                       limiter: trio.CapacityLimiter, token: object) -> None:
