@@ -59,7 +59,12 @@ from ..wire.controller import (
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from .config import ControllerServerConfig
 from .leadership import Leadership
-from .liveness import DEFAULT_HEARTBEAT_TIMEOUT_MS, BrokerIdentity, HeartbeatTable
+from .liveness import (
+    DEFAULT_HEARTBEAT_TIMEOUT_MS,
+    MAX_HEARTBEAT_TIMEOUT_MS,
+    BrokerIdentity,
+    HeartbeatTable,
+)
 from .rules import (
     ControllerState,
     Decision,
@@ -134,6 +139,10 @@ class ControllerService:
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _electing: set[str] = attrs.field(factory=set[str], init=False)
     _started_at: float | None = attrs.field(default=None, init=False)
+    #: when the scan means to wake next, and the event that wakes it sooner (a heartbeat
+    #: whose entry expires before then)
+    _planned_scan: float = attrs.field(default=float("inf"), init=False)
+    _rescan: trio.Event = attrs.field(factory=trio.Event, init=False)
     _notice_send: trio.MemorySendChannel[RoleChangeNotice] = attrs.field(init=False)
     _notice_receive: trio.MemoryReceiveChannel[RoleChangeNotice] = attrs.field(init=False)
     _elections: int = 0
@@ -222,7 +231,16 @@ class ControllerService:
 
     def heartbeat(self, header: BrokerHeartbeatRequestHeader, channel: Hashable) -> Decision:
         self._heartbeats += 1
-        return accept_heartbeat(self.state, self.live, trio.current_time(), header, channel)
+        now = trio.current_time()
+        decision = accept_heartbeat(self.state, self.live, now, header, channel)
+        if decision.ok:
+            # only this entry moved: O(1), not a walk of the table per heartbeat
+            timeout = header.heartbeat_timeout_mills
+            timeout = DEFAULT_HEARTBEAT_TIMEOUT_MS if timeout is None else timeout
+            expiry = now + max(0, min(timeout, MAX_HEARTBEAT_TIMEOUT_MS)) / 1000
+            if expiry + EXPIRY_SLACK < self._planned_scan:
+                self._rescan.set()
+        return decision
 
     def connection_closed(self, channel: Hashable) -> None:
         """A connection closed: the brokers that heartbeat on it are dead now."""
@@ -303,7 +321,13 @@ class ControllerService:
             expiry = self.live.next_expiry()
             if expiry is not None:
                 wake = min(wake, expiry + EXPIRY_SLACK)
-            await trio.sleep_until(max(wake, now + MIN_SCAN_GAP))
+            self._planned_scan = wake = max(wake, now + MIN_SCAN_GAP)
+            with trio.move_on_at(wake):
+                await self._rescan.wait()
+            if self._rescan.is_set():
+                self._rescan = trio.Event()
+                await trio.sleep_until(min(wake, trio.current_time() + MIN_SCAN_GAP))
+                continue  # plan again with the new entry
             self.scan(trio.current_time())
 
     async def _run_notices(self) -> None:
