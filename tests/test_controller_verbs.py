@@ -18,6 +18,7 @@ from trio_ha.controller.records import BrokerSetRecord, key_for
 from trio_ha.controller.server import LEADER_ONLY_CODES, serve_controller
 from trio_ha.controller.state_store import CommitConflict, Write
 from trio_ha.remoting import RemotingClient, open_remoting_client, serve_remoting
+from trio_ha.testing import open_controller
 from trio_ha.wire.controller import (
     BrokerReplicasInfo,
     ElectMasterResponseBody,
@@ -362,3 +363,23 @@ async def test_memory_store_is_all_or_nothing():
     assert set(await store.load()) == {"a"}
     await store.commit([Write("a", versions["a"], None)])
     assert await store.load() == {}
+
+
+async def test_statistics_count_what_the_controller_did():
+    async with open_controller() as ctl:
+        async with open_remoting_client(ctl.address) as client:
+            await join(client, 1, "h:1")
+            await heartbeat(client, 1, "h:1")
+            await wait_until(lambda: ctl.service.statistics().heartbeats == 1, "the heartbeat")
+            assert (await elect(client, 1)).code == ResponseCode.SUCCESS
+            stats = ctl.service.statistics()
+            assert (stats.elections, stats.sets, stats.brokers_alive, stats.commits) == \
+                (1, 1, 1, 2)  # apply and elect (register wrote nothing: same address)
+            assert stats.controller_elections == 0
+        # its connection closed: broker 1 is dead; the controller's own election finds
+        # nobody and fences the set (masterEpoch 2, no master)
+        await wait_until(lambda: ctl.service.statistics().controller_elections == 1,
+                         "the controller's election")
+        assert ctl.service.statistics().brokers_alive == 0
+        async with open_remoting_client(ctl.address) as client:
+            assert await replica_info(client) == (None, 2, frozenset({1}))
