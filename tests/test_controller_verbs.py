@@ -383,3 +383,28 @@ async def test_statistics_count_what_the_controller_did():
         assert ctl.service.statistics().brokers_alive == 0
         async with open_remoting_client(ctl.address) as client:
             assert await replica_info(client) == (None, 2, frozenset({1}))
+
+
+async def test_metrics_are_served_from_the_statistics():
+    from test_metrics import scrape
+
+    config = attrs.evolve(CONFIG, metrics_port=0)
+    store = MemoryStateStore()
+    async with trio.open_nursery() as nursery:
+        from trio_ha.controller.leadership import SoleLeadership
+        from trio_ha.controller.server import ControllerServer
+        from trio_ha.controller.service import ControllerService
+
+        server = ControllerServer(ControllerService(config, store, SoleLeadership()))
+        host, port = await nursery.start(server.serve)
+        async with open_remoting_client(f"{host}:{port}") as client:
+            await join(client, 1, "h:1")
+            await heartbeat(client, 1, "h:1")
+            assert (await elect(client, 1)).code == ResponseCode.SUCCESS
+            assert server.metrics_address is not None
+            samples = await scrape("%s:%d" % server.metrics_address)
+            assert samples["trio_ha_controller_elections_total"][0].value == 1
+            assert samples["trio_ha_controller_broker_sets"][0].value == 1
+            assert samples["trio_ha_controller_brokers_alive"][0].value == 1
+            assert samples["trio_ha_controller_is_leader"][0].value == 1
+        nursery.cancel_scope.cancel()

@@ -108,6 +108,8 @@ class ControllerServerConfig:
     self_id: str = "n0"
     peers: str | None = None
     remoting: RemotingLimits = attrs.field(factory=RemotingLimits)
+    #: metricsPort: GET /metrics on bind_address (0: the OS chooses); None: no metrics
+    metrics_port: int | None = None
 
     @property
     def rules_config(self) -> ControllerConfig:
@@ -141,6 +143,8 @@ class ControllerServerConfig:
                 port = _int(key, raw, 0, 65535)
             elif key == "bindAddress" and not embedded:
                 values["bind_address"] = raw
+            elif key == "controllerMetricsPort" or key == "metricsPort" and not embedded:
+                values["metrics_port"] = _int(key, raw, 0, 65535)
             elif key == "controllerAdvertisedAddress":
                 values["advertised_address"] = raw
             elif key == "controllerType":
@@ -180,6 +184,7 @@ class ControllerServerConfig:
             "controllerDLegerSelfId": self.self_id,
             "controllerDLegerPeers": self.peers,
             "controllerAdvertisedAddress": self.advertised_address,
+            "metricsPort": self.metrics_port,
             "configBlackList": ";".join(CONFIG_BLACK_LIST),
         }
         rendered = {key: render_value(value) for key, value in values.items()}
@@ -207,6 +212,7 @@ CONFIG_BLACK_LIST = ("configBlackList", "configStorePath", "controllerStorePath"
 #: file that embeds the controller)
 CONTROLLER_FILE_KEYS = frozenset({
     "listenPort", "bindAddress", "controllerListenPort", "controllerAdvertisedAddress",
+    "metricsPort", "controllerMetricsPort",
     "controllerType", "controllerStorePath", "controllerDLegerGroup", "controllerDLegerPeers",
     "controllerDLegerSelfId", *RUNTIME_KEYS,
 })

@@ -31,6 +31,7 @@ import trio
 from .._sockets import local_address
 from ..config import ConfigError, parse_properties_text
 from ..remoting import RemotingConnection, RemotingServer, not_supported
+from ..remoting.metrics import serve_metrics
 from ..wire.controller import (
     SPECS,
     AlterSyncStateSetRequestHeader,
@@ -51,6 +52,7 @@ from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from .config import CONFIG_BLACK_LIST, ControllerServerConfig, StoreType, updated_config
 from .leadership import Leadership, SoleLeadership
 from .memory import MemoryStateStore
+from .metrics import controller_registry
 from .rules import (
     Decision,
     alter_sync_state_set,
@@ -101,6 +103,8 @@ class ControllerServer:
     #: where the controller is reached, once bound (``serve``)
     address: tuple[str, int] | None = None
     remoting: RemotingServer | None = None
+    #: where GET /metrics is served, once serving (None without metricsPort)
+    metrics_address: tuple[str, int] | None = None
 
     @property
     def config(self) -> ControllerServerConfig:
@@ -277,6 +281,12 @@ class ControllerServer:
             leadership = self.service.leadership
             if isinstance(leadership, SoleLeadership) and leadership.address is None:
                 leadership.address = advertised_address(config, address)
+            if config.metrics_port is not None:
+                metrics: tuple[str, int] = await nursery.start(functools.partial(
+                    serve_metrics, controller_registry(self.service, {"main": remoting}),
+                    host=config.bind_address, port=config.metrics_port))
+                self.metrics_address = metrics
+                log.info("controller: metrics at http://%s:%d/metrics", *metrics)
             await nursery.start(self.service.run)
             log.info("controller listening on %s:%d (leader address %s, store %s)",
                      address[0], address[1], leadership.leader_address,

@@ -152,8 +152,10 @@ class NamesrvConfig:
         }
         if self.controller is not None:
             values.update({k: v for k, v in self.controller.to_properties().items()
-                           if k not in ("listenPort", "bindAddress", "configBlackList")})
+                           if k not in ("listenPort", "bindAddress", "configBlackList",
+                                        "metricsPort")})
             values["controllerListenPort"] = self.controller.listen_port
+            values["controllerMetricsPort"] = self.controller.metrics_port
         rendered = {key: render_value(value) for key, value in values.items()}
         return {key: text for key, text in sorted(rendered.items()) if text is not None}
 
