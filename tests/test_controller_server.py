@@ -190,3 +190,42 @@ def test_namesrv_embeds_a_controller_on_its_own_port(tmp_path):
         process.wait(30)
         if process.stdout is not None:
             process.stdout.close()
+
+
+def test_cli_controller_reads_a_rocketmq_controller_conf_and_serves(tmp_path):
+    """`trio-ha controller -c` takes RocketMQ's controller-standalone.conf as it is (the port
+    is the self peer's), prints its settings with -p, refuses a typo, and serves."""
+    port = free_broker_port()
+    conf = tmp_path / "controller.conf"
+    conf.write_text("controllerDLegerGroup = group1\n"
+                    f"controllerDLegerPeers = n0-127.0.0.1:{port}\n"
+                    "controllerDLegerSelfId = n0\ncontrollerType = memory\n"
+                    "controllerThreadPoolNums = 16\nbindAddress = 127.0.0.1\n")
+    cli = [sys.executable, "-m", "trio_ha.cli"]
+    printed = subprocess.run([*cli, "controller", "-c", str(conf), "-p"], capture_output=True,
+                             text=True, env=child_env(), timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    assert f"listenPort={port}\n" in printed.stdout
+    assert "scanNotActiveBrokerInterval=5000\n" in printed.stdout
+    typo = tmp_path / "typo.conf"
+    typo.write_text("enableElectUncleanMastr=true\n")
+    refused = subprocess.run([*cli, "controller", "-c", str(typo)], capture_output=True,
+                             text=True, env=child_env(), timeout=120)
+    assert refused.returncode == 2 and "enableElectUncleanMaster" in refused.stderr, refused
+
+    with subprocess.Popen([*cli, "controller", "-c", str(conf)], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, env=child_env()) as process:
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline().decode()
+            assert line == f"controller listening on 127.0.0.1:{port}\n", line
+
+            async def ask() -> RemotingCommand:
+                async with open_remoting_client(f"127.0.0.1:{port}") as client:
+                    return await client.invoke(RemotingCommand.request(
+                        RequestCode.CONTROLLER_GET_NEXT_BROKER_ID,
+                        {"clusterName": CLUSTER, "brokerName": BROKER_NAME}), 5)
+            assert trio.run(ask).ext_fields["nextBrokerId"] == "1"
+        finally:
+            process.terminate()
+            assert process.wait(30) == 0

@@ -402,7 +402,7 @@ async def test_metrics_are_served_from_the_statistics():
             await heartbeat(client, 1, "h:1")
             assert (await elect(client, 1)).code == ResponseCode.SUCCESS
             assert server.metrics_address is not None
-            samples = await scrape("%s:%d" % server.metrics_address)
+            samples = await scrape("{}:{}".format(*server.metrics_address))
             assert samples["trio_ha_controller_elections_total"][0].value == 1
             assert samples["trio_ha_controller_broker_sets"][0].value == 1
             assert samples["trio_ha_controller_brokers_alive"][0].value == 1
