@@ -12,9 +12,11 @@ import pytest
 import trio
 
 from conftest import wait_until
+from test_metrics import scrape
+from trio_ha.config import ConfigError
 from trio_ha.controller.config import ControllerServerConfig
 from trio_ha.controller.memory import MemoryStateStore
-from trio_ha.controller.records import BrokerSetRecord, key_for
+from trio_ha.controller.records import BrokerSetRecord, MemberRecord, key_for
 from trio_ha.controller.server import LEADER_ONLY_CODES, serve_controller
 from trio_ha.controller.state_store import CommitConflict, Write
 from trio_ha.remoting import RemotingClient, open_remoting_client, serve_remoting
@@ -295,7 +297,6 @@ async def test_a_commit_conflict_is_decided_again_on_the_new_state():
             # another controller writes the set behind this one's back: id 2 taken
             current = (await store.load())[key_for(NAME)]
             record = BrokerSetRecord.decode(current.value)
-            from trio_ha.controller.records import MemberRecord
             other = attrs.evolve(record, members=(*record.members,
                                                   MemberRecord(2, "h:2", "h:2;1")),
                                  next_broker_id=3)
@@ -348,7 +349,6 @@ def test_config_reads_rocketmq_keys_and_the_self_peer_port():
     assert (config.listen_port, config.group, config.scan_interval) == (9870, "group1", 2.0)
     assert config.rules_config.enable_elect_unclean_master
     assert ControllerServerConfig.from_properties({}).listen_port == 9878
-    from trio_ha.config import ConfigError
     with pytest.raises(ConfigError, match="scanNotActiveBrokerInterva"):
         ControllerServerConfig.from_properties({"scanNotActiveBrokerIntervall": "1"})
     with pytest.raises(ConfigError):
@@ -386,8 +386,6 @@ async def test_statistics_count_what_the_controller_did():
 
 
 async def test_metrics_are_served_from_the_statistics():
-    from test_metrics import scrape
-
     config = attrs.evolve(CONFIG, metrics_port=0)
     store = MemoryStateStore()
     async with trio.open_nursery() as nursery:
@@ -408,3 +406,20 @@ async def test_metrics_are_served_from_the_statistics():
             assert samples["trio_ha_controller_brokers_alive"][0].value == 1
             assert samples["trio_ha_controller_is_leader"][0].value == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_a_controller_that_gains_leadership_reads_what_the_last_leader_wrote():
+    store = MemoryStateStore()
+    async with open_controller(store=store) as ctl:
+        async with open_remoting_client(ctl.address) as client:
+            # the previous leader granted id 1 of a set this controller never saw
+            record = BrokerSetRecord(CLUSTER, NAME, (), 2)
+            record = attrs.evolve(record, members=(MemberRecord(1, "h:1", "h:1;1"),))
+            await store.commit([Write(key_for(NAME), 0, record.encode())])
+            before = await call(client, RequestCode.CONTROLLER_GET_NEXT_BROKER_ID,
+                                {"clusterName": CLUSTER, "brokerName": NAME})
+            assert before.ext_fields["nextBrokerId"] == "1"  # stale: not read since
+            await ctl.service.leadership_gained()
+            after = await call(client, RequestCode.CONTROLLER_GET_NEXT_BROKER_ID,
+                               {"clusterName": CLUSTER, "brokerName": NAME})
+            assert after.ext_fields["nextBrokerId"] == "2"

@@ -274,6 +274,9 @@ class ControllerServer:
         self.remoting = remoting = RemotingServer(self.handle, config.remoting,
                                                   on_close=self.connection_closed)
         async with trio.open_nursery() as nursery:
+            # the service first: a connection that closes as soon as it is served must find
+            # the elections running
+            await nursery.start(self.service.run)
             address: tuple[str, int] = await nursery.start(functools.partial(
                 remoting.serve, config.listen_port, host=config.bind_address,
                 listeners=listeners))
@@ -287,7 +290,6 @@ class ControllerServer:
                     host=config.bind_address, port=config.metrics_port))
                 self.metrics_address = metrics
                 log.info("controller: metrics at http://%s:%d/metrics", *metrics)
-            await nursery.start(self.service.run)
             log.info("controller listening on %s:%d (leader address %s, store %s)",
                      address[0], address[1], leadership.leader_address,
                      config.store_type.value)

@@ -302,6 +302,14 @@ class ControllerService:
         finally:
             self._electing.discard(broker_name)
 
+    async def leadership_gained(self) -> None:
+        """Call when this controller becomes the leader (a Leadership of several
+        controllers): the records are read again (the previous leader wrote them) and the
+        start-up grace begins again, as the heartbeat table may lag."""
+        async with self._lock:
+            await self.load()
+            self._started_at = trio.current_time()
+
     # ---- running ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
