@@ -36,6 +36,7 @@ def wait_for(rocketmq5, run_dir, controller: str, master: str, members: int,
              timeout: float) -> dict[str, str]:
     """Until mqadmin getSyncStateSet shows ``master`` with ``members`` in sync."""
     deadline = time.monotonic() + timeout
+    shown: dict[str, str] = {}
     for attempt in range(1000):  # bounded by the deadline too
         shown = admin_table(rocketmq5, f"{run_dir}-{attempt}", "getSyncStateSet", "-a",
                             controller, "-b", BROKER_NAME)
