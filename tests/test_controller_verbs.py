@@ -423,3 +423,48 @@ async def test_a_controller_that_gains_leadership_reads_what_the_last_leader_wro
             after = await call(client, RequestCode.CONTROLLER_GET_NEXT_BROKER_ID,
                                {"clusterName": CLUSTER, "brokerName": NAME})
             assert after.ext_fields["nextBrokerId"] == "2"
+
+
+@attrs.define(eq=False)
+class WritesThenFails:
+    """A store whose next commit is written and then fails (an fsync error after the write):
+    the controller cannot know whether it happened."""
+
+    inner: MemoryStateStore = attrs.field(factory=MemoryStateStore)
+    fail_next: bool = False
+
+    async def load(self):
+        return await self.inner.load()
+
+    async def commit(self, writes):
+        versions = await self.inner.commit(writes)
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError(5, "Input/output error")
+        return versions
+
+
+async def test_a_commit_that_fails_half_way_is_not_answered_and_the_store_is_read_again():
+    store = WritesThenFails()
+    async with open_controller(store=store) as ctl:
+        async with open_remoting_client(ctl.address) as client:
+            store.fail_next = True
+            failed = await call(client, RequestCode.CONTROLLER_APPLY_BROKER_ID, {
+                "clusterName": CLUSTER, "brokerName": NAME, "appliedBrokerId": 1,
+                "registerCheckCode": "h:1;1"})
+            assert failed.code == ResponseCode.SYSTEM_ERROR, failed
+            # the controller reads the store again before it answers from it
+            nxt = await call(client, RequestCode.CONTROLLER_GET_NEXT_BROKER_ID,
+                             {"clusterName": CLUSTER, "brokerName": NAME})
+            assert nxt.ext_fields["nextBrokerId"] == "2", nxt
+            # the claim was written after all: a second broker asking for id 1 is refused,
+            # the same broker retrying is granted (nothing is written twice)
+            other = await call(client, RequestCode.CONTROLLER_APPLY_BROKER_ID, {
+                "clusterName": CLUSTER, "brokerName": NAME, "appliedBrokerId": 1,
+                "registerCheckCode": "h:2;1"})
+            assert other.code == ResponseCode.CONTROLLER_BROKER_ID_INVALID, other
+            retry = await call(client, RequestCode.CONTROLLER_APPLY_BROKER_ID, {
+                "clusterName": CLUSTER, "brokerName": NAME, "appliedBrokerId": 1,
+                "registerCheckCode": "h:1;1"})
+            assert retry.code == ResponseCode.SUCCESS, retry
+            assert (store.inner.commits, store.inner.conflicts) == (1, 0)

@@ -148,9 +148,8 @@ class ControllerServer:
 
     async def get_next_broker_id(self, request: RemotingCommand,
                                  connection: RemotingConnection) -> RemotingCommand:
-        await trio.lowlevel.checkpoint()
         header = SPECS[GetNextBrokerIdRequestHeader].decode(request)
-        return _respond(request, self.service.read(
+        return _respond(request, await self.service.read(
             lambda state, now: get_next_broker_id(state, header)))
 
     async def apply_broker_id(self, request: RemotingCommand,
@@ -182,19 +181,17 @@ class ControllerServer:
 
     async def get_replica_info(self, request: RemotingCommand,
                                connection: RemotingConnection) -> RemotingCommand:
-        await trio.lowlevel.checkpoint()
         header = SPECS[GetReplicaInfoRequestHeader].decode(request)
-        return _respond(request, self.service.read(
+        return _respond(request, await self.service.read(
             lambda state, now: get_replica_info(state, header)))
 
     # ---- admin -----------------------------------------------------------------------------
 
     async def get_sync_state_data(self, request: RemotingCommand,
                                   connection: RemotingConnection) -> RemotingCommand:
-        await trio.lowlevel.checkpoint()
         names = decode_broker_names(request.body)
         live = self.service.live
-        return _respond(request, self.service.read(
+        return _respond(request, await self.service.read(
             lambda state, now: get_sync_state_data(state, live, now, names)))
 
     async def clean_broker_data(self, request: RemotingCommand,

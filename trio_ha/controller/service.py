@@ -139,6 +139,8 @@ class ControllerService:
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _electing: set[str] = attrs.field(factory=set[str], init=False)
     _started_at: float | None = attrs.field(default=None, init=False)
+    #: a commit failed half-way: read the store again before the next decision
+    _stale: bool = attrs.field(default=False, init=False)
     #: when the scan means to wake next, and the event that wakes it sooner (a heartbeat
     #: whose entry expires before then)
     _planned_scan: float = attrs.field(default=float("inf"), init=False)
@@ -178,6 +180,9 @@ class ControllerService:
         once it is durable (None: ``decide`` found nothing to do). Raises
         ``ControllerUnavailable`` if the commit kept conflicting."""
         async with self._lock:
+            if self._stale:
+                await self.load()
+                self._stale = False
             for _ in range(MAX_COMMIT_ATTEMPTS):
                 before = self.state
                 decision = decide(before, trio.current_time())
@@ -191,6 +196,11 @@ class ControllerService:
                     log.info("controller: commit conflict (%s); reading the state again", exc)
                     await self.load()
                     continue
+                except BaseException:
+                    # a store that failed (or a request cancelled) mid-commit may or may not
+                    # have written: the next decision starts from what the store holds
+                    self._stale = True
+                    raise
                 self._commits += 1
                 self.state = before.after(decision, versions)
                 self._committed(before, decision)
@@ -198,8 +208,16 @@ class ControllerService:
             raise ControllerUnavailable(
                 f"the state store conflicted {MAX_COMMIT_ATTEMPTS} times in a row")
 
-    def read(self, decide: Callable[[ControllerState, float], Decision]) -> Decision:
-        """A rule that changes nothing, against the last committed state."""
+    async def read(self, decide: Callable[[ControllerState, float], Decision]) -> Decision:
+        """A rule that changes nothing, against the last committed state (no lock: the state
+        is an immutable value; only after a failed commit is the store read first)."""
+        if self._stale:
+            async with self._lock:
+                if self._stale:
+                    await self.load()
+                    self._stale = False
+        else:
+            await trio.lowlevel.checkpoint()
         decision = decide(self.state, trio.current_time())
         assert not decision.changes, "a read rule must not change records"
         return decision
