@@ -1,8 +1,14 @@
 """Our own controller (issue 39): RocketMQ 5's controller side of controller mode, so a broker
-group fails over without a JVM. See docs/controller.md."""
+group fails over without a JVM. See docs/controller.md.
 
+The rules (pure) and the StateStore protocol, and the server that performs them:
+``serve_controller(ControllerServerConfig(...))`` in a nursery, or ``trio-ha controller``."""
+
+from .config import ControllerServerConfig, StoreType
 from .election import ElectionOutcome, elect
+from .leadership import Leadership, SoleLeadership
 from .liveness import BrokerIdentity, HeartbeatTable, LiveInfo
+from .memory import MemoryStateStore
 from .records import BrokerSetRecord, MemberRecord, RecordError, key_for
 from .rules import (
     ControllerConfig,
@@ -24,6 +30,8 @@ from .rules import (
     register_broker,
     sets_to_reelect,
 )
+from .server import ControllerServer, serve_controller
+from .service import ControllerService, ControllerStatistics, ControllerUnavailable
 from .state_store import CommitConflict, StateStore, Versioned, Write
 
 __all__ = [
@@ -31,16 +39,25 @@ __all__ = [
     "BrokerSetRecord",
     "CommitConflict",
     "ControllerConfig",
+    "ControllerServer",
+    "ControllerServerConfig",
+    "ControllerService",
     "ControllerState",
+    "ControllerStatistics",
+    "ControllerUnavailable",
     "Decision",
     "ElectionOutcome",
     "HeartbeatTable",
+    "Leadership",
     "LiveInfo",
+    "MemoryStateStore",
     "MemberRecord",
     "RecordChange",
     "RecordError",
     "RoleChangeNotice",
+    "SoleLeadership",
     "StateStore",
+    "StoreType",
     "StoredSet",
     "Versioned",
     "Write",
@@ -57,5 +74,6 @@ __all__ = [
     "key_for",
     "on_broker_dead",
     "register_broker",
+    "serve_controller",
     "sets_to_reelect",
 ]
