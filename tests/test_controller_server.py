@@ -2,8 +2,9 @@
 process (no Java). The first broker becomes master, the second its slave, and the in-sync set
 grows to two; the master is SIGKILLed, our controller elects the slave (its connection closed:
 at once), sends succeed again through the name server and nothing acknowledged is lost; the
-old master restarts and rejoins as a slave. Then `trio-ha namesrv` with
-enableControllerInNamesrv serves a controller beside the name server.
+old master restarts and rejoins as a slave. A paused (SIGSTOPped) master is replaced at its
+heartbeat timeout. Then `trio-ha controller` and `trio-ha namesrv` with
+enableControllerInNamesrv, as an operator runs them.
 
 The same checks as tests/test_interop_controller_brokers.py, which runs our brokers under the
 real 5.3.3 controller: here the controller is ours.
@@ -12,8 +13,10 @@ real 5.3.3 controller: here the controller is ours.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import trio
 
@@ -229,3 +232,45 @@ def test_cli_controller_reads_a_rocketmq_controller_conf_and_serves(tmp_path):
         finally:
             process.terminate()
             assert process.wait(30) == 0
+
+
+def test_a_paused_master_is_replaced_at_its_heartbeat_timeout(tmp_path):
+    """SIGSTOP the master (its connection stays open, it falls silent): our controller finds
+    it dead when its heartbeat times out (2 s here), not at a later scan, and elects the
+    slave; sends succeed again. The time is printed, never asserted."""
+    logs = str(tmp_path / "logs")
+    os.makedirs(logs)
+    ports = [free_broker_port() for _ in range(2)]
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    nodes: list[NodeProcess] = []
+    try:
+        ctl = NodeProcess.start("ctl", {"kind": "controller", "properties": {
+            "controllerType": "memory"}}, log_dir=logs)
+        nodes.append(ctl)
+        namesrv = NodeProcess.start("ns", {"kind": "namesrv", "port": free_broker_port()},
+                                    log_dir=logs)
+        nodes.append(namesrv)
+        brokers = []
+        for i in range(2):
+            spec = broker_spec(str(tmp_path / f"b{i}"), ports[i], namesrv.addr, ctl.addr)
+            spec["properties"]["controllerHeartBeatTimeoutMills"] = "2000"
+            brokers.append(NodeProcess.start(f"b{i}", spec, log_dir=logs))
+            nodes.append(brokers[-1])
+            if i == 0:
+                trio.run(wait_master, ctl.addr, addrs[0], 1, 30.0)
+        acked = trio.run(send_some, namesrv.addr, 10, "before")
+        trio.run(wait_master, ctl.addr, addrs[0], 2, 30.0)
+
+        os.kill(brokers[0].pid, signal.SIGSTOP)
+        paused = time.monotonic()
+        try:
+            assert trio.run(wait_master, ctl.addr, addrs[1], 1, 30.0) == 2
+            print(f"our controller: paused master replaced {time.monotonic() - paused:.2f} s "
+                  "after SIGSTOP (heartbeat timeout 2 s)")
+            acked.append(trio.run(first_send_ok, namesrv.addr, 30.0))
+        finally:
+            os.kill(brokers[0].pid, signal.SIGCONT)
+        assert not set(acked) - trio.run(bodies_in, namesrv.addr)
+    finally:
+        for node in reversed(nodes):
+            node.kill()
