@@ -210,6 +210,10 @@ def test_cli_controller_reads_a_rocketmq_controller_conf_and_serves(tmp_path):
     assert printed.returncode == 0, printed.stderr
     assert f"listenPort={port}\n" in printed.stdout
     assert "scanNotActiveBrokerInterval=5000\n" in printed.stdout
+    shipped = subprocess.run([*cli, "controller", "-c", os.path.join(
+        os.path.dirname(__file__), "..", "conf", "controller.conf"), "-p"],
+        capture_output=True, text=True, env=child_env(), timeout=120)
+    assert shipped.returncode == 0 and "listenPort=9878\n" in shipped.stdout, shipped
     typo = tmp_path / "typo.conf"
     typo.write_text("enableElectUncleanMastr=true\n")
     refused = subprocess.run([*cli, "controller", "-c", str(typo)], capture_output=True,
