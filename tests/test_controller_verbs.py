@@ -468,3 +468,26 @@ async def test_a_commit_that_fails_half_way_is_not_answered_and_the_store_is_rea
                 "registerCheckCode": "h:1;1"})
             assert retry.code == ResponseCode.SUCCESS, retry
             assert (store.inner.commits, store.inner.conflicts) == (1, 0)
+
+
+async def test_an_election_that_cannot_be_recorded_fails_alone_and_the_controller_serves_on():
+    """A set whose masterEpoch is at Java's int limit cannot take another election: the
+    controller's own election for it fails (logged), and the controller keeps serving."""
+    store = MemoryStateStore()
+    record = BrokerSetRecord(
+        CLUSTER, NAME, (MemberRecord(1, "h:1", "h:1;1"), MemberRecord(2, "h:2", "h:2;1")), 3,
+        master_id=1, master_epoch=2**31 - 1, sync_state_set=frozenset({1, 2}),
+        sync_state_set_epoch=5)
+    await store.commit([Write(key_for(NAME), 0, record.encode())])
+    async with open_controller(store=store) as ctl:
+        async with open_remoting_client(ctl.address) as admin, \
+                open_remoting_client(ctl.address) as slave_link:
+            await heartbeat(slave_link, 2, "h:2")
+            async with open_remoting_client(ctl.address) as master_link:
+                await heartbeat(master_link, 1, "h:1")
+                await wait_until(lambda: ctl.service.statistics().brokers_alive == 2, "both")
+            await wait_until(lambda: ctl.service.statistics().controller_elections >= 1,
+                             "the controller's election")
+            assert await replica_info(admin) == (1, 2**31 - 1, frozenset({1, 2}))
+            meta = await call(admin, RequestCode.CONTROLLER_GET_METADATA_INFO)
+            assert meta.code == ResponseCode.SUCCESS

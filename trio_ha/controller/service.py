@@ -311,6 +311,11 @@ class ControllerService:
                 except (ControllerUnavailable, OSError) as exc:
                     log.warning("controller: election %d for %s failed: %s", attempt,
                                 broker_name, exc)
+                except Exception:
+                    # a damaged record, an epoch at its limit: this set's election fails,
+                    # the controller serves on (the others' elections are not its to stop)
+                    log.exception("controller: election %d for %s failed", attempt,
+                                  broker_name)
                 else:
                     if decision is not None and decision.code == \
                             ResponseCode.CONTROLLER_MASTER_NOT_AVAILABLE:
