@@ -37,7 +37,7 @@ def test_demo_puts_restarts_and_reads_back(tmp_path):
 def test_help_lists_commands(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for command in ("store-demo", "dev-cluster", "namesrv", "broker", "bench"):
+    for command in ("store-demo", "dev-cluster", "namesrv", "broker", "controller", "bench"):
         assert command in result.stdout
 
 

@@ -1,4 +1,5 @@
-"""The commands that run one node: ``namesrv``, ``broker`` and ``store-demo`` (embedded).
+"""The commands that run one node: ``namesrv``, ``broker``, ``controller`` and ``store-demo``
+(embedded).
 
 A node logs its start (the servers do, as they bind) and its stop (here, around the run): an
 operator reading ``--log-file`` must see that a node was stopped on purpose and stopped
@@ -146,10 +147,50 @@ def namesrv(
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             host, bound = await nursery.start(serve_namesrv, config)
+            if config.controller is not None:
+                print(f"controller (embedded) listening on {config.controller.bind_address}:"
+                      f"{config.controller.listen_port}", flush=True)
             print(f"name server listening on {host}:{bound}", flush=True)
             await _until_stopped("name server")
 
     _run_node("name server", main)
+
+
+@app.command()
+def controller(
+    config_file: str | None = typer.Option(
+        None, "-c", "--config", help="RocketMQ controller.conf (options win over it)"),
+    port: int | None = typer.Option(None, help="listen port (default: the self peer's port "
+                                               "of controllerDLegerPeers, else 9878)"),
+    bind: str | None = typer.Option(None, help="interface to bind (default 0.0.0.0)"),
+    print_config: bool = typer.Option(False, "-p", "--print-config",
+                                      help="print every setting and exit"),
+) -> None:
+    """Run a controller (RocketMQ 5's controller mode) until Ctrl-C."""
+    from ..config import ConfigError
+    from ..controller.config import ControllerServerConfig
+    from ..controller.server import serve_controller
+
+    properties = _read_properties(config_file) if config_file is not None else {}
+    for key, value in (("listenPort", port), ("bindAddress", bind)):
+        if value is not None:
+            properties[key] = str(value)
+    try:
+        config = ControllerServerConfig.from_properties(properties)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from None
+    if print_config:
+        for key, value in config.to_properties().items():
+            print(f"{key}={value}")
+        raise typer.Exit()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            host, bound = await nursery.start(serve_controller, config)
+            print(f"controller listening on {host}:{bound}", flush=True)
+            await _until_stopped("controller")
+
+    _run_node("controller", main)
 
 
 #: the keys ``-m`` prints (RocketMQ's "important" configuration, and ours)

@@ -1,6 +1,10 @@
 """Our own controller (issue 39): RocketMQ 5's controller side of controller mode, so a broker
-group fails over without a JVM. See docs/controller.md."""
+group fails over without a JVM. See docs/controller.md.
 
+The rules (pure) and the StateStore protocol, and the server that performs them:
+``serve_controller(ControllerServerConfig(...))`` in a nursery, or ``trio-ha controller``."""
+
+from .config import ControllerServerConfig, StoreType
 from .election import ElectionOutcome, elect
 from .journal import (
     CompactionFailed,
@@ -11,7 +15,9 @@ from .journal import (
     JournalStatistics,
 )
 from .journal_format import JournalCorrupt
+from .leadership import Leadership, SoleLeadership
 from .liveness import BrokerIdentity, HeartbeatTable, LiveInfo
+from .memory import MemoryStateStore
 from .records import BrokerSetRecord, MemberRecord, RecordError, key_for
 from .rules import (
     ControllerConfig,
@@ -33,6 +39,8 @@ from .rules import (
     register_broker,
     sets_to_reelect,
 )
+from .server import ControllerServer, serve_controller
+from .service import ControllerService, ControllerStatistics, ControllerUnavailable
 from .state_store import CommitConflict, StateStore, Versioned, Write
 
 __all__ = [
@@ -47,16 +55,25 @@ __all__ = [
     "BrokerSetRecord",
     "CommitConflict",
     "ControllerConfig",
+    "ControllerServer",
+    "ControllerServerConfig",
+    "ControllerService",
     "ControllerState",
+    "ControllerStatistics",
+    "ControllerUnavailable",
     "Decision",
     "ElectionOutcome",
     "HeartbeatTable",
+    "Leadership",
     "LiveInfo",
+    "MemoryStateStore",
     "MemberRecord",
     "RecordChange",
     "RecordError",
     "RoleChangeNotice",
+    "SoleLeadership",
     "StateStore",
+    "StoreType",
     "StoredSet",
     "Versioned",
     "Write",
@@ -73,5 +90,6 @@ __all__ = [
     "key_for",
     "on_broker_dead",
     "register_broker",
+    "serve_controller",
     "sets_to_reelect",
 ]

@@ -136,6 +136,18 @@ class HeartbeatTable:
             del self._entries[identity]
         return dead
 
+    def next_expiry(self) -> float | None:
+        """The earliest time an entry stops counting (None: the table is empty). The server
+        sleeps until then, so a silent broker is found dead at its timeout, not up to a scan
+        interval later."""
+        if not self._entries:
+            return None
+        return min(info.last_heartbeat + info.timeout_ms / 1000
+                   for info in self._entries.values())
+
+    def alive_count(self, now: float) -> int:
+        return sum(1 for info in self._entries.values() if info.alive_at(now))
+
     def forget(self, identity: BrokerIdentity) -> None:
         """Drop one broker's entry (its metadata was cleaned)."""
         self._entries.pop(identity, None)

@@ -40,6 +40,9 @@ from .. import _backend
 from .._sockets import peer_host
 from ..acl import NAMESRV_ADMIN_CODES, AclFile, acl_file_path
 from ..config import ConfigError, check_keys, parse_properties_text, render_value
+from ..controller.config import CONTROLLER_FILE_KEYS, ControllerServerConfig
+from ..controller.config import ROCKETMQ_KEYS as ROCKETMQ_CONTROLLER_KEYS
+from ..controller.server import serve_controller
 from ..ratelog import RateLimitedLog
 from ..remoting import RemotingConnection, RemotingLimits, RemotingServer, not_supported
 from ..remoting.metrics import serve_metrics
@@ -87,13 +90,18 @@ class NamesrvConfig:
     plain_acl_file: str | None = None
     #: TLS on the port: RocketMQ's ``tls.server.*`` keys (namesrv.conf or tls.config.file)
     tls_server: TlsServerConfig = attrs.field(factory=TlsServerConfig)
+    #: enableControllerInNamesrv: a controller in this process, on its own port (the self
+    #: peer's port of controllerDLegerPeers, or controllerListenPort; 9878 by default), as
+    #: RocketMQ's NamesrvStartup embeds one; None: no controller
+    controller: ControllerServerConfig | None = None
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, str]) -> NamesrvConfig:
         """A ``namesrv.conf`` (RocketMQ's keys) as a config. Unknown keys are an error naming
         the closest known one; RocketMQ's tuning keys (thread pools, buffers) are accepted
         and named in one warning."""
-        ignored = check_keys(properties, FILE_KEYS | TLS_KEYS, accepted=ROCKETMQ_NAMESRV_KEYS)
+        ignored = check_keys(properties, FILE_KEYS | TLS_KEYS | CONTROLLER_FILE_KEYS,
+                             accepted=ROCKETMQ_NAMESRV_KEYS | ROCKETMQ_CONTROLLER_KEYS)
         if ignored:
             log.warning("namesrv.conf: RocketMQ keys with no meaning here, ignored: %s",
                         ", ".join(ignored))
@@ -109,6 +117,10 @@ class NamesrvConfig:
                 values["kv_config_path"] = os.path.expanduser(raw)
             elif key == "aclEnable":
                 values["acl_enable"] = _boolean(key, raw)
+            elif key == "enableControllerInNamesrv" and _boolean(key, raw):
+                controller = ControllerServerConfig.from_properties(properties, embedded=True)
+                values["controller"] = attrs.evolve(
+                    controller, bind_address=str(properties.get("bindAddress", "0.0.0.0")))
             elif key == "plainAclFile":
                 values["plain_acl_file"] = os.path.expanduser(raw)
             elif key == "serverChannelMaxIdleTimeSeconds":
@@ -136,7 +148,14 @@ class NamesrvConfig:
             "aclEnable": self.acl_enable,
             "plainAclFile": self.plain_acl_file,
             "configBlackList": ";".join(CONFIG_BLACK_LIST),
+            "enableControllerInNamesrv": self.controller is not None,
         }
+        if self.controller is not None:
+            values.update({k: v for k, v in self.controller.to_properties().items()
+                           if k not in ("listenPort", "bindAddress", "configBlackList",
+                                        "metricsPort")})
+            values["controllerListenPort"] = self.controller.listen_port
+            values["controllerMetricsPort"] = self.controller.metrics_port
         rendered = {key: render_value(value) for key, value in values.items()}
         return {key: text for key, text in sorted(rendered.items()) if text is not None}
 
@@ -181,6 +200,7 @@ RUNTIME_KEYS: dict[str, tuple[str, Callable[[str, str], object]]] = {
 
 #: the keys a namesrv.conf may set here (``NamesrvConfig.from_properties``)
 FILE_KEYS = frozenset({"listenPort", "bindAddress", "kvConfigPath", "metricsPort",
+                       "enableControllerInNamesrv",
                        "serverChannelMaxIdleTimeSeconds", "aclEnable", "plainAclFile",
                        *RUNTIME_KEYS})
 _ROCKETMQ_NAMESRV_KEY_LIST = """
@@ -611,10 +631,16 @@ async def serve_namesrv(
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a name server until cancelled; reports its bound (host, port). Raises
-    ``KVConfigFileError`` (a ConfigError) if ``kv_config_path`` holds a damaged table."""
+    ``KVConfigFileError`` (a ConfigError) if ``kv_config_path`` holds a damaged table. With
+    ``controller`` set (enableControllerInNamesrv), a controller runs beside it, started
+    first, on its own port."""
     kv = await trio.to_thread.run_sync(functools.partial(KVConfigManager.load,
                                                          config.kv_config_path))
     acl = None
     if config.acl_enable:
         acl = await trio.to_thread.run_sync(AclFile.open, acl_file_path(config.plain_acl_file))
-    await NameServer(config, kv=kv, acl=acl).serve(task_status=task_status)
+    async with trio.open_nursery() as nursery:
+        if config.controller is not None:
+            host, port = await nursery.start(serve_controller, config.controller)
+            log.info("name server: embedded controller on %s:%d", host, port)
+        await NameServer(config, kv=kv, acl=acl).serve(task_status=task_status)

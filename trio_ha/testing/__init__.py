@@ -5,6 +5,8 @@ applications that embed it.
   (:func:`serve_cluster` in your nursery, or ``async with`` :func:`open_cluster` to stop and
   restart brokers) or as child processes (:class:`ProcessCluster`), both described by one
   :class:`ClusterConfig`;
+* our controller (RocketMQ 5's controller mode) in this process (:func:`open_controller`),
+  or as a child process (:class:`NodeProcess`, kind ``controller``);
 * :class:`FaultProxy` (:func:`open_fault_proxy`): a TCP proxy between a slave and its master
   that stalls, delays or cuts the replication stream at an exact byte of a frame.
 
@@ -19,6 +21,7 @@ from .cluster import (
     open_cluster,
     serve_cluster,
 )
+from .controller import RunningController, open_controller
 from .fault_proxy import Cut, FaultProxy, ProxyConnection, open_fault_proxy
 from .ports import free_broker_port
 from .processes import NodeProcess, ProcessCluster
@@ -33,8 +36,10 @@ __all__ = [
     "NodeProcess",
     "ProcessCluster",
     "ProxyConnection",
+    "RunningController",
     "free_broker_port",
     "open_cluster",
+    "open_controller",
     "open_fault_proxy",
     "serve_cluster",
 ]

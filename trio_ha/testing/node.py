@@ -1,8 +1,9 @@
 """One node of a :class:`~trio_ha.testing.processes.ProcessCluster`, as a child process.
 
 ``python -m trio_ha.testing.node SPEC`` (SPEC: one JSON object) starts a name server
-(``{"kind": "namesrv", "host": ..., "port": ...}``) or a broker (``{"kind": "broker",
-"properties": {...broker.conf keys...}}``), prints one JSON line once it serves (its
+(``{"kind": "namesrv", "host": ..., "port": ...}``), a broker (``{"kind": "broker",
+"properties": {...broker.conf keys...}}``) or a controller (``{"kind": "controller",
+"properties": {...controller.conf keys...}}``), prints one JSON line once it serves (its
 addresses and pid), and runs until its stdin closes or it gets SIGINT/SIGTERM, then stops
 gracefully. Stopping on stdin's end means a parent that dies, even by SIGKILL, leaves no node
 behind: the kernel closes the pipe.
@@ -27,6 +28,8 @@ import sys
 import trio
 
 from ..broker import BrokerConfig, serve_broker
+from ..controller.config import ControllerServerConfig
+from ..controller.server import serve_controller
 from ..namesrv import NamesrvConfig, serve_namesrv
 
 
@@ -97,6 +100,12 @@ async def serve_node(spec: dict) -> None:
                     "listenPort": str(spec.get("port", 0)), "bindAddress": host,
                     **spec.get("properties", {})}))
                 info: dict[str, object] = {"addr": f"{host}:{port}"}
+            elif spec["kind"] == "controller":
+                properties = {"bindAddress": "127.0.0.1", "listenPort": "0",
+                              **spec.get("properties", {})}
+                config = ControllerServerConfig.from_properties(properties)
+                host, port = await nursery.start(serve_controller, config)
+                info = {"addr": f"{host}:{port}"}
             else:
                 config = BrokerConfig.from_properties(spec["properties"])
                 addresses = await nursery.start(serve_broker, config)

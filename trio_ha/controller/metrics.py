@@ -1,0 +1,71 @@
+"""The controller's Prometheus series, read from its service at each scrape.
+
+``controller_registry(service, servers)`` is a ``CollectorRegistry`` of the controller's own
+(never the process-wide default: a name server may embed a controller, and tests run several
+in one process) whose collector reads ``ControllerService.statistics()`` when scraped —
+elections, heartbeats, live brokers, broker sets, commits and conflicts, role-change notices —
+and the remoting listener's connections. Nothing is kept between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import attrs
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
+
+from ..remoting import RemotingServer
+from ..remoting.metrics import remoting_families
+from .service import ControllerService
+
+__all__ = ["ControllerCollector", "controller_registry"]
+
+#: counter name -> (statistics field, help)
+_COUNTERS = {
+    "trio_ha_controller_elections": ("elections", "Elections that made a master."),
+    "trio_ha_controller_own_elections": (
+        "controller_elections", "Elections the controller started for a dead master."),
+    "trio_ha_controller_heartbeats": ("heartbeats", "Broker heartbeats received."),
+    "trio_ha_controller_commits": ("commits", "Decisions committed to the state store."),
+    "trio_ha_controller_commit_conflicts": (
+        "conflicts", "Commits refused because a record changed since it was read."),
+    "trio_ha_controller_notices_sent": ("notices_sent", "Role-change notices sent."),
+    "trio_ha_controller_notices_failed": (
+        "notices_failed", "Role-change notices that could not be sent within 3 s."),
+    "trio_ha_controller_notices_dropped": (
+        "notices_dropped", "Role-change notices dropped: too many waiting."),
+}
+_GAUGES = {
+    "trio_ha_controller_brokers_alive": ("brokers_alive", "Brokers whose heartbeat counts."),
+    "trio_ha_controller_broker_sets": ("sets", "Broker sets the controller knows."),
+}
+
+
+@attrs.define(eq=False)
+class ControllerCollector:
+    service: ControllerService
+    servers: Mapping[str, RemotingServer] = attrs.field(factory=dict[str, RemotingServer])
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.service.statistics()
+        for name, (field, text) in _COUNTERS.items():
+            counter = CounterMetricFamily(name, text)
+            counter.add_metric([], getattr(stats, field))
+            yield counter
+        for name, (field, text) in _GAUGES.items():
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], getattr(stats, field))
+            yield gauge
+        leader = GaugeMetricFamily("trio_ha_controller_is_leader",
+                                   "1 while this controller leads.")
+        leader.add_metric([], 1 if self.service.leadership.is_leader else 0)
+        yield leader
+        yield from remoting_families(self.servers, {})
+
+
+def controller_registry(service: ControllerService,
+                        servers: Mapping[str, RemotingServer]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ControllerCollector(service, servers))
+    return registry

@@ -1,0 +1,363 @@
+"""The controller over RocketMQ remoting: one handler per request code around ``service``.
+
+``serve_controller(config, task_status=...)`` runs in the caller's nursery (``nursery.start``)
+and reports the bound ``(host, port)``; cancelling it shuts down gracefully within the
+remoting limits' ``shutdown_timeout`` (running requests finish, replies are written). It opens
+the StateStore ``controllerType`` names, reads the whole state, and serves:
+
+- 904 BROKER_HEARTBEAT (one way): into the heartbeat table, the connection as the liveness
+  token (its close marks the brokers on it dead at once, as RocketMQ's onBrokerChannelClose);
+- 1001 / 1002 / 1003 / 1011 / 1013: decided and committed one at a time (``perform``);
+- 1004 / 1006 / 1012: read from the last committed state, concurrently;
+- 1005 GET_METADATA_INFO: who leads (ourselves, for ``SoleLeadership``), answered by any
+  controller; 1009 / 1010: the controller's configuration as properties text.
+
+A controller that does not lead answers CONTROLLER_NOT_LEADER (2007) to 1001-1004, 1006 and
+1011-1013, as RocketMQ's followers do. Bad input (a header field missing or not a number, a
+body that is not the JSON it should be) is CONTROLLER_INVALID_REQUEST (2005) for that request
+alone; RocketMQ throws on it and answers SYSTEM_ERROR.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import attrs
+import trio
+
+from .._sockets import local_address
+from ..config import ConfigError, parse_properties_text
+from ..remoting import RemotingConnection, RemotingServer, not_supported
+from ..remoting.metrics import serve_metrics
+from ..wire.controller import (
+    SPECS,
+    AlterSyncStateSetRequestHeader,
+    ApplyBrokerIdRequestHeader,
+    BrokerHeartbeatRequestHeader,
+    CleanBrokerDataRequestHeader,
+    ControllerDecodeError,
+    ElectMasterRequestHeader,
+    GetMetaDataResponseHeader,
+    GetNextBrokerIdRequestHeader,
+    GetReplicaInfoRequestHeader,
+    RegisterBrokerToControllerRequestHeader,
+    SyncStateSet,
+    decode_broker_names,
+)
+from ..wire.errors import HeaderFieldError
+from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
+from .config import CONFIG_BLACK_LIST, ControllerServerConfig, StoreType, updated_config
+from .journal import Journal
+from .leadership import Leadership, SoleLeadership
+from .memory import MemoryStateStore
+from .metrics import controller_registry
+from .rules import (
+    Decision,
+    alter_sync_state_set,
+    apply_broker_id,
+    clean_broker_data,
+    elect_master,
+    get_next_broker_id,
+    get_replica_info,
+    get_sync_state_data,
+    register_broker,
+)
+from .service import ControllerService, ControllerUnavailable
+from .state_store import StateStore
+
+__all__ = ["LEADER_ONLY_CODES", "ControllerServer", "open_state_store", "serve_controller"]
+
+log = logging.getLogger(__name__)
+
+#: what a controller that does not lead refuses with CONTROLLER_NOT_LEADER (spec §2.1)
+LEADER_ONLY_CODES = frozenset({
+    RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET, RequestCode.CONTROLLER_ELECT_MASTER,
+    RequestCode.CONTROLLER_REGISTER_BROKER, RequestCode.CONTROLLER_GET_REPLICA_INFO,
+    RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, RequestCode.CLEAN_BROKER_DATA,
+    RequestCode.CONTROLLER_GET_NEXT_BROKER_ID, RequestCode.CONTROLLER_APPLY_BROKER_ID,
+})
+
+Handler = Callable[["ControllerServer", RemotingCommand, RemotingConnection],
+                   Awaitable[RemotingCommand | None]]
+
+
+def _respond(request: RemotingCommand, decision: Decision) -> RemotingCommand:
+    fields = None
+    if decision.header is not None:
+        fields = SPECS[type(decision.header)].encode(decision.header)
+    body = decision.body.encode() if decision.body is not None else b""
+    return RemotingCommand.response_to(request, decision.code, remark=decision.remark,
+                                       ext_fields=fields, body=body)
+
+
+def _invalid(request: RemotingCommand, why: object) -> RemotingCommand:
+    return RemotingCommand.response_to(request, ResponseCode.CONTROLLER_INVALID_REQUEST,
+                                       remark=f"bad request: {why}")
+
+
+@attrs.define(eq=False)
+class ControllerServer:
+    service: ControllerService
+    #: where the controller is reached, once bound (``serve``)
+    address: tuple[str, int] | None = None
+    remoting: RemotingServer | None = None
+    #: where GET /metrics is served, once serving (None without metricsPort)
+    metrics_address: tuple[str, int] | None = None
+
+    @property
+    def config(self) -> ControllerServerConfig:
+        return self.service.config
+
+    async def handle(self, request: RemotingCommand, connection: RemotingConnection
+                     ) -> RemotingCommand | None:
+        handler = HANDLERS.get(request.code)
+        if handler is None:
+            await trio.lowlevel.checkpoint()
+            return not_supported(request)
+        leadership = self.service.leadership
+        if request.code in LEADER_ONLY_CODES and not leadership.is_leader:
+            await trio.lowlevel.checkpoint()
+            return RemotingCommand.response_to(
+                request, ResponseCode.CONTROLLER_NOT_LEADER,
+                remark=f"this controller is not the leader; the leader is "
+                       f"{leadership.leader_address or 'not known yet'}")
+        try:
+            return await handler(self, request, connection)
+        except (HeaderFieldError, ControllerDecodeError) as exc:
+            return _invalid(request, exc)
+        except ControllerUnavailable as exc:
+            return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
+                                               remark=str(exc))
+
+    async def _perform(self, request: RemotingCommand,
+                       decide: Callable[..., Decision]) -> RemotingCommand:
+        decision = await self.service.perform(decide)
+        assert decision is not None  # the request rules always decide
+        return _respond(request, decision)
+
+    # ---- brokers ---------------------------------------------------------------------------
+
+    async def heartbeat(self, request: RemotingCommand, connection: RemotingConnection
+                        ) -> RemotingCommand | None:
+        await trio.lowlevel.checkpoint()
+        header = SPECS[BrokerHeartbeatRequestHeader].decode(request)
+        decision = self.service.heartbeat(header, connection)
+        return None if request.is_oneway else _respond(request, decision)
+
+    async def get_next_broker_id(self, request: RemotingCommand,
+                                 connection: RemotingConnection) -> RemotingCommand:
+        header = SPECS[GetNextBrokerIdRequestHeader].decode(request)
+        return _respond(request, await self.service.read(
+            lambda state, now: get_next_broker_id(state, header)))
+
+    async def apply_broker_id(self, request: RemotingCommand,
+                              connection: RemotingConnection) -> RemotingCommand:
+        header = SPECS[ApplyBrokerIdRequestHeader].decode(request)
+        return await self._perform(request, lambda state, now: apply_broker_id(state, header))
+
+    async def register_broker(self, request: RemotingCommand,
+                              connection: RemotingConnection) -> RemotingCommand:
+        header = SPECS[RegisterBrokerToControllerRequestHeader].decode(request)
+        live = self.service.live
+        return await self._perform(
+            request, lambda state, now: register_broker(state, live, now, header))
+
+    async def elect_master(self, request: RemotingCommand,
+                           connection: RemotingConnection) -> RemotingCommand:
+        header = SPECS[ElectMasterRequestHeader].decode(request)
+        service = self.service
+        return await self._perform(request, lambda state, now: elect_master(
+            state, service.live, now, service.config.rules_config, header))
+
+    async def alter_sync_state_set(self, request: RemotingCommand,
+                                   connection: RemotingConnection) -> RemotingCommand:
+        header = SPECS[AlterSyncStateSetRequestHeader].decode(request)
+        body = SyncStateSet.decode(request.body) if request.body else None
+        live = self.service.live
+        return await self._perform(request, lambda state, now: alter_sync_state_set(
+            state, live, now, header, body))
+
+    async def get_replica_info(self, request: RemotingCommand,
+                               connection: RemotingConnection) -> RemotingCommand:
+        header = SPECS[GetReplicaInfoRequestHeader].decode(request)
+        return _respond(request, await self.service.read(
+            lambda state, now: get_replica_info(state, header)))
+
+    # ---- admin -----------------------------------------------------------------------------
+
+    async def get_sync_state_data(self, request: RemotingCommand,
+                                  connection: RemotingConnection) -> RemotingCommand:
+        names = decode_broker_names(request.body)
+        live = self.service.live
+        return _respond(request, await self.service.read(
+            lambda state, now: get_sync_state_data(state, live, now, names)))
+
+    async def clean_broker_data(self, request: RemotingCommand,
+                                connection: RemotingConnection) -> RemotingCommand:
+        header = SPECS[CleanBrokerDataRequestHeader].decode(request)
+        live = self.service.live
+        response = await self._perform(
+            request, lambda state, now: clean_broker_data(state, live, now, header))
+        if response.code == ResponseCode.SUCCESS:
+            log.info("controller: cleaned %s of set %s", header.broker_controller_ids_to_clean
+                     or "every member", header.broker_name)
+        return response
+
+    async def get_metadata(self, request: RemotingCommand,
+                           connection: RemotingConnection) -> RemotingCommand:
+        await trio.lowlevel.checkpoint()
+        leadership = self.service.leadership
+        header = GetMetaDataResponseHeader(
+            group=self.config.group, controller_leader_id=leadership.leader_id,
+            controller_leader_address=leadership.leader_address,
+            is_leader=leadership.is_leader, peers=self._peers())
+        return RemotingCommand.response_to(
+            request, ResponseCode.SUCCESS,
+            ext_fields=SPECS[GetMetaDataResponseHeader].encode(header))
+
+    def _peers(self) -> str:
+        """``n0:host:port;`` per peer, as RocketMQ's DLedger controller writes them."""
+        config = self.config
+        parts: list[str] = []
+        for part in (config.peers or "").split(";"):
+            name, sep, address = part.strip().partition("-")
+            if sep and address:
+                parts.append(f"{name}:{address};")
+        if not parts and self.service.leadership.leader_address is not None:
+            parts.append(f"{config.self_id}:{self.service.leadership.leader_address};")
+        return "".join(parts)
+
+    async def get_config(self, request: RemotingCommand,
+                         connection: RemotingConnection) -> RemotingCommand:
+        await trio.lowlevel.checkpoint()
+        text = "".join(f"{k}={v}\n" for k, v in self.config.to_properties().items())
+        return RemotingCommand.response_to(request, ResponseCode.SUCCESS, body=text.encode())
+
+    async def update_config(self, request: RemotingCommand,
+                            connection: RemotingConnection) -> RemotingCommand:
+        """UPDATE_CONTROLLER_CONFIG: properties text, all or nothing. A key on the black list
+        is NO_PERMISSION (RocketMQ's answer); one that cannot change at run time, an unknown
+        one or a bad value is SYSTEM_ERROR naming it."""
+        await trio.lowlevel.checkpoint()
+        try:
+            properties = parse_properties_text(request.body.decode("utf-8"))
+        except (UnicodeDecodeError, ConfigError) as exc:
+            return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
+                                               remark=f"string2Properties error: {exc}")
+        if any(key in CONFIG_BLACK_LIST for key in properties):
+            return RemotingCommand.response_to(request, ResponseCode.NO_PERMISSION,
+                                               remark="Can not update config in black list.")
+        try:
+            config = updated_config(self.config, properties)
+        except ConfigError as exc:
+            return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
+                                               remark=str(exc))
+        self.service.config = config
+        log.info("controller: configuration updated: %s", properties)
+        return RemotingCommand.response_to(request, ResponseCode.SUCCESS)
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def connection_closed(self, connection: RemotingConnection) -> None:
+        self.service.connection_closed(connection)
+
+    async def serve(self, *, listeners: list[trio.SocketListener] | None = None,
+                    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """Serve until cancelled; reports the bound (host, port)."""
+        config = self.config
+        self.remoting = remoting = RemotingServer(self.handle, config.remoting,
+                                                  on_close=self.connection_closed)
+        async with trio.open_nursery() as nursery:
+            # the service first: a connection that closes as soon as it is served must find
+            # the elections running
+            await nursery.start(self.service.run)
+            address: tuple[str, int] = await nursery.start(functools.partial(
+                remoting.serve, config.listen_port, host=config.bind_address,
+                listeners=listeners))
+            self.address = address
+            leadership = self.service.leadership
+            if isinstance(leadership, SoleLeadership) and leadership.address is None:
+                leadership.address = advertised_address(config, address)
+            if config.metrics_port is not None:
+                metrics: tuple[str, int] = await nursery.start(functools.partial(
+                    serve_metrics, controller_registry(self.service, {"main": remoting}),
+                    host=config.bind_address, port=config.metrics_port))
+                self.metrics_address = metrics
+                log.info("controller: metrics at http://%s:%d/metrics", *metrics)
+            log.info("controller listening on %s:%d (leader address %s, store %s)",
+                     address[0], address[1], leadership.leader_address,
+                     config.store_type.value)
+            task_status.started(address)
+
+
+def advertised_address(config: ControllerServerConfig, bound: tuple[str, int]) -> str:
+    """Where brokers reach this controller: the configured address, the self peer's, or
+    the bound one (this host's address for a wildcard bind: 127.0.0.1 would send brokers
+    of other hosts to themselves, RocketMQ issue #9082)."""
+    if config.advertised_address:
+        return config.advertised_address
+    peer = config.self_peer_address()
+    if peer is not None:
+        return peer
+    host = bound[0]
+    if host in ("0.0.0.0", "::", ""):
+        host = local_address()
+    return f"{host}:{bound[1]}"
+
+
+HANDLERS: dict[int, Handler] = {
+    RequestCode.BROKER_HEARTBEAT: ControllerServer.heartbeat,
+    RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET: ControllerServer.alter_sync_state_set,
+    RequestCode.CONTROLLER_ELECT_MASTER: ControllerServer.elect_master,
+    RequestCode.CONTROLLER_REGISTER_BROKER: ControllerServer.register_broker,
+    RequestCode.CONTROLLER_GET_REPLICA_INFO: ControllerServer.get_replica_info,
+    RequestCode.CONTROLLER_GET_METADATA_INFO: ControllerServer.get_metadata,
+    RequestCode.CONTROLLER_GET_SYNC_STATE_DATA: ControllerServer.get_sync_state_data,
+    RequestCode.UPDATE_CONTROLLER_CONFIG: ControllerServer.update_config,
+    RequestCode.GET_CONTROLLER_CONFIG: ControllerServer.get_config,
+    RequestCode.CLEAN_BROKER_DATA: ControllerServer.clean_broker_data,
+    RequestCode.CONTROLLER_GET_NEXT_BROKER_ID: ControllerServer.get_next_broker_id,
+    RequestCode.CONTROLLER_APPLY_BROKER_ID: ControllerServer.apply_broker_id,
+}
+
+
+@contextlib.asynccontextmanager
+async def open_state_store(config: ControllerServerConfig) -> AsyncIterator[StateStore]:
+    """The StateStore ``controllerType`` names: ``journal`` (the default) is the synced
+    write-ahead file of ``controller/journal.py`` in ``controllerStorePath``; ``memory`` is
+    the in-process store (nothing survives a restart). ``etcd`` is not part of this build yet
+    and is refused."""
+    if config.store_type is StoreType.ETCD:
+        raise ConfigError("controllerType=etcd: the etcd state store is not part of this "
+                          "build yet; use controllerType=journal")
+    if config.store_type is StoreType.JOURNAL:
+        async with Journal.open(config.store_path) as journal:
+            yield journal
+        return
+    await trio.lowlevel.checkpoint()
+    yield MemoryStateStore()
+
+
+async def serve_controller(
+    config: ControllerServerConfig,
+    *,
+    store: StateStore | None = None,
+    leadership: Leadership | None = None,
+    listeners: list[trio.SocketListener] | None = None,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a controller until cancelled; reports its bound (host, port). ``store`` (default:
+    the one ``controllerType`` names) and ``leadership`` (default: ``SoleLeadership``) are
+    pluggable; a store passed in outlives the controller (a test restarts it on the same
+    state)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if store is None:
+            store = await stack.enter_async_context(open_state_store(config))
+        service = ControllerService(config, store,
+                                    leadership or SoleLeadership(self_id=config.self_id))
+        await service.load()
+        await ControllerServer(service).serve(listeners=listeners, task_status=task_status)
