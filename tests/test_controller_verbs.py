@@ -15,10 +15,10 @@ from conftest import wait_until
 from test_metrics import scrape
 from trio_ha.config import ConfigError
 from trio_ha.controller.config import ControllerServerConfig
+from trio_ha.controller.journal import Journal
 from trio_ha.controller.memory import MemoryStateStore
 from trio_ha.controller.records import BrokerSetRecord, MemberRecord, key_for
 from trio_ha.controller.server import LEADER_ONLY_CODES, serve_controller
-from trio_ha.controller.journal import Journal
 from trio_ha.controller.state_store import CommitConflict, StateStore, Write
 from trio_ha.remoting import RemotingClient, open_remoting_client, serve_remoting
 from trio_ha.testing import open_controller
