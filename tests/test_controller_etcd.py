@@ -1,0 +1,344 @@
+"""The replicated controller's etcd parts (issue 39) against a real 3-member etcd cluster.
+
+The cluster (the ``etcd3`` fixture) starts once for this module; each test uses keys and an
+election of its own, and finds every member running when it begins. What is checked: the
+StateStore over etcd (round trip, conflicts, two stores racing on one key, deletes, reads
+after a member's restart), the leadership (one leader that the other candidate names, a
+takeover when the leader's lease is revoked or its process is killed, a leader that stops
+leading when etcd is out of reach, fenced commits), and the client's bounded waits (a
+stopped member is skipped; all members down is an EtcdUnavailable, not a hang).
+"""
+
+import itertools
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import trio
+
+from trio_ha.controller import CommitConflict, Write
+from trio_ha.controller.etcd import (
+    EtcdConfig,
+    EtcdStateStore,
+    EtcdUnavailable,
+    LeadershipLost,
+    open_etcd_client,
+    open_etcd_leadership,
+    parse_endpoints,
+    prefix_end,
+)
+from trio_ha.testing.processes import child_env
+
+#: a lease TTL short enough for quick takeovers (etcd's minimum here is about 1.5 s)
+TTL = 2
+_names = itertools.count()
+
+
+def fresh(what: str) -> str:
+    """A key prefix or election name no other test of this run uses."""
+    return f"test/{what}/{next(_names)}/"
+
+
+def test_parse_endpoints():
+    assert parse_endpoints("127.0.0.1:2379, http://h:2380/;x:1") == (
+        "http://127.0.0.1:2379", "http://h:2380", "http://x:1")
+    for bad in ("", " , ", "h", "h:0", "h:port", "https://h:2379"):
+        with pytest.raises(ValueError):  # noqa: PT011 - each of these is refused
+            parse_endpoints(bad)
+
+
+def test_prefix_end():
+    assert prefix_end(b"a/") == b"a0"
+    assert prefix_end(b"a\xff") == b"b"
+    assert prefix_end(b"\xff") == b"\0"
+
+
+async def test_state_store_round_trip(etcd3):
+    async with open_etcd_client(etcd3.endpoints) as client:
+        store = EtcdStateStore(client, fresh("round-trip"))
+        assert await store.load() == {}
+        versions = await store.commit([Write("a", 0, b"one"), Write("b", 0, b"two")])
+        assert set(versions) == {"a", "b"}
+        loaded = await store.load()
+        assert {k: v.value for k, v in loaded.items()} == {"a": b"one", "b": b"two"}
+        assert {k: v.version for k, v in loaded.items()} == versions
+        again = await store.commit([Write("a", versions["a"], b"three")])
+        assert again["a"] > versions["a"]
+        loaded = await store.load()
+        assert loaded["a"].value == b"three"
+        assert loaded["a"].version == again["a"]
+        # A store under another prefix sees none of it.
+        assert await EtcdStateStore(client, fresh("round-trip")).load() == {}
+
+
+async def test_commit_is_all_or_nothing(etcd3):
+    async with open_etcd_client(etcd3.endpoints) as client:
+        store = EtcdStateStore(client, fresh("conflict"))
+        versions = await store.commit([Write("a", 0, b"a1"), Write("b", 0, b"b1")])
+        # "b" read at a stale version: neither write happens.
+        with pytest.raises(CommitConflict):
+            await store.commit([Write("a", versions["a"], b"a2"),
+                                Write("b", versions["b"] - 1, b"b2")])
+        # "must not exist" on a key that exists.
+        with pytest.raises(CommitConflict):
+            await store.commit([Write("c", 0, b"c1"), Write("a", 0, b"a3")])
+        loaded = await store.load()
+        assert {k: (v.version, v.value) for k, v in loaded.items()} == {
+            "a": (versions["a"], b"a1"), "b": (versions["b"], b"b1")}
+        with pytest.raises(ValueError, match="once"):
+            await store.commit([Write("a", versions["a"], b"x"), Write("a", versions["a"], b"y")])
+
+
+async def test_two_stores_racing_on_one_key(etcd3):
+    """Two controllers (two clients, each starting at a different member) read the same
+    version and commit at once, round after round: exactly one wins each round, and the
+    record holds the winner's value."""
+    prefix = fresh("race")
+    async with open_etcd_client(etcd3.endpoints) as one, \
+            open_etcd_client(etcd3.endpoints[1:] + etcd3.endpoints[:1]) as two:
+        stores = [EtcdStateStore(one, prefix), EtcdStateStore(two, prefix)]
+        await stores[0].commit([Write("epoch", 0, b"0")])
+        for round_ in range(10):
+            read = (await stores[0].load())["epoch"]
+            outcomes: dict[int, object] = {}
+
+            async def grant(i: int, version: int = read.version, round_: int = round_) -> None:
+                try:
+                    outcomes[i] = await stores[i].commit(
+                        [Write("epoch", version, f"{round_ + 1} by {i}".encode())])
+                except CommitConflict as exc:
+                    outcomes[i] = exc
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(grant, 0)
+                nursery.start_soon(grant, 1)
+            winners = [i for i, o in outcomes.items() if not isinstance(o, CommitConflict)]
+            assert len(winners) == 1, outcomes
+            now = (await stores[1].load())["epoch"]
+            assert now.value == f"{round_ + 1} by {winners[0]}".encode()
+            assert now.version == outcomes[winners[0]]["epoch"]  # type: ignore[index]
+
+
+async def test_delete_and_recreate(etcd3):
+    async with open_etcd_client(etcd3.endpoints) as client:
+        store = EtcdStateStore(client, fresh("delete"))
+        first = (await store.commit([Write("a", 0, b"1"), Write("b", 0, b"1")]))["a"]
+        assert await store.commit([Write("a", first, None)]) == {}
+        assert set(await store.load()) == {"b"}
+        # Recreated, the key's version is new: a write naming the old one conflicts.
+        second = (await store.commit([Write("a", 0, b"2")]))["a"]
+        assert second > first
+        with pytest.raises(CommitConflict):
+            await store.commit([Write("a", first, b"stale")])
+        assert (await store.load())["a"].value == b"2"
+
+
+async def test_load_after_a_member_restarts(etcd3):
+    prefix = fresh("restart")
+    async with open_etcd_client(etcd3.endpoints) as client:
+        store = EtcdStateStore(client, prefix)
+        versions = await store.commit([Write("a", 0, b"before")])
+        etcd3.kill(0)
+        # Two of three members still make a quorum: reads and commits go on.
+        versions = await store.commit([Write("a", versions["a"], b"while down")])
+        assert (await store.load())["a"].value == b"while down"
+    etcd3.restart(0)
+    # The restarted member caught up: a client of it alone reads the latest commit.
+    async with open_etcd_client([etcd3.endpoints[0]]) as only_zero:
+        loaded = await EtcdStateStore(only_zero, prefix).load()
+    assert loaded["a"].value == b"while down"
+    assert loaded["a"].version == versions["a"]
+
+
+async def test_a_stopped_member_is_skipped(etcd3):
+    """SIGSTOP the member the client talks to: it holds its sockets and answers nothing;
+    the call goes to another member after one request timeout."""
+    config = EtcdConfig(etcd3.endpoints, request_timeout=1.0, call_timeout=5.0)
+    async with open_etcd_client(config) as client:
+        store = EtcdStateStore(client, fresh("stopped"))
+        versions = await store.commit([Write("a", 0, b"1")])
+        assert client.endpoint == etcd3.endpoints[0]
+        etcd3.pause(0)
+        try:
+            versions = await store.commit([Write("a", versions["a"], b"2")])
+            assert client.endpoint != etcd3.endpoints[0]
+            assert (await store.load())["a"].value == b"2"
+        finally:
+            etcd3.resume(0)
+
+
+async def test_all_members_down_is_a_clear_error(etcd3):
+    config = EtcdConfig(etcd3.endpoints, request_timeout=0.5, call_timeout=2.0)
+    async with open_etcd_client(config) as client:
+        store = EtcdStateStore(client, fresh("down"))
+        for index in range(3):
+            etcd3.pause(index)
+        try:
+            with trio.fail_after(30):  # a bound on the test, far above the call's own
+                with pytest.raises(EtcdUnavailable, match="no member answered"):
+                    await store.load()
+        finally:
+            for index in range(3):
+                etcd3.resume(index)
+        for index in range(3):
+            etcd3.kill(index)
+        # Refused connections: the same error, from every member.
+        with trio.fail_after(30):
+            with pytest.raises(EtcdUnavailable) as caught:
+                await store.commit([Write("a", 0, b"1")])
+        for endpoint in etcd3.endpoints:
+            assert endpoint in str(caught.value)
+
+
+async def test_one_candidate_leads_and_the_other_names_it(etcd3):
+    election = fresh("election")
+    async with open_etcd_client(etcd3.endpoints) as client_a, \
+            open_etcd_client(etcd3.endpoints[::-1]) as client_b:
+        async with open_etcd_leadership(client_a, election, "10.0.0.1:9878", ttl=TTL) as a:
+            with trio.fail_after(20):
+                await a.wait_leading()
+            async with open_etcd_leadership(client_b, election, "10.0.0.2:9878", ttl=TTL,
+                                            campaign_wait=1.0) as b:
+                # b campaigns (and campaigns again) while a's lease stays alive.
+                await trio.sleep(TTL * 1.5)
+                assert a.is_leader
+                assert not b.is_leader
+                assert await b.leader_address() == "10.0.0.1:9878"
+                assert await a.leader_address() == "10.0.0.1:9878"
+            assert a.is_leader
+        # a left: it gave its lease back, so nobody leads now.
+        assert await _leader_of(client_b, election) is None
+
+
+async def _leader_of(client, election: str) -> str | None:
+    kv = await client.leader(election.encode())
+    return None if kv is None else kv.value.decode()
+
+
+async def test_revoked_lease_moves_leadership_and_fences_the_old_leader(etcd3):
+    election = fresh("revoke")
+    prefix = fresh("fenced")
+    async with open_etcd_client(etcd3.endpoints) as client_a, \
+            open_etcd_client(etcd3.endpoints[1:]) as client_b:
+        async with open_etcd_leadership(client_a, election, "a:1", ttl=TTL) as a, \
+                open_etcd_leadership(client_b, election, "b:1", ttl=TTL) as b:
+            with trio.fail_after(20):
+                await _either_leads(a, b)
+            old, new = (a, b) if a.is_leader else (b, a)
+            old_store = EtcdStateStore(old.client, prefix, fence=old)
+            versions = await old_store.commit([Write("epoch", 0, b"1")])
+            held = old.leader_key
+            assert held is not None
+            await old.client.lease_revoke(held.lease)
+            with trio.fail_after(TTL * 3):  # the next keepalive, a third of the TTL, sees it
+                await old.wait_deposed()
+            with trio.fail_after(20):
+                await new.wait_leading()
+            assert await new.leader_address() == new.address
+            with pytest.raises(LeadershipLost):
+                await old_store.commit([Write("epoch", versions["epoch"], b"2 by old")])
+            new_store = EtcdStateStore(new.client, prefix, fence=new)
+            await new_store.commit([Write("epoch", versions["epoch"], b"2 by new")])
+            assert (await new_store.load())["epoch"].value == b"2 by new"
+
+
+async def _either_leads(a, b) -> None:
+    async with trio.open_nursery() as nursery:
+        async def first(leadership) -> None:
+            await leadership.wait_leading()
+            nursery.cancel_scope.cancel()
+        nursery.start_soon(first, a)
+        nursery.start_soon(first, b)
+
+
+async def test_a_fenced_commit_with_a_stale_leader_key_is_refused(etcd3):
+    """The fence compares the leader key in etcd itself: a commit carrying a leader key
+    that etcd no longer has fails as LeadershipLost, even if this process still thinks it
+    leads (its lease deleted behind its back, between two keepalives)."""
+    election = fresh("stale-key")
+    async with open_etcd_client(etcd3.endpoints) as client:
+        async with open_etcd_leadership(client, election, "a:1", ttl=TTL) as a:
+            with trio.fail_after(20):
+                await a.wait_leading()
+            store = EtcdStateStore(client, fresh("stale-key-store"), fence=a)
+            await store.commit([Write("x", 0, b"1")])
+            held = a.leader_key
+            assert held is not None
+            await client.delete_range(held.key)
+            with pytest.raises(LeadershipLost):
+                await store.commit([Write("y", 0, b"1")])
+            assert set(await EtcdStateStore(client, store.prefix).load()) == {"x"}
+
+
+async def test_leader_out_of_reach_of_etcd_stops_leading(etcd3):
+    """All members stopped: no keepalive gets through, and the leader deposes itself when
+    its lease's TTL (counted from its last keepalive's send) runs out, before etcd could
+    let anyone else lead."""
+    election = fresh("unreachable")
+    config = EtcdConfig(etcd3.endpoints, request_timeout=0.5, call_timeout=2.0)
+    async with open_etcd_client(config) as client:
+        async with open_etcd_leadership(client, election, "a:1", ttl=TTL) as a:
+            with trio.fail_after(20):
+                await a.wait_leading()
+            for index in range(3):
+                etcd3.pause(index)
+            try:
+                with trio.fail_after(TTL * 3):
+                    await a.wait_deposed()
+                assert a.leader_key is None
+            finally:
+                for index in range(3):
+                    etcd3.resume(index)
+            # etcd back: the candidacy starts over and leads again.
+            with trio.fail_after(30):
+                await a.wait_leading()
+            assert a.terms == 2
+
+
+CANDIDATE = textwrap.dedent("""
+    import sys, trio
+    from trio_ha.controller.etcd import open_etcd_client, open_etcd_leadership
+
+    async def main(endpoints, election, address):
+        async with open_etcd_client(endpoints.split(",")) as client:
+            async with open_etcd_leadership(client, election, address, ttl=%d) as me:
+                await me.wait_leading()
+                print("leading", flush=True)
+                await trio.sleep_forever()
+
+    trio.run(main, *sys.argv[1:])
+""" % TTL)
+
+
+async def test_killed_leader_process_is_replaced(etcd3):
+    """The leader is another process, SIGKILLed: no resign, no revoke; its lease expires
+    after the TTL and the other candidate leads."""
+    election = fresh("killed")
+    process = subprocess.Popen(
+        [sys.executable, "-c", CANDIDATE, ",".join(etcd3.endpoints), election, "child:1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env())
+    try:
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], 30)
+        assert ready and process.stdout.readline() == b"leading\n", process.stderr
+        async with open_etcd_client(etcd3.endpoints) as client:
+            async with open_etcd_leadership(client, election, "parent:1", ttl=TTL,
+                                            campaign_wait=2.0) as me:
+                await trio.sleep(0.5)
+                assert not me.is_leader
+                assert await me.leader_address() == "child:1"
+                process.send_signal(signal.SIGKILL)
+                process.wait(10)
+                with trio.fail_after(TTL + 15):
+                    await me.wait_leading()
+                assert await me.leader_address() == "parent:1"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
