@@ -10,8 +10,6 @@ stopped member is skipped; all members down is an EtcdUnavailable, not a hang).
 """
 
 import itertools
-import select
-import signal
 import subprocess
 import sys
 import textwrap
@@ -19,9 +17,11 @@ import textwrap
 import pytest
 import trio
 
+from conftest import wait_until
 from trio_ha.controller import CommitConflict, Write
 from trio_ha.controller.etcd import (
     EtcdConfig,
+    EtcdKeys,
     EtcdStateStore,
     EtcdUnavailable,
     LeadershipLost,
@@ -48,6 +48,16 @@ def test_parse_endpoints():
     for bad in ("", " , ", "h", "h:0", "h:port", "https://h:2379"):
         with pytest.raises(ValueError):  # noqa: PT011 - each of these is refused
             parse_endpoints(bad)
+
+
+def test_key_scheme_keeps_records_and_candidacies_apart():
+    keys = EtcdKeys("/c1/")
+    assert keys.state == "/c1/state/"
+    assert keys.election == "/c1/leader"
+    assert not (keys.election + "/").startswith(keys.state)
+    assert EtcdKeys().prefix == "/trio-ha/controller/"
+    with pytest.raises(ValueError, match="ends with"):
+        EtcdKeys("/c1")
 
 
 def test_prefix_end():
@@ -104,22 +114,22 @@ async def test_two_stores_racing_on_one_key(etcd3):
         for round_ in range(10):
             read = (await stores[0].load())["epoch"]
             outcomes: dict[int, object] = {}
-
-            async def grant(i: int, version: int = read.version, round_: int = round_) -> None:
-                try:
-                    outcomes[i] = await stores[i].commit(
-                        [Write("epoch", version, f"{round_ + 1} by {i}".encode())])
-                except CommitConflict as exc:
-                    outcomes[i] = exc
-
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(grant, 0)
-                nursery.start_soon(grant, 1)
+                for i in (0, 1):
+                    write = Write("epoch", read.version, f"{round_ + 1} by {i}".encode())
+                    nursery.start_soon(_commit_into, outcomes, i, stores[i], write)
             winners = [i for i, o in outcomes.items() if not isinstance(o, CommitConflict)]
             assert len(winners) == 1, outcomes
             now = (await stores[1].load())["epoch"]
             assert now.value == f"{round_ + 1} by {winners[0]}".encode()
             assert now.version == outcomes[winners[0]]["epoch"]  # type: ignore[index]
+
+
+async def _commit_into(outcomes: dict, i: int, store: EtcdStateStore, write: Write) -> None:
+    try:
+        outcomes[i] = await store.commit([write])
+    except CommitConflict as exc:
+        outcomes[i] = exc
 
 
 async def test_delete_and_recreate(etcd3):
@@ -219,8 +229,8 @@ async def _leader_of(client, election: str) -> str | None:
 
 
 async def test_revoked_lease_moves_leadership_and_fences_the_old_leader(etcd3):
-    election = fresh("revoke")
-    prefix = fresh("fenced")
+    keys = EtcdKeys("/" + fresh("group"))  # one controller group: its records and election
+    election, prefix = keys.election, keys.state
     async with open_etcd_client(etcd3.endpoints) as client_a, \
             open_etcd_client(etcd3.endpoints[1:]) as client_b:
         async with open_etcd_leadership(client_a, election, "a:1", ttl=TTL) as a, \
@@ -242,7 +252,9 @@ async def test_revoked_lease_moves_leadership_and_fences_the_old_leader(etcd3):
                 await old_store.commit([Write("epoch", versions["epoch"], b"2 by old")])
             new_store = EtcdStateStore(new.client, prefix, fence=new)
             await new_store.commit([Write("epoch", versions["epoch"], b"2 by new")])
-            assert (await new_store.load())["epoch"].value == b"2 by new"
+            # The records hold only records, never the candidacies beside them.
+            assert {k: v.value for k, v in (await new_store.load()).items()} == {
+                "epoch": b"2 by new"}
 
 
 async def _either_leads(a, b) -> None:
@@ -298,47 +310,46 @@ async def test_leader_out_of_reach_of_etcd_stops_leading(etcd3):
             assert a.terms == 2
 
 
+#: a candidate in a process of its own: campaigns, then leads until it is killed
 CANDIDATE = textwrap.dedent("""
     import sys, trio
     from trio_ha.controller.etcd import open_etcd_client, open_etcd_leadership
 
-    async def main(endpoints, election, address):
+    async def main(endpoints, election, address, ttl):
         async with open_etcd_client(endpoints.split(",")) as client:
-            async with open_etcd_leadership(client, election, address, ttl=%d) as me:
-                await me.wait_leading()
-                print("leading", flush=True)
+            async with open_etcd_leadership(client, election, address, ttl=int(ttl)):
                 await trio.sleep_forever()
 
     trio.run(main, *sys.argv[1:])
-""" % TTL)
+""")
 
 
-async def test_killed_leader_process_is_replaced(etcd3):
+async def test_killed_leader_process_is_replaced(etcd3, tmp_path):
     """The leader is another process, SIGKILLed: no resign, no revoke; its lease expires
     after the TTL and the other candidate leads."""
     election = fresh("killed")
-    process = subprocess.Popen(
-        [sys.executable, "-c", CANDIDATE, ",".join(etcd3.endpoints), election, "child:1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env())
-    try:
-        assert process.stdout is not None
-        ready, _, _ = select.select([process.stdout], [], [], 30)
-        assert ready and process.stdout.readline() == b"leading\n", process.stderr
-        async with open_etcd_client(etcd3.endpoints) as client:
+    async with open_etcd_client(etcd3.endpoints) as client:
+        log_path = tmp_path / "candidate.log"
+        with await trio.to_thread.run_sync(open, log_path, "wb") as log:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-c", CANDIDATE, ",".join(etcd3.endpoints), election,
+                 "child:1", str(TTL)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                env=child_env())
+        try:
+            await wait_until(lambda: _leader_of(client, election), "the child to lead",
+                             timeout=30, interval=0.1)
             async with open_etcd_leadership(client, election, "parent:1", ttl=TTL,
                                             campaign_wait=2.0) as me:
-                await trio.sleep(0.5)
-                assert not me.is_leader
                 assert await me.leader_address() == "child:1"
-                process.send_signal(signal.SIGKILL)
-                process.wait(10)
+                assert process.returncode is None, log_path.read_text()
+                assert not me.is_leader
+                process.kill()
+                with trio.fail_after(10):
+                    await process.wait()
                 with trio.fail_after(TTL + 15):
                     await me.wait_leading()
                 assert await me.leader_address() == "parent:1"
-    finally:
-        if process.poll() is None:
+        finally:
             process.kill()
-        process.wait(10)
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
+            with trio.fail_after(10):
+                await process.wait()

@@ -36,11 +36,16 @@ import base64
 import math
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
-import httpx
 import trio
+
+if TYPE_CHECKING:
+    # Imported where a client opens, not here: httpx takes about 0.1 s to import, and this
+    # module is named by trio_ha.controller, which the name server and the CLI import
+    # whether or not a controller of theirs uses etcd.
+    import httpx
 
 from .._errors import TrioHAError, unwrap_single_exception
 from .state_store import CommitConflict, Versioned, Write
@@ -49,6 +54,7 @@ __all__ = [
     "EtcdClient",
     "EtcdConfig",
     "EtcdError",
+    "EtcdKeys",
     "EtcdLeadership",
     "EtcdRequestError",
     "EtcdStateStore",
@@ -135,6 +141,30 @@ class EtcdConfig:
             raise ValueError("no etcd endpoint given")
         if not 0 < self.request_timeout <= self.call_timeout:
             raise ValueError("etcd timeouts: 0 < request_timeout <= call_timeout")
+
+
+@attrs.frozen
+class EtcdKeys:
+    """Where one group of controllers keeps its things in etcd (docs/controller.md, "etcd"):
+    its records under ``<prefix>state/``, its election's candidacies under
+    ``<prefix>leader/``. Groups with different prefixes share one etcd without meeting."""
+
+    #: ``controllerEtcdKeyPrefix``
+    prefix: str = "/trio-ha/controller/"
+
+    def __attrs_post_init__(self) -> None:
+        if not self.prefix.endswith("/"):
+            raise ValueError(f"an etcd key prefix ends with '/': {self.prefix!r}")
+
+    @property
+    def state(self) -> str:
+        """The StateStore's prefix: a record named ``k`` is the key ``<prefix>state/k``."""
+        return self.prefix + "state/"
+
+    @property
+    def election(self) -> str:
+        """The election's name: candidacies are ``<prefix>leader/<lease id in hex>``."""
+        return self.prefix + "leader"
 
 
 # --- values and their JSON (pure) ------------------------------------------------------------
@@ -279,6 +309,8 @@ class EtcdClient:
         """``POST path`` with ``body`` to the members in turn until one answers; the
         reply's JSON. Raises :class:`EtcdRequestError` for an error etcd means (it is not
         retried), :class:`EtcdUnavailable` when no member answered within ``call_timeout``."""
+        import httpx  # loaded by open_etcd_client already: a lookup
+
         endpoints = self.config.endpoints
         per_request = request_timeout or self.config.request_timeout
         deadline = trio.current_time() + max(call_timeout or self.config.call_timeout,
@@ -437,6 +469,8 @@ async def open_etcd_client(
         config: EtcdConfig | Iterable[str]) -> AsyncGenerator[EtcdClient, None]:
     """An :class:`EtcdClient` for ``config`` (or for these endpoints, with the default
     timeouts); its connections close on exit."""
+    import httpx
+
     if not isinstance(config, EtcdConfig):
         config = EtcdConfig(tuple(config))
     # Timeouts are trio's (each call's cancel scopes), not httpx's: one campaign waits long.
@@ -587,7 +621,7 @@ class EtcdLeadership:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._keep_alive, lease, granted, nursery.cancel_scope)
-                    nursery.start_soon(self._campaign, lease)
+                    nursery.start_soon(self._campaign, lease, nursery.cancel_scope)
             finally:
                 self._set_leader(None)
                 self._valid_until = -math.inf
@@ -626,7 +660,9 @@ class EtcdLeadership:
         finally:
             scope.cancel()
 
-    async def _campaign(self, lease: int) -> None:
+    async def _campaign(self, lease: int, scope: trio.CancelScope) -> None:
+        """Campaign until elected. etcd refusing the candidacy (its lease gone, mostly)
+        cancels ``scope``: the candidacy starts over with a new lease."""
         while True:
             try:
                 leader = await self.client.campaign(self.election, lease,
@@ -634,10 +670,9 @@ class EtcdLeadership:
                                                     wait=self.campaign_wait)
             except EtcdUnavailable:
                 continue  # no answer in campaign_wait (also: still a follower): again
-            except EtcdRequestError as exc:
-                if "lease not found" in exc.message:
-                    return  # the keepalive task sees it too and starts over
-                raise
+            except EtcdRequestError:
+                scope.cancel()
+                return
             self._set_leader(leader)
             return
 
