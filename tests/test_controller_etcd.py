@@ -9,6 +9,7 @@ leading when etcd is out of reach, fenced commits), and the client's bounded wai
 stopped member is skipped; all members down is an EtcdUnavailable, not a hang).
 """
 
+import gc
 import itertools
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import trio
 
 from conftest import wait_until
 from trio_ha.controller import CommitConflict, Write
+from trio_ha.controller._etcd_http import _Body
 from trio_ha.controller.etcd import (
     EtcdConfig,
     EtcdKeys,
@@ -295,6 +297,7 @@ async def test_leader_out_of_reach_of_etcd_stops_leading(etcd3):
         async with open_etcd_leadership(client, election, "a:1", ttl=TTL) as a:
             with trio.fail_after(20):
                 await a.wait_leading()
+            terms = a.terms
             for index in range(3):
                 etcd3.pause(index)
             try:
@@ -307,7 +310,7 @@ async def test_leader_out_of_reach_of_etcd_stops_leading(etcd3):
             # etcd back: the candidacy starts over and leads again.
             with trio.fail_after(30):
                 await a.wait_leading()
-            assert a.terms == 2
+            assert a.terms > terms  # a new term, not the old one resumed
 
 
 #: a candidate in a process of its own: campaigns, then leads until it is killed
@@ -353,3 +356,18 @@ async def test_killed_leader_process_is_replaced(etcd3, tmp_path):
             process.kill()
             with trio.fail_after(10):
                 await process.wait()
+
+
+async def test_a_request_body_left_early_leaves_nothing_to_finalize():
+    """A call cut off while httpcore sends its body (a follower's campaign renewed, a
+    member that stopped answering) leaves the body's iterator half-read. httpx's own body
+    stream is an async generator, which trio warns about when it is collected so (an error
+    here: this test fails with httpx.ByteStream in place of _Body); ours is a plain
+    iterator."""
+    body = _Body(b'{"key": "a2V5"}')
+    async for chunk in body:
+        assert chunk == b'{"key": "a2V5"}'
+        break
+    del body, chunk
+    gc.collect()
+    await trio.lowlevel.checkpoint()  # trio finalizes a collected generator in a later step

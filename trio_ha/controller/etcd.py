@@ -33,6 +33,7 @@ parts (retries across members, the keepalive and campaign tasks) are thin around
 from __future__ import annotations
 
 import base64
+import json
 import math
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -42,10 +43,8 @@ import attrs
 import trio
 
 if TYPE_CHECKING:
-    # Imported where a client opens, not here: httpx takes about 0.1 s to import, and this
-    # module is named by trio_ha.controller, which the name server and the CLI import
-    # whether or not a controller of theirs uses etcd.
-    import httpx
+    # Imported where a client opens, not here (see _etcd_http: httpx is slow to import).
+    from ._etcd_http import Post
 
 from .._errors import TrioHAError, unwrap_single_exception
 from .state_store import CommitConflict, Versioned, Write
@@ -295,7 +294,8 @@ class EtcdClient:
     docstring). Open it with :func:`open_etcd_client`."""
 
     config: EtcdConfig
-    _http: httpx.AsyncClient
+    #: POSTs a JSON body to a URL (``_etcd_http``)
+    _post: Post
     #: the member that answered last: calls start there
     _preferred: int = 0
 
@@ -309,8 +309,9 @@ class EtcdClient:
         """``POST path`` with ``body`` to the members in turn until one answers; the
         reply's JSON. Raises :class:`EtcdRequestError` for an error etcd means (it is not
         retried), :class:`EtcdUnavailable` when no member answered within ``call_timeout``."""
-        import httpx  # loaded by open_etcd_client already: a lookup
+        from ._etcd_http import TransportFailure  # loaded by open_etcd_client: a lookup
 
+        payload = json.dumps(body).encode()
         endpoints = self.config.endpoints
         per_request = request_timeout or self.config.request_timeout
         deadline = trio.current_time() + max(call_timeout or self.config.call_timeout,
@@ -326,26 +327,27 @@ class EtcdClient:
             index = (first + attempt) % len(endpoints)
             endpoint = endpoints[index]
             wait = min(per_request, remaining)
-            reply: httpx.Response | None = None
+            reply: tuple[int, bytes] | None = None
             with trio.move_on_after(wait):
                 try:
-                    reply = await self._http.post(endpoint + path, json=body)
-                except httpx.TransportError as exc:
-                    failures[endpoint] = f"{type(exc).__name__}: {exc}"
+                    reply = await self._post(endpoint + path, payload)
+                except TransportFailure as exc:
+                    failures[endpoint] = str(exc)
                     continue
             if reply is None:
                 failures[endpoint] = f"no answer within {wait:.3g} s"
                 continue
-            data = _reply_json(reply)
+            status, content = reply
+            data = _reply_json(status, content)
             error = data.get("error")
-            if reply.status_code != 200 or error is not None:
+            if status != 200 or error is not None:
                 code = _int(data.get("code"))
-                message = str(data.get("message") or error or f"HTTP {reply.status_code}")
+                message = str(data.get("message") or error or f"HTTP {status}")
                 if isinstance(error, dict):  # a streaming call's error line
                     streamed = cast(Json, error)
                     code = _int(streamed.get("grpc_code"))
                     message = str(streamed.get("message") or streamed)
-                if code in _RETRIABLE_CODES or reply.status_code in (502, 503, 504):
+                if code in _RETRIABLE_CODES or status in (502, 503, 504):
                     failures[endpoint] = message
                     continue
                 self._preferred = index
@@ -454,13 +456,14 @@ class EtcdClient:
                         call_timeout=call_timeout)
 
 
-def _reply_json(reply: httpx.Response) -> Json:
+def _reply_json(status: int, content: bytes) -> Json:
     try:
-        data: object = reply.json()
+        data: object = json.loads(content)
     except ValueError:
-        return {"error": reply.text[:200] or f"HTTP {reply.status_code}"}
+        text = content[:200].decode(errors="replace")
+        return {"error": text or f"HTTP {status}"}
     if not isinstance(data, dict):
-        return {"error": f"unexpected reply {reply.text[:200]!r}"}
+        return {"error": f"unexpected reply {content[:200]!r}"}
     return cast(Json, data)
 
 
@@ -469,13 +472,12 @@ async def open_etcd_client(
         config: EtcdConfig | Iterable[str]) -> AsyncGenerator[EtcdClient, None]:
     """An :class:`EtcdClient` for ``config`` (or for these endpoints, with the default
     timeouts); its connections close on exit."""
-    import httpx
+    from ._etcd_http import open_post
 
     if not isinstance(config, EtcdConfig):
         config = EtcdConfig(tuple(config))
-    # Timeouts are trio's (each call's cancel scopes), not httpx's: one campaign waits long.
-    async with httpx.AsyncClient(timeout=None, trust_env=False) as http:
-        yield EtcdClient(config, http)
+    async with open_post() as post:
+        yield EtcdClient(config, post)
 
 
 # --- the StateStore --------------------------------------------------------------------------
