@@ -368,6 +368,6 @@ async def test_a_request_body_left_early_leaves_nothing_to_finalize():
     async for chunk in body:
         assert chunk == b'{"key": "a2V5"}'
         break
-    del body, chunk
+    del body
     gc.collect()
     await trio.lowlevel.checkpoint()  # trio finalizes a collected generator in a later step
