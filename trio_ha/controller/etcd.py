@@ -73,9 +73,12 @@ Json = dict[str, Any]
 #: leader changed, member stopping) and DEADLINE_EXCEEDED (a request timed out in raft)
 _RETRIABLE_CODES = frozenset({4, 14})
 #: rounds over all the members at most, in one call (the deadline bounds it first, mostly)
-_MAX_ROUNDS = 8
-#: the pause after a round in which no member answered
-_ROUND_PAUSE = 0.1
+_MAX_ROUNDS = 16
+#: the pause after the first round in which no member answered; it doubles each round, up to
+#: _MAX_ROUND_PAUSE, so a call outlasts etcd electing a leader (a second or two) without
+#: knocking every few milliseconds on members that refuse at once
+_ROUND_PAUSE = 0.05
+_MAX_ROUND_PAUSE = 1.0
 
 
 class EtcdError(TrioHAError):
@@ -320,7 +323,8 @@ class EtcdClient:
         first = self._preferred
         for attempt in range(_MAX_ROUNDS * len(endpoints)):
             if attempt and attempt % len(endpoints) == 0:
-                await trio.sleep(min(_ROUND_PAUSE, max(0.0, deadline - trio.current_time())))
+                pause = min(_MAX_ROUND_PAUSE, _ROUND_PAUSE * 2 ** (attempt // len(endpoints)))
+                await trio.sleep(min(pause, max(0.0, deadline - trio.current_time())))
             remaining = deadline - trio.current_time()
             if remaining <= 0:
                 break
