@@ -248,17 +248,22 @@ def controller5(rocketmq5, tmp_path):
         controller.kill()
 
 
-@pytest.fixture(scope="module")
-def _etcd3_cluster(tmp_path_factory):
-    """A real 3-member etcd cluster (Debian's etcd-server) for one test module: started once
-    (about two seconds), stopped after the module. Where etcd is not installed, the tests
-    that use it skip with the reason — or fail, under TRIO_HA_REQUIRE_ETCD=1 (CI)."""
+@pytest.fixture(scope="session")
+def etcd_installed() -> str:
+    """The etcd executable (Debian's etcd-server). Where there is none, the tests that need
+    it skip with the reason — or fail, under TRIO_HA_REQUIRE_ETCD=1 (CI)."""
     try:
-        etcd_binary()
+        return etcd_binary()
     except EtcdNotInstalled as exc:
         if os.environ.get("TRIO_HA_REQUIRE_ETCD") == "1":
             pytest.fail(f"TRIO_HA_REQUIRE_ETCD=1 but {exc}")
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def _etcd3_cluster(etcd_installed, tmp_path_factory):
+    """A real 3-member etcd cluster for one test module: started once (about two seconds),
+    stopped after the module."""
     with EtcdCluster.start(tmp_path_factory.mktemp("etcd")) as cluster:
         yield cluster
 

@@ -32,6 +32,7 @@ from trio_ha.controller.etcd import (
     parse_endpoints,
     prefix_end,
 )
+from trio_ha.testing.etcd import EtcdCluster
 from trio_ha.testing.processes import child_env
 
 #: a lease TTL short enough for quick takeovers (etcd's minimum here is about 1.5 s)
@@ -371,3 +372,18 @@ async def test_a_request_body_left_early_leaves_nothing_to_finalize():
     del body
     gc.collect()
     await trio.lowlevel.checkpoint()  # trio finalizes a collected generator in a later step
+
+
+@pytest.mark.usefixtures("etcd_installed")
+async def test_a_single_member_cluster_starts_serves_and_stops(tmp_path):
+    """The harness's one-member form: it serves, and stopping it leaves no process
+    behind."""
+    with EtcdCluster.start(tmp_path / "one", size=1) as one:
+        (member,) = one.members
+        async with open_etcd_client(one.endpoints) as client:
+            store = EtcdStateStore(client, fresh("single"))
+            await store.commit([Write("a", 0, b"1")])
+            assert (await store.load())["a"].value == b"1"
+    assert member.process is not None
+    assert member.process.poll() is not None
+    assert not member.running()

@@ -6,7 +6,9 @@ applications that embed it.
   restart brokers) or as child processes (:class:`ProcessCluster`), both described by one
   :class:`ClusterConfig`;
 * :class:`FaultProxy` (:func:`open_fault_proxy`): a TCP proxy between a slave and its master
-  that stalls, delays or cuts the replication stream at an exact byte of a frame.
+  that stalls, delays or cuts the replication stream at an exact byte of a frame;
+* :class:`EtcdCluster`: a real etcd cluster (1 or 3 members) as child processes, for the
+  replicated controller, with members to kill, pause and restart.
 
 Nothing here is used by the store or the broker.
 """
@@ -19,6 +21,7 @@ from .cluster import (
     open_cluster,
     serve_cluster,
 )
+from .etcd import EtcdCluster
 from .fault_proxy import Cut, FaultProxy, ProxyConnection, open_fault_proxy
 from .ports import free_broker_port
 from .processes import NodeProcess, ProcessCluster
@@ -29,6 +32,7 @@ __all__ = [
     "ClusterBroker",
     "ClusterConfig",
     "Cut",
+    "EtcdCluster",
     "FaultProxy",
     "NodeProcess",
     "ProcessCluster",
