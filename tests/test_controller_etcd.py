@@ -226,6 +226,32 @@ async def test_one_candidate_leads_and_the_other_names_it(etcd3):
         assert await _leader_of(client_b, election) is None
 
 
+async def test_a_leader_that_resigns_hands_over_and_stands_again(etcd3):
+    election = fresh("resign")
+    async with open_etcd_client(etcd3.endpoints) as client:
+        async with open_etcd_leadership(client, election, "a:1", ttl=TTL) as a:
+            with trio.fail_after(20):
+                await a.wait_leading()
+            async with open_etcd_leadership(client, election, "b:1", ttl=TTL) as b:
+                await wait_until(lambda: _candidates_are(client, election, 2),
+                                 "b to stand", timeout=20)
+                await a.resign()
+                assert not a.is_leader
+                with trio.fail_after(20):
+                    await b.wait_leading()
+                # a stands again, behind b: a candidacy of its own, not the leader.
+                await wait_until(lambda: _candidates_are(client, election, 2),
+                                 "a to stand again", timeout=20)
+                assert not a.is_leader
+                assert a.terms == 1
+                assert await a.leader_address() == "b:1"
+
+
+async def _candidates_are(client, election: str, count: int) -> bool:
+    _, kvs = await client.get_prefix(election.encode() + b"/")
+    return len(kvs) == count
+
+
 async def _leader_of(client, election: str) -> str | None:
     kv = await client.leader(election.encode())
     return None if kv is None else kv.value.decode()

@@ -573,6 +573,8 @@ class EtcdLeadership:
     #: our leadership holds until then (trio's clock): the last keepalive's send time + TTL
     _valid_until: float = attrs.field(default=-math.inf, init=False)
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+    #: the running candidacy (one lease): cancelled to start over
+    _candidacy: trio.CancelScope | None = attrs.field(default=None, init=False)
     #: times this candidacy was elected (a new term each time)
     terms: int = attrs.field(default=0, init=False)
 
@@ -620,15 +622,17 @@ class EtcdLeadership:
             asked = trio.current_time()
             try:
                 lease, granted = await self.client.lease_grant(self.ttl)
-            except EtcdUnavailable:
+            except EtcdError:
                 await trio.sleep(self.ttl / 3)
                 continue
             self._valid_until = asked + granted
             try:
                 async with trio.open_nursery() as nursery:
+                    self._candidacy = nursery.cancel_scope
                     nursery.start_soon(self._keep_alive, lease, granted, nursery.cancel_scope)
                     nursery.start_soon(self._campaign, lease, nursery.cancel_scope)
             finally:
+                self._candidacy = None
                 self._set_leader(None)
                 self._valid_until = -math.inf
                 with trio.move_on_after(self.client.config.request_timeout) as scope:
@@ -683,17 +687,15 @@ class EtcdLeadership:
             return
 
     async def resign(self) -> None:
-        """Stop leading (at once, locally) and tell etcd, within one call's bounded wait."""
-        leader = self._leader
+        """Step down: stop leading at once, give the lease back (its candidacy key goes
+        with it, so the next candidate leads), and stand again with a new lease, behind
+        the candidates already waiting. (To leave for good, leave
+        :func:`open_etcd_leadership`.)"""
         self._set_leader(None)
         self._valid_until = -math.inf
-        if leader is not None:
-            try:
-                await self.client.resign(leader)
-            except EtcdError:
-                pass
-        else:
-            await trio.lowlevel.checkpoint()
+        if self._candidacy is not None:
+            self._candidacy.cancel()
+        await trio.lowlevel.checkpoint()
 
 
 @asynccontextmanager
