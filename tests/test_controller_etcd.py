@@ -183,6 +183,59 @@ async def test_a_stopped_member_is_skipped(etcd3):
             etcd3.resume(0)
 
 
+async def _swallow_replies(listener: trio.SocketListener, target: tuple[str, int]) -> None:
+    """A proxy that forwards each request to ``target`` and drops its replies: the
+    request is applied, and its sender hears nothing (a reply lost on the way back)."""
+    async with trio.open_nursery() as nursery:
+        while True:
+            client = await listener.accept()
+            server = await trio.open_tcp_stream(*target)
+
+            async def forward(client=client, server=server) -> None:
+                async with client, server:
+                    async with trio.open_nursery() as inner:
+                        async def drain() -> None:
+                            while await server.receive_some(65536):
+                                pass
+                        inner.start_soon(drain)
+                        while data := await client.receive_some(65536):
+                            await server.send_all(data)
+                        inner.cancel_scope.cancel()
+
+            nursery.start_soon(forward)
+
+
+async def test_a_commit_whose_reply_was_lost_is_not_a_conflict(etcd3):
+    """The first attempt of a commit is applied but its reply is lost (a member that
+    stopped answering after it proposed, a connection cut): the client sends it again to
+    another member, whose compares fail on the first attempt's own writes. The store
+    recognizes its writes and reports the commit, instead of a conflict that never was."""
+    (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    proxy_port = listener.socket.getsockname()[1]
+    host, port = etcd3.endpoints[0].removeprefix("http://").rsplit(":", 1)
+    endpoints = (f"http://127.0.0.1:{proxy_port}", *etcd3.endpoints[1:])
+    async with listener, trio.open_nursery() as nursery:
+        nursery.start_soon(_swallow_replies, listener, (host, int(port)))
+        config = EtcdConfig(etcd3.endpoints, request_timeout=1.0, call_timeout=5.0)
+        async with open_etcd_client(config) as direct, \
+                open_etcd_client(EtcdConfig(endpoints, 1.0, 5.0)) as lossy:
+            prefix = fresh("lost-reply")
+            first = await EtcdStateStore(direct, prefix).commit([Write("a", 0, b"1"),
+                                                                  Write("b", 0, b"1")])
+            versions = await EtcdStateStore(lossy, prefix).commit(
+                [Write("a", first["a"], b"2"), Write("b", first["b"], None)])
+            assert lossy.endpoint != endpoints[0]  # it went through another member
+            loaded = await EtcdStateStore(direct, prefix).load()
+            assert set(loaded) == {"a"}
+            assert loaded["a"].value == b"2"
+            assert versions == {"a": loaded["a"].version}
+            # A real conflict over the lossy path stays a conflict.
+            with pytest.raises(CommitConflict):
+                await EtcdStateStore(lossy, prefix).commit([Write("a", first["a"], b"3")])
+            assert (await EtcdStateStore(direct, prefix).load())["a"].value == b"2"
+        nursery.cancel_scope.cancel()
+
+
 async def test_all_members_down_is_a_clear_error(etcd3):
     config = EtcdConfig(etcd3.endpoints, request_timeout=0.5, call_timeout=2.0)
     async with open_etcd_client(config) as client:

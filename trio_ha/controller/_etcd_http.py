@@ -29,7 +29,12 @@ Post = Callable[[str, bytes], Awaitable[tuple[int, bytes]]]
 
 class TransportFailure(TrioHAError, ConnectionError):
     """The request did not get an HTTP reply (refused, reset, closed); the etcd client
-    turns it into a note about that member, never lets it out."""
+    turns it into a note about that member, never lets it out. ``maybe_sent``: false only
+    when no connection was made, so etcd cannot have seen the request."""
+
+    def __init__(self, message: str, *, maybe_sent: bool = True) -> None:
+        super().__init__(message)
+        self.maybe_sent = maybe_sent
 
 
 class _Chunk:
@@ -71,7 +76,10 @@ async def open_post() -> AsyncGenerator[Post, None]:
             try:
                 reply = await http.send(request)
             except httpx.TransportError as exc:
-                raise TransportFailure(f"{type(exc).__name__}: {exc}") from exc
+                raise TransportFailure(
+                    f"{type(exc).__name__}: {exc}",
+                    maybe_sent=not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout),
+                ) from exc
             return reply.status_code, reply.content
 
         yield post

@@ -246,6 +246,9 @@ class TxnResult:
     succeeded: bool
     revision: int
     responses: tuple[Json, ...]
+    #: an earlier attempt went unanswered after it may have reached etcd: if it was
+    #: applied, this one found its effects (a failed compare, for a conditional write)
+    retried: bool = False
 
 
 def compare_mod_revision(key: bytes, revision: int) -> Json:
@@ -312,6 +315,15 @@ class EtcdClient:
         """``POST path`` with ``body`` to the members in turn until one answers; the
         reply's JSON. Raises :class:`EtcdRequestError` for an error etcd means (it is not
         retried), :class:`EtcdUnavailable` when no member answered within ``call_timeout``."""
+        reply, _ = await self._call(path, body, request_timeout=request_timeout,
+                                    call_timeout=call_timeout)
+        return reply
+
+    async def _call(self, path: str, body: Json, *, request_timeout: float | None = None,
+                    call_timeout: float | None = None) -> tuple[Json, bool]:
+        """:meth:`call`, and whether an attempt before the one answered may have reached
+        etcd (it timed out, or its connection broke after it was made): a write sent again
+        may find its own first attempt applied."""
         from ._etcd_http import TransportFailure  # loaded by open_etcd_client: a lookup
 
         payload = json.dumps(body).encode()
@@ -320,6 +332,7 @@ class EtcdClient:
         deadline = trio.current_time() + max(call_timeout or self.config.call_timeout,
                                              per_request)
         failures: dict[str, str] = {}
+        ambiguous = False
         first = self._preferred
         for attempt in range(_MAX_ROUNDS * len(endpoints)):
             if attempt and attempt % len(endpoints) == 0:
@@ -337,9 +350,11 @@ class EtcdClient:
                     reply = await self._post(endpoint + path, payload)
                 except TransportFailure as exc:
                     failures[endpoint] = str(exc)
+                    ambiguous = ambiguous or exc.maybe_sent
                     continue
             if reply is None:
                 failures[endpoint] = f"no answer within {wait:.3g} s"
+                ambiguous = True
                 continue
             status, content = reply
             data = _reply_json(status, content)
@@ -353,11 +368,12 @@ class EtcdClient:
                     message = str(streamed.get("message") or streamed)
                 if code in _RETRIABLE_CODES or status in (502, 503, 504):
                     failures[endpoint] = message
+                    ambiguous = True  # "request timed out" may yet be applied
                     continue
                 self._preferred = index
                 raise EtcdRequestError(path, code, message)
             self._preferred = index
-            return data
+            return data, ambiguous
         await trio.lowlevel.checkpoint()  # a call is a checkpoint even if nothing was awaited
         said = "; ".join(f"{e}: {why}" for e, why in failures.items()) or "no attempt made"
         raise EtcdUnavailable(f"etcd {path}: no member answered within "
@@ -391,13 +407,13 @@ class EtcdClient:
     async def txn(self, compare: Sequence[Json], success: Sequence[Json],
                   failure: Sequence[Json] = ()) -> TxnResult:
         """One transaction: ``success`` if every compare holds, else ``failure``."""
-        reply = await self.call("/v3/kv/txn", {"compare": list(compare),
-                                               "success": list(success),
-                                               "failure": list(failure)})
+        reply, retried = await self._call("/v3/kv/txn", {"compare": list(compare),
+                                                         "success": list(success),
+                                                         "failure": list(failure)})
         responses = reply.get("responses")
         items = cast(list[object], responses) if isinstance(responses, list) else []
         return TxnResult(reply.get("succeeded") is True, _header_revision(reply),
-                         tuple(cast(Json, r) for r in items if isinstance(r, dict)))
+                         tuple(cast(Json, r) for r in items if isinstance(r, dict)), retried)
 
     # -- leases --
 
@@ -536,9 +552,39 @@ class EtcdStateStore:
             if leader is not None and not _leader_stands(result, leader):
                 raise LeadershipLost("the controller leadership moved on (its etcd leader key "
                                      "is gone): nothing committed")
+            if result.retried:
+                landed = await self._landed(writes)
+                if landed is not None:
+                    return landed
             raise CommitConflict(f"a record changed since it was read (one of "
                                  f"{', '.join(sorted(names))}): nothing committed")
         return {w.key: result.revision for w in writes if w.value is not None}
+
+    async def _landed(self, writes: Sequence[Write]) -> Mapping[str, int] | None:
+        """After a commit that failed its compares on a second attempt: whether the first
+        attempt was applied after all. It was if the records are now exactly what it wrote,
+        in one revision (a transaction's writes share it) past every version it expected;
+        the commit's result then, else None. (Another controller writing the very same
+        bytes at once would pass too: then both granted the same thing, which is no
+        conflict.)"""
+        result = await self.client.txn([], [op_range(self._key(w.key)) for w in writes])
+        revisions: set[int] = set()
+        for write, response in zip(writes, result.responses, strict=True):
+            found = response.get("response_range")
+            kvs = _kvs(cast(Json, found)) if isinstance(found, dict) else []
+            if write.value is None:
+                if kvs:
+                    return None
+                continue
+            if len(kvs) != 1 or kvs[0].value != write.value:
+                return None
+            if kvs[0].mod_revision <= write.expected_version:
+                return None
+            revisions.add(kvs[0].mod_revision)
+        if len(revisions) > 1:
+            return None
+        return {w.key: revision for w in writes if w.value is not None
+                for revision in revisions}
 
 
 def _leader_stands(result: TxnResult, leader: LeaderKey) -> bool:
