@@ -78,6 +78,24 @@ if [[ ",$extras," == *,dev,* ]] && [ "$(id -u)" = 0 ] &&
     fi
 fi
 
+if [[ ",$extras," == *,dev,* ]] && ! command -v etcd >/dev/null 2>&1; then
+    # The replicated controller keeps its state in etcd (issue 39); its tests start a real
+    # 3-member etcd on loopback ports. Without etcd they skip, or fail under
+    # TRIO_HA_REQUIRE_ETCD=1 (CI). Debian's package would also enable a system-wide etcd
+    # service: the tests need only the executable, so that service is stopped and disabled
+    # where systemd runs (in a container, policy-rc.d already keeps it from starting).
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "installing etcd for the replicated controller's tests ..." >&2
+        apt-get install -y -qq etcd-server >/dev/null 2>&1 ||
+            { apt-get update -qq && apt-get install -y -qq etcd-server >/dev/null; }
+        if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+            systemctl disable --now etcd >/dev/null 2>&1 || true
+        fi
+    else
+        echo "warning: no etcd on PATH: the etcd controller tests will skip" >&2
+    fi
+fi
+
 # Reinstall when anything that shapes the install changed (dependencies, the C source).
 stamp="$venv/.trio-ha-install"
 want=$(cat "$root/pyproject.toml" "$root/setup.py" "$root"/native/* 2>/dev/null | sha256sum | cut -d' ' -f1)

@@ -27,6 +27,7 @@ from trio_ha import FlushDiskType, MessageStore, StoreConfig
 from trio_ha.broker.broker import BrokerAddresses
 from trio_ha.store.ha import HAMasterStatistics, HASlaveStatistics
 from trio_ha.testing import free_broker_port
+from trio_ha.testing.etcd import EtcdCluster, EtcdNotInstalled, etcd_binary
 from trio_ha.testing.rocketmq import (
     CLIENTS_VERSION,
     DEFAULT_VERSION,
@@ -245,3 +246,32 @@ def controller5(rocketmq5, tmp_path):
         yield address
     finally:
         controller.kill()
+
+
+@pytest.fixture(scope="session")
+def etcd_installed() -> str:
+    """The etcd executable (Debian's etcd-server). Where there is none, the tests that need
+    it skip with the reason — or fail, under TRIO_HA_REQUIRE_ETCD=1 (CI)."""
+    try:
+        return etcd_binary()
+    except EtcdNotInstalled as exc:
+        if os.environ.get("TRIO_HA_REQUIRE_ETCD") == "1":
+            pytest.fail(f"TRIO_HA_REQUIRE_ETCD=1 but {exc}")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def _etcd3_cluster(etcd_installed, tmp_path_factory):
+    """A real 3-member etcd cluster for one test module: started once (about two seconds),
+    stopped after the module."""
+    with EtcdCluster.start(tmp_path_factory.mktemp("etcd")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def etcd3(_etcd3_cluster):
+    """The module's 3-member etcd cluster, every member running and healthy when the test
+    begins (a test before it may have killed or paused one). Tests share its keyspace: each
+    uses keys of its own."""
+    _etcd3_cluster.heal()
+    return _etcd3_cluster

@@ -6,6 +6,20 @@ The rules (pure) and the StateStore protocol, and the server that performs them:
 
 from .config import ControllerServerConfig, StoreType
 from .election import ElectionOutcome, elect
+from .etcd import (
+    EtcdClient,
+    EtcdConfig,
+    EtcdError,
+    EtcdKeys,
+    EtcdLeadership,
+    EtcdRequestError,
+    EtcdStateStore,
+    EtcdUnavailable,
+    LeadershipLost,
+    open_etcd_client,
+    open_etcd_leadership,
+    parse_endpoints,
+)
 from .journal import (
     CompactionFailed,
     CompactionInfo,
@@ -44,6 +58,18 @@ from .service import ControllerService, ControllerStatistics, ControllerUnavaila
 from .state_store import CommitConflict, StateStore, Versioned, Write
 
 __all__ = [
+    "EtcdClient",
+    "EtcdConfig",
+    "EtcdError",
+    "EtcdKeys",
+    "EtcdLeadership",
+    "EtcdRequestError",
+    "EtcdStateStore",
+    "EtcdUnavailable",
+    "LeadershipLost",
+    "open_etcd_client",
+    "open_etcd_leadership",
+    "parse_endpoints",
     "CompactionFailed",
     "CompactionInfo",
     "Journal",

@@ -8,7 +8,9 @@ applications that embed it.
 * our controller (RocketMQ 5's controller mode) in this process (:func:`open_controller`),
   or as a child process (:class:`NodeProcess`, kind ``controller``);
 * :class:`FaultProxy` (:func:`open_fault_proxy`): a TCP proxy between a slave and its master
-  that stalls, delays or cuts the replication stream at an exact byte of a frame.
+  that stalls, delays or cuts the replication stream at an exact byte of a frame;
+* :class:`EtcdCluster`: a real etcd cluster (1 or 3 members) as child processes, for the
+  replicated controller, with members to kill, pause and restart.
 
 Nothing here is used by the store or the broker.
 """
@@ -22,6 +24,7 @@ from .cluster import (
     serve_cluster,
 )
 from .controller import RunningController, open_controller
+from .etcd import EtcdCluster
 from .fault_proxy import Cut, FaultProxy, ProxyConnection, open_fault_proxy
 from .ports import free_broker_port
 from .processes import NodeProcess, ProcessCluster
@@ -32,6 +35,7 @@ __all__ = [
     "ClusterBroker",
     "ClusterConfig",
     "Cut",
+    "EtcdCluster",
     "FaultProxy",
     "NodeProcess",
     "ProcessCluster",
