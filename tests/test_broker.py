@@ -304,6 +304,46 @@ async def test_consumer_offsets_and_groups(cluster):
         await wait_until(consumer_gone, "the broker to drop g1's consumer", timeout=5, interval=0.05)
 
 
+async def test_a_held_pulls_commit_offset_never_takes_back_a_later_commit(cluster):
+    """A long-polled pull carries the consumer's offset of when it was sent; while it is held
+    the consumer commits a later one (UPDATE_CONSUMER_OFFSET, every 5 s and as it shuts
+    down). The pull's offset is committed as it is read, as RocketMQ does, so the hold's end
+    (a new message, or its consumer hanging up) never brings the older offset back. Found by
+    the Java client's restart test: offsets went back by the pulls a consumer left held."""
+    namesrv, master, _ = cluster
+    host, port = master.broker_addr.rsplit(":", 1)
+    async with open_remoting_client(master.broker_addr) as client:
+        async def offset(group: str) -> int | None:
+            got = await client.invoke(RemotingCommand.request(
+                RequestCode.QUERY_CONSUMER_OFFSET,
+                {"consumerGroup": group, "topic": "Held", "queueId": 0}), 5)
+            return int(got.ext_fields["offset"]) if got.code == ResponseCode.SUCCESS else None
+
+        for _ in range(2):
+            await send_until_replicated(client, "Held", queue=0)
+        for group, leave in (("gheld1", "a message"), ("gheld2", "a hang-up")):
+            end = await max_offset(client, "Held")
+            consumer = await trio.open_tcp_stream(host, int(port))
+            # held at the queue's end, carrying commit offset 1 (an unknown group's offset
+            # reads as 0: 1 says the pull was read)
+            await consumer.send_all(encode(pull_request("Held", 0, end, suspend_ms=30_000,
+                                                        commit=1, group=group)))
+
+            async def pull_committed(group=group) -> bool:
+                return await offset(group) == 1
+
+            await wait_until(pull_committed, "the held pull's offset", interval=0.05)
+            await client.invoke(RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
+                "consumerGroup": group, "topic": "Held", "queueId": 0, "commitOffset": end}), 5)
+            if leave == "a message":
+                await send_until_replicated(client, "Held", queue=0)
+                with trio.fail_after(5):
+                    assert await consumer.receive_some(65536)  # the hold ended: its reply
+            await consumer.aclose()
+            await trio.sleep(0.3)  # (a hold ended by the hang-up ends meanwhile)
+            assert await offset(group) == end, leave
+
+
 async def test_topics_routes_and_runtime_info(cluster):
     namesrv, master, slave = cluster
     async with open_remoting_client(master.broker_addr) as client:

@@ -121,6 +121,22 @@ async def process_pull(
         codes, tags = parse_subscription(registered.sub_string if registered else None)
 
     response = _pull_once(broker, request, header, codes, tags)
+    # The offset the pull carries is committed now, as it is read, never after a hold: while
+    # the pull is held the consumer may commit a later offset (UPDATE_CONSUMER_OFFSET, as it
+    # does every 5 s and as it shuts down), which a commit at the hold's end would take back.
+    # RocketMQ commits it in the first pass too (PullMessageProcessor: only when the broker
+    # may still suspend the pull).
+    if (
+        header.has_commit_offset
+        and not broker.is_slave
+        and header.commit_offset >= 0
+    ):
+        try:
+            broker.metadata.offsets.commit(
+                header.consumer_group, header.topic, header.queue_id, header.commit_offset
+            )
+        except MetadataLimitError:
+            pass  # the table is full (and said so in the log); the pull's answer stands
     if (
         isinstance(response, RemotingCommand)
         and response.code == ResponseCode.PULL_NOT_FOUND
@@ -140,18 +156,6 @@ async def process_pull(
         response = _pull_once(broker, request, header, codes, tags)
     else:
         await trio.lowlevel.checkpoint()
-
-    if (
-        header.has_commit_offset
-        and not broker.is_slave
-        and header.commit_offset >= 0
-    ):
-        try:
-            broker.metadata.offsets.commit(
-                header.consumer_group, header.topic, header.queue_id, header.commit_offset
-            )
-        except MetadataLimitError:
-            pass  # the table is full (and said so in the log); the pull's answer stands
     return response
 
 
