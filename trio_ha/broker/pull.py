@@ -150,6 +150,8 @@ async def process_pull(
         # (the pull then answers as after a timeout).
         with connection.holding(wait):
             await arrivals.wait_for(header.queue_offset + 1)
+        if connection.closed:
+            return response  # its consumer has gone: nobody reads a second look
         # Many held pulls may wake at once: each waits for room under the connection's reply
         # bound before reading, and nothing after this checkpoints before the reply is queued.
         await connection.wait_reply_room()
