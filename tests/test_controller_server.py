@@ -6,8 +6,8 @@ old master restarts and rejoins as a slave. A paused (SIGSTOPped) master is repl
 heartbeat timeout. Then `trio-ha controller` and `trio-ha namesrv` with
 enableControllerInNamesrv, as an operator runs them.
 
-The same checks as tests/test_interop_controller_brokers.py, which runs our brokers under the
-real 5.3.3 controller: here the controller is ours.
+The same checks, with the same helpers, as tests/test_interop_controller_brokers.py, which runs
+our brokers under the real 5.3.3 controller: here the controller is ours.
 """
 
 from __future__ import annotations
@@ -20,60 +20,20 @@ import time
 
 import trio
 
-from conftest import wait_until
-from trio_ha.client import Message, MQError, open_producer, open_pull_consumer
+from test_interop_controller_brokers import (
+    BROKER_NAME,
+    CLUSTER,
+    TOPIC,
+    bodies_in,
+    broker_spec,
+    send_some,
+    wait_master,
+)
+from trio_ha.client import Message, MQError, open_producer
 from trio_ha.remoting import open_remoting_client
 from trio_ha.testing import free_broker_port
-from trio_ha.testing.cluster import DEFAULT_SEGMENT_SIZE
 from trio_ha.testing.processes import NodeProcess, child_env
-from trio_ha.wire.controller import SyncStateSet
-from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
-
-CLUSTER = "OurOwnCtl"
-BROKER_NAME = "broker-o"
-TOPIC = "CtlOwn"
-
-
-def broker_spec(root: str, port: int, namesrv: str, controller: str) -> dict:
-    return {"kind": "broker", "log_level": "INFO", "properties": {
-        "brokerClusterName": CLUSTER, "brokerName": BROKER_NAME, "brokerIP1": "127.0.0.1",
-        "bindAddress": "127.0.0.1", "listenPort": str(port), "namesrvAddr": namesrv,
-        "enableControllerMode": "true", "controllerAddr": controller,
-        "storePathRootDir": root, "mappedFileSizeCommitLog": str(DEFAULT_SEGMENT_SIZE),
-        "maxHashSlotNum": "1000", "maxIndexNum": "4000", "haSendHeartbeatInterval": "1000",
-        "autoCreateTopicEnable": "true", "checkSyncStateSetPeriod": "1000",
-    }}
-
-
-async def replica_info(controller: str) -> tuple[str | None, int, list[int]]:
-    async with open_remoting_client(controller) as client:
-        reply = await client.invoke(RemotingCommand.request(
-            RequestCode.CONTROLLER_GET_REPLICA_INFO, {"brokerName": BROKER_NAME}), 10)
-    if reply.code != ResponseCode.SUCCESS:
-        return None, 0, []
-    return (reply.ext_fields.get("masterAddress"), int(reply.ext_fields.get("masterEpoch", 0)),
-            sorted(SyncStateSet.decode(reply.body).members))
-
-
-async def wait_master(controller: str, address: str, members: int, timeout: float) -> int:
-    """Until ``address`` is master with ``members`` in its in-sync set; its epoch."""
-    async def seen():
-        master, epoch, in_sync = await replica_info(controller)
-        return epoch if master == address and len(in_sync) == members else None
-    return await wait_until(seen, f"{address} master with {members} in sync", timeout=timeout,
-                            interval=0.1)
-
-
-async def send_some(namesrv: str, count: int, prefix: str) -> list[bytes]:
-    """``count`` sends, each retried by the producer; the bodies answered SEND_OK."""
-    sent = []
-    async with open_producer(namesrv, "ctlOwnProducers", send_msg_timeout=5.0,
-                             retry_times_when_send_failed=4) as producer:
-        for i in range(count):
-            body = f"{prefix}{i}".encode()
-            await producer.send(Message(TOPIC, body))
-            sent.append(body)
-    return sent
+from trio_ha.wire.remoting import RemotingCommand, RequestCode
 
 
 async def first_send_ok(namesrv: str, timeout: float) -> bytes:
@@ -89,21 +49,6 @@ async def first_send_ok(namesrv: str, timeout: float) -> bytes:
                 except MQError:
                     await trio.sleep(0.05)
     raise AssertionError("no send answered")
-
-
-async def bodies_in(namesrv: str) -> set[bytes]:
-    """Every message body the topic's master serves, read queue by queue from offset 0."""
-    found: set[bytes] = set()
-    async with open_pull_consumer(namesrv, "ctlOwnReaders") as consumer:
-        for queue in await consumer.queues(TOPIC, refresh=True):
-            offset, end = 0, await consumer.max_offset(queue)
-            while offset < end:  # bounded: each pull moves on or ends the queue
-                result = await consumer.pull(queue, offset, 32, suspend_timeout=0)
-                found.update(m.body for m in result.messages)
-                if result.next_begin_offset <= offset:
-                    break
-                offset = result.next_begin_offset
-    return found
 
 
 def test_our_brokers_fail_over_under_our_controller(tmp_path):

@@ -29,8 +29,9 @@ import attrs
 import trio
 
 from .._sockets import local_address
-from ..config import ConfigError, parse_properties_text
+from ..config import ConfigError
 from ..remoting import RemotingConnection, RemotingServer, not_supported
+from ..remoting.answers import config_update
 from ..remoting.metrics import serve_metrics
 from ..wire.controller import (
     SPECS,
@@ -242,19 +243,8 @@ class ControllerServer:
         is NO_PERMISSION (RocketMQ's answer); one that cannot change at run time, an unknown
         one or a bad value is SYSTEM_ERROR naming it."""
         await trio.lowlevel.checkpoint()
-        try:
-            properties = parse_properties_text(request.body.decode("utf-8"))
-        except (UnicodeDecodeError, ConfigError) as exc:
-            return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
-                                               remark=f"string2Properties error: {exc}")
-        if any(key in CONFIG_BLACK_LIST for key in properties):
-            return RemotingCommand.response_to(request, ResponseCode.NO_PERMISSION,
-                                               remark="Can not update config in black list.")
-        try:
-            config = updated_config(self.config, properties)
-        except ConfigError as exc:
-            return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
-                                               remark=str(exc))
+        config, properties = config_update(
+            request, CONFIG_BLACK_LIST, functools.partial(updated_config, self.config))
         self.service.config = config
         log.info("controller: configuration updated: %s", properties)
         return RemotingCommand.response_to(request, ResponseCode.SUCCESS)

@@ -39,12 +39,13 @@ import trio
 from .. import _backend
 from .._sockets import peer_host
 from ..acl import NAMESRV_ADMIN_CODES, AclFile, acl_file_path
-from ..config import ConfigError, check_keys, parse_properties_text, render_value
+from ..config import ConfigError, check_keys, render_value
 from ..controller.config import CONTROLLER_FILE_KEYS, ControllerServerConfig
 from ..controller.config import ROCKETMQ_KEYS as ROCKETMQ_CONTROLLER_KEYS
 from ..controller.server import serve_controller
 from ..ratelog import RateLimitedLog
 from ..remoting import RemotingConnection, RemotingLimits, RemotingServer, not_supported
+from ..remoting.answers import config_update
 from ..remoting.metrics import serve_metrics
 from ..remoting.tls import TLS_KEYS, TlsServerConfig, tls_settings
 from ..wire.acl import ACCESS_KEY
@@ -532,19 +533,8 @@ class NameServer:
         black list is NO_PERMISSION (RocketMQ's answer); one that cannot change at runtime,
         or that we do not know, or a bad value, is SYSTEM_ERROR naming it."""
         await trio.lowlevel.checkpoint()
-        try:
-            properties = parse_properties_text(request.body.decode("utf-8"))
-        except (UnicodeDecodeError, ConfigError) as exc:
-            return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
-                                               remark=f"string2Properties error: {exc}")
-        if any(key in CONFIG_BLACK_LIST for key in properties):
-            return RemotingCommand.response_to(request, ResponseCode.NO_PERMISSION,
-                                               remark="Can not update config in black list.")
-        try:
-            config = updated_config(self.config, properties)
-        except ConfigError as exc:
-            return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
-                                               remark=str(exc))
+        config, properties = config_update(
+            request, CONFIG_BLACK_LIST, functools.partial(updated_config, self.config))
         self.config = config
         self.routes.broker_expiry = config.broker_expiry
         log.info("namesrv: configuration updated: %s", properties)

@@ -15,17 +15,21 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
+from typing import TypeVar
 
 from .._errors import TrioHAError
+from ..config import ConfigError, parse_properties_text
 from ..ratelog import RateLimitedLog
 from ..wire.errors import HeaderFieldError
 from ..wire.remoting import MappedReply, RemotingCommand, ResponseCode, encode, encode_parts
 
 __all__ = [
-    "MAX_REMARK", "Frame", "Reply", "RequestError", "answer", "encode_reply", "failure_reply",
-    "not_supported", "one_line",
+    "MAX_REMARK", "Frame", "Reply", "RequestError", "answer", "config_update", "encode_reply",
+    "failure_reply", "not_supported", "one_line",
 ]
+
+C = TypeVar("C")
 
 #: an encoded frame: one bytes object, or buffers written in order (a ``MappedReply``)
 Frame = bytes | list[bytes | memoryview]
@@ -62,6 +66,25 @@ def not_supported(request: RemotingCommand) -> RemotingCommand:
         request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
         remark=f" request type {request.code} not supported",
     )
+
+
+def config_update(request: RemotingCommand, black_list: Collection[str],
+                  update: Callable[[dict[str, str]], C]) -> tuple[C, dict[str, str]]:
+    """An UPDATE_*_CONFIG request's body checked as RocketMQ's servers check it, all or
+    nothing: the new config ``update`` makes of its properties, and the properties. Raises
+    ``RequestError``: SYSTEM_ERROR when the body is not properties text, NO_PERMISSION for a
+    key on ``black_list``, SYSTEM_ERROR naming the problem when ``update`` refuses a value
+    (``ConfigError``: a key that cannot change at run time, an unknown one, a bad value)."""
+    try:
+        properties = parse_properties_text(request.body.decode("utf-8"))
+    except (UnicodeDecodeError, ConfigError) as exc:
+        raise RequestError(ResponseCode.SYSTEM_ERROR, f"string2Properties error: {exc}") from None
+    if any(key in black_list for key in properties):
+        raise RequestError(ResponseCode.NO_PERMISSION, "Can not update config in black list.")
+    try:
+        return update(properties), properties
+    except ConfigError as exc:
+        raise RequestError(ResponseCode.SYSTEM_ERROR, str(exc)) from None
 
 
 #: what a handler answers: the response, the response with mapped body buffers, its frame
