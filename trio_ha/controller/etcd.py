@@ -816,6 +816,16 @@ class ControllerLeadership:
         # need): followers name the leader by address alone.
         return self.self_id if self.is_leader else None
 
+    async def lost(self) -> None:
+        """A commit found our leader key gone while we believed we led (``LeadershipLost``:
+        it was deleted, or our lease expired while we were paused): step down now and stand
+        again, rather than go on answering from a term etcd has ended."""
+        if self.candidacy.is_leader:
+            log.warning("controller: a commit found this controller deposed; standing again")
+            await self.candidacy.resign()
+        else:
+            await trio.lowlevel.checkpoint()
+
     async def run(self, gained: Callable[[], Awaitable[None]],
                   follow: Callable[[], Awaitable[None]], *,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

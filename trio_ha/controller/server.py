@@ -24,7 +24,8 @@ NOT_LEADER (``LeadershipLost``), never a grant. etcd unreachable is SYSTEM_ERROR
 client's bounded wait (``EtcdUnavailable``), never a hang.
 
 Bad input (a header field missing or not a number, a body that is not the JSON it should
-be) is CONTROLLER_INVALID_REQUEST (2005) for that request alone; RocketMQ throws on it and answers SYSTEM_ERROR.
+be) is CONTROLLER_INVALID_REQUEST (2005) for that request alone; RocketMQ throws on it and
+answers SYSTEM_ERROR.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ __all__ = [
     "LEADER_ONLY_CODES",
     "ControllerServer",
     "EtcdParts",
+    "open_controller_service",
     "open_etcd_parts",
     "open_state_store",
     "serve_controller",
@@ -153,6 +155,8 @@ class ControllerServer:
         except LeadershipLost:
             # deposed between the check above and the commit (a pause past the lease): the
             # fence wrote nothing; the broker asks the new leader
+            if isinstance(self.service.leadership, ControllerLeadership):
+                await self.service.leadership.lost()
             return self._not_leader(request)
         except (ControllerUnavailable, EtcdError) as exc:
             return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
@@ -400,21 +404,20 @@ async def open_state_store(config: ControllerServerConfig) -> AsyncIterator[Stat
     yield MemoryStateStore()
 
 
-async def serve_controller(
+@contextlib.asynccontextmanager
+async def open_controller_service(
     config: ControllerServerConfig,
     *,
     store: StateStore | None = None,
     leadership: Leadership | None = None,
     listeners: list[trio.SocketListener] | None = None,
-    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Run a controller until cancelled; reports its bound (host, port). ``store`` (default:
-    the one ``controllerType`` names) and ``leadership`` (default: ``SoleLeadership``; with
-    ``controllerType=etcd``, the etcd election) are pluggable; a store passed in outlives
-    the controller (a test restarts it on the same state)."""
+) -> AsyncIterator[tuple[ControllerService, list[trio.SocketListener] | None]]:
+    """The service ``serve_controller`` serves, its state loaded, and the listeners to serve
+    it on (bound here for ``controllerType=etcd``: the address is what the controller
+    campaigns as; else as given). The store and the etcd election live until the block
+    ends."""
     async with contextlib.AsyncExitStack() as stack:
         if store is None and config.store_type is StoreType.ETCD:
-            # bound first: the address is what this controller campaigns as
             if listeners is None:
                 listeners = await listen_named(config.listen_port, config.bind_address,
                                                "listenPort")
@@ -428,4 +431,21 @@ async def serve_controller(
         service = ControllerService(config, store,
                                     leadership or SoleLeadership(self_id=config.self_id))
         await service.load()
-        await ControllerServer(service).serve(listeners=listeners, task_status=task_status)
+        yield service, listeners
+
+
+async def serve_controller(
+    config: ControllerServerConfig,
+    *,
+    store: StateStore | None = None,
+    leadership: Leadership | None = None,
+    listeners: list[trio.SocketListener] | None = None,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a controller until cancelled; reports its bound (host, port). ``store`` (default:
+    the one ``controllerType`` names) and ``leadership`` (default: ``SoleLeadership``; with
+    ``controllerType=etcd``, the etcd election) are pluggable; a store passed in outlives
+    the controller (a test restarts it on the same state)."""
+    async with open_controller_service(config, store=store, leadership=leadership,
+                                       listeners=listeners) as (service, bound):
+        await ControllerServer(service).serve(listeners=bound, task_status=task_status)
