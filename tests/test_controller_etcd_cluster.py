@@ -14,7 +14,10 @@ GET_METADATA_INFO are still answered.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+import os
+import time
 from collections.abc import AsyncIterator
 
 import attrs
@@ -22,6 +25,13 @@ import pytest
 import trio
 
 from conftest import wait_until
+from test_controller_server import (
+    bodies_in,
+    broker_spec,
+    first_send_ok,
+    send_some,
+    wait_master,
+)
 from trio_ha.config import ConfigError, parse_properties_text
 from trio_ha.controller.config import ControllerServerConfig, StoreType
 from trio_ha.controller.etcd import EtcdKeys, EtcdStateStore, open_etcd_client
@@ -29,7 +39,8 @@ from trio_ha.controller.records import BrokerSetRecord, key_for
 from trio_ha.controller.server import LEADER_ONLY_CODES
 from trio_ha.controller.service import ControllerService
 from trio_ha.remoting import RemotingClient, open_remoting_client
-from trio_ha.testing import open_controller
+from trio_ha.testing import free_broker_port, open_controller
+from trio_ha.testing.processes import NodeProcess
 from trio_ha.wire.controller import SyncStateSet
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 
@@ -389,3 +400,75 @@ async def test_etcd_down_changes_get_an_error_and_heartbeats_are_served(etcd3):
 
 async def _no_leader(running: list[Running]) -> bool:
     return not await leaders(running)
+
+
+# ---- processes: a SIGKILLed leader, our brokers ----------------------------------------------
+
+
+async def _leading(addresses: list[str]) -> str | None:
+    found = []
+    for address in addresses:
+        with contextlib.suppress(OSError, trio.TooSlowError):
+            if (await metadata(address)).get("isLeader") == "true":
+                found.append(address)
+    return found[0] if len(found) == 1 else None
+
+
+def test_our_brokers_fail_over_across_a_killed_leader_controller(etcd3, tmp_path):
+    """Three controllers (child processes) over etcd and two of our brokers whose
+    controllerAddr names all three. The leader controller is SIGKILLed (its lease is not
+    given back: the next one leads once it expires); the new leader knows the set; then the
+    master broker is SIGKILLed and the new leader elects the slave; nothing acknowledged is
+    lost."""
+    keys = fresh_keys()
+    logs = str(tmp_path / "logs")
+    os.makedirs(logs)
+    nodes: list[NodeProcess] = []
+    try:
+        controllers: dict[str, NodeProcess] = {}
+        for index in range(3):
+            node = NodeProcess.start(f"ctl{index}", {"kind": "controller", "log_level": "INFO",
+                                                     "properties": {
+                "controllerType": "etcd", "controllerEtcdEndpoints": ",".join(etcd3.endpoints),
+                "controllerEtcdKeyPrefix": keys.prefix,
+                "controllerEtcdLeaseSeconds": str(LEASE), "controllerDLegerSelfId": f"n{index}",
+                "bindAddress": "127.0.0.1", "listenPort": str(free_broker_port())}},
+                log_dir=logs)
+            nodes.append(node)
+            controllers[node.addr] = node
+        addresses = list(controllers)
+        leader = trio.run(functools.partial(wait_until, lambda: _leading(addresses),
+                                            "one controller leading", timeout=20))
+        namesrv = NodeProcess.start("ns", {"kind": "namesrv", "port": free_broker_port()},
+                                    log_dir=logs)
+        nodes.append(namesrv)
+        ports = [free_broker_port() for _ in range(2)]
+        brokers = [f"127.0.0.1:{p}" for p in ports]
+        broker_nodes = []
+        for i in range(2):
+            node = NodeProcess.start(f"b{i}", broker_spec(
+                str(tmp_path / f"b{i}"), ports[i], namesrv.addr, ";".join(addresses)),
+                log_dir=logs)
+            nodes.append(node)
+            broker_nodes.append(node)
+            if i == 0:
+                assert trio.run(wait_master, leader, brokers[0], 1, 30.0) == 1
+        acked = trio.run(send_some, namesrv.addr, 10, "before")
+        trio.run(wait_master, leader, brokers[0], 2, 30.0)
+
+        killed_at = time.monotonic()
+        controllers[leader].kill()  # SIGKILL: its lease lives on until its TTL
+        rest = [a for a in addresses if a != leader]
+        new = trio.run(functools.partial(wait_until, lambda: _leading(rest),
+                                         "a new leader", timeout=20))
+        print(f"\nleader {leader} SIGKILLed; {new} leads after "
+              f"{time.monotonic() - killed_at:.2f} s (lease {LEASE} s)")
+        assert trio.run(wait_master, new, brokers[0], 2, 30.0) == 1  # it knows the set
+
+        broker_nodes[0].kill()  # the master broker dies: its connections close
+        assert trio.run(wait_master, new, brokers[1], 1, 30.0) == 2
+        acked.append(trio.run(first_send_ok, namesrv.addr, 30.0))
+        assert not set(acked) - trio.run(bodies_in, namesrv.addr)
+    finally:
+        for node in reversed(nodes):
+            node.kill()
