@@ -845,6 +845,8 @@ class ControllerLeadership:
                     continue
                 if candidacy.terms == term:
                     self._ready_term = term
+                    # the last leader we know, once this term ends, until etcd says who
+                    self._leader_address = candidacy.address
                     log.info("controller: leading (term %d) as %s", term, candidacy.address)
                 continue
             if self.is_leader:
