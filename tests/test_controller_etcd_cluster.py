@@ -38,7 +38,7 @@ from trio_ha.controller.etcd import EtcdKeys, EtcdStateStore, open_etcd_client
 from trio_ha.controller.records import BrokerSetRecord, key_for
 from trio_ha.controller.server import LEADER_ONLY_CODES
 from trio_ha.controller.service import ControllerService
-from trio_ha.remoting import RemotingClient, open_remoting_client
+from trio_ha.remoting import RemotingClient, RemotingError, open_remoting_client
 from trio_ha.testing import free_broker_port, open_controller
 from trio_ha.testing.processes import NodeProcess
 from trio_ha.wire.controller import SyncStateSet
@@ -408,7 +408,7 @@ async def _no_leader(running: list[Running]) -> bool:
 async def _leading(addresses: list[str]) -> str | None:
     found = []
     for address in addresses:
-        with contextlib.suppress(OSError, trio.TooSlowError):
+        with contextlib.suppress(OSError, RemotingError, trio.TooSlowError):  # a dead one
             if (await metadata(address)).get("isLeader") == "true":
                 found.append(address)
     return found[0] if len(found) == 1 else None
