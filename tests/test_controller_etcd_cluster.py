@@ -34,7 +34,13 @@ from test_controller_server import (
 )
 from trio_ha.config import ConfigError, parse_properties_text
 from trio_ha.controller.config import ControllerServerConfig, StoreType
-from trio_ha.controller.etcd import EtcdKeys, EtcdStateStore, open_etcd_client
+from trio_ha.controller.etcd import (
+    ControllerLeadership,
+    EtcdKeys,
+    EtcdStateStore,
+    open_etcd_client,
+    open_etcd_leadership,
+)
 from trio_ha.controller.records import BrokerSetRecord, key_for
 from trio_ha.controller.server import LEADER_ONLY_CODES
 from trio_ha.controller.service import ControllerService
@@ -228,6 +234,64 @@ def test_the_example_conf_file_reads():
     config = ControllerServerConfig.from_properties(properties)
     assert config.store_type is StoreType.ETCD
     assert len(config.etcd_endpoints) == 3
+
+
+async def test_a_term_is_served_only_once_its_records_are_read(etcd3):
+    """Elected is not yet leading: until ``gained`` (the records read again) returned for
+    this term, requests are refused as a follower's. A follower names the leader and keeps
+    calling ``follow`` (reading the records)."""
+    keys = fresh_keys()
+    may_finish = trio.Event()
+    gained_calls: list[float] = []
+    follow_calls: list[float] = []
+
+    async def gained() -> None:
+        gained_calls.append(trio.current_time())
+        await may_finish.wait()
+
+    async def b_gained() -> None:
+        await trio.lowlevel.checkpoint()
+        gained_calls.append(trio.current_time())
+
+    async def follow() -> None:
+        await trio.lowlevel.checkpoint()
+        follow_calls.append(trio.current_time())
+
+    async def nothing() -> None:
+        await trio.lowlevel.checkpoint()
+
+    async with open_etcd_client(etcd3.endpoints) as client, \
+            open_etcd_leadership(client, keys.election, "a:1", ttl=LEASE) as candidacy, \
+            trio.open_nursery() as nursery:
+        leadership = ControllerLeadership(candidacy, "n7")
+        await nursery.start(leadership.run, gained, nothing)
+        with trio.fail_after(20):
+            await candidacy.wait_leading()
+        await wait_until(lambda: gained_calls, "gained called", timeout=10)
+        assert candidacy.is_leader and not leadership.is_leader
+        assert leadership.leader_id is None
+        may_finish.set()
+        await wait_until(lambda: leadership.is_leader, "leading once gained", timeout=10)
+        assert (leadership.leader_address, leadership.leader_id) == ("a:1", "n7")
+        assert len(gained_calls) == 1
+
+        async with open_etcd_leadership(client, keys.election, "b:1", ttl=LEASE) as other:
+            follower = ControllerLeadership(other, "n8")
+            nursery.start_soon(follower.run, b_gained, follow)
+            await wait_until(lambda: len(follow_calls) >= 2, "the follower following",
+                             timeout=10)
+            assert not follower.is_leader
+            assert (follower.leader_address, follower.leader_id) == ("a:1", None)
+            # the leader steps down and stands again behind b: b leads once it gained its
+            # term, and a follows, naming b
+            await candidacy.resign()
+            assert not leadership.is_leader
+            await wait_until(lambda: follower.is_leader, "b leading", timeout=20)
+            assert len(gained_calls) == 2
+            await wait_until(lambda: leadership.leader_address == "b:1", "a naming b",
+                             timeout=10)
+            assert not leadership.is_leader
+        nursery.cancel_scope.cancel()
 
 
 # ---- several controllers -----------------------------------------------------------------
