@@ -7,6 +7,7 @@ The rules (pure) and the StateStore protocol, and the server that performs them:
 from .config import ControllerServerConfig, StoreType
 from .election import ElectionOutcome, elect
 from .etcd import (
+    ControllerLeadership,
     EtcdClient,
     EtcdConfig,
     EtcdError,
@@ -58,6 +59,7 @@ from .service import ControllerService, ControllerStatistics, ControllerUnavaila
 from .state_store import CommitConflict, StateStore, Versioned, Write
 
 __all__ = [
+    "ControllerLeadership",
     "EtcdClient",
     "EtcdConfig",
     "EtcdError",

@@ -32,6 +32,7 @@ import attrs
 
 from ..config import ConfigError, check_keys, render_value
 from ..remoting import RemotingLimits
+from .etcd import EtcdKeys, parse_endpoints
 from .rules import ControllerConfig
 
 __all__ = [
@@ -110,6 +111,22 @@ class ControllerServerConfig:
     remoting: RemotingLimits = attrs.field(factory=RemotingLimits)
     #: metricsPort: GET /metrics on bind_address (0: the OS chooses); None: no metrics
     metrics_port: int | None = None
+    #: controllerEtcdEndpoints (controllerType=etcd): etcd's client URLs
+    etcd_endpoints: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    #: controllerEtcdKeyPrefix: this group of controllers' keys (records, election)
+    etcd_keys: EtcdKeys = attrs.field(factory=EtcdKeys)
+    #: controllerEtcdLeaseSeconds: the leader's lease TTL (how long a dead leader blocks)
+    etcd_lease_seconds: int = 3
+
+    def __attrs_post_init__(self) -> None:
+        # checked here, not only when read from a file: a config built in code that names
+        # etcd and no etcd would otherwise fail later, at the first connection
+        if self.store_type is StoreType.ETCD and not self.etcd_endpoints:
+            raise ConfigError("controllerType=etcd needs controllerEtcdEndpoints (etcd's "
+                              "client URLs, host:port separated by ',' or ';')")
+        if not 1 <= self.etcd_lease_seconds <= 3600:
+            raise ConfigError(f"controllerEtcdLeaseSeconds={self.etcd_lease_seconds} is "
+                              f"outside [1, 3600]")
 
     @property
     def rules_config(self) -> ControllerConfig:
@@ -157,6 +174,12 @@ class ControllerServerConfig:
                 values["self_id"] = raw
             elif key == "controllerDLegerPeers":
                 values["peers"] = raw
+            elif key == "controllerEtcdEndpoints":
+                values["etcd_endpoints"] = _endpoints(key, raw)
+            elif key == "controllerEtcdKeyPrefix":
+                values["etcd_keys"] = _etcd_keys(key, raw)
+            elif key == "controllerEtcdLeaseSeconds":
+                values["etcd_lease_seconds"] = _int(key, raw, 1, 3600)
             elif key in RUNTIME_KEYS:
                 field, parse = RUNTIME_KEYS[key]
                 values[field] = parse(key, raw)
@@ -185,10 +208,27 @@ class ControllerServerConfig:
             "controllerDLegerPeers": self.peers,
             "controllerAdvertisedAddress": self.advertised_address,
             "metricsPort": self.metrics_port,
+            "controllerEtcdEndpoints": ",".join(self.etcd_endpoints) or None,
+            "controllerEtcdKeyPrefix": self.etcd_keys.prefix,
+            "controllerEtcdLeaseSeconds": self.etcd_lease_seconds,
             "configBlackList": ";".join(CONFIG_BLACK_LIST),
         }
         rendered = {key: render_value(value) for key, value in values.items()}
         return {key: text for key, text in sorted(rendered.items()) if text is not None}
+
+
+def _endpoints(key: str, raw: str) -> tuple[str, ...]:
+    try:
+        return parse_endpoints(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{key}={raw!r}: {exc}") from None
+
+
+def _etcd_keys(key: str, raw: str) -> EtcdKeys:
+    try:
+        return EtcdKeys(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{key}={raw!r}: {exc}") from None
 
 
 def _interval(key: str, raw: str) -> float:
@@ -206,7 +246,7 @@ RUNTIME_KEYS: dict[str, tuple[str, Callable[[str, str], object]]] = {
 
 #: UPDATE_CONTROLLER_CONFIG refuses these with NO_PERMISSION (RocketMQ's configBlackList)
 CONFIG_BLACK_LIST = ("configBlackList", "configStorePath", "controllerStorePath",
-                     "controllerType")
+                     "controllerType", "controllerEtcdEndpoints", "controllerEtcdKeyPrefix")
 
 #: the keys a controller.conf may set here (and, but listenPort/bindAddress, a name server's
 #: file that embeds the controller)
@@ -214,7 +254,8 @@ CONTROLLER_FILE_KEYS = frozenset({
     "listenPort", "bindAddress", "controllerListenPort", "controllerAdvertisedAddress",
     "metricsPort", "controllerMetricsPort",
     "controllerType", "controllerStorePath", "controllerDLegerGroup", "controllerDLegerPeers",
-    "controllerDLegerSelfId", *RUNTIME_KEYS,
+    "controllerDLegerSelfId", "controllerEtcdEndpoints", "controllerEtcdKeyPrefix",
+    "controllerEtcdLeaseSeconds", *RUNTIME_KEYS,
 })
 _ROCKETMQ_KEY_LIST = """
     rocketmqHome configStorePath controllerThreadPoolNums controllerRequestThreadPoolQueueCapacity

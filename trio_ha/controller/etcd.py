@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
@@ -50,6 +51,7 @@ from .._errors import TrioHAError, unwrap_single_exception
 from .state_store import CommitConflict, Versioned, Write
 
 __all__ = [
+    "ControllerLeadership",
     "EtcdClient",
     "EtcdConfig",
     "EtcdError",
@@ -68,6 +70,8 @@ __all__ = [
 ]
 
 Json = dict[str, Any]
+
+log = logging.getLogger(__name__)
 
 #: gRPC status codes (the gateway's ``code``) worth another member: UNAVAILABLE (no leader,
 #: leader changed, member stopping) and DEADLINE_EXCEEDED (a request timed out in raft)
@@ -762,3 +766,100 @@ async def open_etcd_leadership(client: EtcdClient, election: str, address: str, 
                 yield leadership
             finally:
                 nursery.cancel_scope.cancel()
+
+
+# --- the controller's view of the election ----------------------------------------------------
+
+#: how often a follower asks etcd who leads and reads the records again (seconds)
+FOLLOW_INTERVAL = 0.5
+
+
+@attrs.define(eq=False)
+class ControllerLeadership:
+    """An :class:`EtcdLeadership` as the controller server's ``Leadership`` (is_leader,
+    leader_address, leader_id: plain properties, read at every request).
+
+    Two things are added to the candidacy, both done by :meth:`run`:
+
+    - **A term is served only once its records are read.** When the candidacy is elected,
+      ``gained`` (the service's ``leadership_gained``: read the records the previous leader
+      wrote, restart the start-up grace) runs first; ``is_leader`` stays false until it
+      returned for this very term, so no request is decided from the state of before.
+    - **A follower knows who leads, and what the leader wrote.** Every
+      :data:`FOLLOW_INTERVAL` it asks etcd for the election's leader (the address NOT_LEADER
+      names) and calls ``follow`` (the service reads the records again): its heartbeat table
+      counts only members of known sets, so a set created after this controller started
+      would otherwise go uncounted here, and a new leader would not know who is alive.
+
+    etcd unreachable: the last known leader is kept, and the candidacy's own clock ends our
+    leadership (its lease is not renewed); nothing here waits longer than one etcd call."""
+
+    candidacy: EtcdLeadership
+    #: controllerDLegerSelfId: GET_METADATA_INFO's controllerLeaderId while we lead
+    self_id: str
+    _ready_term: int = attrs.field(default=0, init=False)
+    _leader_address: str | None = attrs.field(default=None, init=False)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.candidacy.is_leader and self.candidacy.terms == self._ready_term
+
+    @property
+    def leader_address(self) -> str | None:
+        if self.is_leader:
+            return self.candidacy.address
+        return self._leader_address
+
+    @property
+    def leader_id(self) -> str | None:
+        # Another controller's id is not in the election (its value is the address brokers
+        # need): followers name the leader by address alone.
+        return self.self_id if self.is_leader else None
+
+    async def lost(self) -> None:
+        """A commit found our leader key gone while we believed we led (``LeadershipLost``:
+        it was deleted, or our lease expired while we were paused): step down now and stand
+        again, rather than go on answering from a term etcd has ended."""
+        if self.candidacy.is_leader:
+            log.warning("controller: a commit found this controller deposed; standing again")
+            await self.candidacy.resign()
+        else:
+            await trio.lowlevel.checkpoint()
+
+    async def run(self, gained: Callable[[], Awaitable[None]],
+                  follow: Callable[[], Awaitable[None]], *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Until cancelled: serve each term once ``gained`` returned for it; while not
+        leading, keep the leader's address and (``follow``) the records current."""
+        candidacy = self.candidacy
+        task_status.started()
+        while True:  # until cancelled; each round waits or makes one bounded etcd call
+            term = candidacy.terms
+            if candidacy.is_leader and term != self._ready_term:
+                try:
+                    await gained()
+                except EtcdError as exc:
+                    log.warning("controller: elected, but the records could not be read "
+                                "(%s); trying again", exc)
+                    await trio.sleep(FOLLOW_INTERVAL)
+                    continue
+                if candidacy.terms == term:
+                    self._ready_term = term
+                    # the last leader we know, once this term ends, until etcd says who
+                    self._leader_address = candidacy.address
+                    log.info("controller: leading (term %d) as %s", term, candidacy.address)
+                continue
+            if self.is_leader:
+                with trio.move_on_after(FOLLOW_INTERVAL):
+                    await candidacy.wait_deposed()
+                if not candidacy.is_leader:
+                    log.warning("controller: no longer the leader")
+                continue
+            try:
+                self._leader_address = await candidacy.leader_address()
+                if not candidacy.is_leader:
+                    await follow()
+            except TrioHAError as exc:  # etcd unreachable, or a record damaged
+                log.debug("controller: following: %s", exc)
+            with trio.move_on_after(FOLLOW_INTERVAL):
+                await candidacy.wait_leading()

@@ -13,9 +13,19 @@ the StateStore ``controllerType`` names, reads the whole state, and serves:
   controller; 1009 / 1010: the controller's configuration as properties text.
 
 A controller that does not lead answers CONTROLLER_NOT_LEADER (2007) to 1001-1004, 1006 and
-1011-1013, as RocketMQ's followers do. Bad input (a header field missing or not a number, a
-body that is not the JSON it should be) is CONTROLLER_INVALID_REQUEST (2005) for that request
-alone; RocketMQ throws on it and answers SYSTEM_ERROR.
+1011-1013, as RocketMQ's followers do, naming the leader.
+
+``controllerType=etcd`` (several controllers, docs/controller.md "Several controllers over
+etcd"): the controller binds its port first (its address is its candidacy's value in the
+etcd election), then opens an etcd client, campaigns (``EtcdLeadership``, seen through
+``ControllerLeadership``) and keeps its records in an ``EtcdStateStore`` fenced by that
+candidacy: a commit of a controller whose leader key is gone writes nothing and is answered
+NOT_LEADER (``LeadershipLost``), never a grant. etcd unreachable is SYSTEM_ERROR after the
+client's bounded wait (``EtcdUnavailable``), never a hang.
+
+Bad input (a header field missing or not a number, a body that is not the JSON it should
+be) is CONTROLLER_INVALID_REQUEST (2005) for that request alone; RocketMQ throws on it and
+answers SYSTEM_ERROR.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import attrs
 import trio
 
-from .._sockets import local_address
+from .._sockets import listen_named, local_address
 from ..config import ConfigError
 from ..remoting import RemotingConnection, RemotingServer, not_supported
 from ..remoting.answers import config_update
@@ -51,6 +61,16 @@ from ..wire.controller import (
 from ..wire.errors import HeaderFieldError
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from .config import CONFIG_BLACK_LIST, ControllerServerConfig, StoreType, updated_config
+from .etcd import (
+    ControllerLeadership,
+    EtcdClient,
+    EtcdConfig,
+    EtcdError,
+    EtcdStateStore,
+    LeadershipLost,
+    open_etcd_client,
+    open_etcd_leadership,
+)
 from .journal import Journal
 from .leadership import Leadership, SoleLeadership
 from .memory import MemoryStateStore
@@ -69,7 +89,15 @@ from .rules import (
 from .service import ControllerService, ControllerUnavailable
 from .state_store import StateStore
 
-__all__ = ["LEADER_ONLY_CODES", "ControllerServer", "open_state_store", "serve_controller"]
+__all__ = [
+    "LEADER_ONLY_CODES",
+    "ControllerServer",
+    "EtcdParts",
+    "open_controller_service",
+    "open_etcd_parts",
+    "open_state_store",
+    "serve_controller",
+]
 
 log = logging.getLogger(__name__)
 
@@ -118,20 +146,29 @@ class ControllerServer:
         if handler is None:
             await trio.lowlevel.checkpoint()
             return not_supported(request)
-        leadership = self.service.leadership
-        if request.code in LEADER_ONLY_CODES and not leadership.is_leader:
+        if request.code in LEADER_ONLY_CODES and not self.service.leadership.is_leader:
             await trio.lowlevel.checkpoint()
-            return RemotingCommand.response_to(
-                request, ResponseCode.CONTROLLER_NOT_LEADER,
-                remark=f"this controller is not the leader; the leader is "
-                       f"{leadership.leader_address or 'not known yet'}")
+            return self._not_leader(request)
         try:
             return await handler(self, request, connection)
         except (HeaderFieldError, ControllerDecodeError) as exc:
             return _invalid(request, exc)
-        except ControllerUnavailable as exc:
+        except LeadershipLost:
+            # deposed between the check above and the commit (a pause past the lease): the
+            # fence wrote nothing; the broker asks the new leader
+            if isinstance(self.service.leadership, ControllerLeadership):
+                await self.service.leadership.lost()
+            return self._not_leader(request)
+        except (ControllerUnavailable, EtcdError) as exc:
             return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
                                                remark=str(exc))
+
+    def _not_leader(self, request: RemotingCommand) -> RemotingCommand:
+        leader = self.service.leadership.leader_address
+        return RemotingCommand.response_to(
+            request, ResponseCode.CONTROLLER_NOT_LEADER,
+            remark=f"this controller is not the leader; the leader is "
+                   f"{leader or 'not known yet'}")
 
     async def _perform(self, request: RemotingCommand,
                        decide: Callable[..., Decision]) -> RemotingCommand:
@@ -265,11 +302,14 @@ class ControllerServer:
             # the service first: a connection that closes as soon as it is served must find
             # the elections running
             await nursery.start(self.service.run)
+            leadership = self.service.leadership
+            if isinstance(leadership, ControllerLeadership):
+                await nursery.start(leadership.run, self.service.leadership_gained,
+                                    self.service.follow)
             address: tuple[str, int] = await nursery.start(functools.partial(
                 remoting.serve, config.listen_port, host=config.bind_address,
                 listeners=listeners))
             self.address = address
-            leadership = self.service.leadership
             if isinstance(leadership, SoleLeadership) and leadership.address is None:
                 leadership.address = advertised_address(config, address)
             if config.metrics_port is not None:
@@ -315,21 +355,73 @@ HANDLERS: dict[int, Handler] = {
 }
 
 
+@attrs.frozen
+class EtcdParts:
+    """What ``controllerType=etcd`` runs on: the client, the fenced store, the leadership."""
+
+    client: EtcdClient
+    store: EtcdStateStore
+    leadership: ControllerLeadership
+
+
+@contextlib.asynccontextmanager
+async def open_etcd_parts(config: ControllerServerConfig, address: str
+                          ) -> AsyncIterator[EtcdParts]:
+    """Connect to ``controllerEtcdEndpoints`` and campaign as ``address`` (what followers
+    name in NOT_LEADER) until the block ends; on exit the lease is given back, so the next
+    controller leads at once. The store's commits are fenced by the candidacy."""
+    async with open_etcd_client(EtcdConfig(config.etcd_endpoints)) as client, \
+            open_etcd_leadership(client, config.etcd_keys.election, address,
+                                 ttl=config.etcd_lease_seconds) as candidacy:
+        store = EtcdStateStore(client, config.etcd_keys.state, fence=candidacy)
+        yield EtcdParts(client, store, ControllerLeadership(candidacy, config.self_id))
+
+
 @contextlib.asynccontextmanager
 async def open_state_store(config: ControllerServerConfig) -> AsyncIterator[StateStore]:
-    """The StateStore ``controllerType`` names: ``journal`` (the default) is the synced
-    write-ahead file of ``controller/journal.py`` in ``controllerStorePath``; ``memory`` is
-    the in-process store (nothing survives a restart). ``etcd`` is not part of this build yet
-    and is refused."""
+    """The StateStore ``controllerType`` names, for one controller: ``journal`` (the
+    default) is the synced write-ahead file of ``controller/journal.py`` in
+    ``controllerStorePath``; ``memory`` is the in-process store (nothing survives a
+    restart). ``etcd`` goes with a leadership: ``open_etcd_parts``."""
     if config.store_type is StoreType.ETCD:
-        raise ConfigError("controllerType=etcd: the etcd state store is not part of this "
-                          "build yet; use controllerType=journal")
+        raise ConfigError("controllerType=etcd: the store is opened with its leadership "
+                          "(open_etcd_parts), not alone")
     if config.store_type is StoreType.JOURNAL:
         async with Journal.open(config.store_path) as journal:
             yield journal
         return
     await trio.lowlevel.checkpoint()
     yield MemoryStateStore()
+
+
+@contextlib.asynccontextmanager
+async def open_controller_service(
+    config: ControllerServerConfig,
+    *,
+    store: StateStore | None = None,
+    leadership: Leadership | None = None,
+    listeners: list[trio.SocketListener] | None = None,
+) -> AsyncIterator[tuple[ControllerService, list[trio.SocketListener] | None]]:
+    """The service ``serve_controller`` serves, its state loaded, and the listeners to serve
+    it on (bound here for ``controllerType=etcd``: the address is what the controller
+    campaigns as; else as given). The store and the etcd election live until the block
+    ends."""
+    async with contextlib.AsyncExitStack() as stack:
+        if store is None and config.store_type is StoreType.ETCD:
+            if listeners is None:
+                listeners = await listen_named(config.listen_port, config.bind_address,
+                                               "listenPort")
+            sockname = listeners[0].socket.getsockname()
+            address = advertised_address(config, (sockname[0], sockname[1]))
+            parts = await stack.enter_async_context(open_etcd_parts(config, address))
+            store = parts.store
+            leadership = leadership or parts.leadership
+        elif store is None:
+            store = await stack.enter_async_context(open_state_store(config))
+        service = ControllerService(config, store,
+                                    leadership or SoleLeadership(self_id=config.self_id))
+        await service.load()
+        yield service, listeners
 
 
 async def serve_controller(
@@ -341,13 +433,9 @@ async def serve_controller(
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a controller until cancelled; reports its bound (host, port). ``store`` (default:
-    the one ``controllerType`` names) and ``leadership`` (default: ``SoleLeadership``) are
-    pluggable; a store passed in outlives the controller (a test restarts it on the same
-    state)."""
-    async with contextlib.AsyncExitStack() as stack:
-        if store is None:
-            store = await stack.enter_async_context(open_state_store(config))
-        service = ControllerService(config, store,
-                                    leadership or SoleLeadership(self_id=config.self_id))
-        await service.load()
-        await ControllerServer(service).serve(listeners=listeners, task_status=task_status)
+    the one ``controllerType`` names) and ``leadership`` (default: ``SoleLeadership``; with
+    ``controllerType=etcd``, the etcd election) are pluggable; a store passed in outlives
+    the controller (a test restarts it on the same state)."""
+    async with open_controller_service(config, store=store, leadership=leadership,
+                                       listeners=listeners) as (service, bound):
+        await ControllerServer(service).serve(listeners=bound, task_status=task_status)

@@ -333,6 +333,14 @@ class ControllerService:
             await self.load()
             self._started_at = trio.current_time()
 
+    async def follow(self) -> None:
+        """Call now and then while another controller leads: read the records it wrote, so
+        heartbeats of the sets it created since are counted here too (brokers heartbeat to
+        every controller: whoever leads next then knows who is alive)."""
+        async with self._lock:
+            await self.load()
+            self._stale = False
+
     # ---- running ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -11,15 +11,16 @@ restart a controller on the state the first one committed. As a child process, t
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 
 import attrs
 import trio
 
 from ..controller.config import ControllerServerConfig, StoreType
-from ..controller.leadership import Leadership, SoleLeadership
+from ..controller.leadership import Leadership
 from ..controller.memory import MemoryStateStore
-from ..controller.server import ControllerServer
+from ..controller.server import ControllerServer, open_controller_service
 from ..controller.service import ControllerService
 from ..controller.state_store import StateStore
 
@@ -38,16 +39,17 @@ async def open_controller(
     config: ControllerServerConfig | None = None, *, store: StateStore | None = None,
     leadership: Leadership | None = None,
 ) -> AsyncIterator[RunningController]:
-    """A controller serving until the block ends (then shut down gracefully)."""
+    """A controller serving until the block ends (then shut down gracefully). Without a
+    ``store``, the memory store, but for ``controllerType=etcd``: the etcd election and
+    store of ``config``, as ``serve_controller`` opens them."""
     if config is None:
         config = ControllerServerConfig(listen_port=0, bind_address="127.0.0.1",
                                         store_type=StoreType.MEMORY)
-    if store is None:
+    if store is None and config.store_type is not StoreType.ETCD:
         store = MemoryStateStore()
-    service = ControllerService(config, store,
-                                leadership or SoleLeadership(self_id=config.self_id))
-    await service.load()
-    async with trio.open_nursery() as nursery:
-        host, port = await nursery.start(ControllerServer(service).serve)
-        yield RunningController(f"{host}:{port}", service, store)
+    async with open_controller_service(config, store=store, leadership=leadership) as (
+            service, listeners), trio.open_nursery() as nursery:
+        host, port = await nursery.start(functools.partial(
+            ControllerServer(service).serve, listeners=listeners))
+        yield RunningController(f"{host}:{port}", service, service.store)
         nursery.cancel_scope.cancel()
