@@ -29,6 +29,7 @@ from trio_ha.testing.rocketmq import JavaProcess, RocketMQ, program_lines
 from trio_ha.wire.controller import EpochEntryCacheBody, encode_broker_names
 from trio_ha.wire.fastjson import read_json
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
+from trio_ha.wire.route import ClusterInfo
 
 pytestmark = pytest.mark.interop
 
@@ -138,9 +139,24 @@ async def kill_under_load(victim: NodeProcess, controller: str, successor: str,
     return acked
 
 
+async def wait_registered_master(namesrv: str, timeout: float = 30.0) -> str:
+    """Until the name server lists a master (id 0) for the set; its address. (The controller
+    names a master before that master's registration reaches the name server: a producer
+    asking in between finds no route.)"""
+    async def master() -> str | None:
+        async with open_remoting_client(namesrv) as client:
+            reply = await client.invoke(RemotingCommand.request(
+                RequestCode.GET_BROKER_CLUSTER_INFO), 10)
+        broker = ClusterInfo.decode(reply.body).broker_addr_table.get(BROKER_NAME)
+        return broker.broker_addrs.get(0) if broker is not None else None
+    return await wait_until(master, "a master of the set in the name server", timeout=timeout,
+                            interval=0.1)
+
+
 async def send_some(namesrv: str, count: int, prefix: str) -> list[bytes]:
-    """``count`` sends, each retried by the producer; the bodies answered SEND_OK (any other
-    answer fails the test)."""
+    """``count`` sends, each retried by the producer, once the name server lists a master;
+    the bodies answered SEND_OK (any other answer fails the test)."""
+    await wait_registered_master(namesrv)
     sent = []
     async with open_producer(namesrv, "ctlOurProducers", send_msg_timeout=5.0,
                              retry_times_when_send_failed=4) as producer:
