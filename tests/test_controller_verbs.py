@@ -279,13 +279,17 @@ async def test_an_expired_heartbeat_elects_the_slave():
                 for _ in range(200):  # bounded: the test ends long before
                     await heartbeat(slave_link, 2, "127.0.0.1:2", max_offset=10)
                     await trio.sleep(0.1)
-            nursery.start_soon(slave_heartbeats)
             # the master's connection stays open but it falls silent (a paused process)
 
             async def elected():
                 return (await replica_info(admin))[0] == 2
-            await wait_until(elected, "broker 2 elected after the master's timeout", timeout=10)
-            assert await replica_info(admin) == (2, 2, frozenset({2}))
+            # (the heartbeats stop before their connection closes: a nursery inside the block)
+            async with trio.open_nursery() as beats:
+                beats.start_soon(slave_heartbeats)
+                await wait_until(elected, "broker 2 elected after the master's timeout",
+                                 timeout=10)
+                assert await replica_info(admin) == (2, 2, frozenset({2}))
+                beats.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
 
 
