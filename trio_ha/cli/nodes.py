@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol, TypeVar
 
 import trio
 import typer
@@ -114,6 +115,33 @@ def _read_properties(path: str) -> dict[str, str]:
         raise typer.BadParameter(str(exc), param_hint="--config") from None
 
 
+class _Settings(Protocol):
+    def to_properties(self) -> Mapping[str, object]: ...
+
+
+C = TypeVar("C", bound=_Settings)
+
+
+def _node_config(config_file: str | None, options: dict[str, object | None],
+                 parse: Callable[[dict[str, str]], C], print_config: bool) -> C:
+    """A node's config: its properties file with the options given on the command line over
+    it, parsed by ``parse``; a bad one is one clear error (exit 2). With ``print_config``,
+    every setting is printed and the command exits."""
+    from ..config import ConfigError
+
+    properties = _read_properties(config_file) if config_file is not None else {}
+    properties.update({key: str(value) for key, value in options.items() if value is not None})
+    try:
+        config = parse(properties)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from None
+    if print_config:
+        for key, value in config.to_properties().items():
+            print(f"{key}={value}")
+        raise typer.Exit()
+    return config
+
+
 @app.command()
 def namesrv(
     config_file: str | None = typer.Option(None, "-c", "--config",
@@ -127,22 +155,11 @@ def namesrv(
                                       help="print every setting and exit"),
 ) -> None:
     """Run a name server until Ctrl-C."""
-    from ..config import ConfigError
     from ..namesrv import NamesrvConfig, serve_namesrv
 
-    properties = _read_properties(config_file) if config_file is not None else {}
-    for key, value in (("listenPort", port), ("bindAddress", bind),
-                       ("metricsPort", metrics_port)):
-        if value is not None:
-            properties[key] = str(value)
-    try:
-        config = NamesrvConfig.from_properties(properties)
-    except ConfigError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--config") from None
-    if print_config:
-        for key, value in config.to_properties().items():
-            print(f"{key}={value}")
-        raise typer.Exit()
+    config = _node_config(config_file, {"listenPort": port, "bindAddress": bind,
+                                        "metricsPort": metrics_port},
+                          NamesrvConfig.from_properties, print_config)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -167,22 +184,11 @@ def controller(
                                       help="print every setting and exit"),
 ) -> None:
     """Run a controller (RocketMQ 5's controller mode) until Ctrl-C."""
-    from ..config import ConfigError
     from ..controller.config import ControllerServerConfig
     from ..controller.server import serve_controller
 
-    properties = _read_properties(config_file) if config_file is not None else {}
-    for key, value in (("listenPort", port), ("bindAddress", bind)):
-        if value is not None:
-            properties[key] = str(value)
-    try:
-        config = ControllerServerConfig.from_properties(properties)
-    except ConfigError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--config") from None
-    if print_config:
-        for key, value in config.to_properties().items():
-            print(f"{key}={value}")
-        raise typer.Exit()
+    config = _node_config(config_file, {"listenPort": port, "bindAddress": bind},
+                          ControllerServerConfig.from_properties, print_config)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
