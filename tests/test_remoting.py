@@ -309,6 +309,23 @@ async def test_server_gathers_the_replies_of_a_round_into_one_write_in_whole_fra
     await theirs.aclose()
 
 
+def serve_in_memory(nursery, handle, limits=None):
+    """A connection over a memory stream served in ``nursery``: the connection, the peer's
+    end, and an event set once serving has ended."""
+    from trio_ha.remoting import RemotingConnection
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    connection = RemotingConnection(ours, "memory", limits or RemotingLimits())
+    done = trio.Event()
+
+    async def serve():
+        await connection.serve(handle)
+        done.set()
+
+    nursery.start_soon(serve)
+    return connection, theirs, done
+
+
 async def test_a_peer_that_hangs_up_loses_its_replies_not_its_requests(nursery):
     """Requests read whole are carried out though their peer has gone (a producer's last
     oneway sends arrive with its FIN behind them): the reader stops, the requests running
@@ -347,17 +364,10 @@ async def test_a_peer_that_hangs_up_loses_its_replies_not_its_requests(nursery):
 
 async def test_requests_of_a_peer_gone_are_cancelled_after_the_finish_timeout(nursery):
     """What a departed peer left running gets ``finish_timeout``, not forever."""
-    from trio_ha.remoting import CloseReason, RemotingConnection
+    from trio_ha.remoting import CloseReason
 
-    ours, theirs = trio.testing.memory_stream_pair()
-    connection = RemotingConnection(ours, "memory", RemotingLimits(finish_timeout=0.2))
-    done = trio.Event()
-
-    async def serve():
-        await connection.serve(handler)
-        done.set()
-
-    nursery.start_soon(serve)
+    connection, theirs, done = serve_in_memory(nursery, handler,
+                                               RemotingLimits(finish_timeout=0.2))
     await theirs.send_all(encode(RemotingCommand.request(SLOW, {"sleep": "30"}, opaque=7)))
     await wait_until(lambda: connection.in_flight == 1, "the request to start")
     await theirs.aclose()
@@ -369,17 +379,9 @@ async def test_requests_of_a_peer_gone_are_cancelled_after_the_finish_timeout(nu
 
 async def test_a_bad_frame_cancels_the_requests_of_its_connection_at_once(nursery):
     """A peer closed for misbehaving gets no grace: its requests are cancelled with it."""
-    from trio_ha.remoting import CloseReason, RemotingConnection
+    from trio_ha.remoting import CloseReason
 
-    ours, theirs = trio.testing.memory_stream_pair()
-    connection = RemotingConnection(ours, "memory")
-    done = trio.Event()
-
-    async def serve():
-        await connection.serve(handler)
-        done.set()
-
-    nursery.start_soon(serve)
+    connection, theirs, done = serve_in_memory(nursery, handler)
     await theirs.send_all(encode(RemotingCommand.request(SLOW, {"sleep": "30"}, opaque=7)))
     await wait_until(lambda: connection.in_flight == 1, "the request to start")
     await theirs.send_all(struct.pack(">ii", 8, 99) + b"\0" * 4)  # a header longer than its frame
