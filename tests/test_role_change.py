@@ -85,6 +85,9 @@ async def test_a_slave_with_a_torn_tail_becomes_a_master_that_appends_after_its_
         await store.change_to_master(BrokerRole.ASYNC_MASTER)
         assert store.role is BrokerRole.ASYNC_MASTER and store.ha_client is None
         assert store.max_commitlog_offset == SEGMENT
+        # the sealed segment is flushed to its end as the change returns (under SYNC_FLUSH
+        # readers see flushed bytes only), not when the next put's flush comes by
+        assert store.commitlog.flushed.value == SEGMENT
         sealed = store.commitlog.segments.segments[0]
         # the blank record's header (TOTALSIZE, BLANK_MAGIC), then zeros where the half was
         assert sealed.read(end9, 8) == encode_blank(SEGMENT - end9)

@@ -254,6 +254,11 @@ async def settle(store: RoleStore,
             await cut(end)
         else:
             await seal_torn_tail(commitlog, end)
+    # A closed segment is flushed to its end: the blank record is all that follows its last
+    # record. Under SYNC_FLUSH readers see only flushed bytes (``confirmed``), so without
+    # this the log's visible end would stay inside the blank record until the next put's
+    # flush.
+    await commitlog.flush(0)
     commitlog.queue_offsets = {
         (queue.topic, queue.queue_id): queue.max_offset for queue in store.queues
     }
