@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 
 def flat(text: str) -> str:
@@ -90,7 +91,7 @@ def test_dev_cluster_controller_demo_fails_over_and_stops_cleanly(tmp_path):
     for addr, pid, conf in brokers:
         name = os.path.basename(conf)[: -len(".conf")]
         assert (data / name / "commitlog").is_dir() and (data / "logs" / f"{name}.log").exists()
-        assert f"listenPort={addr.rsplit(':', 1)[1]}" in open(conf).read()
+        assert f"listenPort={addr.rsplit(':', 1)[1]}" in Path(conf).read_text()
         assert not os.path.exists(f"/proc/{pid}"), f"broker {name} (pid {pid}) outlived it"
     assert (data / "controller").is_dir()
 

@@ -23,9 +23,9 @@ import attrs
 import pytest
 import trio
 
-from conftest import wait_for
+from conftest import wait_for, wait_until
 from test_metrics import scrape, value
-from trio_ha.client import open_admin
+from trio_ha.client import Message, MQError, SendStatus, open_admin, open_producer
 from trio_ha.testing import ClusterConfig, free_broker_port, open_cluster
 from trio_ha.testing.cluster import DEFAULT_SEGMENT_SIZE
 from trio_ha.testing.processes import NodeProcess, child_env
@@ -33,6 +33,7 @@ from trio_ha.wire.controller import ReplicasInfo
 
 CLUSTER = "StatusCtl"
 NAME = "broker-s"
+TOPIC = "StatusCtlTopic"
 
 
 @attrs.define(eq=False)
@@ -50,6 +51,23 @@ class Running:
 async def set_info(namesrv: str, controller: str) -> ReplicasInfo | None:
     async with open_admin(namesrv) as admin:
         return (await admin.sync_state_data(controller, [NAME])).replicas_info_table.get(NAME)
+
+
+async def send_some(namesrv: str, count: int) -> None:
+    """``count`` messages answered SEND_OK: a slave joins the in-sync set only once it
+    acknowledged what the master holds, which an empty log never asks of it."""
+    async with open_producer(namesrv, "status-writer", send_msg_timeout=3.0) as producer:
+        for i in range(count):
+            await wait_until(lambda i=i: sent_ok(producer, i), f"SEND_OK for message {i}",
+                             timeout=30, interval=0.2)
+
+
+async def sent_ok(producer, i: int) -> bool:
+    try:
+        result = await producer.send(Message(TOPIC, b"status-%d" % i))
+    except MQError:
+        return False
+    return result.send_status is SendStatus.SEND_OK
 
 
 def settled(cluster: Running) -> ReplicasInfo:
@@ -93,6 +111,7 @@ def cluster(tmp_path_factory):
             }}, log_dir=logs))
             nodes.append(brokers[-1])
         running = Running(namesrv, controller, f"127.0.0.1:{metrics_port}", brokers, logs)
+        trio.run(send_some, namesrv.addr, 10)
         settled(running)
         yield running
     finally:
@@ -198,6 +217,7 @@ def test_a_failover_shows_in_status_and_metrics(cluster):
         after = wait_for(elected, "a new master", attempts=120, pause=0.25)
         new_master = after.master_address
         assert new_master is not None
+        trio.run(send_some, cluster.namesrv.addr, 5)  # for the other survivor to rejoin the set
 
         def shown() -> dict | None:
             view = status_json(cluster)["controller"]

@@ -185,17 +185,11 @@ async def failover(cluster: FailoverCluster, *, count: int = 50, timeout: float 
         async def topic_created() -> dict[str, str] | None:
             return await admin.create_topic(FAILOVER_TOPIC, 4) or None
 
-        before = await _until(timeout, f"{name}: a master with every slave in its in-sync set",
-                              all_in_sync)
-        out(describe(name, before))
         await _until(timeout, f"{name}: {FAILOVER_TOPIC} created on its master", topic_created)
-        old_master = before.master_address
-        assert old_master is not None
-        victim = cluster.broker_at(old_master)
-        if victim is None:
-            raise DemoError(f"the master {old_master} is not one of this cluster's brokers")
-        sent = await _send_and_kill(cluster, victim, old_master, set_info, before, count,
-                                    timeout, out)
+        sent = await _send_and_kill(cluster, set_info, all_in_sync, count, timeout, out)
+        old_master = sent.old_master
+        victim = sent.victim
+        assert victim is not None
 
         found = await _until(timeout, "reading every message back",
                              lambda: _all_bodies(cluster.namesrv_addr, FAILOVER_TOPIC))
@@ -219,25 +213,30 @@ async def failover(cluster: FailoverCluster, *, count: int = 50, timeout: float 
         out(f"restarted the old master {old_master} (pid {victim.pid}): it copied what it "
             "lacked from the new master and is back in the in-sync set")
         out(describe(name, again))
-    return FailoverReport(old_master, before.master_epoch, sent.new_master, sent.new_epoch,
+    return FailoverReport(old_master, sent.old_epoch, sent.new_master, sent.new_epoch,
                           sent.took, len(sent.acked), len(found))
 
 
 @attrs.define(eq=False)
 class _Sent:
+    victim: FailoverBroker | None = None
+    old_master: str = ""
+    old_epoch: int = 0
     acked: list[bytes] = attrs.field(factory=list[bytes])
     new_master: str = ""
     new_epoch: int = 0
     took: float = 0.0
 
 
-async def _send_and_kill(cluster: FailoverCluster, victim: FailoverBroker, old_master: str,
+async def _send_and_kill(cluster: FailoverCluster,
                          set_info: Callable[[], Awaitable[ReplicasInfo | None]],
-                         before: ReplicasInfo, count: int, timeout: float,
-                         out: Callable[[str], None]) -> _Sent:
-    """Send ``count`` messages, SIGKILL the master, wait for the controller's election, send
-    until the new master answers SEND_OK (timed from the kill), then ``count - 1`` more."""
+                         all_in_sync: Callable[[], Awaitable[ReplicasInfo | None]],
+                         count: int, timeout: float, out: Callable[[str], None]) -> _Sent:
+    """Send ``count`` messages, wait until every slave is in the in-sync set, SIGKILL the
+    master, wait for the controller's election, send until the new master answers SEND_OK
+    (timed from the kill), then ``count - 1`` more."""
     sent = _Sent()
+    name = cluster.broker_names[0]
     async with open_producer(cluster.namesrv_addr, "failover-demo", send_msg_timeout=3.0,
                              retry_times_when_send_failed=0) as producer:
 
@@ -253,6 +252,17 @@ async def _send_and_kill(cluster: FailoverCluster, victim: FailoverBroker, old_m
                          lambda i=i: send(b"before-%d" % i))
         out(f"sent {count} messages to {FAILOVER_TOPIC}: a SEND_OK means every member of the "
             "in-sync set holds the message")
+        # A slave joins the set once it holds what the master confirmed (an empty log's
+        # slaves do not join: they have acknowledged nothing yet, hence the sends first).
+        before = await _until(timeout, f"{name}: every slave in the master's in-sync set",
+                              all_in_sync)
+        out(describe(name, before))
+        old_master = before.master_address
+        assert old_master is not None
+        victim = cluster.broker_at(old_master)
+        if victim is None:
+            raise DemoError(f"the master {old_master} is not one of this cluster's brokers")
+        sent.victim, sent.old_master, sent.old_epoch = victim, old_master, before.master_epoch
 
         out(f"SIGKILL the master {old_master} (pid {victim.pid}) ...")
         killed_at = time.perf_counter()
@@ -267,7 +277,7 @@ async def _send_and_kill(cluster: FailoverCluster, victim: FailoverBroker, old_m
         after = await _until(timeout, "the controller electing a new master", elected)
         out(f"the controller elected a new master {time.perf_counter() - killed_at:.2f} s after "
             f"the kill: master epoch {before.master_epoch} -> {after.master_epoch}")
-        out(describe(cluster.broker_names[0], after))
+        out(describe(name, after))
         new_master = after.master_address
         assert new_master is not None
         sent.new_master, sent.new_epoch = new_master, after.master_epoch

@@ -341,8 +341,18 @@ async def serve_controller_dev_cluster(
     }
     await trio.to_thread.run_sync(_write_conf, namesrv_conf, namesrv_properties)
     config = NamesrvConfig.from_properties({k: str(v) for k, v in namesrv_properties.items()})
+    # The name server (and its controller) must outlive the brokers: stopped first, a
+    # controller would see every broker's connection close at once while it shuts down.
+    # So it runs under a shielded scope of its own, which only this function cancels,
+    # once the brokers have stopped.
+    namesrv_scope = trio.CancelScope(shield=True)
+
+    async def run_namesrv(*, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
+        with namesrv_scope:
+            await serve_namesrv(config, task_status=task_status)
+
     async with trio.open_nursery() as nursery:
-        _, port = await nursery.start(serve_namesrv, config)
+        _, port = await nursery.start(run_namesrv)
         namesrv_addr = f"{host}:{port}"
         controller_addr = f"{host}:{controller_port}"
         members: list[tuple[BrokerChild, ...]] = []
@@ -383,4 +393,4 @@ async def serve_controller_dev_cluster(
             with trio.CancelScope(shield=True, deadline=trio.current_time()
                                   + BROKER_STOP_TIMEOUT + 10):
                 await cluster.stop()
-            nursery.cancel_scope.cancel()
+            namesrv_scope.cancel()

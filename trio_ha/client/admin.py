@@ -56,8 +56,8 @@ from .instance import (
     ClientInstance,
     MessageQueue,
     MQBrokerError,
-    MQError,
     MQClientError,
+    MQError,
     use_instance,
 )
 
