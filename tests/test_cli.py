@@ -10,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import trio
+
 
 def flat(text: str) -> str:
     """An error as one line: typer's box and its line breaks removed."""
@@ -535,3 +538,29 @@ def test_a_second_signal_stops_a_node_whose_graceful_stop_hangs(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+async def test_the_failover_demo_names_the_step_that_did_not_happen(autojump_clock):
+    """Each step of the failover demo has a deadline; one that passes is one clear error
+    naming the step and the last failure seen (the CLI prints it as one line)."""
+    from trio_ha._errors import TrioHAError
+    from trio_ha.client import MQClientError
+    from trio_ha.demo import DemoError, _until
+
+    async def never():
+        return None
+
+    with pytest.raises(DemoError, match=r"^the election did not happen within 60 s$"):
+        await _until(60, "the election", never)
+
+    async def refused():
+        raise MQClientError("no route")
+
+    with pytest.raises(DemoError, match=r"SEND_OK did not happen within 5 s \(last: no route\)"):
+        await _until(5, "SEND_OK", refused)
+    assert issubclass(DemoError, TrioHAError)
+
+    async def soon():
+        return "elected" if trio.current_time() >= 3 else None
+
+    assert await _until(60, "the election", soon) == "elected"

@@ -191,8 +191,10 @@ async def failover(cluster: FailoverCluster, *, count: int = 50, timeout: float 
         victim = sent.victim
         assert victim is not None
 
-        found = await _until(timeout, "reading every message back",
-                             lambda: _all_bodies(cluster.namesrv_addr, FAILOVER_TOPIC))
+        everything = await _until(timeout, "reading every message back",
+                                  lambda: _all_bodies(cluster.namesrv_addr, FAILOVER_TOPIC))
+        # the topic may hold earlier runs' messages too (the same data directory)
+        found = {body for body in everything if body.startswith(sent.run)}
         lost = set(sent.acked) - found
         if lost:
             raise DemoError(f"{len(lost)} of {len(sent.acked)} acknowledged messages were not "
@@ -219,6 +221,9 @@ async def failover(cluster: FailoverCluster, *, count: int = 50, timeout: float 
 
 @attrs.define(eq=False)
 class _Sent:
+    #: this run's messages start with it: a run on a data directory an earlier run used
+    #: reads those messages back too
+    run: bytes = attrs.field(factory=lambda: b"%x-" % time.time_ns())
     victim: FailoverBroker | None = None
     old_master: str = ""
     old_epoch: int = 0
@@ -249,7 +254,7 @@ async def _send_and_kill(cluster: FailoverCluster,
 
         for i in range(count):
             await _until(timeout, "SEND_OK from the master",
-                         lambda i=i: send(b"before-%d" % i))
+                         lambda i=i: send(b"%sbefore-%d" % (sent.run, i)))
         out(f"sent {count} messages to {FAILOVER_TOPIC}: a SEND_OK means every member of the "
             "in-sync set holds the message")
         # A slave joins the set once it holds what the master confirmed (an empty log's
@@ -287,7 +292,7 @@ async def _send_and_kill(cluster: FailoverCluster,
             nonlocal number
             number += 1
             try:
-                result = await send(b"after-%d" % number)
+                result = await send(b"%safter-%d" % (sent.run, number))
             except MQError:
                 await trio.sleep(0.05)  # a route that still names the dead master: again
                 return None
