@@ -8,6 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+import trio
 
 
 def flat(text: str) -> str:
@@ -52,6 +56,47 @@ def test_dev_cluster_demo_round_trip_and_clean_stop(tmp_path):
     assert "consumed 100 messages back" in out
     assert "lag 0 B, HA transfer" in out
     assert "cluster stopped cleanly" in out
+
+
+def test_dev_cluster_controller_demo_fails_over_and_stops_cleanly(tmp_path):
+    """`dev-cluster --controller --demo` (what bin/run shows): the name server embeds the
+    controller, three brokers in child processes take their roles from it, the master is
+    SIGKILLed, a slave is elected at a higher epoch and answers SEND_OK, everything
+    acknowledged is read back, the old master rejoins; the status lines show the controller's
+    view; leaving stops every child."""
+    data = tmp_path / "dc"
+    result = run_cli(
+        "--log-level", "warning", "dev-cluster", "--controller", "--dir", str(data),
+        "--namesrv-port", "0", "--controller-port", "0", "--master-port", "0",
+        "--slave-port", "0", "--demo", "--duration", "2", cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    brokers = re.findall(r"^broker +(\S+) +broker-a, pid (\d+), conf (\S+)$", out, re.M)
+    assert len(brokers) == 3, out
+    epochs = re.search(r"master epoch (\d+) -> (\d+)$", out, re.M)
+    assert epochs and int(epochs[2]) > int(epochs[1]) >= 1, out
+    killed = re.search(r"SIGKILL the master (\S+) \(pid (\d+)\)", out)
+    assert killed and killed[1] in {addr for addr, _, _ in brokers}, out
+    first = re.search(r"first SEND_OK from the new master (\S+) ([\d.]+) s after the kill", out)
+    assert first and first[1] != killed[1] and first[1] in {a for a, _, _ in brokers}, out
+    assert re.search(r"read back (\d+) messages: all 100 acknowledged sends are there", out)
+    restarted = re.search(rf"restarted the old master {killed[1]} \(pid (\d+)\)", out)
+    assert restarted, out
+    # the status lines: the controller's view beside the brokers'
+    views = [line for line in out.splitlines() if line.startswith("broker-a: master")
+             and "(in-sync set epoch" in line]
+    assert views and f"epoch {epochs[2]} " in views[-1] and first[1] in views[-1], out
+    assert views[-1].count("127.0.0.1:") == 4, views[-1]  # the master, and 3 in sync
+    assert "controller leader 127.0.0.1:" in out
+    assert "cluster stopped cleanly" in out
+    assert not os.path.exists(f"/proc/{restarted[1]}"), "the restarted broker outlived it"
+    for addr, pid, conf in brokers:
+        name = os.path.basename(conf)[: -len(".conf")]
+        assert (data / name / "commitlog").is_dir() and (data / "logs" / f"{name}.log").exists()
+        assert f"listenPort={addr.rsplit(':', 1)[1]}" in Path(conf).read_text()
+        assert not os.path.exists(f"/proc/{pid}"), f"broker {name} (pid {pid}) outlived it"
+    assert (data / "controller").is_dir()
 
 
 def test_dev_cluster_grows_groups_slaves_and_modes(tmp_path):
@@ -493,3 +538,29 @@ def test_a_second_signal_stops_a_node_whose_graceful_stop_hangs(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+async def test_the_failover_demo_names_the_step_that_did_not_happen(autojump_clock):
+    """Each step of the failover demo has a deadline; one that passes is one clear error
+    naming the step and the last failure seen (the CLI prints it as one line)."""
+    from trio_ha._errors import TrioHAError
+    from trio_ha.client import MQClientError
+    from trio_ha.demo import DemoError, _until
+
+    async def never():
+        return None
+
+    with pytest.raises(DemoError, match=r"^the election did not happen within 60 s$"):
+        await _until(60, "the election", never)
+
+    async def refused():
+        raise MQClientError("no route")
+
+    with pytest.raises(DemoError, match=r"SEND_OK did not happen within 5 s \(last: no route\)"):
+        await _until(5, "SEND_OK", refused)
+    assert issubclass(DemoError, TrioHAError)
+
+    async def soon():
+        return "elected" if trio.current_time() >= 3 else None
+
+    assert await _until(60, "the election", soon) == "elected"

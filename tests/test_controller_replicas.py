@@ -32,9 +32,11 @@ def test_a_higher_epoch_naming_me_makes_me_master() -> None:
     assert decision == BecomeMaster(1, members, same_master=False)
     assert isinstance(decision, BecomeMaster)
     state.role_taken(decision)
-    assert state.is_master and state.master_epoch == 1
+    assert state.is_master and state.master_epoch == 1 and state.role_changes == 1
     # the same news again (a poll after the notice) is old news
     assert state.observe(MasterView(ME, "127.0.0.1:30921", 1, members)) is None
+    state.role_taken(decision)  # taken twice by mistake: counted once
+    assert state.role_changes == 1
 
 
 def test_another_master_makes_me_slave_and_an_older_epoch_is_ignored() -> None:
@@ -88,6 +90,7 @@ views = st.builds(
 def test_epochs_acted_on_only_rise_and_roles_follow_the_view(
         steps: list[tuple[MasterView, bool]]) -> None:
     state = ReplicaState(ME)
+    taken = 0
     for view, performed in steps:
         before = state.master_epoch
         decision = state.observe(view)
@@ -99,9 +102,12 @@ def test_epochs_acted_on_only_rise_and_roles_follow_the_view(
             assert decision.master_id == view.master_id != ME
         if performed and isinstance(decision, (BecomeMaster, BecomeSlave)):
             state.role_taken(decision)
+            taken += 1
             assert state.master_epoch == view.epoch > before
         else:
             assert state.master_epoch == before
+        # the metrics' elections seen: one per role change taken, never for old news
+        assert state.role_changes == taken
 
 
 # ---- identity files ------------------------------------------------------------------------

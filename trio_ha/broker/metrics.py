@@ -12,7 +12,11 @@ a metrics port pays nothing, and one with it pays only when scraped.
 
 Rates are left to Prometheus: puts and pulls are counters (``rate(...[1m])`` gives the decaying
 window an operator wants, over any window they choose). Every series carries the labels
-``cluster``, ``brokerName`` and ``brokerId`` (Prometheus adds ``instance`` and ``job``).
+``cluster``, ``brokerName`` and ``brokerId`` (Prometheus adds ``instance`` and ``job``). In
+controller mode ``brokerId`` is the id the controller gave the broker (its config's is -1 there
+for every member, and the id it registers with changes with its role), and the broker adds
+its view of its set: the master epoch it acted on last, the in-sync set's epoch and, on the
+master, the set's size, and the role changes (elections) it went through.
 """
 
 from __future__ import annotations
@@ -55,8 +59,11 @@ class BrokerCollector:
     @property
     def labels(self) -> dict[str, str]:
         config = self.broker.config
+        link = self.broker.controller_link
+        broker_id = (link.identity.broker_id if link is not None and link.identity is not None
+                     else config.broker_id)
         return {"cluster": config.broker_cluster_name, "brokerName": config.broker_name,
-                "brokerId": str(config.broker_id)}
+                "brokerId": str(broker_id)}
 
     def collect(self) -> Iterator[Metric]:
         labels = self.labels
@@ -76,7 +83,29 @@ class BrokerCollector:
             "SYNC_MASTER puts' waits for slave acks, from append to answer (timeouts "
             "included).", stats.group_transfer)
         yield from self._consumer_families(labels)
+        yield from self._controller_families(labels)
         yield from remoting_families(self.servers, labels)
+
+    def _controller_families(self, labels: dict[str, str]) -> Iterator[Metric]:
+        """Controller mode: the broker's view of its set (nothing for a classic broker)."""
+        link = self.broker.controller_link
+        if link is None:
+            return
+        state = link.state  # None until the broker has its id
+        yield _gauge(labels, "trio_ha_broker_master_epoch",
+                     "Controller mode: the master epoch of the set's view this broker last "
+                     "acted on (0: no role yet).", state.master_epoch if state else 0)
+        yield _gauge(labels, "trio_ha_broker_sync_state_set_epoch",
+                     "Controller mode: the epoch of the in-sync set this broker last applied.",
+                     state.sync_state_set.epoch if state else 0)
+        if state is not None and state.is_master:
+            yield _gauge(labels, "trio_ha_broker_in_sync_replicas",
+                         "Controller mode, on the master: members of its in-sync set (itself "
+                         "included).", len(state.sync_state_set.members))
+        yield _counter(labels, "trio_ha_broker_role_changes",
+                       "Controller mode: role changes this broker took, each at a higher "
+                       "master epoch (the elections it went through, its first role included).",
+                       state.role_changes if state else 0)
 
     def _broker_families(self, labels: dict[str, str]) -> Iterator[Metric]:
         broker = self.broker

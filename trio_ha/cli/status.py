@@ -6,6 +6,18 @@ does not have yet), whether a slave's replication is stuck or diverged and why, 
 each topic holds and how far behind each consumer group is. It is read from the name server
 and each broker's runtime info, topic stats and consume stats; a broker that does not answer
 is shown as such, not dropped.
+
+**Controller mode** (RocketMQ 5): for each broker group whose brokers take their roles from a
+controller, the controller's view too — the master, the master epoch and the in-sync set's
+epoch, the in-sync set (ids and addresses, and whether the controller hears each member) —
+and which controller leads. Where the controllers are: ``--controller host:port;...`` if
+given (then every group the controller knows is shown); otherwise the ``controllerAddr`` of
+the brokers whose config (GET_BROKER_CONFIG) says ``enableControllerMode=true``, which is
+where those brokers themselves go (a name server with the embedded controller is only one of
+the places a controller may run, so the name server's address is not assumed). The leader is
+whoever GET_METADATA_INFO (1005) names, as mqadmin's ``getControllerMetaData`` learns it; the
+sets come from the leader's GET_SYNC_STATE_DATA (1006), mqadmin's ``getSyncStateSet``. A
+classic cluster looks as it always did: no broker names a controller, nothing is added.
 """
 
 from __future__ import annotations
@@ -65,8 +77,71 @@ def _int(table: dict[str, str], key: str) -> int | None:
         return None
 
 
-async def cluster_status(namesrv: str) -> dict[str, Any]:
-    """Brokers, topics and groups, as ``status --json`` prints them."""
+def split_addresses(text: str | None) -> list[str]:
+    """``host:port;host:port`` (commas too) as a list."""
+    return [a.strip() for a in (text or "").replace(",", ";").split(";") if a.strip()]
+
+
+async def controller_status(admin: Any, members: list[tuple[str, str, int, str]],
+                            controllers: list[str] | None) -> dict[str, Any] | None:
+    """The controller's view of the controller-mode groups (see the module's docstring), or
+    None when there are none and no controller was named."""
+    from ..client import MQError
+
+    if controllers:
+        names = sorted({name for _, name, _, _ in members})
+    else:
+        configs: dict[str, dict[str, str]] = {}
+
+        async def fetch(address: str) -> None:
+            try:
+                configs[address] = await admin.broker_config(address)
+            except (MQError, OSError):
+                pass  # its runtime info says it is down
+
+        async with trio.open_nursery() as nursery:
+            for *_, address in members:
+                nursery.start_soon(fetch, address)
+        found: set[str] = set()
+        controller_groups: set[str] = set()
+        for _, name, _, address in members:
+            config = configs.get(address, {})
+            if config.get("enableControllerMode", "").lower() == "true":
+                controller_groups.add(name)
+                found.update(split_addresses(config.get("controllerAddr")))
+        if not found:
+            return None
+        controllers = sorted(found)
+        names = sorted(controller_groups)
+    view: dict[str, Any] = {"addresses": controllers, "leader": None, "leaderId": None,
+                            "error": None, "groups": []}
+    try:
+        leader, meta = await admin.controller_leader(controllers)
+        view.update(leader=leader, leaderId=meta.controller_leader_id)
+        table = (await admin.sync_state_data(leader, names)).replicas_info_table
+    except (MQError, OSError) as exc:
+        view["error"] = str(exc)
+        return view
+
+    def replicas(found: Any) -> list[dict[str, Any]]:
+        return [{"brokerId": r.broker_id, "address": r.broker_address, "alive": r.alive}
+                for r in sorted(found, key=lambda r: r.broker_id)]
+
+    for name in sorted(table):
+        info = table[name]
+        view["groups"].append({
+            "brokerName": name, "masterBrokerId": info.master_broker_id,
+            "masterAddress": info.master_address, "masterEpoch": info.master_epoch,
+            "syncStateSetEpoch": info.sync_state_set_epoch,
+            "inSync": replicas(info.in_sync_replicas),
+            "notInSync": replicas(info.not_in_sync_replicas),
+        })
+    return view
+
+
+async def cluster_status(namesrv: str, controllers: list[str] | None = None) -> dict[str, Any]:
+    """Brokers, topics and groups, as ``status --json`` prints them; with controller-mode
+    groups (or ``controllers`` named), ``controller`` too."""
     from ..client import MQError, open_admin
     from ..wire.record import encode_host, message_id, parse_host_port
 
@@ -165,10 +240,14 @@ async def cluster_status(namesrv: str) -> dict[str, Any]:
                                    "topics": sorted({q.queue.topic for q in queues}),
                                    **source_fields(progress)})
         unknown = sorted({a.broker_name for a in listed.unknown}) if listed else []
-    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "brokers": brokers,
-            "topics": topic_rows, "groups": group_rows, "groupsUnknownFor": unknown,
-            "groupsError": groups_error,
-            "truncated": len(topics) > MAX_LISTED or len(groups) > MAX_LISTED}
+        controller = await controller_status(admin, members, controllers)
+    snapshot = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "brokers": brokers,
+                "topics": topic_rows, "groups": group_rows, "groupsUnknownFor": unknown,
+                "groupsError": groups_error,
+                "truncated": len(topics) > MAX_LISTED or len(groups) > MAX_LISTED}
+    if controller is not None:
+        snapshot["controller"] = controller
+    return snapshot
 
 
 def source_fields(found: ByGroup) -> dict[str, Any]:
@@ -255,6 +334,48 @@ def not_ready(status: dict[str, Any]) -> str | None:
     return None
 
 
+def replicas_text(replicas: list[dict[str, Any]]) -> str:
+    """``1 127.0.0.1:10911, 3 127.0.0.1:10931 (not heard)``."""
+    return ", ".join(f"{r['brokerId']} {r['address']}" + ("" if r["alive"] else " (not heard)")
+                     for r in replicas) or "none"
+
+
+def controller_lines(view: dict[str, Any]) -> list[str]:
+    """The controller's view as lines: the leader, then one line per group."""
+    where = ", ".join(view["addresses"])
+    if view.get("error"):
+        return [f"controller ({where}): {view['error']}"]
+    lines = [f"controller leader {view['leader']} (id {view.get('leaderId') or '?'}; asked "
+             f"{where})"]
+    for g in view["groups"]:
+        master = (f"master {g['masterBrokerId']} at {g['masterAddress']}"
+                  if g.get("masterAddress") else "NO MASTER")
+        line = (f"{g['brokerName']}: {master}, epoch {g['masterEpoch']} (in-sync set epoch "
+                f"{g['syncStateSetEpoch']}), in sync: {replicas_text(g['inSync'])}")
+        if g["notInSync"]:
+            line += f"; not in sync: {replicas_text(g['notInSync'])}"
+        lines.append(line)
+    return lines
+
+
+def _print_controller(view: dict[str, Any]) -> None:
+    where = ", ".join(view["addresses"])
+    if view.get("error"):
+        print(f"controller ({where}): unknown: {view['error']}")
+        return
+    rows = [{"group": g["brokerName"],
+             "master": (f"{g['masterBrokerId']} {g['masterAddress']}"
+                        if g.get("masterAddress") else "none"),
+             "epoch": f"{g['masterEpoch']} / {g['syncStateSetEpoch']}",
+             "in sync": replicas_text(g["inSync"]),
+             "not in sync": replicas_text(g["notInSync"]) if g["notInSync"] else None}
+            for g in view["groups"]]
+    emit(rows, as_json=False,
+         title=(f"controller mode: leader {view['leader']} (id {view.get('leaderId') or '?'}); "
+                "epoch = master / in-sync set"),
+         columns=["group", "master", "epoch", "in sync", "not in sync"])
+
+
 def _print_status(status: dict[str, Any]) -> None:
     brokers = []
     for b in status["brokers"]:
@@ -275,6 +396,8 @@ def _print_status(status: dict[str, Any]) -> None:
                         "puts/s": puts_per_second(b), "replication": ha,
                         "error": b.get("error")})
     emit(brokers, as_json=False, title=f"brokers at {status['time']}")
+    if status.get("controller") is not None:
+        _print_controller(status["controller"])
     if not status["brokers"]:
         print("topics and consumer groups: unknown (the name server lists no broker)")
         return
@@ -310,9 +433,15 @@ def status(
         0, "--wait-ready", min=0,
         help="first wait up to this many seconds for every group's master and caught-up "
              "slaves (exit 1 if they are not)"),
+    controller: str | None = typer.Option(
+        None, "--controller",
+        help="controllers (host:port;...) to ask for the controller-mode view (default: the "
+             "controllerAddr of brokers in controller mode)"),
 ) -> None:
     """The cluster at a glance: brokers and roles, log spans, slave lag and HA state,
-    topics, consumer-group lag."""
+    topics, consumer-group lag; in controller mode, each group's master, epochs, in-sync
+    set and the controller leader."""
+    controllers = split_addresses(controller) or None
     if wait_ready:
         _wait_until_ready(namesrv, wait_ready)
 
@@ -323,7 +452,7 @@ def status(
         # process slept on in time.sleep, the signal gone.)
         shown = 0
         while True:
-            snapshot = await cluster_status(namesrv)
+            snapshot = await cluster_status(namesrv, controllers)
             if as_json:
                 print(json.dumps(snapshot), flush=True)
             else:

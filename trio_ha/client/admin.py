@@ -31,7 +31,13 @@ import trio
 
 from .._errors import unwrap_single_exception
 from ..remoting import RemotingError
-from ..wire.errors import MetadataDecodeError, RecordDecodeError, RouteDecodeError
+from ..wire.controller import (
+    SPECS,
+    BrokerReplicasInfo,
+    GetMetaDataResponseHeader,
+    encode_broker_names,
+)
+from ..wire.errors import MetadataDecodeError, RecordDecodeError, RouteDecodeError, WireError
 from ..wire.metadata import decode_subscription_groups
 from ..wire.permission import Permission
 from ..wire.record import (
@@ -51,6 +57,7 @@ from .instance import (
     MessageQueue,
     MQBrokerError,
     MQClientError,
+    MQError,
     use_instance,
 )
 
@@ -541,6 +548,45 @@ class Admin:
                      if m.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) == key]
         return sorted(found, key=lambda m: (m.store_timestamp, m.commitlog_offset))
 
+
+    # ---- controllers (RocketMQ 5's controller mode) ---------------------------------------------
+
+    async def controller_metadata(self, controller: str) -> GetMetaDataResponseHeader:
+        """CONTROLLER_GET_METADATA_INFO (1005), which any controller answers: who leads
+        (mqadmin's ``getControllerMetaData``)."""
+        response = await self._invoke(controller, RequestCode.CONTROLLER_GET_METADATA_INFO)
+        try:
+            return SPECS[GetMetaDataResponseHeader].decode(response)
+        except WireError as exc:
+            raise MQClientError(f"bad controller metadata from {controller}: {exc}") from None
+
+    async def controller_leader(self, controllers: Iterable[str]
+                                ) -> tuple[str, GetMetaDataResponseHeader]:
+        """Ask ``controllers`` in turn until one names the leader: its address and the
+        answer. MQClientError when none does (all down, or an election under way)."""
+        errors: list[str] = []
+        for controller in controllers:
+            try:
+                meta = await self.controller_metadata(controller)
+            except MQError as exc:
+                errors.append(str(exc))
+                continue
+            if meta.controller_leader_address:
+                return meta.controller_leader_address, meta
+            errors.append(f"{controller} knows no leader")
+        raise MQClientError("no controller named a leader: " + ("; ".join(errors) or "none asked"))
+
+    async def sync_state_data(self, controller: str, broker_names: Iterable[str]
+                              ) -> BrokerReplicasInfo:
+        """CONTROLLER_GET_SYNC_STATE_DATA (1006), asked of the leader: each named broker set's
+        master, epochs and members, in the in-sync set or not (mqadmin's
+        ``getSyncStateSet``). Sets the controller does not know are left out."""
+        response = await self._invoke(controller, RequestCode.CONTROLLER_GET_SYNC_STATE_DATA,
+                                      body=encode_broker_names(broker_names))
+        try:
+            return BrokerReplicasInfo.decode(response.body)
+        except WireError as exc:
+            raise MQClientError(f"bad in-sync set data from {controller}: {exc}") from None
 
     async def runtime_info(self, broker_addr: str) -> dict[str, str]:
         """GET_BROKER_RUNTIME_INFO: the broker's key/value statistics table."""

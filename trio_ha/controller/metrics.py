@@ -4,7 +4,10 @@
 (never the process-wide default: a name server may embed a controller, and tests run several
 in one process) whose collector reads ``ControllerService.statistics()`` when scraped —
 elections, heartbeats, live brokers, broker sets, commits and conflicts, role-change notices —
-and the remoting listener's connections. Nothing is kept between scrapes.
+per broker set (labels ``cluster``, ``brokerName``) its master epoch, in-sync set epoch and
+in-sync set size, and whether it has a master, from the state the controller last committed
+or read, and the remoting listener's connections. Nothing is kept between scrapes. (A follower
+of several controllers over etcd shows the sets as it last read them.)
 """
 
 from __future__ import annotations
@@ -57,11 +60,39 @@ class ControllerCollector:
             gauge = GaugeMetricFamily(name, text)
             gauge.add_metric([], getattr(stats, field))
             yield gauge
+        yield from self._set_families()
         leader = GaugeMetricFamily("trio_ha_controller_is_leader",
                                    "1 while this controller leads.")
         leader.add_metric([], 1 if self.service.leadership.is_leader else 0)
         yield leader
         yield from remoting_families(self.servers, {})
+
+
+    def _set_families(self) -> Iterator[Metric]:
+        names = ["cluster", "brokerName"]
+        families = {
+            "master_epoch": GaugeMetricFamily(
+                "trio_ha_controller_set_master_epoch",
+                "The set's master epoch: it rises at every election.", labels=names),
+            "set_epoch": GaugeMetricFamily(
+                "trio_ha_controller_set_sync_state_set_epoch",
+                "The epoch of the set's in-sync set: it rises at every change of the set.",
+                labels=names),
+            "in_sync": GaugeMetricFamily(
+                "trio_ha_controller_set_in_sync_replicas",
+                "Members of the set's in-sync set (the master included).", labels=names),
+            "has_master": GaugeMetricFamily(
+                "trio_ha_controller_set_has_master", "1 while the set has a master.",
+                labels=names),
+        }
+        for name, stored in sorted(self.service.state.sets.items()):
+            record = stored.record
+            values = [record.cluster, name]
+            families["master_epoch"].add_metric(values, record.master_epoch)
+            families["set_epoch"].add_metric(values, record.sync_state_set_epoch)
+            families["in_sync"].add_metric(values, len(record.sync_state_set))
+            families["has_master"].add_metric(values, 0 if record.master_id is None else 1)
+        yield from families.values()
 
 
 def controller_registry(service: ControllerService,

@@ -99,6 +99,9 @@ class ReplicaState:
     master_addr: str | None = None
     #: the in-sync set this broker last applied (a master's; a slave keeps the last it saw)
     sync_state_set: SyncStateSet = attrs.field(factory=SyncStateSet)
+    #: role changes taken (each at a higher master epoch: an election this broker went
+    #: through, its first role included), for the broker's metrics
+    role_changes: int = 0
 
     @property
     def is_master(self) -> bool:
@@ -128,6 +131,7 @@ class ReplicaState:
         if decision.epoch <= self.master_epoch:
             return
         self.master_epoch = decision.epoch
+        self.role_changes += 1
         if isinstance(decision, BecomeMaster):
             self.master_id = self.broker_id
             self.master_addr = None
