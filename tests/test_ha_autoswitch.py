@@ -273,6 +273,37 @@ async def test_a_sync_master_put_waits_for_every_member_of_the_in_sync_set(tmp_p
             assert answers == [PutMessageStatus.PUT_OK]
 
 
+async def test_a_slave_of_an_empty_log_is_wanted_in_the_in_sync_set_and_a_claim_is_not(
+        tmp_path):
+    """An empty log has nothing a slave could lack: a slave attached to it is caught up, and
+    the master wants it in the set though no byte was carried (RocketMQ grows the set on its
+    ack of 0). Once the log has bytes, a peer whose request claims the log's end is not
+    wanted until it acks bytes it was sent."""
+    async with open_store(controller_config(tmp_path / "m")) as master, \
+            open_store(controller_config(tmp_path / "s")) as empty_slave:
+        term = await become_master(master, epoch=1, broker_id=1)
+        sync_state = term.sync_state
+        await croles.change_to_slave(empty_slave, ha_addr(master), broker_id=2)
+
+        def caught_up() -> bool:
+            replica = sync_state.replica(2)
+            return replica is not None and replica.caught_up is not None
+
+        await wait_until(caught_up, "the empty slave's request", timeout=COPY_TIMEOUT)
+        proposal = sync_state.take_proposal(trio.current_time())
+        assert proposal is not None and proposal.members == frozenset({1, 2})
+        end = await put(master, "Claim", b"a byte to lack")
+        claimant = await RawSlave.connect(master, broker_id=3)
+        async with claimant.stream:
+            await claimant.handshake(end)  # "my log ends where yours does"
+            await wait_until(lambda: any(c.start_offset == end
+                                         for c in master_connections(master)),
+                             "the claim's request", timeout=COPY_TIMEOUT)
+            replica = sync_state.replica(3)
+            assert replica is not None and replica.link is not None
+            assert replica.link.acked is None and replica.caught_up is None
+
+
 async def test_a_hostile_peer_loses_its_connection_and_nothing_else(tmp_path):
     async with open_store(controller_config(tmp_path / "m")) as master:
         await become_master(master, epoch=1, broker_id=1)

@@ -183,6 +183,23 @@ class AutoSwitchConnection(HAConnection):
             return -1
         return start
 
+    def _on_request(self, requested: int) -> None:
+        """The first report, as classic HA takes it; and, when the master's log holds no
+        byte (an idle new cluster), the slave is caught up by it: nothing is there to lack.
+        RocketMQ grows the set on that ack of the log's end; ours counts acks of carried bytes
+        only (``ledger``), and an empty log carries none, so without this a slave of a
+        cluster nobody has written to yet would stay outside the set until the first put.
+        No put waits for the log's end of an empty log, so this answers none; a log with
+        bytes still needs them carried and acked (a peer may claim any offset)."""
+        super()._on_request(requested)
+        commitlog, link = self.commitlog, self.link
+        if (link is not None and self.account.start is not None
+                and commitlog.max_offset == commitlog.min_offset):
+            term = self.term
+            if term.sync_state.ack(link, commitlog.max_offset,
+                                   trio.current_time()) is RAISE:
+                term.raise_replicated(self.service)
+
     def _on_report(self, offset: int) -> None:
         """An ack after the request: the ledger judges it (HAProtocolError beyond what this
         connection carried), and what it confirms is the slave's ack for the in-sync set."""
