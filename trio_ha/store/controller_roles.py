@@ -91,13 +91,13 @@ async def epochs_of(store: ControllerStore) -> EpochFile:
 
 async def change_to_master(store: ControllerStore, *, epoch: int, broker_id: int,
                            sync_state_set: frozenset[int], sync_state_set_epoch: int
-                           ) -> SyncState:
+                           ) -> MasterTerm:
     """Make ``store`` the SYNC_MASTER of master epoch ``epoch`` (RocketMQ: a master in
     controller mode is always SYNC_MASTER), with the in-sync set the controller named
     (``sync_state_set`` at ``sync_state_set_epoch``; it holds ``broker_id``, this broker's
-    controller id). The term's in-sync set is returned: the broker's controller link
-    proposes its changes and applies the controller's answers to it.
-    (``MessageStore.change_to_controller_master`` is this function.)"""
+    controller id). The term is returned; its in-sync set (``MasterTerm.sync_state``) is
+    what the broker's controller link proposes changes to and applies the controller's
+    answers to (``MessageStore.change_to_controller_master`` returns it)."""
     scope = _scope(store)
     service = store.ha_service
     assert service is not None  # _scope checked it
@@ -145,7 +145,7 @@ async def change_to_master(store: ControllerStore, *, epoch: int, broker_id: int
         log.info("store %s: %s -> SYNC_MASTER of epoch %d at commitlog offset %d (in-sync "
                  "set %s)", config.store_path_root_dir, was.value, epoch, start,
                  sorted(sync_state_set))
-        return sync_state
+        return term
 
 
 async def change_to_slave(store: ControllerStore, master_ha_address: str | None, *,

@@ -188,7 +188,17 @@ class MessageStore:
 
     change_to_master = roles.change_to_master
     change_to_slave = roles.change_to_slave
-    change_to_controller_master = controller_roles.change_to_master
+    async def change_to_controller_master(self, *, epoch: int, broker_id: int,
+                                          sync_state_set: frozenset[int],
+                                          sync_state_set_epoch: int) -> SyncState:
+        """Controller mode: become the SYNC_MASTER of master epoch ``epoch`` with the in-sync
+        set the controller named; the term's in-sync set is returned, for the controller link
+        to propose and apply changes to (``controller_roles``)."""
+        term = await controller_roles.change_to_master(
+            self, epoch=epoch, broker_id=broker_id, sync_state_set=sync_state_set,
+            sync_state_set_epoch=sync_state_set_epoch)
+        return term.sync_state
+
     change_to_controller_slave = controller_roles.change_to_slave
     raise_replicated = controller_roles.raise_replicated
     follow_confirm = controller_roles.follow_confirm
