@@ -188,6 +188,10 @@ class MessageStore:
 
     change_to_master = roles.change_to_master
     change_to_slave = roles.change_to_slave
+    change_to_controller_slave = controller_roles.change_to_slave
+    raise_replicated = controller_roles.raise_replicated
+    follow_confirm = controller_roles.follow_confirm
+
     async def change_to_controller_master(self, *, epoch: int, broker_id: int,
                                           sync_state_set: frozenset[int],
                                           sync_state_set_epoch: int) -> SyncState:
@@ -198,10 +202,6 @@ class MessageStore:
             self, epoch=epoch, broker_id=broker_id, sync_state_set=sync_state_set,
             sync_state_set_epoch=sync_state_set_epoch)
         return term.sync_state
-
-    change_to_controller_slave = controller_roles.change_to_slave
-    raise_replicated = controller_roles.raise_replicated
-    follow_confirm = controller_roles.follow_confirm
 
     # ---- puts -------------------------------------------------------------------------------
 
