@@ -555,7 +555,7 @@ async def test_bodies_up_to_4_mib_round_trip(sizes):
 
 async def test_puts_work_beyond_the_topic_cache(make_config):
     async with open_store(make_config()) as store:
-        store._topics.update({f"filler{i}": b"x" for i in range(65536)})  # the cache is full
+        store.admission.topics.update({f"filler{i}": b"x" for i in range(65536)})  # the cache is full
         assert (await store.put_message(Message("Fresh", b"one"))).ok
         assert (await store.put_messages([Message("Fresh2", b"two")])).ok
 

@@ -1,6 +1,6 @@
 """The client instance: what every producer, consumer and admin of one process shares.
 
-One concept at ~600 lines: the instance is the shared state of a client process (id,
+One concept at about 800 lines: the instance is the shared state of a client process (id,
 connections, routes, heartbeats), and splitting it would spread one lifecycle over modules.
 
 RocketMQ's Java client keeps one ``MQClientInstance`` per process and name server set: one

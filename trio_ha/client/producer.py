@@ -30,7 +30,7 @@ producer.send(Message(topic, body, tags=..., keys=...))``. What the Java
 ``send(message, queue=mq)`` and ``send(message, selector=fn)`` pick the queue themselves and
 are not retried elsewhere (ordered messages must stay on their queue), as in Java.
 
-Why one module at about 630 lines: the send rules (queue choice, retries, timeouts, the
+Why one module at about 650 lines: the send rules (queue choice, retries, timeouts, the
 statuses that are results) apply alike to single sends, batches, ordered sends and
 transactions, and live with the one producer that applies them.
 """

@@ -59,7 +59,7 @@ the replies, and the requests running get ``finish_timeout`` to finish before th
 nursery is cancelled. A connection closed for misbehaving (a bad frame, a frame or a write that
 never completes, idling) is cancelled at once, requests and all.
 
-Why one module at about 750 lines: the reader, the writer, the requests in flight and the
+Why one module at about 800 lines: the reader, the writer, the requests in flight and the
 replies waiting for them share one connection's state (its budget, its pending answers, its
 shutdown), and the design card gives each connection one nursery owning both pumps.
 """

@@ -95,8 +95,9 @@ async def change_to_master(store: ControllerStore, *, epoch: int, broker_id: int
     """Make ``store`` the SYNC_MASTER of master epoch ``epoch`` (RocketMQ: a master in
     controller mode is always SYNC_MASTER), with the in-sync set the controller named
     (``sync_state_set`` at ``sync_state_set_epoch``; it holds ``broker_id``, this broker's
-    controller id). The term's in-sync set is returned: the broker's controller link
-    proposes its changes and applies the controller's answers to it."""
+    controller id). The term is returned; its in-sync set (``MasterTerm.sync_state``) is
+    what the broker's controller link proposes changes to and applies the controller's
+    answers to (``MessageStore.change_to_controller_master`` returns it)."""
     scope = _scope(store)
     service = store.ha_service
     assert service is not None  # _scope checked it
@@ -151,7 +152,9 @@ async def change_to_slave(store: ControllerStore, master_ha_address: str | None,
                           broker_id: int) -> None:
     """Make ``store`` a slave, with controller id ``broker_id``, of the master whose HA
     service is at ``master_ha_address`` (None: not known yet; the broker learns it from the
-    name server and calls again, or the client follows ``update_master_address``)."""
+    name server and calls again, or the client follows ``update_master_address``), copying
+    with the AutoSwitch protocol and cutting its log to the point it shares with the master
+    first. (``MessageStore.change_to_controller_slave`` is this function.)"""
     scope = _scope(store)
     service = store.ha_service
     assert service is not None
@@ -189,3 +192,20 @@ async def change_to_slave(store: ControllerStore, master_ha_address: str | None,
         log.info("store %s: %s -> SLAVE (controller id %d) of %s at commitlog offset %d",
                  store.config.store_path_root_dir, was.value, broker_id,
                  master_ha_address or "(not known yet)", store.commitlog.max_offset)
+
+
+def raise_replicated(store: ControllerStore) -> None:
+    """The in-sync set's answer rose (an accepted set, a shrink): wake the puts it covers,
+    and show consumers what it confirms. (``MessageStore.raise_replicated``.)"""
+    service = store.ha_service
+    if service is not None and service.autoswitch is not None:
+        service.autoswitch.raise_replicated(service)
+    if store.confirm is not None:
+        store.confirm.refresh()
+
+
+def follow_confirm(store: ControllerStore, offset: int) -> None:
+    """A slave: its master confirmed the log up to ``offset`` (capped at this log's end):
+    the consume queues may be built up to there. (``MessageStore.follow_confirm``.)"""
+    if store.confirm is not None:
+        store.confirm.master_confirmed(offset)

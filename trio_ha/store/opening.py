@@ -30,6 +30,7 @@ from .._errors import unwrap_single_exception
 from .._sockets import listen_named
 from ..config import BrokerRole, FlushDiskType, StoreConfig
 from . import retention, truncation
+from .admission import max_record_size
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueueTable
@@ -43,7 +44,7 @@ from .lock import StoreLock
 from .queue_flush import flush_consume_queues, run_queue_flush
 from .recovery import rebuild_disagreeing_queues, recover
 from .roles import RoleScope, services_for, waits_for
-from .store import MessageStore, max_record_size
+from .store import MessageStore
 from .verify import RecordVerifier
 
 log = logging.getLogger(__name__)

@@ -3,8 +3,8 @@
 RocketMQ 5's controller mode moves the master of a broker group from one process to another
 (``ReplicasManager.changeToMaster`` / ``changeToSlave``, spec ``controller-mode.md`` §2.4), so
 a store's role cannot be a constant of its configuration. ``MessageStore.role`` is the role
-now; the put path reads it through the one flag it always read (``_accepting``), so the
-change costs a put nothing.
+now; the put path reads it through the one flag it always read (``Admission.accepting``), so
+the change costs a put nothing.
 
 What each role runs is a short list (``services_for``): a slave runs its HA client, a
 SYNC_MASTER its group transfer service, an ASYNC_MASTER nothing of its own (the HA listener,

@@ -9,15 +9,16 @@ when the store promises more than "in the page cache", the put then waits for it
 from group commit and group transfer (``sync_requests``).
 
 What has logic of its own lives in its own module: opening, running and closing the store
-(``opening``: ``open_store``), reads and look-ups (``reads``), the consume-queue flush
-(``queue_flush``), what the store reports (``statistics``), how far readers see the log in
-controller mode (``confirm``: the confirm offset), and below them ``commitlog``,
+(``opening``: ``open_store``), whether a put is taken and its checked fields (``admission``),
+reads and look-ups (``reads``), the consume-queue flush (``queue_flush``), what the store
+reports (``statistics``), cutting the log back (``truncation``), how far readers see the log
+in controller mode (``confirm``: the confirm offset), and below them ``commitlog``,
 ``consume_queue``, ``dispatch``, ``recovery``, ``retention``, ``group_commit`` and ``ha``.
 The store's role (master or slave) may change while it runs: ``roles`` says how, and
-``change_to_master`` / ``change_to_slave`` here are its doors. What stays here is what the
-store holds, the put path, and what a caller sees:
-``MessageStore`` binds the reads as its methods, so ``store.read_queue(...)`` is the reads'
-function, called on the store.
+``controller_roles`` how in controller mode. What stays here is what the store holds, the
+put path, and what a caller sees: ``MessageStore`` binds those modules' functions as its
+methods (``store.read_queue(...)``, ``store.change_to_master(...)``, ``store.statistics()``
+are theirs, called on the store), which costs a call nothing.
 
 Everything here runs on one trio event loop; blocking work (file creation, msync/fdatasync,
 recovery scans) is handed to worker threads.
@@ -40,10 +41,11 @@ from ..watermark import Watermark
 from ..wire import layout
 from ..wire import record as rec
 from . import controller_roles, queue_flush, reads, roles, truncation
+from .admission import Admission
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog, SegmentUnavailable, encode_batch, encode_message
 from .confirm import ConfirmOffset
-from .consume_queue import ConsumeQueueTable, is_valid_topic
+from .consume_queue import ConsumeQueueTable
 from .dispatch import Dispatcher
 from .group_commit import GroupCommitService
 from .ha.epochs import EpochFile
@@ -51,22 +53,17 @@ from .ha.group_transfer import GroupTransferService
 from .ha.master import HAService
 from .ha.slave import HAClient
 from .ha.sync_state import SyncState
-from .health import DiskMonitor, StoreHealth
+from .health import DiskMonitor
 from .index import IndexService
 from .lock import StoreLock, StoreLockedError
 from .put_request import PutRequest
 from .recovery import RecoveryReport
 from .results import PutMessageResult, PutMessageStatus
-from .statistics import StoreStatistics
+from .statistics import StoreStatistics, store_health, store_statistics
 from .sync_requests import PendingPut
 from .verify import RecordVerifier
 
 log = logging.getLogger(__name__)
-
-# The record encoder reserves 64 KiB beyond the body limit for the rest of the record.
-RECORD_OVERHEAD_LIMIT = 64 * 1024
-#: the remark of a put refused for too small an in-sync set (RocketMQ's broker answers it)
-IN_SYNC_REPLICAS_NOT_ENOUGH = "in-sync replicas not enough"
 
 
 @attrs.define(eq=False)
@@ -78,18 +75,8 @@ class MessageStore:
     checkpoint: Checkpoint
     recovery: RecoveryReport | None = None
     _root: str = attrs.field(default="", alias="root")
-    _running: bool = False
-    _closed: bool = False
-    #: running, open, and a master: the put fast path's one check
-    _accepting: bool = False
-    #: the role now (``roles``): the configured one until a change
-    _role: BrokerRole = attrs.field(init=False)
     #: the services of the current role, in their own cancel scope (None until it runs)
     role_scope: roles.RoleScope | None = None
-    _puts: int = 0
-    _put_failures: int = 0
-    _born_hosts: dict[str, bytes] = attrs.field(factory=dict[str, bytes])
-    _topics: dict[str, bytes] = attrs.field(factory=dict[str, bytes])
     #: the HA listener (when ha_listen_port is set) and, on a slave, the HA client: the
     #: store owns its replication, as RocketMQ's DefaultMessageStore owns HAService
     ha_service: HAService | None = None
@@ -109,13 +96,14 @@ class MessageStore:
     #: why puts are refused for disk use (None: they are not), and the use at the last look
     #: refuses puts above diskSpaceWarningLevelRatio (set up by the constructor)
     disk: DiskMonitor = attrs.field(init=False)
+    #: whether a put is taken now (running, open, role, a cut, the in-sync gate), the checks
+    #: and caches of its fields, and the counts of puts taken and refused (``admission``)
+    admission: Admission = attrs.field(init=False)
     #: what the store's services could not do, at most once every 10 s per kind
     health_log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
     #: the epoch history of controller mode, for whoever runs it (None: the store keeps
     #: none in memory; a truncation still cuts the file at storePathEpochFile if one exists)
     epochs: EpochFile | None = None
-    #: a truncation is under way: puts are refused until it is done
-    _truncating: bool = False
     #: the commitlog's own mark for readers: flushed bytes under SYNC_FLUSH, written ones
     #: otherwise (``log_mark``)
     _log_mark: Watermark = attrs.field(init=False)
@@ -124,12 +112,8 @@ class MessageStore:
     _visible: Watermark = attrs.field(init=False)
     #: controller mode: the confirm offset and what it follows (None: a classic store)
     confirm: ConfirmOffset | None = attrs.field(init=False, default=None)
-    #: a controller-mode master whose puts need minInSyncReplicas: the term's in-sync set,
-    #: asked by every put (which then takes the full check, ``_admit``); None otherwise
-    _in_sync_gate: SyncState | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
-        self._role = self.config.broker_role
         commitlog = self.commitlog
         self._log_mark = self._visible = (
             commitlog.flushed if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
@@ -142,6 +126,8 @@ class MessageStore:
             (self.config.commitlog_dir, self.queues.root),
             self.config.disk_space_warning_level_ratio,
         )
+        self.admission = Admission(self.config, self.dispatcher, self.disk,
+                                   commitlog.store_host, self.config.broker_role)
 
     @property
     def root(self) -> str:
@@ -164,48 +150,32 @@ class MessageStore:
         """Look at the disk use now (the store's task does it every second)."""
         self.disk.check()
 
-    def health(self) -> StoreHealth:
-        commitlog, dispatcher = self.commitlog, self.dispatcher
-        return StoreHealth(
-            disk=self.disk.usage, disk_full=self.disk.full,
-            allocation_error=commitlog.allocation_error,
-            allocation_failures=commitlog.allocation_failures,
-            dispatch_stalled=dispatcher.stalled, dispatch_stalls=dispatcher.stalls,
-        )
-
+    health = store_health
+    statistics = store_statistics
     flush_consume_queues = queue_flush.flush_consume_queues
 
     # ---- its life (``opening.open_store`` drives it) ---------------------------------------
 
     def mark_running(self) -> None:
         """The services run: puts may come (a master's; a slave takes none)."""
-        self._running = True
-        self._accepting = self._takes_puts_unchecked()
+        self.admission.mark_running()
 
     def mark_closed(self) -> None:
         """Closing or closed: every put from now on is refused."""
-        self._closed = True
-        self._accepting = False
+        self.admission.mark_closed()
 
-    def _takes_puts_unchecked(self) -> bool:
-        """Whether a put may take the fast path (``_accepts``): running, open, a master, and
-        no in-sync set to ask first."""
-        return (self._running and not self._closed and self._role is not BrokerRole.SLAVE
-                and self._in_sync_gate is None)
-
-    # ---- its role (``roles``) ---------------------------------------------------------------
+    # ---- its role (``roles``, ``controller_roles``) ----------------------------------------
 
     @property
     def role(self) -> BrokerRole:
         """SYNC_MASTER, ASYNC_MASTER or SLAVE: the configured role until it changes."""
-        return self._role
+        return self.admission.role
 
     def take_role(self, role: BrokerRole) -> None:
         """(``roles``, once the role's services run) Puts from now on are those of
         ``role``: refused on a slave, waiting for slaves on a SYNC_MASTER."""
-        self._role = role
         self._waits = roles.waits_for(role, self.config.flush_disk_type)
-        self._accepting = self._takes_puts_unchecked()
+        self.admission.take_role(role)
 
     def gate_puts(self, sync_state: SyncState | None) -> None:
         """(``controller_roles``) Puts that wait for slaves (WAIT=true) are refused,
@@ -213,22 +183,14 @@ class MessageStore:
         the proposal in flight, smaller than minInSyncReplicas), as RocketMQ's CommitLog
         refuses them before the append. None: no such check. A term whose
         minInSyncReplicas is 1 needs none (the set always holds its master), so its puts
-        keep the fast path; a store with a gate sends every put through ``_admit``."""
-        self._in_sync_gate = (
-            sync_state if sync_state is not None and sync_state.min_in_sync_replicas > 1
-            else None
-        )
-        self._accepting = self._takes_puts_unchecked()
+        keep the fast path; a store with a gate sends every put through the full check."""
+        self.admission.gate(sync_state)
 
-    async def change_to_master(self, role: BrokerRole = BrokerRole.SYNC_MASTER) -> None:
-        """Become a master of kind ``role`` without a restart: the HA client stops, a torn
-        tail is cut, the consume queues catch up, then puts are accepted (``roles``)."""
-        await roles.change_to_master(self, role)
-
-    async def change_to_slave(self, master_ha_address: str | None) -> None:
-        """Become a slave of ``master_ha_address`` without a restart: puts are refused, the
-        waiting ones answered, then the HA client starts (``roles``)."""
-        await roles.change_to_slave(self, master_ha_address)
+    change_to_master = roles.change_to_master
+    change_to_slave = roles.change_to_slave
+    change_to_controller_slave = controller_roles.change_to_slave
+    raise_replicated = controller_roles.raise_replicated
+    follow_confirm = controller_roles.follow_confirm
 
     async def change_to_controller_master(self, *, epoch: int, broker_id: int,
                                           sync_state_set: frozenset[int],
@@ -240,28 +202,6 @@ class MessageStore:
             self, epoch=epoch, broker_id=broker_id, sync_state_set=sync_state_set,
             sync_state_set_epoch=sync_state_set_epoch)
         return term.sync_state
-
-    async def change_to_controller_slave(self, master_ha_address: str | None, *,
-                                         broker_id: int) -> None:
-        """Controller mode: copy from ``master_ha_address`` with the AutoSwitch protocol as
-        controller id ``broker_id``, cutting the log to the point shared with the master
-        first (``controller_roles``)."""
-        await controller_roles.change_to_slave(self, master_ha_address, broker_id=broker_id)
-
-    def raise_replicated(self) -> None:
-        """Controller mode: the in-sync set's answer rose (an accepted set, a shrink): wake
-        the puts it covers, and show consumers what it confirms."""
-        service = self.ha_service
-        if service is not None and service.autoswitch is not None:
-            service.autoswitch.raise_replicated(service)
-        if self.confirm is not None:
-            self.confirm.refresh()
-
-    def follow_confirm(self, offset: int) -> None:
-        """Controller mode, a slave: its master confirmed the log up to ``offset`` (capped
-        at this log's end): the consume queues may be built up to there."""
-        if self.confirm is not None:
-            self.confirm.master_confirmed(offset)
 
     # ---- puts -------------------------------------------------------------------------------
 
@@ -314,101 +254,16 @@ class MessageStore:
         messages = list(messages)
         if len({m.topic for m in messages}) != 1:
             await trio.lowlevel.checkpoint()
-            return self._illegal("a batch needs at least one message, all of one topic")
+            return self.admission.refuse("a batch needs at least one message, all of one topic")
         if any(m.sys_flag & rec.TRANSACTION_TYPE_MASK for m in messages):
             await trio.lowlevel.checkpoint()
-            return self._illegal("transaction messages cannot be batched")
+            return self.admission.refuse("transaction messages cannot be batched")
         try:
             request = PutRequest.of_messages(messages, queue_id)
         except ValueError as exc:
             await trio.lowlevel.checkpoint()
-            return self._illegal(str(exc), PutMessageStatus.PROPERTIES_SIZE_EXCEEDED)
+            return self.admission.refuse(str(exc), PutMessageStatus.PROPERTIES_SIZE_EXCEEDED)
         return await self.put(request)
-
-    def _admit(self, topic: str, queue_id: int, body_len: int,
-               wait: bool) -> bytes | PutMessageResult:
-        """The encoded topic of a put that may go ahead, or why it is refused before it
-        touches the log. (The put paths first try ``_accepts``, a cached fast check; this is
-        the full one, with the reasons.) ``wait``: the put waits for the store's promise
-        (WAIT=true), which the in-sync gate asks of it."""
-        if self._closed or not self._running:
-            return self._illegal("store is closed", PutMessageStatus.SERVICE_NOT_AVAILABLE)
-        if self._truncating:
-            return self._illegal("the store is cutting its log back",
-                                 PutMessageStatus.SERVICE_NOT_AVAILABLE)
-        if self._role is BrokerRole.SLAVE:
-            return self._illegal(
-                "a slave does not accept writes", PutMessageStatus.SERVICE_NOT_AVAILABLE
-            )
-        if self.dispatcher.error is not None:
-            return self._illegal(
-                f"store is read-only: {self.dispatcher.error}",
-                PutMessageStatus.SERVICE_NOT_AVAILABLE,
-            )
-        if self.disk.full is not None:
-            return self._illegal(self.disk.full, PutMessageStatus.SERVICE_NOT_AVAILABLE)
-        if self.dispatcher.stalled is not None:
-            return self._illegal(
-                f"the consume queues cannot be written now ({self.dispatcher.stalled}); "
-                "the store takes puts again once they can",
-                PutMessageStatus.SERVICE_NOT_AVAILABLE,
-            )
-        topic_bytes = self._topic_bytes(topic)
-        if topic_bytes is None:
-            return self._illegal(
-                f"topic {topic!r} is not a valid topic name (1-127 of [%|a-zA-Z0-9_-])"
-            )
-        if not 0 <= queue_id <= layout.INT32_MAX:
-            return self._illegal(f"queue id {queue_id} out of range")
-        if body_len > self.config.max_message_size:
-            return self._illegal(
-                f"body of {body_len} bytes exceeds maxMessageSize {self.config.max_message_size}"
-            )
-        gate = self._in_sync_gate
-        if gate is not None and wait and not gate.admits_puts:
-            # RocketMQ's remark, which END_TRANSACTION answers with as it is.
-            return self._illegal(IN_SYNC_REPLICAS_NOT_ENOUGH,
-                                 PutMessageStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
-        return topic_bytes
-
-    def _accepts(self, topic: str, queue_id: int, body_len: int) -> bytes | None:
-        """The fast path of ``_admit``: the encoded topic when nothing stands in the way."""
-        dispatcher = self.dispatcher
-        if (
-            self._accepting
-            and dispatcher.error is None
-            and dispatcher.stalled is None
-            and self.disk.full is None
-            and 0 <= queue_id <= layout.INT32_MAX
-            and body_len <= self.config.max_message_size
-        ):
-            return self._topics.get(topic)
-        return None
-
-    def _born_host(self, born_host: str | None) -> bytes:
-        if born_host is None:
-            return self.commitlog.store_host
-        encoded = self._born_hosts.get(born_host)
-        if encoded is None:
-            encoded = rec.encode_host(*rec.parse_host_port(born_host))
-            if len(self._born_hosts) < 4096:
-                self._born_hosts[born_host] = encoded
-        return encoded
-
-    def _illegal(self, remark: str,
-                 status: PutMessageStatus = PutMessageStatus.MESSAGE_ILLEGAL) -> PutMessageResult:
-        self._put_failures += 1
-        return PutMessageResult(status, remark=remark)
-
-    def _topic_bytes(self, topic: str) -> bytes | None:
-        """The encoded topic, or None if it is not a valid topic name (cached: a store sees
-        few distinct topics, and this runs on every put)."""
-        encoded = self._topics.get(topic)
-        if encoded is None and is_valid_topic(topic):
-            encoded = topic.encode()
-            if len(self._topics) < 65536:
-                self._topics[topic] = encoded
-        return encoded
 
     async def _appended(self, request: PutRequest) -> PutMessageResult:
         """What ``request`` appended once the next segment is there, after waiting for it as
@@ -420,28 +275,30 @@ class MessageStore:
             try:
                 await self.commitlog.wait_for_segment()
             except SegmentUnavailable as exc:
-                return self._illegal(str(exc), PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+                return self.admission.refuse(str(exc),
+                                             PutMessageStatus.CREATE_MAPEDFILE_FAILED)
         return appended
 
     def _append_message(self, request: PutRequest) -> PutMessageResult | None:
         """The append of one message; None (nothing of it appended) when it must wait for
         the next segment (``_appended``)."""
         topic, queue_id, body = request.topic, request.queue_id, request.body
-        topic_bytes = self._accepts(topic, queue_id, len(body))
+        admission = self.admission  # (the one attribute load the split costs a put)
+        topic_bytes = admission.accepts(topic, queue_id, len(body))
         if topic_bytes is None:
-            admitted = self._admit(topic, queue_id, len(body), request.wait_store_msg_ok)
+            admitted = admission.admit(topic, queue_id, len(body), request.wait_store_msg_ok)
             if isinstance(admitted, PutMessageResult):
                 return admitted
             topic_bytes = admitted
         properties = request.properties
         if len(properties) > rec.MAX_PROPERTIES_LENGTH:
-            return self._illegal(
+            return admission.refuse(
                 f"properties of {len(properties)} bytes exceed {rec.MAX_PROPERTIES_LENGTH}",
                 PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
             )
         if properties and properties[-1] == 0:  # (an index, not a slice: no copy per put)
             # A record never ends in a 0 byte: recovery takes one that does for a torn record.
-            return self._illegal("the properties end in a NUL byte (a property value may not)")
+            return admission.refuse("the properties end in a NUL byte (a property value may not)")
         sys_flag = request.sys_flag
         tx_type = sys_flag & layout.TRANSACTION_TYPE_MASK
         consumable = (
@@ -451,7 +308,7 @@ class MessageStore:
         item = (
             topic_bytes, body, properties, queue_id, request.flag, sys_flag,
             request.born_timestamp,
-            self.commitlog.store_host if born_host is None else self._born_host(born_host),
+            self.commitlog.store_host if born_host is None else admission.born_host(born_host),
             request.reconsume_times, request.prepared_transaction_offset,
         )
         appended = self.commitlog.append_now(
@@ -460,38 +317,35 @@ class MessageStore:
         if appended is None:
             return None
         if isinstance(appended, int):
-            return self._illegal(
-                _encode_error(appended, len(topic_bytes)), _encode_status(appended)
-            )
-        self._puts += 1
+            return admission.encoder_refused(appended, len(topic_bytes))
+        admission.puts += 1
         return appended
 
     def _append_batch(self, request: PutRequest) -> PutMessageResult | None:
         """The append of an encoded batch; None as in ``_append_message``."""
         topic, queue_id, body = request.topic, request.queue_id, request.body
-        topic_bytes = self._accepts(topic, queue_id, len(body))
+        admission = self.admission  # (the one attribute load the split costs a put)
+        topic_bytes = admission.accepts(topic, queue_id, len(body))
         if topic_bytes is None:
             # The whole body counts against maxMessageSize, as RocketMQ checks a batch.
-            admitted = self._admit(topic, queue_id, len(body), request.wait_store_msg_ok)
+            admitted = admission.admit(topic, queue_id, len(body), request.wait_store_msg_ok)
             if isinstance(admitted, PutMessageResult):
                 return admitted
             topic_bytes = admitted
         sys_flag = request.sys_flag
         if sys_flag & layout.TRANSACTION_TYPE_MASK:
-            return self._illegal("transaction messages cannot be batched")
+            return admission.refuse("transaction messages cannot be batched")
         item = (
             body, topic_bytes, request.properties, queue_id, sys_flag,
-            request.born_timestamp, self._born_host(request.born_host),
+            request.born_timestamp, admission.born_host(request.born_host),
             self.config.max_message_size,
         )
         appended = self.commitlog.append_now(encode_batch, item, (topic, queue_id))
         if appended is None:
             return None
         if isinstance(appended, int):
-            return self._illegal(
-                _encode_error(appended, len(topic_bytes)), _encode_status(appended)
-            )
-        self._puts += appended.count
+            return admission.encoder_refused(appended, len(topic_bytes))
+        admission.puts += appended.count
         return appended
 
     def _will_wait(self, result: PutMessageResult, wait: bool) -> bool:
@@ -518,7 +372,8 @@ class MessageStore:
             durable=group_commit.request(end, start) if group_commit is not None else None,
             replica=group_transfer.request(end, start) if group_transfer is not None else None,
             # a SYNC_MASTER without an HA service: no slave can ack
-            no_replicas=group_transfer is None and self._role is BrokerRole.SYNC_MASTER,
+            no_replicas=(group_transfer is None
+                         and self.admission.role is BrokerRole.SYNC_MASTER),
         )
 
     # ---- reads (``reads``) --------------------------------------------------------------------
@@ -558,76 +413,7 @@ class MessageStore:
         """Flush the commitlog now; returns the flushed offset."""
         return await self.commitlog.flush(0)
 
-    async def truncate_to(self, offset: int, *, for_new_master: bool = False) -> int:
-        """Cut the log back to ``offset`` (a record boundary at or below the max offset),
-        with its consume queues, index, epoch file and checkpoint, crash-safely
-        (``truncation``); the bytes cut. Reads, pulls, max offsets and the next put or
-        replicated byte all follow the cut once it returns.
-
-        A store that takes puts (a master) is refused, unless the change-to-master path
-        says it is that (``for_new_master``: it cuts before it serves as master; puts get
-        SERVICE_NOT_AVAILABLE meanwhile). Whoever appends otherwise (a slave's HA client)
-        stops first. TruncationError, with nothing changed, when it cannot be done;
-        TruncationUnfinished when an I/O error stopped it half-way: the store then refuses
-        puts until it is reopened, which finishes the cut (puts taken meanwhile would be cut
-        by it)."""
-        if self._closed or not self._running:
-            await trio.lowlevel.checkpoint()
-            raise truncation.TruncationError("the store is not running")
-        if self._truncating:
-            await trio.lowlevel.checkpoint()
-            raise truncation.TruncationError("a truncation is already under way")
-        if self._accepting and not for_new_master:
-            await trio.lowlevel.checkpoint()
-            raise truncation.TruncationError(
-                "the store takes puts (a master): only the change-to-master path may cut it"
-            )
-        accepting = self._accepting
-        self._truncating, self._accepting = True, False
-        confirm = self.confirm
-        if confirm is not None:
-            confirm.before_cut(offset)  # (the cut waits for what it keeps to be dispatched)
-        try:
-            cut = await truncation.truncate_live(self, offset, max_record_size(self.config))
-        except truncation.TruncationUnfinished:
-            raise  # refusing puts for good (``_truncating`` stays set)
-        except BaseException:
-            self._truncating = False
-            self._accepting = accepting and not self._closed
-            raise
-        finally:
-            if confirm is not None:
-                confirm.after_cut(self.commitlog.max_offset)
-        self._truncating = False
-        self._accepting = accepting and not self._closed
-        return cut
-
-    def statistics(self) -> StoreStatistics:
-        return StoreStatistics(
-            backend=_backend.native_backend,
-            min_commitlog_offset=self.commitlog.min_offset,
-            max_commitlog_offset=self.commitlog.max_offset,
-            flushed_offset=self.commitlog.flushed.value,
-            flushes=self.commitlog.flush_count,
-            dispatched_offset=self.dispatcher.cursor,
-            dispatch_behind_bytes=self.dispatcher.behind_bytes,
-            consume_queues=len(self.queues.queues),
-            segments=len(self.commitlog.segments.segments),
-            puts=self._puts,
-            put_failures=self._put_failures,
-            dispatch_error=self.dispatcher.error,
-            recovery=self.recovery,
-            unverified_reads=self.verifier.failures if self.verifier is not None else 0,
-            health=self.health(),
-            ha=self.ha_service.statistics() if self.ha_service is not None else None,
-            ha_slave=self.ha_client.statistics() if self.ha_client is not None else None,
-            group_commit=(
-                self.group_commit.statistics() if self.group_commit is not None else None
-            ),
-            group_transfer=(
-                self.group_transfer.statistics() if self.group_transfer is not None else None
-            ),
-        )
+    truncate_to = truncation.truncate_to
 
     def replicate_now(self) -> None:
         """Send attached slaves what the log gained since their last frame, now, from the
@@ -642,31 +428,6 @@ class MessageStore:
     def ha_address(self) -> tuple[str, int] | None:
         """Where this store's HA service listens (None without one)."""
         return self.ha_service.listen_address if self.ha_service is not None else None
-
-
-def _encode_status(code: int) -> PutMessageStatus:
-    if code == _backend.ERR_PROPS_TOO_LARGE:
-        return PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
-    if code in (_backend.ERR_BODY_TOO_LARGE, _backend.ERR_BATCH_FORMAT, _backend.ERR_NO_SPACE,
-                _backend.ERR_BAD_ARGUMENT, _backend.ERR_TOO_MANY):
-        return PutMessageStatus.MESSAGE_ILLEGAL
-    return PutMessageStatus.UNKNOWN_ERROR
-
-
-def _encode_error(code: int, topic_len: int) -> str:
-    return {
-        _backend.ERR_NO_SPACE: "record larger than a commitlog segment",
-        _backend.ERR_BAD_ARGUMENT: f"bad record field (topic of {topic_len} bytes, host)",
-        _backend.ERR_BATCH_FORMAT: "malformed batch body",
-        _backend.ERR_BODY_TOO_LARGE: "a batch item's body exceeds maxMessageSize",
-        _backend.ERR_PROPS_TOO_LARGE: f"properties exceed {rec.MAX_PROPERTIES_LENGTH} bytes",
-        _backend.ERR_TOO_MANY: "too many items in one batch",
-    }.get(code, f"encoder error {code}")
-
-
-def max_record_size(config: StoreConfig) -> int:
-    """The largest record a store with ``config`` takes or accepts when it scans."""
-    return min(config.max_message_size + RECORD_OVERHEAD_LIMIT, layout.INT32_MAX)
 
 
 __all__ = ["MessageStore", "PutRequest", "StoreLock", "StoreLockedError", "StoreStatistics"]

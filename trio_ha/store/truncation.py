@@ -47,8 +47,10 @@ from .._durable import fsync_dir
 from .._errors import TrioHAError
 from ..config import StoreConfig
 from ..wire import layout
+from .admission import Admission, max_record_size
 from .checkpoint import Checkpoint
 from .commitlog import CommitLog
+from .confirm import ConfirmOffset
 from .consume_queue import ConsumeQueue, ConsumeQueueTable
 from .dispatch import Dispatcher
 from .ha.epochs import EpochFile, EpochFileError
@@ -58,7 +60,7 @@ from .segment import Segment
 
 __all__ = [
     "INTENT_NAME", "TruncatedStore", "TruncationError", "TruncationUnfinished",
-    "complete_pending", "truncate_live",
+    "complete_pending", "truncate_live", "truncate_to",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,9 +77,16 @@ step_hook: Callable[[str], None] | None = None
 
 
 class TruncatedStore(Protocol):
-    """What a truncation uses of the MessageStore (the index it takes away and puts back)."""
+    """What a truncation uses of the MessageStore (the index it takes away and puts back;
+    its admission, which refuses puts while the log is cut)."""
 
     index: IndexService | None
+
+    @property
+    def admission(self) -> Admission: ...
+
+    @property
+    def confirm(self) -> ConfirmOffset | None: ...
 
     @property
     def config(self) -> StoreConfig: ...
@@ -119,6 +128,42 @@ def _step(name: str) -> None:
 
 
 # ---- the live cut -------------------------------------------------------------------------
+
+
+async def truncate_to(store: TruncatedStore, offset: int, *, for_new_master: bool = False) -> int:
+    """Cut the log back to ``offset`` (a record boundary at or below the max offset), with
+    its consume queues, index, epoch file and checkpoint, crash-safely; the bytes cut.
+    Reads, pulls, max offsets and the next put or replicated byte all follow the cut once
+    it returns. (``MessageStore.truncate_to`` is this function.)
+
+    A store that takes puts (a master) is refused, unless the change-to-master path says it
+    is that (``for_new_master``: it cuts before it serves as master; puts get
+    SERVICE_NOT_AVAILABLE meanwhile). Whoever appends otherwise (a slave's HA client) stops
+    first. TruncationError, with nothing changed, when it cannot be done;
+    TruncationUnfinished when an I/O error stopped it half-way: the store then refuses puts
+    until it is reopened, which finishes the cut (puts taken meanwhile would be cut by
+    it)."""
+    admission = store.admission
+    refusal = admission.cut_refusal(for_new_master)
+    if refusal is not None:
+        await trio.lowlevel.checkpoint()
+        raise TruncationError(refusal)
+    accepting = admission.begin_cut()
+    confirm = store.confirm
+    if confirm is not None:
+        confirm.before_cut(offset)  # (the cut waits for what it keeps to be dispatched)
+    try:
+        cut = await truncate_live(store, offset, max_record_size(store.config))
+    except TruncationUnfinished:
+        raise  # refusing puts for good (the admission stays ``truncating``)
+    except BaseException:
+        admission.end_cut(accepting)
+        raise
+    finally:
+        if confirm is not None:
+            confirm.after_cut(store.commitlog.max_offset)
+    admission.end_cut(accepting)
+    return cut
 
 
 async def truncate_live(store: TruncatedStore, offset: int, max_record: int) -> int:

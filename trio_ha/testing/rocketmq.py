@@ -39,6 +39,11 @@ client, tools and store are there). 4.9.7 and 4.9.8 share the store layout, the 
 the remoting protocol, so the servers are :data:`DEFAULT_VERSION`, 4.9.7; the Java client and
 mqadmin run against us as :data:`CLIENTS_VERSION`, 4.9.8 (``fetch(..., clients_only=True)``);
 and 5.3.3 is the 5.x peer.
+
+Why one module at about 700 lines: it is one harness, the real RocketMQ as child processes.
+Fetching its jars, compiling our Java programs against them, and starting and stopping its
+name server, brokers, controllers and programs share one jar cache and one ``JavaProcess``;
+asking which controller leads is the last step of starting controllers.
 """
 
 from __future__ import annotations

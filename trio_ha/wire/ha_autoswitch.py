@@ -32,6 +32,10 @@ or ``NEED_DATA``, and ``send_*`` return bytes to write. The slave's adapter may 
 frame body straight into the commitlog mapping and report it with ``body_received(n)``. The
 epoch list is whatever sequence of objects with ``epoch`` and ``start_offset`` the caller
 keeps (``EpochLike``): this module does not know the epoch file.
+
+Why one module at about 650 lines: the two machines are the two ends of one protocol, and
+share its frames, its states and its checks (an epoch list, a transfer's label); each side
+encodes what the other decodes, so split, a frame's layout would live in two places.
 """
 
 from __future__ import annotations

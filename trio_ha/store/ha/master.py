@@ -18,7 +18,7 @@ The rules of which acks count, which connection makes way, and what ``replicated
 the sans-I/O ``ledger`` (``ReplicationLedger``); the pumps step it with what happened and
 perform what it answers.
 
-Why one module at about 750 lines: the connection's pumps and the service that admits,
+Why one module at about 800 lines: the connection's pumps and the service that admits,
 authenticates and evicts connections step one ledger and one connection table, and the
 statistics they report are read from both; the rules themselves live in ``ledger``.
 

@@ -43,6 +43,11 @@ An empty slave's log begins where the master's first data frame says, which must
 log can begin: a segment boundary whose segment ends at a 64-bit offset. A master that says
 otherwise (a rogue one, or one with another mappedFileSizeCommitLog) is refused: the client
 stops in the ``refused`` state, with the reason in its statistics, and has written nothing.
+
+Why one module at about 600 lines: it is the HA client, one object with the small parts of
+its session (the back-off, the reports, the statistics, the divergence advice), all serving
+one connection's life and the states it ends in; the frames are ``wire.ha``'s, and the
+controller-mode client (``autoswitch_slave``) is this one with a handshake in front.
 """
 
 from __future__ import annotations

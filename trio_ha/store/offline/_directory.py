@@ -31,11 +31,11 @@ from ..._errors import TrioHAError
 from ...config import StoreConfig
 from ...wire import layout
 from .. import index as index_files
+from ..admission import max_record_size
 from ..checkpoint import Checkpoint
 from ..consume_queue import is_valid_topic
 from ..lock import StoreLock
 from ..segment import Segment
-from ..store import max_record_size
 
 #: records the scanner describes per call
 SCAN_BATCH = 4096
