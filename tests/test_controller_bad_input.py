@@ -41,8 +41,8 @@ async def call(client: RemotingClient, code: int, fields: dict | None = None,
     return await client.invoke(RemotingCommand.request(code, fields, body), timeout)
 
 
-async def beat(client: RemotingClient, broker_id: object, address: str, *,
-               name: str = NAME, timeout_ms: int = 10_000, **extra: object) -> None:
+async def beat(client: RemotingClient, broker_id: int | str, address: str, *,
+               name: str = NAME, timeout_ms: int = 10_000, **extra: int | str) -> None:
     await client.invoke_oneway(RemotingCommand.request(RequestCode.BROKER_HEARTBEAT, {
         "clusterName": CLUSTER, "brokerName": name, "brokerAddr": address,
         "brokerId": broker_id, "heartbeatTimeoutMills": timeout_ms, "epoch": 0,

@@ -53,8 +53,8 @@ from ..acl import AclFile, acl_file_path
 from ..config import ConfigError
 from ..ratelog import RateLimitedLog
 from ..remoting import RUN_IN_TASK, RemotingConnection, RemotingServer, not_supported
-from ..remoting.connection import RunInTask
 from ..remoting.answers import config_update, one_line
+from ..remoting.connection import RunInTask
 from ..remoting.metrics import serve_metrics
 from ..wire.controller import (
     SPECS,
