@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +22,13 @@ import trio
 
 from conftest import wait_until
 from test_controller_bad_input import A1, A2, CLUSTER, NAME, Seen, call, seen
-from test_interop_controller_brokers import BROKER_NAME, broker_spec, send_some, wait_master
+from test_interop_controller_brokers import (
+    BROKER_NAME,
+    broker_spec,
+    send_some,
+    wait_master,
+)
+from test_interop_controller_brokers import CLUSTER as BROKERS_CLUSTER
 from trio_ha.acl import AclConfigError
 from trio_ha.controller.config import ControllerServerConfig, StoreType
 from trio_ha.controller.liveness import BrokerIdentity
@@ -29,6 +36,7 @@ from trio_ha.controller.server import ACL_CHECKED_CODES
 from trio_ha.namesrv.server import NamesrvConfig
 from trio_ha.remoting import RemotingClient, open_remoting_client
 from trio_ha.testing import RunningController, free_broker_port, open_controller
+from trio_ha.testing.cluster import DEFAULT_SEGMENT_SIZE
 from trio_ha.testing.processes import NodeProcess, child_env
 from trio_ha.wire.acl import Credentials
 from trio_ha.wire.controller import BrokerReplicasInfo, SyncStateSet, encode_broker_names
@@ -334,3 +342,76 @@ async def test_trio_ha_admin_controller_verbs_sign_with_the_global_account(tmp_p
                            "--json")
         assert config.returncode == 0, config
         assert {"key": "aclEnable", "value": "true"} in json.loads(config.stdout)
+
+
+@pytest.mark.interop
+def test_real_5_3_3_brokers_sign_their_requests_to_an_acl_controller(rocketmq5, tmp_path):
+    """RocketMQ 5.3.3 brokers under our controller with aclEnable: one with
+    innerClientAuthenticationCredentials (its BrokerOuterAPI signs every request, heartbeats
+    included, without our seal) registers and is elected master; one without is refused at
+    APPLY_BROKER_ID and never joins the set."""
+    logs = str(tmp_path / "logs")
+    os.makedirs(logs)
+    ports = [free_broker_port() for _ in range(2)]
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    nodes: list[NodeProcess] = []
+    java = []
+    try:
+        ctl = NodeProcess.start("ctl", {"kind": "controller", "log_level": "INFO", "properties": {
+            "controllerType": "memory", "listenPort": str(free_broker_port()),
+            "aclEnable": "true", "plainAclFile": acl_file(tmp_path)}}, log_dir=logs)
+        nodes.append(ctl)
+        namesrv = NodeProcess.start("ns", {"kind": "namesrv", "port": free_broker_port()},
+                                    log_dir=logs)
+        nodes.append(namesrv)
+
+        def broker(i: int, signed: bool) -> None:
+            properties: dict[str, object] = {
+                "brokerClusterName": BROKERS_CLUSTER, "brokerName": BROKER_NAME,
+                "listenPort": ports[i], "namesrvAddr": namesrv.addr,
+                "enableControllerMode": True, "controllerAddr": ctl.addr,
+                "mappedFileSizeCommitLog": DEFAULT_SEGMENT_SIZE, "maxHashSlotNum": 1000,
+                "maxIndexNum": 4000}
+            if signed:
+                properties["innerClientAuthenticationCredentials"] = json.dumps(
+                    {"accessKey": ADMIN.access_key, "secretKey": ADMIN.secret_key},
+                    separators=(",", ":"))
+                # 5.3.3 also makes the account a user of its own auth 2.0 store at start
+                # (AuthenticationMetadataManagerImpl.initUser): it needs one; its own
+                # authentication stays off
+                properties["authenticationMetadataProvider"] = (
+                    "org.apache.rocketmq.auth.authentication.provider."
+                    "LocalAuthenticationMetadataProvider")
+                properties["authorizationMetadataProvider"] = (
+                    "org.apache.rocketmq.auth.authorization.provider."
+                    "LocalAuthorizationMetadataProvider")
+            java.append(rocketmq5.start_broker(tmp_path / f"b{i}", properties, name=f"b{i}"))
+
+        broker(0, signed=True)
+        assert trio.run(wait_master, ctl.addr, addrs[0], 1, 60.0) == 1
+
+        async def members() -> set[str]:
+            async with open_remoting_client(ctl.addr) as client:
+                reply = await call(client, RequestCode.CONTROLLER_GET_SYNC_STATE_DATA,
+                                   body=encode_broker_names([BROKER_NAME]))
+            info = BrokerReplicasInfo.decode(reply.body).replicas_info_table[BROKER_NAME]
+            return {r.broker_address for r in (*info.in_sync_replicas,
+                                               *info.not_in_sync_replicas)}
+
+        broker(1, signed=False)
+
+        def refused_apply() -> bool:
+            with open(ctl.log_path, encoding="utf-8", errors="replace") as log:
+                return "ACL refused request code 1013" in log.read()
+
+        # its start-up (metadata, next id, then APPLY_BROKER_ID: refused)
+        deadline = time.monotonic() + 60
+        while not refused_apply() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert refused_apply(), "the unsigned broker's APPLY_BROKER_ID was not refused"
+        assert trio.run(members) == {addrs[0]}
+    finally:
+        for process in java:
+            process.kill()
+        for node in reversed(nodes):
+            node.kill()
