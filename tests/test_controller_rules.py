@@ -150,6 +150,19 @@ def test_next_id_stays_above_an_id_applied_out_of_turn() -> None:
     assert record(h).next_broker_id == 6
 
 
+def test_new_sets_stop_at_the_limit_and_known_sets_still_grow() -> None:
+    h = Harness(config=ControllerConfig(max_sets=3))
+    for name in ("s1", "s2", "s3"):
+        assert h.perform(apply_broker_id(h.state, ApplyBrokerIdRequestHeader(
+            "c1", name, 1, f"{name}:1;1"), h.config)).ok
+    full = apply_broker_id(h.state, ApplyBrokerIdRequestHeader("c1", "s4", 1, "s4:1;1"),
+                           h.config)
+    assert full.code == ResponseCode.CONTROLLER_INVALID_REQUEST and not full.changes
+    assert h.perform(apply_broker_id(h.state, ApplyBrokerIdRequestHeader(
+        "c1", "s1", 2, "s1:2;1"), h.config)).ok
+    assert set(h.state.sets) == {"s1", "s2", "s3"}
+
+
 def test_apply_without_fields_is_an_invalid_request() -> None:
     h = Harness()
     for header in (ApplyBrokerIdRequestHeader(None, A, 1, "a;1"),

@@ -91,6 +91,10 @@ class ControllerConfig:
     enable_elect_unclean_master: bool = False
     #: notifyBrokerRoleChanged: tell the alive members after an election
     notify_broker_role_changed: bool = True
+    #: broker sets the controller keeps at most (ours: RocketMQ has no limit): without ACL,
+    #: anyone who reaches the port can APPLY_BROKER_ID under new names, and every set is a
+    #: record held in memory and in the store; far above any real deployment
+    max_sets: int = 16_384
 
 
 # ---- state -----------------------------------------------------------------------------------
@@ -238,7 +242,8 @@ def get_next_broker_id(state: ControllerState, header: GetNextBrokerIdRequestHea
                                                          next_id))
 
 
-def apply_broker_id(state: ControllerState, header: ApplyBrokerIdRequestHeader) -> Decision:
+def apply_broker_id(state: ControllerState, header: ApplyBrokerIdRequestHeader,
+                    config: ControllerConfig = ControllerConfig()) -> Decision:
     """CONTROLLER_APPLY_BROKER_ID (1013): take an id. The address is the part of the check
     code before ``;``. The first id of a new set must be 1; a taken id is granted again only to
     the same check code (a broker retrying), otherwise CONTROLLER_BROKER_ID_INVALID."""
@@ -256,6 +261,10 @@ def apply_broker_id(state: ControllerState, header: ApplyBrokerIdRequestHeader) 
     address = code.split(";", 1)[0]
     stored = state.get(name)
     if stored is None:
+        if len(state.sets) >= config.max_sets:
+            return _refuse(ResponseCode.CONTROLLER_INVALID_REQUEST,
+                           f"the controller holds {len(state.sets)} broker sets, its limit: "
+                           f"no new set {_cut(name)}", response)
         if broker_id != 1:
             return _refuse(ResponseCode.CONTROLLER_BROKER_ID_INVALID,
                            f"set {name} has no members yet: its first broker id is 1, "

@@ -271,7 +271,9 @@ class ControllerServer:
     async def apply_broker_id(self, request: RemotingCommand,
                               connection: RemotingConnection) -> RemotingCommand:
         header = SPECS[ApplyBrokerIdRequestHeader].decode(request)
-        return await self._perform(request, lambda state, now: apply_broker_id(state, header))
+        service = self.service
+        return await self._perform(request, lambda state, now: apply_broker_id(
+            state, header, service.config.rules_config))
 
     async def register_broker(self, request: RemotingCommand,
                               connection: RemotingConnection) -> RemotingCommand:
