@@ -38,7 +38,7 @@ from trio_ha.remoting import RemotingClient, open_remoting_client
 from trio_ha.testing import RunningController, free_broker_port, open_controller
 from trio_ha.testing.cluster import DEFAULT_SEGMENT_SIZE
 from trio_ha.testing.processes import NodeProcess, child_env
-from trio_ha.wire.acl import Credentials
+from trio_ha.wire.acl import ACCESS_KEY, SIGNATURE, Credentials, request_signature
 from trio_ha.wire.controller import BrokerReplicasInfo, SyncStateSet, encode_broker_names
 from trio_ha.wire.remoting import RemotingCommand, RequestCode, ResponseCode
 
@@ -415,3 +415,47 @@ def test_real_5_3_3_brokers_sign_their_requests_to_an_acl_controller(rocketmq5, 
             process.kill()
         for node in reversed(nodes):
             node.kill()
+
+
+def unsealed(code: int, fields: dict[str, str], credentials: Credentials,
+             body: bytes = b"") -> RemotingCommand:
+    """Signed as RocketMQ's AclClientRPCHook signs (mqadmin, a Java broker): no seal."""
+    signed = {**fields, ACCESS_KEY: credentials.access_key}
+    signed[SIGNATURE] = request_signature(signed, body, credentials.secret_key)
+    return RemotingCommand.request(code, signed, body)
+
+
+async def test_unsealed_admin_verbs_must_have_mqadmins_shape(tmp_path):
+    """A signature covers the values, not the request code: a captured request of the same
+    values could be sent again as CLEAN_BROKER_DATA or ELECT_MASTER. Unsealed (RocketMQ's
+    signers), those verbs are taken only in the shape mqadmin and the brokers send."""
+    async with open_controller(acl_config(tmp_path)) as ctl, \
+            open_remoting_client(ctl.address, credentials=ADMIN) as admin, \
+            open_remoting_client(ctl.address, credentials=ADMIN) as b1, \
+            open_remoting_client(ctl.address, credentials=ADMIN) as b2, \
+            open_remoting_client(ctl.address) as raw:
+        await admin_set(ctl, admin, b1, b2)
+        # a REGISTER_BROKER of broker 2, its values re-keyed as a CLEAN_BROKER_DATA: the
+        # clean carries fields it never has, and is refused
+        spliced = unsealed(RequestCode.CLEAN_BROKER_DATA, {
+            "brokerName": NAME, "clusterName": CLUSTER, "brokerAddress": A2,
+            "brokerId": "2", "isCleanLivingBroker": "true"}, ADMIN)
+        refused = await raw.invoke(spliced, 5)
+        assert refused.code == ResponseCode.NO_PERMISSION, refused
+        assert "a replayed signature?" in (refused.remark or "")
+        junk = unsealed(RequestCode.CONTROLLER_ELECT_MASTER, {
+            "clusterName": CLUSTER, "brokerName": NAME, "brokerId": "2",
+            "designateElect": "yes"}, ADMIN)
+        assert (await raw.invoke(junk, 5)).code == ResponseCode.NO_PERMISSION
+        with_body = unsealed(RequestCode.CONTROLLER_ELECT_MASTER, {
+            "clusterName": CLUSTER, "brokerName": NAME, "brokerId": "2",
+            "designateElect": "true"}, ADMIN, body=b"x")
+        assert (await raw.invoke(with_body, 5)).code == ResponseCode.NO_PERMISSION
+        assert await seen(raw) == IN_SYNC
+        # mqadmin's own electMaster, unsealed, is served
+        shaped = unsealed(RequestCode.CONTROLLER_ELECT_MASTER, {
+            "clusterName": CLUSTER, "brokerName": NAME, "brokerId": "2",
+            "designateElect": "true", "invokeTime": "1700000000000"}, ADMIN)
+        served = await raw.invoke(shaped, 5)
+        assert served.code == ResponseCode.SUCCESS, served
+        assert (await seen(raw)).master == 2
