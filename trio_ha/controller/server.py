@@ -212,13 +212,13 @@ class ControllerServer:
         either order), and a flood of heartbeats costs no task each."""
         if request.code != RequestCode.BROKER_HEARTBEAT:
             return RUN_IN_TASK
-        refused = self._acl_refusal(request, connection)
-        if refused is None:
+        response = self._acl_refusal(request, connection)
+        if response is None:
             try:
-                refused = self._heartbeat(request, connection)
+                response = self._heartbeat(request, connection)
             except (HeaderFieldError, ControllerDecodeError) as exc:
-                refused = _invalid(request, exc)
-        return None if request.is_oneway else refused
+                response = _invalid(request, exc)
+        return None if request.is_oneway else response
 
     def _acl_refusal(self, request: RemotingCommand, connection: RemotingConnection
                      ) -> RemotingCommand | None:
