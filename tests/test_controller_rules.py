@@ -150,6 +150,19 @@ def test_next_id_stays_above_an_id_applied_out_of_turn() -> None:
     assert record(h).next_broker_id == 6
 
 
+def test_new_sets_stop_at_the_limit_and_known_sets_still_grow() -> None:
+    h = Harness(config=ControllerConfig(max_sets=3))
+    for name in ("s1", "s2", "s3"):
+        assert h.perform(apply_broker_id(h.state, ApplyBrokerIdRequestHeader(
+            "c1", name, 1, f"{name}:1;1"), h.config)).ok
+    full = apply_broker_id(h.state, ApplyBrokerIdRequestHeader("c1", "s4", 1, "s4:1;1"),
+                           h.config)
+    assert full.code == ResponseCode.CONTROLLER_INVALID_REQUEST and not full.changes
+    assert h.perform(apply_broker_id(h.state, ApplyBrokerIdRequestHeader(
+        "c1", "s1", 2, "s1:2;1"), h.config)).ok
+    assert set(h.state.sets) == {"s1", "s2", "s3"}
+
+
 def test_apply_without_fields_is_an_invalid_request() -> None:
     h = Harness()
     for header in (ApplyBrokerIdRequestHeader(None, A, 1, "a;1"),
@@ -198,16 +211,51 @@ def test_register_from_a_new_address_writes_it() -> None:
 # ---- elections -------------------------------------------------------------------------------
 
 
-def test_first_election_takes_the_requester_even_unheard() -> None:
+def test_first_election_takes_the_requester_only_once_it_is_heard() -> None:
     h = Harness()
     three_members(h)
+    # RocketMQ makes any member that asks first master, heard or not; ours refuses one that
+    # never heartbeated (a broker heartbeats before it asks)
+    unheard = elect(h, 2)
+    assert unheard.code == ResponseCode.CONTROLLER_ELECT_MASTER_FAILED and not unheard.changes
+    assert record(h).master_epoch == 0
+    h.beat(A, 2)
     d = elect(h, 2)
     assert d.ok and d.header == ElectMasterResponseHeader(2, ADDR[2], 1, 1)
     assert d.body == ElectMasterResponseBody(frozenset({2}), "c1", A, ADDR)
     r = record(h)
     assert (r.master_id, r.master_epoch, r.sync_state_set_epoch, r.sync_state_set) == \
         (2, 1, 1, frozenset({2}))
-    assert d.notices == ()  # nobody heartbeats yet: nobody to tell
+    assert [n.address for n in d.notices] == [ADDR[2]]  # the only member heard
+
+
+def test_register_does_not_move_a_live_members_id_to_another_address() -> None:
+    h = Harness()
+    h.join(A, ADDR[1])
+    h.beat(A, 1)
+    taken = register_broker(h.state, h.live, h.now, RegisterBrokerToControllerRequestHeader(
+        "c1", A, 1, "10.9.9.9:1"))
+    assert taken.code == ResponseCode.CONTROLLER_BROKER_ID_INVALID and not taken.changes
+    # the same address is no move: served
+    assert register_broker(h.state, h.live, h.now, RegisterBrokerToControllerRequestHeader(
+        "c1", A, 1, ADDR[1])).ok
+    h.kill(A, 1)  # dead at its old address: the move is served
+    assert h.perform(register_broker(h.state, h.live, h.now,
+                                     RegisterBrokerToControllerRequestHeader(
+                                         "c1", A, 1, "10.9.9.9:1"))).ok
+    assert record(h).address_of(1) == "10.9.9.9:1"
+
+
+def test_a_heartbeat_for_a_members_id_from_another_address_is_dropped() -> None:
+    h = Harness()
+    h.join(A, ADDR[1])
+    assert accept_heartbeat(h.state, h.live, h.now, h.heartbeat_header(A, 1, ADDR[1]),
+                            channel="own").ok
+    forged = accept_heartbeat(h.state, h.live, h.now + 5,
+                              h.heartbeat_header(A, 1, "10.9.9.9:1"), channel="other")
+    assert forged.code == ResponseCode.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED
+    info = h.live.get(BrokerIdentity("c1", A, 1))
+    assert info is not None and (info.channel, info.last_heartbeat) == ("own", h.now)
 
 
 def test_elect_for_an_unknown_set_is_2010() -> None:
@@ -684,8 +732,8 @@ def test_invariants_over_random_request_sequences(
                 assert new.master_epoch == old.record.master_epoch + 1
                 first = old.record.master_epoch == 0
                 identity = BrokerIdentity(new.cluster, new.broker_name, new.master_id)
+                assert h.live.is_alive(identity, h.now)  # the first one too
                 if not first:
-                    assert h.live.is_alive(identity, h.now)
                     if "unclean" not in (decision.remark or ""):
                         assert new.master_id in old.record.sync_state_set
                     else:

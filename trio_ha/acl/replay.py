@@ -84,6 +84,15 @@ LEGACY_SHAPES: Mapping[int, LegacyShape] = {
         "lo": _BOOL}),
     RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: LegacyShape({}, body=True),
     RequestCode.UPDATE_BROKER_CONFIG: LegacyShape({}, body=True),
+    # the controller's (RocketMQ 5.3.3's ElectMasterRequestHeader, as a broker and as
+    # mqadmin's electMaster send it; CleanControllerBrokerDataRequestHeader; the properties)
+    RequestCode.CONTROLLER_ELECT_MASTER: LegacyShape({
+        "clusterName": _TEXT, "brokerName": _TEXT, "brokerId": _INT, "designateElect": _BOOL,
+        "invokeTime": _INT}),
+    RequestCode.CLEAN_BROKER_DATA: LegacyShape({
+        "clusterName": _TEXT, "brokerName": _TEXT, "brokerControllerIdsToClean": _TEXT,
+        "isCleanLivingBroker": _BOOL, "invokeTime": _INT}),
+    RequestCode.UPDATE_CONTROLLER_CONFIG: LegacyShape({}, body=True),
 }
 
 #: the account's own fields, which every signed request has

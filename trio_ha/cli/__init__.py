@@ -4,8 +4,9 @@
 SIGINT/SIGTERM); ``_failures`` how any command ends when it does not finish (one line and
 exit 1 for an error of ours, 130 for Ctrl-C); ``nodes`` runs a name server,
 a broker or an embedded store; ``dev`` a whole cluster on loopback; ``admin`` (mqadmin's
-verbs and ``message get``), ``status`` and ``traffic`` (``produce``, ``consume``) talk to a
-running cluster; ``bench`` and ``spark`` are sub-command groups.
+verbs and ``message get``; ``admin_controller``, its controller verbs), ``status`` and
+``traffic`` (``produce``, ``consume``) talk to a running cluster; ``bench`` and ``spark`` are
+sub-command groups.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 # each registers its commands on the app
 from . import (  # noqa: F401
     admin,
+    admin_controller,
     bench,
     chaos,
     chaos_hostile,

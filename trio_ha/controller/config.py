@@ -117,6 +117,11 @@ class ControllerServerConfig:
     etcd_keys: EtcdKeys = attrs.field(factory=EtcdKeys)
     #: controllerEtcdLeaseSeconds: the leader's lease TTL (how long a dead leader blocks)
     etcd_lease_seconds: int = 3
+    #: aclEnable: the admin verbs and the brokers' verbs need a signature of an admin account
+    #: of plain_acl.yml (docs/controller.md "ACL"); embedded, the name server's setting
+    acl_enable: bool = False
+    #: plainAclFile: where plain_acl.yml is (default: $ROCKETMQ_HOME/conf/plain_acl.yml)
+    plain_acl_file: str | None = None
 
     def __attrs_post_init__(self) -> None:
         # checked here, not only when read from a file: a config built in code that names
@@ -180,6 +185,10 @@ class ControllerServerConfig:
                 values["etcd_keys"] = _etcd_keys(key, raw)
             elif key == "controllerEtcdLeaseSeconds":
                 values["etcd_lease_seconds"] = _int(key, raw, 1, 3600)
+            elif key == "aclEnable":
+                values["acl_enable"] = _bool(key, raw)
+            elif key == "plainAclFile":
+                values["plain_acl_file"] = os.path.expanduser(raw)
             elif key in RUNTIME_KEYS:
                 field, parse = RUNTIME_KEYS[key]
                 values[field] = parse(key, raw)
@@ -211,6 +220,8 @@ class ControllerServerConfig:
             "controllerEtcdEndpoints": ",".join(self.etcd_endpoints) or None,
             "controllerEtcdKeyPrefix": self.etcd_keys.prefix,
             "controllerEtcdLeaseSeconds": self.etcd_lease_seconds,
+            "aclEnable": self.acl_enable,
+            "plainAclFile": self.plain_acl_file,
             "configBlackList": ";".join(CONFIG_BLACK_LIST),
         }
         rendered = {key: render_value(value) for key, value in values.items()}
@@ -246,7 +257,8 @@ RUNTIME_KEYS: dict[str, tuple[str, Callable[[str, str], object]]] = {
 
 #: UPDATE_CONTROLLER_CONFIG refuses these with NO_PERMISSION (RocketMQ's configBlackList)
 CONFIG_BLACK_LIST = ("configBlackList", "configStorePath", "controllerStorePath",
-                     "controllerType", "controllerEtcdEndpoints", "controllerEtcdKeyPrefix")
+                     "controllerType", "controllerEtcdEndpoints", "controllerEtcdKeyPrefix",
+                     "aclEnable", "plainAclFile")
 
 #: the keys a controller.conf may set here (and, but listenPort/bindAddress, a name server's
 #: file that embeds the controller)
@@ -255,7 +267,7 @@ CONTROLLER_FILE_KEYS = frozenset({
     "metricsPort", "controllerMetricsPort",
     "controllerType", "controllerStorePath", "controllerDLegerGroup", "controllerDLegerPeers",
     "controllerDLegerSelfId", "controllerEtcdEndpoints", "controllerEtcdKeyPrefix",
-    "controllerEtcdLeaseSeconds", *RUNTIME_KEYS,
+    "controllerEtcdLeaseSeconds", "aclEnable", "plainAclFile", *RUNTIME_KEYS,
 })
 _ROCKETMQ_KEY_LIST = """
     rocketmqHome configStorePath controllerThreadPoolNums controllerRequestThreadPoolQueueCapacity

@@ -17,7 +17,8 @@ Two deliberate choices, both in docs/controller.md:
   win an election on bytes it no longer has. We keep what the broker says now: a heartbeat on
   one connection is in order, and the newest one is the truth.
 - **The table is bounded.** RocketMQ adds an entry for any heartbeat at all. Here the rules
-  only pass on heartbeats of registered members (``rules.accept_heartbeat``), and the table
+  only pass on heartbeats of registered members at their registered address
+  (``rules.accept_heartbeat``: a flood from 10,000 addresses adds nothing), and the table
   itself holds at most ``capacity`` entries: a new identity beyond that is refused (after the
   expired entries are dropped) rather than growing the table, and a heartbeat timeout is
   clamped to ``MAX_HEARTBEAT_TIMEOUT_MS`` so that no entry can hold its place forever.

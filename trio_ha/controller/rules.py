@@ -14,9 +14,10 @@ Codes, checks and their order follow RocketMQ 5.3.3 (``ReplicasInfoManager``,
 ``DefaultElectPolicy``, ``ControllerManager``), so real brokers and mqadmin see the answers
 they expect; the remarks are ours. Where we differ on purpose, docs/controller.md says so:
 missing header fields are CONTROLLER_INVALID_REQUEST (RocketMQ throws), the next broker id
-stays above every applied id, a set's cluster must match, heartbeats count only from members,
-cleaning checks every member's liveness, and a change of the in-sync set always bumps its
-epoch.
+stays above every applied id, a set's cluster must match, heartbeats count only from members
+at their registered address, a live member's id is not moved to another address by
+REGISTER_BROKER, the first election takes the requester only if it is alive, cleaning checks
+every member's liveness, and a change of the in-sync set always bumps its epoch.
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ class ControllerConfig:
     enable_elect_unclean_master: bool = False
     #: notifyBrokerRoleChanged: tell the alive members after an election
     notify_broker_role_changed: bool = True
+    #: broker sets the controller keeps at most (ours: RocketMQ has no limit): without ACL,
+    #: anyone who reaches the port can APPLY_BROKER_ID under new names, and every set is a
+    #: record held in memory and in the store; far above any real deployment
+    max_sets: int = 16_384
 
 
 # ---- state -----------------------------------------------------------------------------------
@@ -188,6 +193,17 @@ class Decision:
         return tuple(change.write() for change in self.changes)
 
 
+#: the longest piece of a request a remark quotes (a name or address of a megabyte is
+#: not echoed back)
+_QUOTED = 128
+
+
+def _cut(text: str | None) -> str:
+    """``text`` as a remark quotes it: at most ``_QUOTED`` characters."""
+    text = "" if text is None else text
+    return text if len(text) <= _QUOTED else text[:_QUOTED] + "..."
+
+
 def _refuse(code: int, remark: str, header: ResponseHeader | None = None) -> Decision:
     return Decision(code, remark, header)
 
@@ -226,7 +242,8 @@ def get_next_broker_id(state: ControllerState, header: GetNextBrokerIdRequestHea
                                                          next_id))
 
 
-def apply_broker_id(state: ControllerState, header: ApplyBrokerIdRequestHeader) -> Decision:
+def apply_broker_id(state: ControllerState, header: ApplyBrokerIdRequestHeader,
+                    config: ControllerConfig = ControllerConfig()) -> Decision:
     """CONTROLLER_APPLY_BROKER_ID (1013): take an id. The address is the part of the check
     code before ``;``. The first id of a new set must be 1; a taken id is granted again only to
     the same check code (a broker retrying), otherwise CONTROLLER_BROKER_ID_INVALID."""
@@ -244,11 +261,19 @@ def apply_broker_id(state: ControllerState, header: ApplyBrokerIdRequestHeader) 
     address = code.split(";", 1)[0]
     stored = state.get(name)
     if stored is None:
+        if len(state.sets) >= config.max_sets:
+            return _refuse(ResponseCode.CONTROLLER_INVALID_REQUEST,
+                           f"the controller holds {len(state.sets)} broker sets, its limit: "
+                           f"no new set {_cut(name)}", response)
         if broker_id != 1:
             return _refuse(ResponseCode.CONTROLLER_BROKER_ID_INVALID,
                            f"set {name} has no members yet: its first broker id is 1, "
                            f"not {broker_id}", response)
-        record = _new_record(cluster, name, MemberRecord(1, address, code))
+        try:
+            member = MemberRecord(1, address, code)
+        except RecordError as exc:  # a check code over the record's limit
+            return _refuse(ResponseCode.CONTROLLER_INVALID_REQUEST, str(exc), response)
+        record = _new_record(cluster, name, member)
         if isinstance(record, Decision):
             return record
         return Decision(header=response, changes=(_change(None, name, record),))
@@ -303,6 +328,15 @@ def register_broker(
         return _refuse(ResponseCode.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
                        f"broker id {header.broker_id} is not registered in set {name}",
                        response)
+    if member.address != header.broker_address and _alive(live, now, record, member.broker_id):
+        # A second broker claiming a live member's id (a copied brokerIdentity file, or a
+        # forgery): RocketMQ moves the id to the new address. Here the id stays with the broker
+        # that heartbeats for it; one that really moved is dead at its old address (its
+        # connection closed with its process) and registers at once.
+        return _refuse(ResponseCode.CONTROLLER_BROKER_ID_INVALID,
+                       f"broker id {member.broker_id} of set {name} is alive at "
+                       f"{member.address}: {_cut(header.broker_address)} cannot take it",
+                       response)
     master = record.master_id
     if master is not None and _alive(live, now, record, master):
         response = attrs.evolve(response, master_broker_id=master,
@@ -335,10 +369,17 @@ def accept_heartbeat(
     if header.broker_id is None:
         return _refuse(ResponseCode.CONTROLLER_INVALID_REQUEST, "a heartbeat without brokerId")
     stored = state.get(header.broker_name)
-    if (stored is None or stored.record.cluster != header.cluster_name
-            or stored.record.member(header.broker_id) is None):
+    member = None if stored is None else stored.record.member(header.broker_id)
+    if stored is None or member is None or stored.record.cluster != header.cluster_name:
         return _refuse(ResponseCode.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
-                       f"broker {header.broker_name}/{header.broker_id} is not registered")
+                       f"broker {_cut(header.broker_name)}/{header.broker_id} is not registered")
+    if header.broker_addr != member.address:
+        # Another address claiming a member's id (RocketMQ counts it): it would keep a dead
+        # master "alive" and take over its entry's connection, so the master's own connection
+        # closing would no longer be seen. A broker that moved registers its new address first.
+        return _refuse(ResponseCode.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
+                       f"broker {_cut(header.broker_name)}/{header.broker_id} is registered at "
+                       f"{member.address}, not {_cut(header.broker_addr)}")
     accepted = live.heartbeat(
         _identity(stored.record, header.broker_id), address=header.broker_addr, now=now,
         channel=channel, timeout_ms=header.heartbeat_timeout_mills, epoch=header.epoch,
@@ -411,7 +452,12 @@ def elect_master(
     requester = header.broker_id
     by_controller = requester == -1
     outcome: ElectionOutcome | None = None
-    if record.master_epoch == 0 and record.member(requester) is not None:
+    if (record.master_epoch == 0 and record.member(requester) is not None
+            and _alive(live, now, record, requester)):
+        # The first master is the requester, as RocketMQ's; but only one that is alive
+        # (a broker heartbeats before it asks, on the same connection): RocketMQ would make a
+        # member that never came up master, and the set would have no live master until it
+        # does.
         outcome = ElectionOutcome(requester)
     if outcome is None:
 

@@ -6,7 +6,9 @@ remoting limits' ``shutdown_timeout`` (running requests finish, replies are writ
 the StateStore ``controllerType`` names, reads the whole state, and serves:
 
 - 904 BROKER_HEARTBEAT (one way): into the heartbeat table, the connection as the liveness
-  token (its close marks the brokers on it dead at once, as RocketMQ's onBrokerChannelClose);
+  token (its close marks the brokers on it dead at once, as RocketMQ's onBrokerChannelClose),
+  served in the reader's round as it is read (``handle_now``), so a heartbeat counts before
+  the requests that follow it on its connection are decided;
 - 1001 / 1002 / 1003 / 1011 / 1013: decided and committed one at a time (``perform``);
 - 1004 / 1006 / 1012: read from the last committed state, concurrently;
 - 1005 GET_METADATA_INFO: who leads (ourselves, for ``SoleLeadership``), answered by any
@@ -25,7 +27,15 @@ client's bounded wait (``EtcdUnavailable``), never a hang.
 
 Bad input (a header field missing or not a number, a body that is not the JSON it should
 be) is CONTROLLER_INVALID_REQUEST (2005) for that request alone; RocketMQ throws on it and
-answers SYSTEM_ERROR.
+answers SYSTEM_ERROR. A remark never quotes more than a line of the request back.
+
+``aclEnable`` (controller.conf, or the name server's file for an embedded controller): the
+requests that change the controller or its records (``ACL_CHECKED_CODES``: the admin verbs,
+and the brokers' own, heartbeats included) need the signature of an admin account of
+``plain_acl.yml`` (``trio_ha.acl``, the name server's check); anything else is answered
+NO_PERMISSION and changes nothing (a refused heartbeat is dropped). Reads stay open, as the
+name server's lookups are. RocketMQ 5.3.3's controller has no ACL at all (its brokers sign
+with ``innerClientAuthenticationCredentials`` anyway): this is ours, docs/controller.md "ACL".
 """
 
 from __future__ import annotations
@@ -38,10 +48,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import attrs
 import trio
 
-from .._sockets import listen_named, local_address
+from .._sockets import listen_named, local_address, peer_host
+from ..acl import AclFile, acl_file_path
 from ..config import ConfigError
-from ..remoting import RemotingConnection, RemotingServer, not_supported
-from ..remoting.answers import config_update
+from ..ratelog import RateLimitedLog
+from ..remoting import RUN_IN_TASK, RemotingConnection, RemotingServer, not_supported
+from ..remoting.answers import config_update, one_line
+from ..remoting.connection import RunInTask
 from ..remoting.metrics import serve_metrics
 from ..wire.controller import (
     SPECS,
@@ -90,6 +103,7 @@ from .service import ControllerService, ControllerUnavailable
 from .state_store import StateStore
 
 __all__ = [
+    "ACL_CHECKED_CODES",
     "LEADER_ONLY_CODES",
     "ControllerServer",
     "EtcdParts",
@@ -109,6 +123,20 @@ LEADER_ONLY_CODES = frozenset({
     RequestCode.CONTROLLER_GET_NEXT_BROKER_ID, RequestCode.CONTROLLER_APPLY_BROKER_ID,
 })
 
+#: with aclEnable, what needs an admin account's signature: every request that changes the
+#: records, the heartbeat table or the configuration, and the configuration's text (it names
+#: the store and etcd). Brokers' verbs too: any account that could send APPLY_BROKER_ID,
+#: REGISTER_BROKER or heartbeats could take a member's place, so a broker signs with an admin
+#: account (innerClientAuthenticationCredentials), as it must for the name server's
+#: REGISTER_BROKER. Reads (1004, 1005, 1006, 1012) stay open: they tell what the name server's
+#: routes tell any client, and a broker finds the leader before anything else.
+ACL_CHECKED_CODES = frozenset({
+    RequestCode.BROKER_HEARTBEAT, RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET,
+    RequestCode.CONTROLLER_ELECT_MASTER, RequestCode.CONTROLLER_REGISTER_BROKER,
+    RequestCode.UPDATE_CONTROLLER_CONFIG, RequestCode.GET_CONTROLLER_CONFIG,
+    RequestCode.CLEAN_BROKER_DATA, RequestCode.CONTROLLER_APPLY_BROKER_ID,
+})
+
 Handler = Callable[["ControllerServer", RemotingCommand, RemotingConnection],
                    Awaitable[RemotingCommand | None]]
 
@@ -118,13 +146,14 @@ def _respond(request: RemotingCommand, decision: Decision) -> RemotingCommand:
     if decision.header is not None:
         fields = SPECS[type(decision.header)].encode(decision.header)
     body = decision.body.encode() if decision.body is not None else b""
-    return RemotingCommand.response_to(request, decision.code, remark=decision.remark,
+    remark = None if decision.remark is None else one_line(decision.remark)
+    return RemotingCommand.response_to(request, decision.code, remark=remark,
                                        ext_fields=fields, body=body)
 
 
 def _invalid(request: RemotingCommand, why: object) -> RemotingCommand:
     return RemotingCommand.response_to(request, ResponseCode.CONTROLLER_INVALID_REQUEST,
-                                       remark=f"bad request: {why}")
+                                       remark=one_line(f"bad request: {why}"))
 
 
 @attrs.define(eq=False)
@@ -135,6 +164,13 @@ class ControllerServer:
     remoting: RemotingServer | None = None
     #: where GET /metrics is served, once serving (None without metricsPort)
     metrics_address: tuple[str, int] | None = None
+    #: with aclEnable: the accounts ``ACL_CHECKED_CODES`` are checked against (``serve``
+    #: loads plain_acl.yml unless one is given)
+    acl: AclFile | None = None
+    #: requests the ACL refused
+    acl_refusals: int = 0
+    #: refusals a hostile peer can repeat at will: one line per kind every 10 s
+    refusals: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
 
     @property
     def config(self) -> ControllerServerConfig:
@@ -146,6 +182,10 @@ class ControllerServer:
         if handler is None:
             await trio.lowlevel.checkpoint()
             return not_supported(request)
+        refused = self._acl_refusal(request, connection)
+        if refused is not None:
+            await trio.lowlevel.checkpoint()
+            return None if request.is_oneway else refused
         if request.code in LEADER_ONLY_CODES and not self.service.leadership.is_leader:
             await trio.lowlevel.checkpoint()
             return self._not_leader(request)
@@ -162,6 +202,38 @@ class ControllerServer:
         except (ControllerUnavailable, EtcdError) as exc:
             return RemotingCommand.response_to(request, ResponseCode.SYSTEM_ERROR,
                                                remark=str(exc))
+
+    def handle_now(self, request: RemotingCommand, connection: RemotingConnection
+                   ) -> RemotingCommand | None | RunInTask:
+        """The reader's own round (``FastHandler``): heartbeats, served as they are read and
+        in that order; everything else in a task (``handle``). A heartbeat read before a
+        request on the same connection is recorded before that request is decided (a broker
+        heartbeats, then asks for its first election: a task each, trio would run them in
+        either order), and a flood of heartbeats costs no task each."""
+        if request.code != RequestCode.BROKER_HEARTBEAT:
+            return RUN_IN_TASK
+        response = self._acl_refusal(request, connection)
+        if response is None:
+            try:
+                response = self._heartbeat(request, connection)
+            except (HeaderFieldError, ControllerDecodeError) as exc:
+                response = _invalid(request, exc)
+        return None if request.is_oneway else response
+
+    def _acl_refusal(self, request: RemotingCommand, connection: RemotingConnection
+                     ) -> RemotingCommand | None:
+        """NO_PERMISSION when ACL is on and the request's signature does not allow it."""
+        if self.acl is None or request.code not in ACL_CHECKED_CODES:
+            return None
+        refusal = self.acl.check(request, peer_host(connection.peer), ACL_CHECKED_CODES)
+        if refusal is None:
+            return None
+        self.acl_refusals += 1
+        self.refusals.log(logging.WARNING, ("acl", request.code),
+                          "controller: ACL refused request code %d from %s: %s",
+                          request.code, connection.peer, refusal)
+        return RemotingCommand.response_to(request, ResponseCode.NO_PERMISSION,
+                                           remark=one_line(refusal))
 
     def _not_leader(self, request: RemotingCommand) -> RemotingCommand:
         leader = self.service.leadership.leader_address
@@ -180,10 +252,15 @@ class ControllerServer:
 
     async def heartbeat(self, request: RemotingCommand, connection: RemotingConnection
                         ) -> RemotingCommand | None:
+        """(``handle_now`` serves heartbeats as they are read; this is ``handle``'s.)"""
         await trio.lowlevel.checkpoint()
+        response = self._heartbeat(request, connection)
+        return None if request.is_oneway else response
+
+    def _heartbeat(self, request: RemotingCommand, connection: RemotingConnection
+                   ) -> RemotingCommand:
         header = SPECS[BrokerHeartbeatRequestHeader].decode(request)
-        decision = self.service.heartbeat(header, connection)
-        return None if request.is_oneway else _respond(request, decision)
+        return _respond(request, self.service.heartbeat(header, connection))
 
     async def get_next_broker_id(self, request: RemotingCommand,
                                  connection: RemotingConnection) -> RemotingCommand:
@@ -194,7 +271,9 @@ class ControllerServer:
     async def apply_broker_id(self, request: RemotingCommand,
                               connection: RemotingConnection) -> RemotingCommand:
         header = SPECS[ApplyBrokerIdRequestHeader].decode(request)
-        return await self._perform(request, lambda state, now: apply_broker_id(state, header))
+        service = self.service
+        return await self._perform(request, lambda state, now: apply_broker_id(
+            state, header, service.config.rules_config))
 
     async def register_broker(self, request: RemotingCommand,
                               connection: RemotingConnection) -> RemotingCommand:
@@ -297,8 +376,16 @@ class ControllerServer:
         """Serve until cancelled; reports the bound (host, port)."""
         config = self.config
         self.remoting = remoting = RemotingServer(self.handle, config.remoting,
-                                                  on_close=self.connection_closed)
+                                                  on_close=self.connection_closed,
+                                                  fast=self.handle_now)
+        if config.acl_enable and self.acl is None:
+            # a file that cannot be read stops the start: a controller an operator meant to
+            # protect must not serve open (abandoned, not waited for, if the start is cancelled)
+            self.acl = await trio.to_thread.run_sync(functools.partial(
+                AclFile.open, acl_file_path(config.plain_acl_file)), abandon_on_cancel=True)
         async with trio.open_nursery() as nursery:
+            if self.acl is not None:
+                nursery.start_soon(self.acl.watch)
             # the service first: a connection that closes as soon as it is served must find
             # the elections running
             await nursery.start(self.service.run)
