@@ -432,6 +432,21 @@ async def test_a_controller_that_gains_leadership_reads_what_the_last_leader_wro
             assert after.ext_fields["nextBrokerId"] == "2"
 
 
+async def test_a_stopped_service_starts_no_election_when_a_connection_closes():
+    """Brokers' connections close as a controller shuts down (the dev cluster stops its
+    brokers while the name server and its controller still run, or the other way round): a
+    death seen after the service stopped starts nothing, where it raised "Nursery is closed to
+    new arrivals" from the connection's close."""
+    async with open_controller() as ctl:
+        async with open_remoting_client(ctl.address) as client:
+            await join(client, 1, "h:1")
+            await heartbeat(client, 1, "h:1")
+            assert (await elect(client, 1)).code == ResponseCode.SUCCESS
+        service = ctl.service
+    assert service.leadership.is_leader
+    service.schedule_election(NAME)  # what a late close of the master's connection does
+
+
 @attrs.define(eq=False)
 class WritesThenFails:
     """A store whose next commit is written and then fails (an fsync error after the write):

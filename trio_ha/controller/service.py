@@ -346,12 +346,17 @@ class ControllerService:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
         """The scan and the notices, until cancelled (``load`` first)."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            self._started_at = trio.current_time()
-            nursery.start_soon(self._run_scan)
-            nursery.start_soon(self._run_notices)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._started_at = trio.current_time()
+                nursery.start_soon(self._run_scan)
+                nursery.start_soon(self._run_notices)
+                task_status.started()
+        finally:
+            # A broker's connection that closes after this (the server stops after the
+            # service, or a caller keeps the server) starts no election in a closed nursery.
+            self._nursery = None
 
     async def _run_scan(self) -> None:
         while True:  # until cancelled; each round sleeps at least MIN_SCAN_GAP
