@@ -2,6 +2,10 @@
 """The one-controller StateStore: records in memory, every commit appended to a write-ahead
 file and fsync'ed before ``commit`` returns.
 
+It is one module at about 600 lines because it is one durable object: appends, group commit,
+recovery and compaction all act on one file under one lock (the bytes themselves are
+``journal_format``'s).
+
 Why a file of our own and not etcd for one controller: a single controller needs no
 consensus, only durability, and an append plus an ``fdatasync`` is the cheapest durable write
 there is (about 0.3 ms here). Issue 39 asks that a restarted controller know every broker id,

@@ -18,6 +18,11 @@ stays above every applied id, a set's cluster must match, heartbeats count only 
 at their registered address, a live member's id is not moved to another address by
 REGISTER_BROKER, the first election takes the requester only if it is alive, cleaning checks
 every member's liveness, and a change of the in-sync set always bumps its epoch.
+
+It is one module at over 600 lines because it is one concept, RocketMQ's ReplicasInfoManager:
+one rule per controller request over the same records and heartbeats, with the checks in
+RocketMQ's order; split by request, that order and the records' invariants would be read in
+pieces.
 """
 
 from __future__ import annotations
