@@ -22,13 +22,15 @@ from conftest import wait_until
 from trio_ha.controller import CommitConflict, Write
 from trio_ha.controller._etcd_http import _Body
 from trio_ha.controller.etcd import (
-    EtcdConfig,
     EtcdKeys,
     EtcdStateStore,
-    EtcdUnavailable,
     LeadershipLost,
-    open_etcd_client,
     open_etcd_leadership,
+)
+from trio_ha.controller.etcd_client import (
+    EtcdConfig,
+    EtcdUnavailable,
+    open_etcd_client,
     parse_endpoints,
     prefix_end,
 )
@@ -396,7 +398,8 @@ async def test_leader_out_of_reach_of_etcd_stops_leading(etcd3):
 #: a candidate in a process of its own: campaigns, then leads until it is killed
 CANDIDATE = textwrap.dedent("""
     import sys, trio
-    from trio_ha.controller.etcd import open_etcd_client, open_etcd_leadership
+    from trio_ha.controller.etcd import open_etcd_leadership
+    from trio_ha.controller.etcd_client import open_etcd_client
 
     async def main(endpoints, election, address, ttl):
         async with open_etcd_client(endpoints.split(",")) as client:

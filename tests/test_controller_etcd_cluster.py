@@ -38,9 +38,9 @@ from trio_ha.controller.etcd import (
     ControllerLeadership,
     EtcdKeys,
     EtcdStateStore,
-    open_etcd_client,
     open_etcd_leadership,
 )
+from trio_ha.controller.etcd_client import open_etcd_client
 from trio_ha.controller.records import BrokerSetRecord, key_for
 from trio_ha.controller.server import LEADER_ONLY_CODES
 from trio_ha.controller.service import ControllerService

@@ -8,17 +8,19 @@ from .config import ControllerServerConfig, StoreType
 from .election import ElectionOutcome, elect
 from .etcd import (
     ControllerLeadership,
+    EtcdKeys,
+    EtcdLeadership,
+    EtcdStateStore,
+    LeadershipLost,
+    open_etcd_leadership,
+)
+from .etcd_client import (
     EtcdClient,
     EtcdConfig,
     EtcdError,
-    EtcdKeys,
-    EtcdLeadership,
     EtcdRequestError,
-    EtcdStateStore,
     EtcdUnavailable,
-    LeadershipLost,
     open_etcd_client,
-    open_etcd_leadership,
     parse_endpoints,
 )
 from .journal import (

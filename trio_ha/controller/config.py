@@ -32,7 +32,8 @@ import attrs
 
 from ..config import ConfigError, check_keys, render_value
 from ..remoting import RemotingLimits
-from .etcd import EtcdKeys, parse_endpoints
+from .etcd import EtcdKeys
+from .etcd_client import parse_endpoints
 from .rules import ControllerConfig
 
 __all__ = [

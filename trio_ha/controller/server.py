@@ -76,14 +76,11 @@ from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from .config import CONFIG_BLACK_LIST, ControllerServerConfig, StoreType, updated_config
 from .etcd import (
     ControllerLeadership,
-    EtcdClient,
-    EtcdConfig,
-    EtcdError,
     EtcdStateStore,
     LeadershipLost,
-    open_etcd_client,
     open_etcd_leadership,
 )
+from .etcd_client import EtcdClient, EtcdConfig, EtcdError, open_etcd_client
 from .journal import Journal
 from .leadership import Leadership, SoleLeadership
 from .memory import MemoryStateStore

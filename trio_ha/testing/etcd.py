@@ -220,7 +220,7 @@ class EtcdCluster:
 
     @property
     def endpoints(self) -> tuple[str, ...]:
-        """Every member's client URL, for :class:`~trio_ha.controller.etcd.EtcdClient`."""
+        """Every member's client URL, for :class:`~trio_ha.controller.etcd_client.EtcdClient`."""
         return tuple(m.client_url for m in self.members)
 
     def wait_healthy(self, members: Sequence[EtcdMember] | None = None) -> None:
