@@ -14,7 +14,7 @@ which broker of each group answered, or that none did, so that an operator's too
 figure that comes from a slave (whose copy of the offsets trails the master's by up to
 ``slaveSyncInterval``) and never show a group nobody answered for as zero.
 
-Why one module at about 650 lines: one method per admin request, each a request and the
+Why one module at about 700 lines: one method per admin request, each a request and the
 decoding of its answer, sharing the group-by-group asking (``_ask_group``) and ``ByGroup``.
 """
 
