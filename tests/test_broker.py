@@ -7,6 +7,7 @@ import struct
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
 from conftest import TaskCounts, pulls_taken, wait_until
 from trio_ha.remoting import open_remoting_client
@@ -340,7 +341,10 @@ async def test_a_held_pulls_commit_offset_never_takes_back_a_later_commit(cluste
                 with trio.fail_after(5):
                     assert await consumer.receive_some(65536)  # the hold ended: its reply
             await consumer.aclose()
-            await trio.sleep(0.3)  # (a hold ended by the hang-up ends meanwhile)
+            # Every task of this process blocked: the broker read the hang-up, and the hold
+            # it ended has returned (a hold still waiting would be a bug of its own, which
+            # the remoting tests pin).
+            await trio.testing.wait_all_tasks_blocked()
             assert await offset(group) == end, leave
 
 
