@@ -9,6 +9,8 @@ from collections import defaultdict
 
 import pytest
 
+from trio_ha.bench.controller import run_controller_benchmarks
+
 REPLICAS = 3
 
 
@@ -106,7 +108,6 @@ def test_bench_controller_refuses_an_unknown_store(tmp_path):
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2 and "--store" in proc.stderr
+    results = run_controller_benchmarks(str(tmp_path), quick=True, store="zookeeper")
     with pytest.raises(ValueError, match="journal, etcd"):
-        from trio_ha.bench.controller import run_controller_benchmarks
-
-        next(run_controller_benchmarks(str(tmp_path), quick=True, store="zookeeper"))
+        next(results)

@@ -127,6 +127,8 @@ ELECTION_BOUND = 30.0
 SAMPLE_PERIOD = 2.0
 #: registrations in flight at once during the setup (groups)
 SETUP_CONCURRENCY = 16
+#: with this set to a directory, each controller runs under cProfile (``<dir>/ctl<n>.prof``)
+PROFILE_ENV = "TRIO_HA_BENCH_PROFILE"
 #: the controller's follower reads etcd this often (controller/etcd.py FOLLOW_INTERVAL)
 FOLLOW_INTERVAL = 0.5
 
@@ -194,6 +196,10 @@ class ControllerProcess:
         log_path = os.path.join(log_dir, f"{name}.log")
         command = [sys.executable, "-m", "trio_ha.cli", "--log-file", log_path, "controller",
                    "-c", conf]
+        profile_dir = os.environ.get(PROFILE_ENV)
+        if profile_dir:  # cProfile writes it when the controller exits (SIGINT: cleanly)
+            os.makedirs(profile_dir, exist_ok=True)
+            command[1:1] = ["-m", "cProfile", "-o", os.path.join(profile_dir, f"{name}.prof")]
         with open(os.path.join(log_dir, f"{name}.stderr"), "ab") as err:
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.PIPE, stderr=err, env=child_env())
@@ -543,13 +549,22 @@ class Fleet:
         """Heartbeats on a fixed schedule (a random phase, then every ``interval``), each a
         task of its own so that a slow answer never delays the next beat (a real broker's
         are one way)."""
-        next_at = trio.current_time() + random.random() * self.interval
+        interval = self.interval
+        next_at = trio.current_time() + random.random() * interval
         while True:  # until the fleet's nursery is cancelled; each round sleeps
             await trio.sleep_until(next_at)
             now = trio.current_time()
             window = self.window
             window.behind_max = max(window.behind_max, now - next_at)
-            next_at = max(next_at + self.interval, now)
+            if self.interval != interval:
+                # a new schedule: a new random phase (the old phases, squeezed into a tenth
+                # of the interval, would make 300 brokers beat in one burst)
+                interval = self.interval
+                next_at = now + random.random() * interval
+                continue
+            # A beat missed (this process fell behind) is skipped, the phase kept: catching
+            # up with ``now`` would line every late broker up on the same instant.
+            next_at += interval * max(1, int((now - next_at) / interval) + 1)
             if not broker.heartbeating or self.paused:
                 continue
             broker.last_sent = now
@@ -905,6 +920,7 @@ async def _election_round(fleet: Fleet, pids: dict[str, int],
     #: per group: when its master counts as gone (close: now; silent: its timeout ran out)
     gone_at: dict[str, float] = {}
     cpu = CpuMeter(pids)
+    round_started = time.perf_counter()
     for group in targets:
         group.used = True
         assert group.master_id is not None
@@ -922,6 +938,8 @@ async def _election_round(fleet: Fleet, pids: dict[str, int],
             gone_at[group.name] = (group.brokers[group.master_id].last_sent
                                    + plan.heartbeat_timeout_ms / 1000)
     readable: dict[str, tuple[float, GetReplicaInfoResponseHeader, SyncStateSet | None]] = {}
+    #: per group: when the last poll that still showed the old master was sent
+    still_old: dict[str, float] = {}
 
     async def watch(group: SimGroup) -> None:
         old_master, old_epoch, _ = old[group.name]
@@ -931,6 +949,7 @@ async def _election_round(fleet: Fleet, pids: dict[str, int],
             SPECS[GetReplicaInfoRequestHeader].encode(GetReplicaInfoRequestHeader(group.name)))
         with trio.move_on_at(gone_at[group.name] + ELECTION_BOUND):
             while True:  # bounded by the scope; each round sleeps ELECTION_POLL
+                sent = trio.current_time()
                 try:
                     response = await admin.invoke(request, REQUEST_TIMEOUT)
                 except RemotingError:
@@ -942,16 +961,20 @@ async def _election_round(fleet: Fleet, pids: dict[str, int],
                         body = SyncStateSet.decode(response.body) if response.body else None
                         readable[group.name] = (trio.current_time(), header, body)
                         return
+                    still_old[group.name] = sent
                 await trio.sleep(ELECTION_POLL)
 
     async with trio.open_nursery() as watching:
         for group in targets:
             watching.start_soon(watch, group)
-    cores = cpu.cores()
+    # CPU over a round of a few milliseconds is clock-tick noise: only for the long ones
+    cores = cpu.cores() if time.perf_counter() - round_started >= 1 else None
     await trio.sleep(0.2)  # the last notices land
     after = await metrics()
 
     readable_ms: list[float] = []
+    #: the new master became readable after this (the last poll that showed the old one)
+    readable_after_ms: list[float] = []
     notified_ms: list[float] = []
     in_sync = 0
     for group in targets:
@@ -960,6 +983,9 @@ async def _election_round(fleet: Fleet, pids: dict[str, int],
             continue
         at, header, body = seen
         readable_ms.append((at - gone_at[group.name]) * 1000)
+        readable_after_ms.append(
+            max(0.0, still_old.get(group.name, gone_at[group.name]) - gone_at[group.name])
+            * 1000)
         new_master = header.master_broker_id
         assert new_master is not None
         _, _, old_set = old[group.name]
@@ -1021,6 +1047,8 @@ async def _election_round(fleet: Fleet, pids: dict[str, int],
         "restored": restored,
         "readable_ms": {"p50": percentile(ordered, 0.5), "max": ordered[-1] if ordered else None,
                         "all": ordered},
+        "readable_after_ms": {"p50": percentile(sorted(readable_after_ms), 0.5),
+                              "max": max(readable_after_ms) if readable_after_ms else None},
         "notified_new_master_ms": {"p50": percentile(sorted(notified_ms), 0.5),
                                    "max": max(notified_ms) if notified_ms else None},
         "controller_elections": {role: delta(role, "trio_ha_controller_own_elections")
@@ -1035,8 +1063,10 @@ async def _election_round(fleet: Fleet, pids: dict[str, int],
                  "readable_ms: from the moment the silent master's timeout ran out (its last "
                  "heartbeat's send time + the timeout) ")
                 + "until GET_REPLICA_INFO shows the new master (polled every "
-                  f"{ELECTION_POLL * 1000:g} ms); notified_new_master_ms: until the "
-                  "NOTIFY_BROKER_ROLE_CHANGED reached the new master",
+                  f"{ELECTION_POLL * 1000:g} ms: readable_after_ms is when the last poll "
+                  "that still showed the old master was sent, a lower bound); "
+                  "notified_new_master_ms: until the NOTIFY_BROKER_ROLE_CHANGED reached the "
+                  "new master",
     }
 
 
