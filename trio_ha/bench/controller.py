@@ -496,11 +496,12 @@ class Fleet:
                                          int(time.time() * 1000)),
                 ok=(ResponseCode.SUCCESS, ResponseCode.CONTROLLER_MASTER_STILL_EXIST))
             header = SPECS[ElectMasterResponseHeader].decode(response)
-            if header.master_broker_id is None:
+            master_id = header.master_broker_id
+            if master_id is None:
                 raise BenchError(f"set {group.name}: no master elected")
-            group.master_id = header.master_broker_id
+            group.master_id = master_id
             group.master_epoch = header.master_epoch or 0
-            group.sync_set = frozenset({group.master_id})
+            group.sync_set = frozenset({master_id})
             group.sync_epoch = header.sync_state_set_epoch or 0
         broker.set_epoch(group.master_epoch)
         self.nursery.start_soon(self._heartbeat_loop, broker)
