@@ -875,25 +875,30 @@ async def _heartbeat_phase(fleet: Fleet, processes: dict[str, ControllerProcess]
     elapsed = time.perf_counter() - started
     cores = cpu.cores()
     fleet.window = Window()  # heartbeats sent from now on belong to no phase
+    # what the controllers received during the phase (for the rate and CPU per heartbeat),
+    # and, once every answer of the phase is in, what they received by then (at least every
+    # heartbeat they answered; it counts the next heartbeats too)
+    at_end = await metrics()
     await window.drained(REQUEST_TIMEOUT + 1)
     after = await metrics()
+    heartbeats = "trio_ha_controller_heartbeats"
     heartbeating = sum(1 for g in fleet.groups for b in g.brokers.values() if b.heartbeating)
     by_controller: dict[str, dict] = {}
     for name, tally in window.heartbeats.items():
         role = roles[name]
-        received = (after[role].get("trio_ha_controller_heartbeats", 0.0)
-                    - before[role].get("trio_ha_controller_heartbeats", 0.0))
+        in_phase = at_end[role].get(heartbeats, 0.0) - before[role].get(heartbeats, 0.0)
+        received = after[role].get(heartbeats, 0.0) - before[role].get(heartbeats, 0.0)
         core = cores.get(role)
         lat = tally.latencies
         interval_ns = int(HEARTBEAT_INTERVAL * 1e9)  # late: the broker's next beat was due
         by_controller[role] = {
-            **tally.result(), "held_per_s": (received if fleet.oneway else tally.ok) / elapsed,
-            "received_by_controller": received,
+            **tally.result(), "held_per_s": (in_phase if fleet.oneway else tally.ok) / elapsed,
+            "received_in_phase": in_phase, "received_by_controller": received,
             "late_over_100ms": sum(1 for v in lat if v > 100_000_000),
             "late_over_interval": sum(1 for v in lat if v > interval_ns),
             "brokers_alive_min": window.brokers_alive_min.get(role),
-            "cpu_us_per_heartbeat": (core * elapsed / received * 1e6
-                                     if core is not None and received else None),
+            "cpu_us_per_heartbeat": (core * elapsed / in_phase * 1e6
+                                     if core is not None and in_phase else None),
         }
     own_elections = {role: after[role].get("trio_ha_controller_own_elections", 0.0)
                      - before[role].get("trio_ha_controller_own_elections", 0.0)
