@@ -79,6 +79,25 @@ def bench_consume(
     print_json_lines(run_consume_benchmarks(dir, quick=quick))
 
 
+@bench_app.command("controller")
+def bench_controller(
+    dir: str = typer.Option(None, help="scratch directory (a temporary one by default)"),
+    quick: bool = typer.Option(False, help="10 groups and short phases, for a smoke test"),
+    store: str = typer.Option("journal", help="journal (one controller) or etcd (two "
+                                              "controllers over a 3-member etcd cluster)"),
+) -> None:
+    """Our controller (a `trio-ha controller` child process) under 100 simulated broker
+    groups of 3: heartbeats per second held at the broker interval and at ten times it, their
+    answer latency, members shown dead or elections while all heartbeat, the controller's CPU
+    per heartbeat, and the election time when 1 or 10 masters die or go silent at once. One
+    JSON object per line."""
+    from ..bench.controller import STORES, run_controller_benchmarks
+
+    if store not in STORES:
+        raise typer.BadParameter(f"one of {', '.join(STORES)}", param_hint="--store")
+    print_json_lines(run_controller_benchmarks(dir, quick=quick, store=store))
+
+
 @bench_app.command("versus-rocketmq")
 def bench_versus_rocketmq(
     dir: str = typer.Option(None, help="scratch directory (a temporary one by default)"),

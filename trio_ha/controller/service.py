@@ -23,6 +23,12 @@ wraps its pure state machine:
   was its set's master, an election runs (``controller_elect``), tried up to
   ``electMasterMaxRetryCount`` times 3 s apart while it fails for want of a store, one task
   per set at a time.
+- **Elections commit together.** The elections waiting when one can be decided are decided
+  and committed as one (``_run_elections``), as a store's group commit does with puts: ten
+  masters that die at once cost one commit and a second for the late ones, not ten in a row
+  (``bench controller`` showed the tenth group waiting for nine commits: 80 ms on the journal,
+  over 500 ms on a busy etcd). Each set is decided on its own within the batch (a set whose
+  rule fails is that set's failure alone), and each election task retries as before.
 
 Scanning: RocketMQ scans for expired heartbeats every ``scanNotActiveBrokerInterval`` (5 s),
 so a hung master is found dead between its timeout and its timeout + 5 s. Ours sleeps until
@@ -68,6 +74,7 @@ from .liveness import (
 from .rules import (
     ControllerState,
     Decision,
+    RecordChange,
     RoleChangeNotice,
     accept_heartbeat,
     controller_elect,
@@ -129,6 +136,16 @@ class ControllerStatistics:
 
 
 @attrs.define(eq=False)
+class _ElectionAsk:
+    """One set's election waiting for the next batch, and its outcome."""
+
+    broker_name: str
+    done: trio.Event = attrs.field(factory=trio.Event)
+    decision: Decision | None = None
+    error: BaseException | None = None
+
+
+@attrs.define(eq=False)
 class ControllerService:
     config: ControllerServerConfig
     store: StateStore
@@ -138,6 +155,9 @@ class ControllerService:
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _electing: set[str] = attrs.field(factory=set[str], init=False)
+    #: elections waiting for the next batch, and the event that wakes the batcher
+    _asks: list[_ElectionAsk] = attrs.field(factory=list[_ElectionAsk], init=False)
+    _asks_waiting: trio.Event = attrs.field(factory=trio.Event, init=False)
     _started_at: float | None = attrs.field(default=None, init=False)
     #: a commit failed half-way: read the store again before the next decision
     _stale: bool = attrs.field(default=False, init=False)
@@ -306,8 +326,7 @@ class ControllerService:
         try:
             for attempt in range(1, self.config.elect_master_max_retry_count + 1):
                 try:
-                    decision = await self.perform(functools.partial(
-                        self._dead_master_election, broker_name))
+                    decision = await self._batched_election(broker_name)
                 except (ControllerUnavailable, OSError) as exc:
                     log.warning("controller: election %d for %s failed: %s", attempt,
                                 broker_name, exc)
@@ -324,6 +343,63 @@ class ControllerService:
                 await trio.sleep(ELECT_RETRY_WAIT)
         finally:
             self._electing.discard(broker_name)
+
+    async def _batched_election(self, broker_name: str) -> Decision | None:
+        """``_dead_master_election`` for one set, decided and committed with the others
+        waiting (see ``_run_elections``); raises what deciding or committing it raised."""
+        ask = _ElectionAsk(broker_name)
+        self._asks.append(ask)
+        self._asks_waiting.set()
+        await ask.done.wait()
+        if ask.error is not None:
+            raise ask.error
+        return ask.decision
+
+    def _decide_elections(self, asks: list[_ElectionAsk], state: ControllerState, now: float
+                          ) -> Decision | None:
+        """Each waiting set's election, against one state, as one decision: their records
+        (one per set: no two write the same key) and their notices. A set whose rule raises
+        has that as its outcome; the others go on. Called again after a commit conflict."""
+        changes: list[RecordChange] = []
+        notices: list[RoleChangeNotice] = []
+        for ask in asks:
+            ask.decision, ask.error = None, None
+            try:
+                decision = self._dead_master_election(ask.broker_name, state, now)
+            except Exception as exc:
+                ask.error = exc
+                continue
+            ask.decision = decision
+            if decision is not None:
+                changes.extend(decision.changes)
+                notices.extend(decision.notices)
+        if not changes:
+            return None
+        return Decision(changes=tuple(changes), notices=tuple(notices))
+
+    async def _run_elections(self) -> None:
+        """Until cancelled: take every election waiting, decide and commit them as one, and
+        hand each its own outcome."""
+        while True:  # until cancelled; each round waits for asks
+            await self._asks_waiting.wait()
+            self._asks_waiting = trio.Event()
+            asks, self._asks = self._asks, []
+            try:
+                await self.perform(functools.partial(self._decide_elections, asks))
+            except Exception as exc:  # the commit failed: every set of the batch did
+                for ask in asks:
+                    ask.decision, ask.error = None, exc
+            else:
+                for ask in asks:
+                    decision = ask.decision
+                    if (ask.error is None and decision is not None and decision.ok
+                            and isinstance(decision.header, ElectMasterResponseHeader)):
+                        self._elections += 1
+                        log.info("controller: %s (masterEpoch %s)", decision.remark,
+                                 decision.header.master_epoch)
+            finally:
+                for ask in asks:
+                    ask.done.set()
 
     async def leadership_gained(self) -> None:
         """Call when this controller becomes the leader (a Leadership of several
@@ -352,6 +428,7 @@ class ControllerService:
                 self._started_at = trio.current_time()
                 nursery.start_soon(self._run_scan)
                 nursery.start_soon(self._run_notices)
+                nursery.start_soon(self._run_elections)
                 task_status.started()
         finally:
             # A broker's connection that closes after this (the server stops after the
