@@ -7,6 +7,9 @@ found where it was. A slave copies from its master through a :class:`FaultProxy`
 ``haMasterAddress`` is the proxy's), so the harness can stall, slow or cut the replication
 stream at an exact byte.
 
+In controller mode the name server may embed the controller (``enableControllerInNamesrv``,
+from a conf file), and ``trio-ha controller -c <name>.conf`` processes are nodes too.
+
 The nodes are the executable an operator runs, not an in-process stand-in: SIGKILL leaves
 what a crash leaves, SIGSTOP freezes every thread of the node, and a restart runs recovery.
 """
@@ -77,12 +80,32 @@ class ChaosNode:
 
     @classmethod
     def namesrv(cls, run_dir: Path, *, host: str = "127.0.0.1", log_level: str = "info",
-                prefix: list[str] | None = None) -> ChaosNode:
+                prefix: list[str] | None = None,
+                properties: dict[str, str] | None = None) -> ChaosNode:
+        """A name server on a free port of ``host``; with ``properties`` (the embedded
+        controller's keys, say) from a ``namesrv.conf`` written under ``run_dir``."""
         port = free_broker_port()
         log_path = run_dir / "namesrv.log"
-        return cls("namesrv", ["--log-level", log_level, "--log-file", str(log_path), "namesrv",
-                               "--port", str(port), "--bind", host], log_path,
-                   f"{host}:{port}", prefix=prefix or [])
+        args = ["--log-level", log_level, "--log-file", str(log_path), "namesrv",
+                "--port", str(port), "--bind", host]
+        if properties:
+            conf = run_dir / "namesrv.conf"
+            conf.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+            args += ["-c", str(conf)]
+        return cls("namesrv", args, log_path, f"{host}:{port}", prefix=prefix or [])
+
+    @classmethod
+    def controller(cls, run_dir: Path, name: str, properties: dict[str, str], *,
+                   log_level: str = "info", prefix: list[str] | None = None) -> ChaosNode:
+        """A ``trio-ha controller`` from ``properties`` (listenPort and bindAddress set):
+        its conf file is written under ``run_dir``."""
+        conf = run_dir / f"{name}.conf"
+        conf.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+        log_path = run_dir / f"{name}.log"
+        return cls(name, ["--log-level", log_level, "--log-file", str(log_path), "controller",
+                          "-c", str(conf)], log_path,
+                   f"{properties['bindAddress']}:{properties['listenPort']}",
+                   prefix=prefix or [])
 
     @property
     def running(self) -> bool:
