@@ -31,7 +31,7 @@ from __future__ import annotations
 import collections
 import statistics
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
@@ -39,8 +39,18 @@ from ..wire.errors import WireError
 from ..wire.record import decode_message_id
 from .history import FaultEvent, History, MasterEvent, SendEvent
 
-if TYPE_CHECKING:
-    from .checker import StoreContents
+
+class StoreContents(Protocol):
+    """What the rules read of the final master's store (``checker.StoreContents``)."""
+
+    @property
+    def max_offset(self) -> int: ...
+
+    @property
+    def queues(self) -> Mapping[int, list[tuple[int, str]]]: ...
+
+    @property
+    def records(self) -> Mapping[int, str]: ...
 
 __all__ = ["MASTER_FAULTS", "Outage", "acked_place", "consumed_replaced", "epoch_changes",
            "fencing_violations", "final_master", "order_violations", "outage_figures",
@@ -167,18 +177,21 @@ class Outage:
 
 
 def outages(history: History) -> list[Outage]:
-    """Each master fault (one that landed on a named broker) with its outage."""
-    acks = sorted(((s.ended, place[0]) for s in _acked(history)
-                   if (place := acked_place(s)) is not None))
+    """Each master fault (one that landed on a named broker) with its outage. What comes
+    after the next master fault began is that one's: a fault whose writes did not come back
+    (or whose master was not replaced) before the next says None."""
+    acks = sorted((s.ended, place[0]) for s in _acked(history)
+                  if (place := acked_place(s)) is not None)
+    faults = sorted((f for f in history.faults if f.kind in MASTER_FAULTS and f.address
+                     and not f.failed), key=lambda f: f.started)
     found = []
-    for fault in sorted(history.faults, key=lambda f: f.started):
-        if fault.kind not in MASTER_FAULTS or not fault.address or fault.failed:
-            continue
+    for n, fault in enumerate(faults):
+        until = faults[n + 1].started if n + 1 < len(faults) else float("inf")
         back = next((ended - fault.started for ended, address in acks
-                     if ended > fault.started
+                     if fault.started < ended < until
                      and (address != fault.address or ended >= fault.ended)), None)
         elected = next((m.at - fault.started for m in history.masters
-                        if m.at > fault.started and m.master is not None
+                        if fault.started < m.at < until and m.master is not None
                         and m.master != fault.node), None)
         found.append(Outage(fault, None if back is None else round(back, 3),
                             None if elected is None else round(elected, 3)))
