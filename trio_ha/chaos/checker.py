@@ -309,6 +309,8 @@ def check(config: ChaosConfig, history: History, master: StoreContents,
         figures["final master"] = (f"{named.master} (epoch {named.epoch})" if named
                                    else None)
         figures["failovers (master epoch changes)"] = failover.epoch_changes(history.masters)
+        figures["master changes (another broker named)"] = failover.master_changes(
+            history.masters)
         figures["master faults: write outage and new master"] = failover.outage_figures(
             history)
     return Verdict(config, tuple(checks), figures)

@@ -17,6 +17,7 @@ what a crash leaves, SIGSTOP freezes every thread of the node, and a restart run
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -64,6 +65,15 @@ class ChaosNode:
     process: subprocess.Popen | None = None
     paused: bool = False
     starts: int = 0
+    #: a process that is not ``trio-ha`` (RocketMQ's own, a JVM): its whole command line,
+    #: the regular expression of its readiness line, and its working directory. Its output
+    #: goes to ``log_path`` (a JVM writes to stdout for as long as it lives: a pipe nobody
+    #: reads would fill and stop it), where the readiness line is looked for.
+    command: list[str] | None = None
+    ready: str | None = None
+    cwd: Path | None = None
+    #: how long it may take to say it serves (a JVM's boot, a store's recovery)
+    start_timeout: float = START_TIMEOUT
 
     @classmethod
     def broker(cls, run_dir: Path, name: str, properties: dict[str, str],
@@ -107,15 +117,28 @@ class ChaosNode:
                    f"{properties['bindAddress']}:{properties['listenPort']}",
                    prefix=prefix or [])
 
+    @classmethod
+    def foreign(cls, name: str, command: list[str], *, log_path: Path, addr: str, ready: str,
+                cwd: Path, store_dir: Path | None = None) -> ChaosNode:
+        """A node that is not ``trio-ha`` (a RocketMQ server): ``command`` as it is, ready
+        once its output matches ``ready``."""
+        return cls(name, [], log_path, addr, store_dir=store_dir, command=command,
+                   ready=ready, cwd=cwd)
+
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def start(self, timeout: float = START_TIMEOUT) -> None:
-        """Start the node and return once it says it serves (blocking: run it in a thread)."""
+    def start(self, timeout: float | None = None) -> None:
+        """Start the node and return once it says it serves (blocking: run it in a thread)
+        or ``timeout`` (its ``start_timeout`` by default) has passed."""
+        timeout = self.start_timeout if timeout is None else timeout
         if self.running:
             raise RuntimeError(f"{self.name} is running")
         self.paused = False
+        if self.command is not None:
+            self._start_foreign(timeout)
+            return
         # (``ip netns exec`` execs the node in its place: the pid, and so the process group
         # the signals go to, is the node's)
         self.process = subprocess.Popen(
@@ -135,6 +158,31 @@ class ChaosNode:
                 self.kill()
                 raise NodeStartError(f"{self.name} did not start ({' '.join(self.args)}); "
                                      f"last words: {line.strip()!r}; log: {self.log_tail()}")
+
+    def _start_foreign(self, timeout: float) -> None:
+        assert self.command is not None and self.ready is not None
+        if self.cwd is not None:
+            self.cwd.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            offset = log.tell()
+            self.process = subprocess.Popen(
+                [*self.prefix, *self.command], stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, cwd=self.cwd, start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None)
+        self.starts += 1
+        pattern = re.compile(self.ready)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # bounded by the deadline
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                if pattern.search(log.read().decode(errors="replace")):
+                    return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.kill()
+        raise NodeStartError(f"{self.name} did not start ({' '.join(self.command[-3:])}); "
+                             f"log: {self.log_tail()}")
 
     def log_tail(self, limit: int = 1500) -> str:
         try:

@@ -53,7 +53,8 @@ class StoreContents(Protocol):
     def records(self) -> Mapping[int, str]: ...
 
 __all__ = ["MASTER_FAULTS", "Outage", "acked_place", "consumed_replaced", "epoch_changes",
-           "fencing_violations", "final_master", "order_violations", "outage_figures",
+           "fencing_violations", "final_master", "master_changes", "order_violations",
+           "outage_figures",
            "outages"]
 
 #: the fault kinds that take the master away (its process, its time or its network)
@@ -161,6 +162,14 @@ def epoch_changes(masters: Iterable[MasterEvent]) -> int:
     watcher saw, counted by the epoch's rise (two between two looks count two)."""
     epochs = [m.epoch for m in masters if m.master is not None]
     return sum(max(0, b - a) for a, b in zip(epochs, epochs[1:], strict=False))
+
+
+def master_changes(masters: Iterable[MasterEvent]) -> int:
+    """How many times the controller named a different broker master than the last one
+    it named (an election of no one, or of the same broker again, raises the epoch but
+    moves nothing)."""
+    named = [m.master for m in masters if m.master is not None]
+    return sum(a != b for a, b in zip(named, named[1:], strict=False))
 
 
 @attrs.frozen

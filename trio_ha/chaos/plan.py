@@ -157,7 +157,7 @@ class ChaosConfig:
     #: None: classic (a fixed master and its slaves); ``embedded``: a name server with
     #: ``enableControllerInNamesrv=true`` (its controller's journal on disk); ``etcd``:
     #: three ``trio-ha controller`` processes over a 3-member etcd; ``rocketmq``: RocketMQ
-    #: 5.3.3's own controller and brokers (not built yet: ``run.capabilities`` says so)
+    #: 5.3.3's own controller (DLedger, one) and brokers, our name server, on loopback
     controller: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(CONTROLLERS)))
     kinds: tuple[FaultKind, ...] = attrs.field(
@@ -199,6 +199,8 @@ class ChaosConfig:
         embedded controller is the name server's."""
         if self.controller == "etcd":
             return [f"ctl{n}" for n in range(3)]
+        if self.controller == "rocketmq":
+            return ["ctl0"]
         return ["namesrv"] if self.controller == "embedded" else []
 
     @property

@@ -42,6 +42,17 @@ import trio
 from ..client import MQError, open_admin
 from ..testing import free_broker_port, open_fault_proxy
 from ..testing.etcd import EtcdCluster, EtcdNotInstalled, etcd_binary
+from ..testing.rocketmq import (
+    BROKER_JVM,
+    BROKER_READY,
+    CONTROLLER_FILE_SIZE,
+    CONTROLLER_JVM,
+    CONTROLLER_READY,
+    VERSION_5,
+    RocketMQ,
+    RocketMQUnavailable,
+    broker_properties_text,
+)
 from . import clockshift, disk, testnet
 from .checker import Verdict, check, read_store
 from .cluster import ChaosNode
@@ -81,6 +92,11 @@ WATCH_INTERVAL = 0.25
 IN_SYNC_TIMEOUT = 30.0
 #: controller mode: the etcd leases of the controllers (a dead leader is replaced after it)
 ETCD_LEASE_SECONDS = 2
+#: what ``--controller rocketmq`` can inject (its JVMs on loopback)
+ROCKETMQ_KINDS = frozenset({FaultKind.KILL_MASTER, FaultKind.KILL_SLAVE, FaultKind.PAUSE_MASTER,
+                            FaultKind.PAUSE_SLAVE, FaultKind.KILL_CONTROLLER_LEADER})
+#: how long a RocketMQ JVM may take to boot (two cores, other JVMs beside it)
+JAVA_START_TIMEOUT = 120.0
 
 
 def capabilities(config: ChaosConfig) -> tuple[ChaosConfig, dict[str, str]]:
@@ -91,9 +107,16 @@ def capabilities(config: ChaosConfig) -> tuple[ChaosConfig, dict[str, str]]:
     wanted = set(config.kinds)
     missing: dict[str, str] = {}
     if config.controller == "rocketmq":
-        # (the plug: trio_ha.testing.rocketmq starts 5.3.3's controller and brokers; the
-        # harness would start them in place of ours, and ask them the same questions)
-        raise ValueError("--controller rocketmq is not built yet: embedded and etcd are")
+        try:
+            RocketMQ.fetch(VERSION_5)
+        except RocketMQUnavailable as exc:
+            raise ValueError(f"--controller rocketmq: {exc}") from None
+        if config.network == "hosts":
+            raise ValueError("--controller rocketmq runs on loopback (--network loopback)")
+        config = attrs.evolve(config, network="loopback")
+        missing.update((kind.value, "--controller rocketmq: the JVMs run on loopback, "
+                        "without the clock shim or small disks: kills and pauses only")
+                       for kind in wanted - ROCKETMQ_KINDS)
     if config.controller == "etcd":
         try:
             etcd_binary()
@@ -485,6 +508,8 @@ async def _run_controlled(config: ChaosConfig, run_dir: Path, history: History,
             "kvConfigPath": str(run_dir / "namesrv-kv.json")})
         controllers.append(namesrv)
         controller_addrs = [f"{namesrv_host}:{ctl_port}"]
+    elif config.controller == "rocketmq":
+        return await _run_rocketmq(config, run_dir, history)
     else:
         assert etcd is not None
         namesrv = ChaosNode.namesrv(run_dir, host=namesrv_host, prefix=prefix("namesrv"))
@@ -513,24 +538,89 @@ async def _run_controlled(config: ChaosConfig, run_dir: Path, history: History,
         cluster = Cluster(namesrv, broker_nodes[0], broker_nodes[1:], [], network, disks,
                           clocks, controllers=controllers, controller_addrs=controller_addrs,
                           etcd=etcd)
-        async with trio.open_nursery() as starting:  # (side by side, each kind in turn)
-            for node in nodes[:len(nodes) - len(brokers)]:
-                starting.start_soon(start, node)
-        async with trio.open_nursery() as starting:
-            for node in broker_nodes:
-                starting.start_soon(start, node)
-        await _wait_ready(namesrv.addr, config, history)
-        await _load_and_faults(config, cluster, history)
+        await _serve_controlled(config, cluster, nodes, history)
     finally:
-        with trio.CancelScope(shield=True):
-            failures = []
-            for node in nodes:
-                try:
-                    await trio.to_thread.run_sync(node.kill)
-                except OSError as exc:
-                    failures.append(exc)
-            if failures:
-                raise failures[0]
+        await _kill_all(nodes)
+    return await _judge(config, history, run_dir)
+
+
+async def _serve_controlled(config: ChaosConfig, cluster: Cluster, nodes: list[ChaosNode],
+                            history: History) -> None:
+    """Start the nodes (the others side by side, then the brokers side by side), then the
+    load and the faults."""
+    async with trio.open_nursery() as starting:
+        for node in nodes:
+            if node not in cluster.brokers:
+                starting.start_soon(start, node)
+    async with trio.open_nursery() as starting:
+        for node in cluster.brokers:
+            starting.start_soon(start, node)
+    await _wait_ready(cluster.namesrv.addr, config, history)
+    await _load_and_faults(config, cluster, history)
+
+
+async def _kill_all(nodes: list[ChaosNode]) -> None:
+    """SIGKILL every node, as a crash of every machine would (each even if another's kill
+    fails)."""
+    with trio.CancelScope(shield=True):
+        failures = []
+        for node in nodes:
+            try:
+                await trio.to_thread.run_sync(node.kill)
+            except OSError as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+
+async def _run_rocketmq(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
+    """``--controller rocketmq``: RocketMQ 5.3.3's controller (DLedger, a group of one, its
+    store in the run directory) and brokers, as RocketMQ ships them, under our name server
+    and our clients, on loopback. The brokers are set as ours are (``_controlled_properties``),
+    ``allAckInSyncStateSet=true`` included (RocketMQ's default is false: an ack from the
+    master alone, which a failover may lose). Their stores are judged by our reader (the
+    files are byte-compatible)."""
+    rocketmq = RocketMQ.fetch(VERSION_5)
+    namesrv = ChaosNode.namesrv(run_dir)
+    ctl_port = free_broker_port()
+    ctl_home = run_dir / "ctl0-home"
+    ctl_conf = run_dir / "ctl0.conf"
+    ctl_conf.write_text(broker_properties_text({
+        "controllerType": "DLedger", "controllerDLegerGroup": "chaos",
+        "controllerDLegerPeers": f"n0-127.0.0.1:{ctl_port}", "controllerDLegerSelfId": "n0",
+        "controllerStorePath": str(run_dir / "ctl0"), "mappedFileSize": CONTROLLER_FILE_SIZE,
+        "configStorePath": str(ctl_home / "controller.properties"),
+        "scanNotActiveBrokerInterval": 1000}))
+    controller = ChaosNode.foreign(
+        "ctl0", [*rocketmq.java_command(CONTROLLER_JVM, ctl_home),
+                 "org.apache.rocketmq.controller.ControllerStartup", "-c", str(ctl_conf)],
+        log_path=run_dir / "ctl0.log", addr=f"127.0.0.1:{ctl_port}", ready=CONTROLLER_READY,
+        cwd=ctl_home)
+    nodes = [namesrv, controller]
+    for name in config.brokers:
+        port = free_broker_port()
+        properties = _controlled_properties(config, run_dir, name, namesrv.addr,
+                                            [controller.addr], "127.0.0.1", port)
+        for ours in ("bindAddress", "haBindAddress", "vipChannelEnable"):
+            properties.pop(ours)  # (RocketMQ binds every address)
+        properties.update({"brokerIP2": "127.0.0.1", "allAckInSyncStateSet": "true"})
+        conf = run_dir / f"{name}.conf"
+        conf.write_text(broker_properties_text(properties))
+        home = run_dir / f"{name}-home"
+        nodes.append(ChaosNode.foreign(
+            name, [*rocketmq.java_command(BROKER_JVM, home),
+                   "org.apache.rocketmq.broker.BrokerStartup", "-c", str(conf)],
+            log_path=run_dir / f"{name}.log", addr=f"127.0.0.1:{port}",
+            ready=BROKER_READY.pattern, cwd=home, store_dir=run_dir / name))
+    for node in nodes[1:]:
+        node.start_timeout = JAVA_START_TIMEOUT
+    brokers = nodes[2:]
+    cluster = Cluster(namesrv, brokers[0], brokers[1:], [], None, {}, {},
+                      controllers=[controller], controller_addrs=[controller.addr])
+    try:
+        await _serve_controlled(config, cluster, nodes, history)
+    finally:
+        await _kill_all(nodes)
     return await _judge(config, history, run_dir)
 
 
