@@ -305,6 +305,33 @@ def test_a_short_run_with_three_controllers_over_etcd(tmp_path):
     assert "kill-master" in figures["faults"], figures["faults"]
 
 
+@pytest.mark.soak
+@pytest.mark.interop
+def test_a_short_run_with_rocketmqs_own_controller_and_brokers(tmp_path):
+    """RocketMQ 5.3.3's controller and brokers (JVMs, on loopback) under the same harness and
+    checker: 40 s with the master killed and paused, a slave killed, the controller killed.
+    Opt-in (about 90 s: a JVM broker takes many seconds to restart on two cores):
+    ``pytest -m "soak and interop" tests/test_chaos_controller.py``."""
+    from trio_ha.chaos.run import capabilities
+
+    try:
+        capabilities(ChaosConfig(controller="rocketmq", network="loopback"))
+    except ValueError as exc:
+        if os.environ.get("TRIO_HA_REQUIRE_ROCKETMQ") == "1":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    done = run_chaos_cli(tmp_path, "--controller", "rocketmq", "--seconds", 40,
+                         "--fault-interval", 3, "--ha-housekeeping-ms", 2000, "--seed", 2,
+                         "--slaves", 1, "--kinds",
+                         "kill-master,pause-master,kill-slave,kill-controller-leader",
+                         "--settle", 3, "--rate", 30)
+    verdict = json.loads(done.stdout.splitlines()[-1]) if done.stdout else None
+    assert verdict is not None, done.stderr[-3000:]
+    failures = [c for c in verdict["checks"] if not c["passed"]]
+    assert done.returncode == 0 and not failures, (failures, verdict["figures"])
+    assert verdict["figures"]["failovers (master epoch changes)"] >= 1
+
+
 #: the long runs' faults: master faults are 3 of 7 (8 with etcd), so that 200 failovers fit
 #: in about 40 minutes, with slave kills, partitions and controller faults among them
 SOAK_KINDS = ("kill-master", "pause-master", "isolate-master", "kill-slave", "partition-slave",

@@ -25,6 +25,8 @@ each change). Before the final SIGKILL the harness waits, within a bound, for ev
 to be back in the in-sync set; the checker reads the store of the master named last as the
 final master. On test hosts each controller has a host of its own and etcd listens on the
 harness's gateway address, so isolating the controller leader cuts it off from etcd too.
+``--controller rocketmq`` runs RocketMQ 5.3.3's controller and brokers (JVMs) in their place,
+on loopback, under the same name server, clients and checker.
 """
 
 from __future__ import annotations

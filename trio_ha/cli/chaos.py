@@ -48,7 +48,8 @@ def chaos_run(
         None, "--controller", metavar="embedded|etcd|rocketmq",
         help="controller mode: the brokers take their roles from a controller that fails "
              "the master over (embedded: in the name server, its journal on disk; etcd: "
-             "three trio-ha controllers over a 3-member etcd; rocketmq: not built yet). "
+             "three trio-ha controllers over a 3-member etcd; rocketmq: RocketMQ 5.3.3's "
+             "controller and brokers, on loopback). "
              "Faults on 'the master' land on the master of that moment"),
     replay: str = typer.Option(None, "--replay", metavar="RUN_DIR",
                                help="run an earlier run's configuration again (its seed, "
