@@ -152,7 +152,9 @@ async def inject(fault: Fault, cluster: Cluster, rng: random.Random,
                  landed: Callable[[ChaosNode], object] = lambda node: None) -> str:
     """Apply ``fault``, hold it for its duration, undo it; what happened, in a few words.
     ``applied`` is called once the fault is in force (after a wait for a node's lock), and
-    ``landed`` with the process it lands on (controller mode: the master of the moment...)."""
+    ``landed`` with the process it lands on (in controller mode the target names a role:
+    the master when the fault begins, the controller leader), before any lock is waited
+    for."""
     kind = fault.kind
     if kind in (FaultKind.KILL_CONTROLLER_LEADER, FaultKind.ISOLATE_CONTROLLER_LEADER,
                 FaultKind.KILL_ETCD_MEMBER):
@@ -211,6 +213,8 @@ async def _controller_fault(fault: Fault, cluster: Cluster, applied: Callable[[]
             # (restart waits until the member is healthy: it rejoins the cluster)
             await trio.to_thread.run_sync(etcd.restart, etcd.members.index(member))
         return f"etcd member {member.name} killed, restarted"
+    # (embedded, the leader is the name server: killing or isolating it takes the routes
+    # away too, until the brokers register again)
     leader = await cluster.controller_leader()
     landed(leader)
     if kind is FaultKind.KILL_CONTROLLER_LEADER:
