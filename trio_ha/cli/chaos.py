@@ -72,12 +72,13 @@ def chaos_run(
 
     if list_kinds:
         try:
-            _, missing = capabilities(ChaosConfig(network=network, controller=controller))
+            _, missing = capabilities(ChaosConfig(network=network, controller=controller,
+                                                  kinds=tuple(FaultKind)))
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         for kind in FaultKind:
             why_not = missing.get(kind.value)
-            print(f"{kind.value:18} {f'not here: {why_not}' if why_not else 'yes'}")
+            print(f"{kind.value:26} {f'not here: {why_not}' if why_not else 'yes'}")
         return
     try:
         if replay:
