@@ -358,3 +358,24 @@ def test_a_long_run_per_controller_kind(tmp_path, controller):
     assert verdict["figures"]["fencing violations"] == 0
     if minutes >= 40:
         assert verdict["figures"]["failovers (master epoch changes)"] >= 200
+
+
+def test_list_kinds_says_what_each_mode_leaves_out():
+    import subprocess
+    import sys
+
+    def kinds(*args: str) -> dict[str, str]:
+        done = subprocess.run([sys.executable, "-m", "trio_ha.cli", "chaos", "run",
+                               "--list-kinds", "--network", "loopback", *args],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return dict(line.split(None, 1) for line in done.stdout.splitlines())
+
+    controlled = kinds("--controller", "embedded")
+    assert controlled["kill-master"] == "yes"
+    assert controlled["kill-controller-leader"] == "yes"
+    assert "classic mode only" in controlled["cut-ha-link"]
+    assert "needs --controller etcd" in controlled["kill-etcd-member"]
+    classic = kinds()
+    assert classic["cut-ha-link"] == "yes"
+    assert "controller mode only" in classic["kill-controller-leader"]
