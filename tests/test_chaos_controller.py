@@ -4,7 +4,7 @@ the schedules of controller mode; and one short real run per controller kind (em
 the name server; three controllers over etcd), each killing the master at least once.
 
 The real runs are under a minute each. The long ones (200 failovers per kind) are opt-in:
-``pytest -m soak -n 0 tests/test_chaos_controller.py`` (``TRIO_HA_CHAOS_MINUTES``, 40 by
+``pytest -m soak -n 0 tests/test_chaos_controller.py`` (``TRIO_HA_CHAOS_MINUTES``, 35 by
 default).
 """
 
@@ -332,8 +332,9 @@ def test_a_short_run_with_rocketmqs_own_controller_and_brokers(tmp_path):
     assert verdict["figures"]["failovers (master epoch changes)"] >= 1
 
 
-#: the long runs' faults: master faults are 3 of 7 (8 with etcd), so that 200 failovers fit
-#: in about 40 minutes, with slave kills, partitions and controller faults among them
+#: the long runs' faults: master faults are 3 of 7 (8 with etcd), with slave kills,
+#: partitions and controller faults among them (the master epoch rose 207 times in 20
+#: minutes embedded, 171 in 26 minutes over etcd, 2026-12-07)
 SOAK_KINDS = ("kill-master", "pause-master", "isolate-master", "kill-slave", "partition-slave",
               "kill-controller-leader", "isolate-controller-leader")
 
@@ -343,9 +344,9 @@ SOAK_KINDS = ("kill-master", "pause-master", "isolate-master", "kill-slave", "pa
 def test_a_long_run_per_controller_kind(tmp_path, controller):
     """The issue's bar: 200 master failovers per controller kind, with pauses, partitions and
     controller faults mixed in, 0 acknowledged sends lost and no fencing violation. Its
-    length is ``TRIO_HA_CHAOS_MINUTES`` (40 by default: about 5 failovers a minute); it
-    needs test hosts (root, ip, nft) for the partitions and isolations."""
-    minutes = float(os.environ.get("TRIO_HA_CHAOS_MINUTES", "40"))
+    length is ``TRIO_HA_CHAOS_MINUTES`` (35 by default); it needs test hosts (root, ip,
+    nft) for the partitions and isolations."""
+    minutes = float(os.environ.get("TRIO_HA_CHAOS_MINUTES", "35"))
     kinds = SOAK_KINDS + (("kill-etcd-member",) if controller == "etcd" else ())
     done = run_chaos_cli(tmp_path, "--controller", controller, "--minutes", minutes,
                          "--fault-interval", 2, "--ha-housekeeping-ms", 2000, "--seed", 11,
@@ -356,7 +357,7 @@ def test_a_long_run_per_controller_kind(tmp_path, controller):
     assert done.returncode == 0, [c for c in verdict["checks"] if not c["passed"]]
     assert verdict["figures"]["lost acknowledged (master)"] == 0
     assert verdict["figures"]["fencing violations"] == 0
-    if minutes >= 40:
+    if minutes >= 35:
         assert verdict["figures"]["failovers (master epoch changes)"] >= 200
 
 
