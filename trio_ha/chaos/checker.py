@@ -19,6 +19,11 @@ a crash leaves, not what a clean stop would have flushed. The checks:
 
 Duplicates (the same id stored or consumed twice) are counted: they are at-least-once at
 work (a retry after a timeout the broker had already stored), not failures.
+
+In controller mode "the master" is the final master (the one the controller named last),
+check 2 gives way to what a moving master must keep (``failover``: acknowledged sends in each
+producer's order, no ack from a fenced master, no consumed message replaced), and the figures
+add the failovers and the write outage each master fault caused.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import trio
 
 from ..config import StoreConfig
 from ..store import open_store
+from . import failover
 from .history import FaultEvent, History, body_id
 from .plan import ChaosConfig
 
@@ -52,6 +58,8 @@ class StoreContents:
     max_offset: int
     #: queue id -> [(queue offset, send id)], in offset order
     queues: dict[int, list[tuple[int, str]]]
+    #: commitlog offset -> send id, for every message of the topic
+    records: dict[int, str] = attrs.field(factory=dict)
 
     @property
     def ids(self) -> collections.Counter[str]:
@@ -65,8 +73,12 @@ async def read_store(conf: Path, config: ChaosConfig) -> StoreContents:
     # (no HA port nor master: this is a reading, not a node)
     store_config = StoreConfig.from_properties(await trio.Path(conf).read_text(),
                                                ha_listen_port=None, ha_master_address=None)
+    # (a controller-mode store would build its queues only up to a confirm offset its
+    # master sends; the checker reads the whole recovered log, which is what is there)
+    store_config = attrs.evolve(store_config, enable_controller_mode=False)
     store_dir = Path(store_config.store_path_root_dir)
     queues: dict[int, list[tuple[int, str]]] = {}
+    records: dict[int, str] = {}
     async with open_store(store_config) as store:
         await store.wait_dispatched()
         for queue_id in range(config.queues):
@@ -78,10 +90,11 @@ async def read_store(conf: Path, config: ChaosConfig) -> StoreContents:
                 if not messages:
                     break
                 entries.extend((m.queue_offset, body_id(m.body)) for m in messages)
+                records.update((m.commitlog_offset, body_id(m.body)) for m in messages)
                 offset = messages[-1].queue_offset + 1
             queues[queue_id] = entries
         max_offset = store.max_commitlog_offset
-    return StoreContents(str(store_dir), max_offset, queues)
+    return StoreContents(str(store_dir), max_offset, queues, records)
 
 
 def log_prefix_problem(master: StoreContents, slave: StoreContents) -> str | None:
@@ -265,6 +278,8 @@ def check(config: ChaosConfig, history: History, master: StoreContents,
             if s.ended - s.started > bound]
     checks.append(Check(f"every send ended within {bound:g} s", not late,
                         _sample(late, 3) if late else f"{len(history.sends)} sends"))
+    if config.controller is not None:
+        checks.extend(_controller_checks(history, master))
     botched = [f"{f.kind} at {f.started:.1f} s: {f.detail}" for f in history.faults
                if f.failed]
     checks.append(Check("every fault was injected and undone", not botched,
@@ -272,11 +287,14 @@ def check(config: ChaosConfig, history: History, master: StoreContents,
     statuses = collections.Counter(s.status or (s.error or "error").split(":", 1)[0]
                                    for s in history.sends)
     consumed_ids = collections.Counter(c.id for c in history.consumed)
+    fenced = (len(failover.fencing_violations(history, master))
+              if config.controller is not None else None)
     figures: dict[str, Any] = {
         "sends": len(history.sends),
         "acknowledged": len(acked),
         "outcomes": dict(statuses.most_common()),
         "lost acknowledged (master)": len(missing),
+        **({"fencing violations": fenced} if fenced is not None else {}),
         "acknowledged missing on slaves": lag,
         "stored twice (retries)": sum(n - 1 for n in on_master.values() if n > 1),
         "consumed": len(history.consumed),
@@ -286,4 +304,31 @@ def check(config: ChaosConfig, history: History, master: StoreContents,
         "longest recovery after a fault s": longest_recovery(history),
         "by kind": recovery_by_kind(history),
     }
+    if config.controller is not None:
+        named = failover.final_master(history)
+        figures["final master"] = (f"{named.master} (epoch {named.epoch})" if named
+                                   else None)
+        figures["failovers (master epoch changes)"] = failover.epoch_changes(history.masters)
+        figures["master changes (another broker named)"] = failover.master_changes(
+            history.masters)
+        figures["master faults: write outage and new master"] = failover.outage_figures(
+            history)
     return Verdict(config, tuple(checks), figures)
+
+
+def _controller_checks(history: History, master: StoreContents) -> list[Check]:
+    """What a moving master must keep (see ``failover``)."""
+    checks = [Check("the controller named a master at the end",
+                    failover.final_master(history) is not None,
+                    f"{len(history.masters)} views of the set recorded")]
+    for name, problems, fine in (
+            ("acknowledged sends in each producer's order",
+             failover.order_violations(history, master), "in order"),
+            ("no acknowledgement from a fenced master (each at its acked offset)",
+             failover.fencing_violations(history, master), "every ack where it said"),
+            ("no consumed message later replaced",
+             failover.consumed_replaced(history, master),
+             f"{len(history.consumed)} consumed, each still where it was read")):
+        checks.append(Check(name, not problems,
+                            f"{len(problems)}: {_sample(problems, 3)}" if problems else fine))
+    return checks

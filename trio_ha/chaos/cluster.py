@@ -7,6 +7,9 @@ found where it was. A slave copies from its master through a :class:`FaultProxy`
 ``haMasterAddress`` is the proxy's), so the harness can stall, slow or cut the replication
 stream at an exact byte.
 
+In controller mode the name server may embed the controller (``enableControllerInNamesrv``,
+from a conf file), and ``trio-ha controller -c <name>.conf`` processes are nodes too.
+
 The nodes are the executable an operator runs, not an in-process stand-in: SIGKILL leaves
 what a crash leaves, SIGSTOP freezes every thread of the node, and a restart runs recovery.
 """
@@ -14,6 +17,7 @@ what a crash leaves, SIGSTOP freezes every thread of the node, and a restart run
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -61,6 +65,15 @@ class ChaosNode:
     process: subprocess.Popen | None = None
     paused: bool = False
     starts: int = 0
+    #: a process that is not ``trio-ha`` (RocketMQ's own, a JVM): its whole command line,
+    #: the regular expression of its readiness line, and its working directory. Its output
+    #: goes to ``log_path`` (a JVM writes to stdout for as long as it lives: a pipe nobody
+    #: reads would fill and stop it), where the readiness line is looked for.
+    command: list[str] | None = None
+    ready: str | None = None
+    cwd: Path | None = None
+    #: how long it may take to say it serves (a JVM's boot, a store's recovery)
+    start_timeout: float = START_TIMEOUT
 
     @classmethod
     def broker(cls, run_dir: Path, name: str, properties: dict[str, str],
@@ -77,22 +90,55 @@ class ChaosNode:
 
     @classmethod
     def namesrv(cls, run_dir: Path, *, host: str = "127.0.0.1", log_level: str = "info",
-                prefix: list[str] | None = None) -> ChaosNode:
+                prefix: list[str] | None = None,
+                properties: dict[str, str] | None = None) -> ChaosNode:
+        """A name server on a free port of ``host``; with ``properties`` (the embedded
+        controller's keys, say) from a ``namesrv.conf`` written under ``run_dir``."""
         port = free_broker_port()
         log_path = run_dir / "namesrv.log"
-        return cls("namesrv", ["--log-level", log_level, "--log-file", str(log_path), "namesrv",
-                               "--port", str(port), "--bind", host], log_path,
-                   f"{host}:{port}", prefix=prefix or [])
+        args = ["--log-level", log_level, "--log-file", str(log_path), "namesrv",
+                "--port", str(port), "--bind", host]
+        if properties:
+            conf = run_dir / "namesrv.conf"
+            conf.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+            args += ["-c", str(conf)]
+        return cls("namesrv", args, log_path, f"{host}:{port}", prefix=prefix or [])
+
+    @classmethod
+    def controller(cls, run_dir: Path, name: str, properties: dict[str, str], *,
+                   log_level: str = "info", prefix: list[str] | None = None) -> ChaosNode:
+        """A ``trio-ha controller`` from ``properties`` (listenPort and bindAddress set):
+        its conf file is written under ``run_dir``."""
+        conf = run_dir / f"{name}.conf"
+        conf.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+        log_path = run_dir / f"{name}.log"
+        return cls(name, ["--log-level", log_level, "--log-file", str(log_path), "controller",
+                          "-c", str(conf)], log_path,
+                   f"{properties['bindAddress']}:{properties['listenPort']}",
+                   prefix=prefix or [])
+
+    @classmethod
+    def foreign(cls, name: str, command: list[str], *, log_path: Path, addr: str, ready: str,
+                cwd: Path, store_dir: Path | None = None) -> ChaosNode:
+        """A node that is not ``trio-ha`` (a RocketMQ server): ``command`` as it is, ready
+        once its output matches ``ready``."""
+        return cls(name, [], log_path, addr, store_dir=store_dir, command=command,
+                   ready=ready, cwd=cwd)
 
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def start(self, timeout: float = START_TIMEOUT) -> None:
-        """Start the node and return once it says it serves (blocking: run it in a thread)."""
+    def start(self, timeout: float | None = None) -> None:
+        """Start the node and return once it says it serves (blocking: run it in a thread)
+        or ``timeout`` (its ``start_timeout`` by default) has passed."""
+        timeout = self.start_timeout if timeout is None else timeout
         if self.running:
             raise RuntimeError(f"{self.name} is running")
         self.paused = False
+        if self.command is not None:
+            self._start_foreign(timeout)
+            return
         # (``ip netns exec`` execs the node in its place: the pid, and so the process group
         # the signals go to, is the node's)
         self.process = subprocess.Popen(
@@ -112,6 +158,31 @@ class ChaosNode:
                 self.kill()
                 raise NodeStartError(f"{self.name} did not start ({' '.join(self.args)}); "
                                      f"last words: {line.strip()!r}; log: {self.log_tail()}")
+
+    def _start_foreign(self, timeout: float) -> None:
+        assert self.command is not None and self.ready is not None
+        if self.cwd is not None:
+            self.cwd.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            offset = log.tell()
+            self.process = subprocess.Popen(
+                [*self.prefix, *self.command], stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, cwd=self.cwd, start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None)
+        self.starts += 1
+        pattern = re.compile(self.ready)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # bounded by the deadline
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                if pattern.search(log.read().decode(errors="replace")):
+                    return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.kill()
+        raise NodeStartError(f"{self.name} did not start ({' '.join(self.command[-3:])}); "
+                             f"log: {self.log_tail()}")
 
     def log_tail(self, limit: int = 1500) -> str:
         try:

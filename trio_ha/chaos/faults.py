@@ -10,6 +10,13 @@ Faults may overlap (``ChaosConfig.overlap``). Network rules and clock jumps comp
 cannot be twice at once on one node (a kill or a pause, a filled disk, a throttle, a fault of
 one proxy) takes that node's lock for it, so a kill waits for a pause of the same node to end
 rather than killing a frozen process whose SIGCONT would then go astray.
+
+In controller mode the master is whoever the controller elected: a fault on "the master"
+(target 0) lands on the master of the moment it begins, one on "slave n" on the n-th of the
+others (:meth:`Cluster.pick`, asking the controllers, or keeping the last answer when none
+answers), and :func:`inject` says where it landed. A killed broker restarts and rejoins as a
+slave. Controller faults kill or isolate the controller that leads (asked the same way), or
+kill an etcd member; every one is undone at its end like the others.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import attrs
 import trio
 
 from ..testing import FaultProxy
+from ..testing.etcd import EtcdCluster
+from . import controllers as ask
 from .cluster import ChaosNode
 from .disk import SmallDisk
 from .plan import Fault, FaultKind
@@ -51,23 +60,87 @@ class Cluster:
     clocks: dict[str, NodeClock] = attrs.field(factory=dict)
     #: on loopback, the proxy in front of each broker's client port (0: the master's)
     client_proxies: list[FaultProxy] = attrs.field(factory=list)
+    #: controller mode: the controller processes (embedded: the name server), the
+    #: addresses brokers reach them at (in the same order), the etcd under them
+    controllers: list[ChaosNode] = attrs.field(factory=list)
+    controller_addrs: list[str] = attrs.field(factory=list)
+    etcd: EtcdCluster | None = None
+    broker_name: str = "chaos-broker"
+    #: the master the controllers named last (controller mode; None before the first)
+    last_master: ChaosNode | None = None
     _locks: collections.defaultdict[str, trio.Lock] = attrs.field(
         factory=lambda: collections.defaultdict(trio.Lock))
 
+    @property
+    def controlled(self) -> bool:
+        return bool(self.controller_addrs)
+
+    @property
+    def brokers(self) -> list[ChaosNode]:
+        return [self.master, *self.slaves]
+
     def node(self, target: int) -> ChaosNode:
+        """The broker of ``target`` in classic mode (fixed roles)."""
         return self.master if target == 0 else self.slaves[target - 1]
 
-    def lock(self, node: ChaosNode, what: str = "process") -> trio.Lock:
-        """The lock of one of ``node``'s things (its process, its disk, its link's queue)."""
-        return self._locks[f"{node.name}:{what}"]
+    def broker_at(self, address: str | None) -> ChaosNode | None:
+        return next((b for b in self.brokers if b.addr == address), None)
 
-    def link_addresses(self, target: int) -> tuple[list[str], list[str]]:
+    async def view(self) -> ask.SetView | None:
+        """The set as the leading controller sees it now (and ``last_master`` updated);
+        None: no controller answered."""
+        seen = await ask.replica_view(self.controller_addrs, self.broker_name)
+        if seen is not None and seen.master_address:
+            self.last_master = self.broker_at(seen.master_address) or self.last_master
+        return seen
+
+    async def current_master(self) -> ChaosNode:
+        """The master now: fixed in classic mode; else the controllers' word, or (none
+        answers, or none is master during an election) the last one they named."""
+        if not self.controlled:
+            await trio.lowlevel.checkpoint()
+            return self.master
+        await self.view()
+        return self.last_master or self.master
+
+    def pick(self, target: int, master: ChaosNode) -> ChaosNode:
+        """``target``'s broker given the master: 0 the master, n the n-th of the others."""
+        if not self.controlled:
+            return self.node(target)
+        if target == 0:
+            return master
+        others = [b for b in self.brokers if b is not master]
+        return others[(target - 1) % len(others)]
+
+    async def controller_leader(self) -> ChaosNode:
+        """The controller process that leads (the only one, embedded; else the one that
+        says so, or the first running one while none does)."""
+        if len(self.controllers) == 1:
+            await trio.lowlevel.checkpoint()
+            return self.controllers[0]
+        index = await ask.leader_index(self.controller_addrs)
+        if index is None:
+            return next((c for c in self.controllers if c.running), self.controllers[0])
+        return self.controllers[index]
+
+    def lock(self, node: ChaosNode | str, what: str = "process") -> trio.Lock:
+        """The lock of one of ``node``'s things (its process, its disk, its link's queue);
+        a name for what is not a ChaosNode (an etcd member)."""
+        return self._locks[f"{node if isinstance(node, str) else node.name}:{what}"]
+
+    def link_addresses(self, target: int, master: ChaosNode | None = None,
+                       slave: ChaosNode | None = None) -> tuple[list[str], list[str]]:
         """The addresses the master knows slave ``target`` by (its own, its proxy's), and
-        those the slave knows the master by (the master's, the proxy's)."""
+        those the slave knows the master by (the master's, the proxy's). In controller mode
+        (no proxies) the two brokers' own addresses."""
+        master = master or self.master
+        slave = slave or self.node(target)
+        slave_host = slave.addr.rsplit(":", 1)[0]
+        master_host = master.addr.rsplit(":", 1)[0]
+        if not self.proxies:
+            return [slave_host], [master_host]
         proxy = self.proxies[target - 1].host
-        slave = self.slaves[target - 1].addr.rsplit(":", 1)[0]
-        master = self.master.addr.rsplit(":", 1)[0]
-        return [slave, proxy], [master, proxy]
+        return [slave_host, proxy], [master_host, proxy]
 
 
 async def start(node: ChaosNode) -> None:
@@ -75,11 +148,20 @@ async def start(node: ChaosNode) -> None:
 
 
 async def inject(fault: Fault, cluster: Cluster, rng: random.Random,
-                 applied: Callable[[], object] = lambda: None) -> str:
+                 applied: Callable[[], object] = lambda: None,
+                 landed: Callable[[ChaosNode], object] = lambda node: None) -> str:
     """Apply ``fault``, hold it for its duration, undo it; what happened, in a few words.
-    ``applied`` is called once the fault is in force (after a wait for a node's lock)."""
+    ``applied`` is called once the fault is in force (after a wait for a node's lock), and
+    ``landed`` with the process it lands on (in controller mode the target names a role:
+    the master when the fault begins, the controller leader), before any lock is waited
+    for."""
     kind = fault.kind
-    node = cluster.node(fault.target)
+    if kind in (FaultKind.KILL_CONTROLLER_LEADER, FaultKind.ISOLATE_CONTROLLER_LEADER,
+                FaultKind.KILL_ETCD_MEMBER):
+        return await _controller_fault(fault, cluster, applied, landed)
+    master = await cluster.current_master()
+    node = cluster.pick(fault.target, master)
+    landed(node)
     if kind in (FaultKind.KILL_MASTER, FaultKind.KILL_SLAVE):
         async with cluster.lock(node):
             await trio.to_thread.run_sync(node.kill)
@@ -114,7 +196,43 @@ async def inject(fault: Fault, cluster: Cluster, rng: random.Random,
         clock.jump(fault.amount)
         await _hold(fault, applied, lambda: clock.jump(-fault.amount))
         return f"{node.name}'s clock jumped {fault.amount:+.0f} s and back"
-    return await _network_fault(fault, cluster, applied)
+    return await _network_fault(fault, cluster, applied, master, node)
+
+
+async def _controller_fault(fault: Fault, cluster: Cluster, applied: Callable[[], object],
+                            landed: Callable[[ChaosNode], object]) -> str:
+    kind = fault.kind
+    if kind is FaultKind.KILL_ETCD_MEMBER:
+        etcd = cluster.etcd
+        assert etcd is not None, "kill-etcd-member needs --controller etcd"
+        member = etcd.members[fault.target % len(etcd.members)]
+        async with cluster.lock(member.name):
+            await trio.to_thread.run_sync(member.kill)
+            applied()
+            await trio.sleep(fault.duration)
+            # (restart waits until the member is healthy: it rejoins the cluster)
+            await trio.to_thread.run_sync(etcd.restart, etcd.members.index(member))
+        return f"etcd member {member.name} killed, restarted"
+    # (embedded, the leader is the name server: killing or isolating it takes the routes
+    # away too, until the brokers register again)
+    leader = await cluster.controller_leader()
+    landed(leader)
+    if kind is FaultKind.KILL_CONTROLLER_LEADER:
+        async with cluster.lock(leader):
+            await trio.to_thread.run_sync(leader.kill)
+            applied()
+            await trio.sleep(fault.duration)
+            await start(leader)
+        return f"controller leader {leader.name} killed, restarted"
+    network = cluster.network
+    assert network is not None, f"{kind} needs the test network"
+    rule = await trio.to_thread.run_sync(network.isolate, leader.name)
+    try:
+        await _hold(fault, applied, lambda: None)
+    finally:
+        with trio.CancelScope(shield=True):
+            await _heal(network, [rule])
+    return f"controller leader {rule.label}"
 
 
 async def _hold(fault: Fault, applied: Callable[[], object],
@@ -153,27 +271,26 @@ async def _proxy_fault(fault: Fault, proxy: FaultProxy, link: str, rng: random.R
     return f"{link} slowed"
 
 
-async def _network_fault(fault: Fault, cluster: Cluster,
-                         applied: Callable[[], object]) -> str:
+async def _network_fault(fault: Fault, cluster: Cluster, applied: Callable[[], object],
+                         master: ChaosNode, node: ChaosNode) -> str:
     network = cluster.network
     assert network is not None, f"{fault.kind} needs the test network"
     kind = fault.kind
-    node = cluster.node(fault.target)
     changes: list[functools.partial[Rule]] = []
     if kind in (FaultKind.PARTITION_SLAVE, FaultKind.BLACKHOLE_SLAVE):
-        slave_side, master_side = cluster.link_addresses(fault.target)
+        slave_side, master_side = cluster.link_addresses(fault.target, master, node)
         if kind is FaultKind.PARTITION_SLAVE:
-            changes.append(functools.partial(network.block, "master", slave_side))
+            changes.append(functools.partial(network.block, master.name, slave_side))
             changes.append(functools.partial(network.block, node.name, master_side))
         else:
             # one way: the master's packets towards the slave vanish, or the slave's
             # towards the master do; the other direction flows
             towards_slave = fault.amount > 0
-            changes.append(functools.partial(network.block, "master", slave_side,
+            changes.append(functools.partial(network.block, master.name, slave_side,
                                              inbound=not towards_slave,
                                              outbound=towards_slave))
     elif kind is FaultKind.ISOLATE_MASTER:
-        changes.append(functools.partial(network.isolate, "master"))
+        changes.append(functools.partial(network.isolate, master.name))
     elif kind is FaultKind.LOSSY_NETWORK:
         changes.append(functools.partial(network.lose, node.name, int(fault.amount)))
     elif kind is FaultKind.SLOW_NETWORK:

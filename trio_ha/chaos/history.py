@@ -5,6 +5,10 @@ message consumed (queue, offset, body id) and every fault (what, when, how long)
 event, kept in memory for the checker and appended to ``history.jsonl`` in the run
 directory as it happens, so a run that dies still leaves what it saw.
 
+In controller mode the harness also records who the controller says is master, each time
+that changes (a :class:`MasterEvent`), and each fault names the process it landed on (the
+master of that moment, say): the checker counts failovers and write outages from them.
+
 A message's body starts with its id (``p<producer>-<seq>``), unique per send attempt made
 by a producer: a body found twice in the log is a retry that stored twice (the client gave
 up waiting on an attempt the broker had stored), never two sends.
@@ -18,7 +22,7 @@ from typing import IO, Any
 
 import attrs
 
-__all__ = ["ConsumeEvent", "FaultEvent", "History", "SendEvent", "body_id"]
+__all__ = ["ConsumeEvent", "FaultEvent", "History", "MasterEvent", "SendEvent", "body_id"]
 
 
 def body_id(body: bytes) -> str:
@@ -59,6 +63,22 @@ class FaultEvent:
     detail: str = ""
     #: the harness could not make or undo it (``detail`` says why)
     failed: bool = False
+    #: the process it landed on (its name; "" where the target says it, or for none) and
+    #: that process's client address (a broker's: acks from it carry it in their msg ids)
+    node: str = ""
+    address: str = ""
+
+
+@attrs.frozen
+class MasterEvent:
+    """What the controller said of the broker set at ``at``: its master (a broker's name,
+    or None while there is none) and the master epoch, and the in-sync set's size."""
+
+    at: float
+    master: str | None
+    epoch: int
+    in_sync: int = 0
+    address: str | None = None
 
 
 @attrs.define(eq=False)
@@ -66,6 +86,7 @@ class History:
     sends: list[SendEvent] = attrs.field(factory=list)
     consumed: list[ConsumeEvent] = attrs.field(factory=list)
     faults: list[FaultEvent] = attrs.field(factory=list)
+    masters: list[MasterEvent] = attrs.field(factory=list)
     _out: IO[str] | None = attrs.field(default=None, alias="out")
 
     @classmethod
@@ -78,7 +99,8 @@ class History:
         left out; any other damage is an error)."""
         history = cls()
         kinds = {"send": (SendEvent, history.sends), "consume": (ConsumeEvent, history.consumed),
-                 "fault": (FaultEvent, history.faults)}
+                 "fault": (FaultEvent, history.faults),
+                 "master": (MasterEvent, history.masters)}
         lines = path.read_text(encoding="utf-8").split("\n")
         for number, line in enumerate(lines, 1):
             if not line.strip():
@@ -108,6 +130,12 @@ class History:
     def fault(self, event: FaultEvent) -> None:
         self.faults.append(event)
         self._write("fault", event)
+        if self._out is not None:
+            self._out.flush()
+
+    def master(self, event: MasterEvent) -> None:
+        self.masters.append(event)
+        self._write("master", event)
         if self._out is not None:
             self._out.flush()
 

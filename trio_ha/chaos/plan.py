@@ -4,6 +4,13 @@ The schedule is a pure function of the configuration (seed included): the same s
 same configuration injects the same faults in the same order at the same times, so a run
 that found something can be replayed. What the cluster does in between is not
 deterministic (scheduling, timing), which is why every run records its own history.
+
+In controller mode (``ChaosConfig.controller``) the brokers take their roles from a
+controller, so a fault's target is a role, not a process: target 0 is whoever is master when
+the fault begins, target n the n-th of the others (``faults`` asks the controller then). The
+schedule stays a function of the seed; which process a fault lands on is recorded in the
+history. Controller faults (the controller leader killed or isolated, an etcd member killed)
+join the kinds there.
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ import random
 
 import attrs
 
-__all__ = ["CLIENT_LINK_KINDS", "CLOCK_KINDS", "DISK_KINDS", "NETWORK_KINDS", "ChaosConfig",
-           "Fault", "FaultKind", "schedule"]
+__all__ = ["CLASSIC_ONLY_KINDS", "CLIENT_LINK_KINDS", "CLOCK_KINDS", "CONTROLLERS",
+           "CONTROLLER_KINDS", "DISK_KINDS", "HA_LINK_KINDS", "NETWORK_KINDS", "ChaosConfig",
+           "Fault", "FaultKind", "default_kinds", "schedule"]
 
 
 class FaultKind(enum.StrEnum):
@@ -56,6 +64,14 @@ class FaultKind(enum.StrEnum):
     # -- under the clock shim (``clockshift``) --
     #: a node's wall clock jumps by ``amount`` seconds, and back when the fault ends
     CLOCK_JUMP = "clock-jump"
+    # -- controller mode only --
+    #: SIGKILL the controller that leads (embedded: the name server that embeds it), restart
+    #: it after a short down time
+    KILL_CONTROLLER_LEADER = "kill-controller-leader"
+    #: the controller that leads loses every packet (test hosts): brokers, etcd, everyone
+    ISOLATE_CONTROLLER_LEADER = "isolate-controller-leader"
+    #: SIGKILL one member of the controllers' etcd (``--controller etcd``), restart it
+    KILL_ETCD_MEMBER = "kill-etcd-member"
 
 
 #: the kinds that need the client-link proxies (loopback), test hosts, small disks, the
@@ -66,10 +82,26 @@ NETWORK_KINDS = frozenset({FaultKind.PARTITION_SLAVE, FaultKind.BLACKHOLE_SLAVE,
                            FaultKind.ISOLATE_MASTER, FaultKind.LOSSY_NETWORK,
                            FaultKind.SLOW_NETWORK})
 DISK_KINDS = frozenset({FaultKind.DISK_FULL})
+HA_LINK_KINDS = frozenset({FaultKind.CUT_HA_LINK, FaultKind.STALL_HA_LINK,
+                           FaultKind.SLOW_HA_LINK})
+#: the kinds of controller mode only
+CONTROLLER_KINDS = frozenset({FaultKind.KILL_CONTROLLER_LEADER,
+                              FaultKind.ISOLATE_CONTROLLER_LEADER, FaultKind.KILL_ETCD_MEMBER})
+#: the kinds of classic mode only: in controller mode a slave finds its master's HA port
+#: through the name server (no proxy can be put in its way, and a fixed ``haMasterAddress``
+#: would outlive the first failover), and the brokers' client ports have no proxies (a
+#: master's address is whatever the controller elected). Link faults there are network
+#: faults between test hosts (partition, blackhole, isolate, loss, throttle).
+CLASSIC_ONLY_KINDS = HA_LINK_KINDS | CLIENT_LINK_KINDS
+#: the controller kinds ``--controller`` takes (None: classic, a fixed master)
+CONTROLLERS = ("embedded", "etcd", "rocketmq")
 CLOCK_KINDS = frozenset({FaultKind.CLOCK_JUMP})
 #: the kinds that hit the master (target 0) only
 _MASTER_KINDS = frozenset({FaultKind.KILL_MASTER, FaultKind.PAUSE_MASTER,
-                           FaultKind.ISOLATE_MASTER})
+                           FaultKind.ISOLATE_MASTER, FaultKind.KILL_CONTROLLER_LEADER,
+                           FaultKind.ISOLATE_CONTROLLER_LEADER})
+#: members of the controllers' etcd (``--controller etcd``)
+ETCD_MEMBERS = 3
 #: the kinds that hit the master or a slave (target 0..slaves)
 _ANY_NODE_KINDS = frozenset({FaultKind.LOSSY_NETWORK, FaultKind.SLOW_NETWORK,
                              FaultKind.DISK_FULL, FaultKind.CLOCK_JUMP, *CLIENT_LINK_KINDS})
@@ -80,7 +112,9 @@ class Fault:
     #: seconds after the workload starts
     at: float
     kind: FaultKind
-    #: which slave (1-based) for the slave and link faults; 0 for the master
+    #: which slave (1-based) for the slave and link faults; 0 for the master (in controller
+    #: mode: the master when the fault begins, or the controller leader); the member
+    #: (0-based) for kill-etcd-member
     target: int
     #: how long the node is down, paused, stalled or slow
     duration: float
@@ -92,6 +126,16 @@ class Fault:
 def _within_slaves(slaves: int, sync_acks: int) -> None:
     if not 1 <= sync_acks <= slaves:
         raise ValueError(f"sync_acks must be within 1..slaves ({slaves}), not {sync_acks}")
+
+
+def default_kinds(controller: str | None) -> tuple[FaultKind, ...]:
+    """Every kind that means something in the mode (the machine may still lack some:
+    ``run.capabilities``). Classic: every kind of the classic harness, in its order, so the
+    schedules of earlier runs are drawn the same."""
+    if controller is None:
+        return tuple(k for k in FaultKind if k not in CONTROLLER_KINDS)
+    return tuple(k for k in FaultKind if k not in CLASSIC_ONLY_KINDS
+                 and (k is not FaultKind.KILL_ETCD_MEMBER or controller == "etcd"))
 
 
 @attrs.frozen(kw_only=True)
@@ -110,7 +154,15 @@ class ChaosConfig:
     seed: int = 1
     #: mean seconds between fault starts (each is drawn uniformly in [0.5, 1.5] times it)
     fault_interval: float = attrs.field(default=4.0, validator=attrs.validators.ge(0.5))
-    kinds: tuple[FaultKind, ...] = attrs.field(default=tuple(FaultKind), converter=tuple)
+    #: None: classic (a fixed master and its slaves); ``embedded``: a name server with
+    #: ``enableControllerInNamesrv=true`` (its controller's journal on disk); ``etcd``:
+    #: three ``trio-ha controller`` processes over a 3-member etcd; ``rocketmq``: RocketMQ
+    #: 5.3.3's own controller (DLedger, one) and brokers, our name server, on loopback
+    controller: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(CONTROLLERS)))
+    kinds: tuple[FaultKind, ...] = attrs.field(
+        default=attrs.Factory(lambda config: default_kinds(config.controller),
+                              takes_self=True), converter=tuple)
     producers: int = attrs.field(default=2, validator=attrs.validators.in_(range(1, 65)))
     #: sends per second per producer (at most; a send waits for its answer first)
     rate: float = attrs.field(default=40.0, validator=attrs.validators.gt(0))
@@ -135,8 +187,21 @@ class ChaosConfig:
 
     @property
     def brokers(self) -> list[str]:
-        """The brokers' names, master first: their conf files, stores and test hosts."""
+        """The brokers' names, master first: their conf files, stores and test hosts. In
+        controller mode roles move, so the names do not say one: ``broker0`` .. ``brokerN``."""
+        if self.controller is not None:
+            return [f"broker{n}" for n in range(self.slaves + 1)]
         return ["master", *(f"slave{n}" for n in range(1, self.slaves + 1))]
+
+    @property
+    def controllers(self) -> list[str]:
+        """The controller processes' names (their conf files, logs and test hosts); the
+        embedded controller is the name server's."""
+        if self.controller == "etcd":
+            return [f"ctl{n}" for n in range(3)]
+        if self.controller == "rocketmq":
+            return ["ctl0"]
+        return ["namesrv"] if self.controller == "embedded" else []
 
     @property
     def strict(self) -> bool:
@@ -145,8 +210,10 @@ class ChaosConfig:
         least), and the run's
         crashes are of processes, which page caches outlive, so either flush mode owes it.
         (A power loss could take an ASYNC_FLUSH slave's unflushed tail; the harness does
-        not cut power.) An ASYNC_MASTER's slave may lack the newest acknowledged sends."""
-        return self.role == "SYNC_MASTER"
+        not cut power.) An ASYNC_MASTER's slave may lack the newest acknowledged sends. In
+        controller mode a SEND_OK waits for the in-sync set, which may be the master alone
+        (a slave left it): what it promises is checked on the final master instead."""
+        return self.role == "SYNC_MASTER" and self.controller is None
 
     def as_dict(self) -> dict[str, object]:
         """The configuration as JSON values (``from_dict`` reads it back)."""
@@ -163,6 +230,9 @@ class ChaosConfig:
                           if k == "kinds" else v) for k, v in values.items()})
 
     def describe(self) -> str:
+        if self.controller is not None:
+            return (f"controller {self.controller}, {self.flush}, {self.slaves + 1} brokers, "
+                    f"{self.seconds:g} s, seed {self.seed}")
         return (f"{self.role}+{self.flush}, {self.slaves} slave(s), {self.seconds:g} s, "
                 f"seed {self.seed}")
 
@@ -179,6 +249,8 @@ def schedule(config: ChaosConfig) -> list[Fault]:
         kind = rng.choice(config.kinds)
         if kind in _MASTER_KINDS:
             target = 0
+        elif kind is FaultKind.KILL_ETCD_MEMBER:
+            target = rng.randrange(ETCD_MEMBERS)
         elif kind in _ANY_NODE_KINDS:
             target = rng.randint(0, config.slaves)
         else:
@@ -190,7 +262,7 @@ def schedule(config: ChaosConfig) -> list[Fault]:
         elif kind in (FaultKind.CUT_HA_LINK, FaultKind.CUT_CLIENT_LINK):
             duration = 0.0
         elif kind in (FaultKind.PARTITION_SLAVE, FaultKind.BLACKHOLE_SLAVE,
-                      FaultKind.ISOLATE_MASTER):
+                      FaultKind.ISOLATE_MASTER, FaultKind.ISOLATE_CONTROLLER_LEADER):
             # shorter or longer than the housekeeping interval: a link that survives the
             # loss, or one that is given up and made again
             duration = housekeeping * rng.uniform(0.3, 2.0)

@@ -15,6 +15,18 @@
    history against them (``checker``). The configuration, the history, the verdict as JSON
    and the report are written to the run directory, and the stores stay there, so
    ``check_run`` can judge the run again and ``replay_config`` run it again.
+
+In controller mode (``--controller embedded|etcd``) step 2 starts the controllers too (the
+name server embedding one, with its journal in the run directory; or three ``trio-ha
+controller`` processes over a 3-member etcd the harness starts), the brokers are peers with
+``enableControllerMode=true`` and no proxies (whoever the controller elects is master), and
+step 3 also watches the controllers' view of the set (a ``master`` event in the history at
+each change). Before the final SIGKILL the harness waits, within a bound, for every broker
+to be back in the in-sync set; the checker reads the store of the master named last as the
+final master. On test hosts each controller has a host of its own and etcd listens on the
+harness's gateway address, so isolating the controller leader cuts it off from etcd too.
+``--controller rocketmq`` runs RocketMQ 5.3.3's controller and brokers (JVMs) in their place,
+on loopback, under the same name server, clients and checker.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import contextlib
 import json
 import random
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -30,18 +43,34 @@ import trio
 
 from ..client import MQError, open_admin
 from ..testing import free_broker_port, open_fault_proxy
+from ..testing.etcd import EtcdCluster, EtcdNotInstalled, etcd_binary
+from ..testing.rocketmq import (
+    BROKER_JVM,
+    BROKER_READY,
+    CONTROLLER_FILE_SIZE,
+    CONTROLLER_JVM,
+    CONTROLLER_READY,
+    VERSION_5,
+    RocketMQ,
+    RocketMQUnavailable,
+    broker_properties_text,
+)
 from . import clockshift, disk, testnet
 from .checker import Verdict, check, read_store
 from .cluster import ChaosNode
+from .failover import final_master
 from .faults import Cluster, inject, start
-from .history import FaultEvent, History, SendEvent
+from .history import FaultEvent, History, MasterEvent, SendEvent
 from .plan import (
+    CLASSIC_ONLY_KINDS,
     CLIENT_LINK_KINDS,
     CLOCK_KINDS,
+    CONTROLLER_KINDS,
     DISK_KINDS,
     NETWORK_KINDS,
     ChaosConfig,
     Fault,
+    FaultKind,
     schedule,
 )
 from .workload import consume, monotonic_clock, produce
@@ -59,6 +88,17 @@ STORE_SIZES = {"mappedFileSizeCommitLog": str(SEGMENT_SIZE),
 DISK_SIZE = 256 * 1024 * 1024
 #: how long the cluster has to acknowledge its first send
 READY_TIMEOUT = 60.0
+#: controller mode: how often the harness asks the controllers who is master
+WATCH_INTERVAL = 0.25
+#: controller mode: how long the end of a run waits for every broker to be in sync again
+IN_SYNC_TIMEOUT = 30.0
+#: controller mode: the etcd leases of the controllers (a dead leader is replaced after it)
+ETCD_LEASE_SECONDS = 2
+#: what ``--controller rocketmq`` can inject (its JVMs on loopback)
+ROCKETMQ_KINDS = frozenset({FaultKind.KILL_MASTER, FaultKind.KILL_SLAVE, FaultKind.PAUSE_MASTER,
+                            FaultKind.PAUSE_SLAVE, FaultKind.KILL_CONTROLLER_LEADER})
+#: how long a RocketMQ JVM may take to boot (two cores, other JVMs beside it)
+JAVA_START_TIMEOUT = 120.0
 
 
 def capabilities(config: ChaosConfig) -> tuple[ChaosConfig, dict[str, str]]:
@@ -68,6 +108,32 @@ def capabilities(config: ChaosConfig) -> tuple[ChaosConfig, dict[str, str]]:
     client-link proxies need loopback)."""
     wanted = set(config.kinds)
     missing: dict[str, str] = {}
+    if config.controller == "rocketmq":
+        try:
+            RocketMQ.fetch(VERSION_5)
+        except RocketMQUnavailable as exc:
+            raise ValueError(f"--controller rocketmq: {exc}") from None
+        if config.network == "hosts":
+            raise ValueError("--controller rocketmq runs on loopback (--network loopback)")
+        config = attrs.evolve(config, network="loopback")
+        missing.update((kind.value, "--controller rocketmq: the JVMs run on loopback, "
+                        "without the clock shim or small disks: kills and pauses only")
+                       for kind in wanted - ROCKETMQ_KINDS)
+    if config.controller == "etcd":
+        try:
+            etcd_binary()
+        except EtcdNotInstalled as exc:
+            raise ValueError(f"--controller etcd: {exc}") from None
+    if config.controller is None:
+        missing.update((kind.value, "controller mode only (--controller)")
+                       for kind in wanted & CONTROLLER_KINDS)
+    else:
+        missing.update((kind.value, "classic mode only: in controller mode a slave finds its "
+                        "master through the name server and clients reach whoever is "
+                        "elected, so no proxy stands on those links (network faults on "
+                        "test hosts break them instead)") for kind in wanted & CLASSIC_ONLY_KINDS)
+        if config.controller != "etcd" and FaultKind.KILL_ETCD_MEMBER in wanted:
+            missing[FaultKind.KILL_ETCD_MEMBER.value] = "needs --controller etcd"
     network = config.network
     hosts_unavailable = testnet.unavailable() if network != "loopback" else "--network loopback"
     if network == "hosts" and hosts_unavailable:
@@ -76,10 +142,13 @@ def capabilities(config: ChaosConfig) -> tuple[ChaosConfig, dict[str, str]]:
     if network == "hosts":
         why_not_here = ("the nodes are on test hosts, whose network faults reach the client "
                         "links too (--network loopback puts proxies on them)")
-        missing.update((kind.value, why_not_here) for kind in wanted & CLIENT_LINK_KINDS)
+        missing.update((kind.value, why_not_here) for kind in wanted & CLIENT_LINK_KINDS
+                       if kind.value not in missing)
     else:
         missing.update((kind.value, f"no test hosts: {hosts_unavailable}")
-                       for kind in wanted & NETWORK_KINDS)
+                       for kind in wanted & (NETWORK_KINDS
+                                             | {FaultKind.ISOLATE_CONTROLLER_LEADER})
+                       if kind.value not in missing)
     for kinds, why_not in ((DISK_KINDS, disk.unavailable), (CLOCK_KINDS, clockshift.available)):
         asked = wanted & kinds
         reason = why_not() if asked else None
@@ -108,6 +177,29 @@ def _broker_properties(config: ChaosConfig, run_dir: Path, name: str, broker_id:
     if ha_master is not None:
         properties["haMasterAddress"] = ha_master
     return properties
+
+
+def _controlled_properties(config: ChaosConfig, run_dir: Path, name: str, namesrv: str,
+                           controllers: list[str], host: str, port: int) -> dict[str, str]:
+    """A broker of the set in controller mode: no id, no role, no HA master (the controller
+    gives them). Its timers are short so that a run sees many failovers: the controllers
+    declare it dead after the HA housekeeping interval without a heartbeat (a pause longer
+    than that is a failover), a slave that lags that long leaves the in-sync set (a send
+    waits for every member of it), and it asks who is master every second."""
+    interval = str(config.ha_housekeeping_ms)
+    return {
+        "brokerClusterName": "ChaosCluster", "brokerName": "chaos-broker",
+        "enableControllerMode": "true", "controllerAddr": ";".join(controllers),
+        "flushDiskType": config.flush, "namesrvAddr": namesrv,
+        "listenPort": str(port), "haListenPort": str(port + 1), "bindAddress": host,
+        "haBindAddress": host, "brokerIP1": host, "vipChannelEnable": "false",
+        "storePathRootDir": str(run_dir / name), "haHousekeepingInterval": interval,
+        "controllerHeartBeatTimeoutMills": interval, "haMaxTimeSlaveNotCatchup": interval,
+        "brokerHeartbeatInterval": "500", "syncBrokerMetadataPeriod": "1000",
+        "syncControllerMetadataPeriod": "2000", "checkSyncStateSetPeriod": "1000",
+        "haSendHeartbeatInterval": "1000", "registerNameServerPeriod": "10000",
+        "autoCreateTopicEnable": "true", **STORE_SIZES,
+    }
 
 
 async def _wait_ready(namesrv: str, config: ChaosConfig, history: History) -> None:
@@ -144,9 +236,11 @@ async def _inject_all(faults: list[Fault], cluster: Cluster, history: History, c
         # the same choices, such as where a cut falls, as on the run being replayed)
         rng = random.Random(config.seed * 1_000_003 + index)
         started: list[float] = []
+        landed: list[ChaosNode] = []
         detail, failed = "cut short by the end of the run", False
         try:
-            detail = await inject(fault, cluster, rng, lambda: started.append(clock()))
+            detail = await inject(fault, cluster, rng, lambda: started.append(clock()),
+                                  landed.append)
         except Exception as exc:
             # A fault the harness could not make or undo (a tool that failed, a node that
             # would not start again) is recorded and fails the verdict; the run goes on.
@@ -155,8 +249,11 @@ async def _inject_all(faults: list[Fault], cluster: Cluster, history: History, c
         finally:
             # (a fault cut short before it was in force is no fault)
             if started:
+                node = landed[0] if landed else None
                 history.fault(FaultEvent(fault.kind.value, fault.target, started[0],
-                                         clock(), detail, failed))
+                                         clock(), detail, failed,
+                                         node.name if node else "",
+                                         node.addr if node else ""))
 
     async with trio.open_nursery() as nursery:
         for index, fault in enumerate(faults):
@@ -204,9 +301,14 @@ def check_run(run_dir: Path) -> Verdict:
 
 
 async def _judge(config: ChaosConfig, history: History, run_dir: Path) -> Verdict:
-    """Recover each broker's store from its conf file and check the history against them."""
-    master, *slaves = [await read_store(run_dir / f"{name}.conf", config)
-                       for name in config.brokers]
+    """Recover each broker's store from its conf file and check the history against them
+    (in controller mode the master is the one the controller named last)."""
+    names = list(config.brokers)
+    named = final_master(history) if config.controller is not None else None
+    if named is not None and named.master in names:
+        names.remove(named.master)
+        names.insert(0, named.master)
+    master, *slaves = [await read_store(run_dir / f"{name}.conf", config) for name in names]
     return check(config, history, master, slaves)
 
 
@@ -225,8 +327,15 @@ def _environment(config: ChaosConfig, run_dir: Path):
     with contextlib.ExitStack() as stack:
         network = None
         if config.network == "hosts":
-            network = testnet.TestNetwork.create(["namesrv", *brokers])
+            controllers = [c for c in config.controllers if c != "namesrv"]
+            network = testnet.TestNetwork.create(["namesrv", *brokers, *controllers])
             stack.callback(network.close)
+        etcd = None
+        if config.controller == "etcd":
+            # (on the gateway: the controllers on their test hosts reach it there)
+            etcd = EtcdCluster.start(run_dir / "etcd",
+                                     host=network.gateway if network else "127.0.0.1")
+            stack.callback(etcd.close)
         disks = {}
         if kinds & DISK_KINDS:
             for name in brokers:
@@ -237,7 +346,7 @@ def _environment(config: ChaosConfig, run_dir: Path):
         if kinds & CLOCK_KINDS:
             shift = clockshift.ClockShift.build(run_dir)
             clocks = {name: shift.for_node(name) for name in brokers}
-        yield network, disks, clocks
+        yield network, disks, clocks, etcd
 
 
 def _free_port(host: str, proxied: bool) -> int:
@@ -258,17 +367,22 @@ def _free_port(host: str, proxied: bool) -> int:
 
 async def _run(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
     brokers = config.brokers
-    with _environment(config, run_dir) as (network, disks, clocks):
+    with _environment(config, run_dir) as (network, disks, clocks, etcd):
         def host(name: str) -> str:
             """Where a node listens: its test host, or an address of its own on loopback
             (127.0.0.1 is the harness's: the client-link proxies listen there)."""
             if network is not None:
                 return network.hosts[name].address
+            if name in config.controllers and name != "namesrv":
+                return f"127.0.0.{20 + config.controllers.index(name)}"
             return "127.0.0.1" if name == "namesrv" else f"127.0.0.{2 + brokers.index(name)}"
 
         def prefix(name: str) -> list[str]:
             return network.hosts[name].command([]) if network else []
 
+        if config.controller is not None:
+            return await _run_controlled(config, run_dir, history, host, prefix, network,
+                                         disks, clocks, etcd)
         namesrv = ChaosNode.namesrv(run_dir, host=host("namesrv"), prefix=prefix("namesrv"))
         # (on test hosts every port is free inside the host: any free here will do)
         ports = {name: _free_port("127.0.0.1" if network else host(name), network is None)
@@ -336,19 +450,206 @@ async def _load_and_faults(config: ChaosConfig, cluster: Cluster, history: Histo
         with consumer_scope:
             await consume(namesrv, config, history, clock)
 
+    watch_scope = trio.CancelScope()
+
+    async def watcher() -> None:
+        with watch_scope:
+            await _watch_masters(cluster, history, clock)
+
     async with trio.open_nursery() as load:
         load.start_soon(producers)
         load.start_soon(consumer)
+        if cluster.controlled:
+            load.start_soon(watcher)
         with trio.move_on_after(config.seconds):
             await _inject_all(schedule(config), cluster, history, clock, config)
             await trio.sleep_forever()
         producers_scope.cancel()
         # The faults healed as they were cancelled; start what a fault left down or
         # paused, then let the consumer read what is left.
-        for node in [cluster.master, *cluster.slaves]:
+        for node in [*cluster.controllers, cluster.master, *cluster.slaves]:
             if node.paused:
                 node.resume()
             if not node.running:
                 await start(node)
+        if cluster.etcd is not None:
+            await trio.to_thread.run_sync(cluster.etcd.heal)
         await trio.sleep(config.settle_seconds)
+        if cluster.controlled:
+            await _until_in_sync(cluster)
+            watch_scope.cancel()
+            # The last view, recorded whatever the one before: the final master is the
+            # last one named.
+            view = await cluster.view()
+            if view is not None:
+                node = cluster.broker_at(view.master_address)
+                history.master(MasterEvent(clock(), node.name if node else None, view.epoch,
+                                           view.in_sync, view.master_address))
         consumer_scope.cancel()
+
+
+async def _run_controlled(config: ChaosConfig, run_dir: Path, history: History,
+                          host: Callable[[str], str], prefix: Callable[[str], list[str]],
+                          network: testnet.TestNetwork | None, disks: dict[str, disk.SmallDisk],
+                          clocks: dict[str, clockshift.NodeClock],
+                          etcd: EtcdCluster | None) -> Verdict:
+    """``_run`` in controller mode: the controllers, the name server and the brokers as
+    peers of one set; then the load, the faults and the verdict as in classic mode."""
+    brokers = config.brokers
+    namesrv_host = host("namesrv")
+    controllers: list[ChaosNode] = []
+    if config.controller == "embedded":
+        ctl_port = free_broker_port("127.0.0.1" if network else namesrv_host)
+        namesrv = ChaosNode.namesrv(run_dir, host=namesrv_host, prefix=prefix("namesrv"),
+                                    properties={
+            "enableControllerInNamesrv": "true", "controllerType": "journal",
+            "controllerStorePath": str(run_dir / "controller"),
+            "controllerDLegerGroup": "chaos", "controllerDLegerSelfId": "n0",
+            "controllerDLegerPeers": f"n0-{namesrv_host}:{ctl_port}",
+            "scanNotActiveBrokerInterval": "1000",
+            "kvConfigPath": str(run_dir / "namesrv-kv.json")})
+        controllers.append(namesrv)
+        controller_addrs = [f"{namesrv_host}:{ctl_port}"]
+    elif config.controller == "rocketmq":
+        return await _run_rocketmq(config, run_dir, history)
+    else:
+        assert etcd is not None
+        namesrv = ChaosNode.namesrv(run_dir, host=namesrv_host, prefix=prefix("namesrv"))
+        for n, name in enumerate(config.controllers):
+            ctl_host = host(name)
+            controllers.append(ChaosNode.controller(run_dir, name, {
+                "listenPort": str(free_broker_port("127.0.0.1" if network else ctl_host)),
+                "bindAddress": ctl_host, "controllerType": "etcd",
+                "controllerEtcdEndpoints": ",".join(etcd.endpoints),
+                "controllerEtcdLeaseSeconds": str(ETCD_LEASE_SECONDS),
+                "controllerDLegerGroup": "chaos", "controllerDLegerSelfId": f"n{n}",
+                "controllerStorePath": str(run_dir / name),
+                "scanNotActiveBrokerInterval": "1000"}, prefix=prefix(name)))
+        controller_addrs = [c.addr for c in controllers]
+    nodes = [namesrv, *(c for c in controllers if c is not namesrv)]
+    try:
+        for name in brokers:
+            port = free_broker_port("127.0.0.1" if network else host(name))
+            node = ChaosNode.broker(run_dir, name, _controlled_properties(
+                config, run_dir, name, namesrv.addr, controller_addrs, host(name), port),
+                prefix=prefix(name))
+            if name in clocks:
+                node.env = clocks[name].env()
+            nodes.append(node)
+        broker_nodes = nodes[-len(brokers):]
+        cluster = Cluster(namesrv, broker_nodes[0], broker_nodes[1:], [], network, disks,
+                          clocks, controllers=controllers, controller_addrs=controller_addrs,
+                          etcd=etcd)
+        await _serve_controlled(config, cluster, nodes, history)
+    finally:
+        await _kill_all(nodes)
+    return await _judge(config, history, run_dir)
+
+
+async def _serve_controlled(config: ChaosConfig, cluster: Cluster, nodes: list[ChaosNode],
+                            history: History) -> None:
+    """Start the nodes (the others side by side, then the brokers side by side), then the
+    load and the faults."""
+    async with trio.open_nursery() as starting:
+        for node in nodes:
+            if node not in cluster.brokers:
+                starting.start_soon(start, node)
+    async with trio.open_nursery() as starting:
+        for node in cluster.brokers:
+            starting.start_soon(start, node)
+    await _wait_ready(cluster.namesrv.addr, config, history)
+    await _load_and_faults(config, cluster, history)
+
+
+async def _kill_all(nodes: list[ChaosNode]) -> None:
+    """SIGKILL every node, as a crash of every machine would (each even if another's kill
+    fails)."""
+    with trio.CancelScope(shield=True):
+        failures = []
+        for node in nodes:
+            try:
+                await trio.to_thread.run_sync(node.kill)
+            except OSError as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+
+async def _run_rocketmq(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
+    """``--controller rocketmq``: RocketMQ 5.3.3's controller (DLedger, a group of one, its
+    store in the run directory) and brokers, as RocketMQ ships them, under our name server
+    and our clients, on loopback. The brokers are set as ours are (``_controlled_properties``),
+    ``allAckInSyncStateSet=true`` included (RocketMQ's default is false: an ack from the
+    master alone, which a failover may lose). Their stores are judged by our reader (the
+    files are byte-compatible)."""
+    rocketmq = RocketMQ.fetch(VERSION_5)
+    namesrv = ChaosNode.namesrv(run_dir)
+    ctl_port = free_broker_port()
+    ctl_home = run_dir / "ctl0-home"
+    ctl_conf = run_dir / "ctl0.conf"
+    ctl_conf.write_text(broker_properties_text({
+        "controllerType": "DLedger", "controllerDLegerGroup": "chaos",
+        "controllerDLegerPeers": f"n0-127.0.0.1:{ctl_port}", "controllerDLegerSelfId": "n0",
+        "controllerStorePath": str(run_dir / "ctl0"), "mappedFileSize": CONTROLLER_FILE_SIZE,
+        "configStorePath": str(ctl_home / "controller.properties"),
+        "scanNotActiveBrokerInterval": 1000}))
+    controller = ChaosNode.foreign(
+        "ctl0", [*rocketmq.java_command(CONTROLLER_JVM, ctl_home),
+                 "org.apache.rocketmq.controller.ControllerStartup", "-c", str(ctl_conf)],
+        log_path=run_dir / "ctl0.log", addr=f"127.0.0.1:{ctl_port}", ready=CONTROLLER_READY,
+        cwd=ctl_home)
+    nodes = [namesrv, controller]
+    for name in config.brokers:
+        port = free_broker_port()
+        properties = _controlled_properties(config, run_dir, name, namesrv.addr,
+                                            [controller.addr], "127.0.0.1", port)
+        for ours in ("bindAddress", "haBindAddress", "vipChannelEnable"):
+            properties.pop(ours)  # (RocketMQ binds every address)
+        properties.update({"brokerIP2": "127.0.0.1", "allAckInSyncStateSet": "true"})
+        conf = run_dir / f"{name}.conf"
+        conf.write_text(broker_properties_text(properties))
+        home = run_dir / f"{name}-home"
+        nodes.append(ChaosNode.foreign(
+            name, [*rocketmq.java_command(BROKER_JVM, home),
+                   "org.apache.rocketmq.broker.BrokerStartup", "-c", str(conf)],
+            log_path=run_dir / f"{name}.log", addr=f"127.0.0.1:{port}",
+            ready=BROKER_READY.pattern, cwd=home, store_dir=run_dir / name))
+    for node in nodes[1:]:
+        node.start_timeout = JAVA_START_TIMEOUT
+    brokers = nodes[2:]
+    cluster = Cluster(namesrv, brokers[0], brokers[1:], [], None, {}, {},
+                      controllers=[controller], controller_addrs=[controller.addr])
+    try:
+        await _serve_controlled(config, cluster, nodes, history)
+    finally:
+        await _kill_all(nodes)
+    return await _judge(config, history, run_dir)
+
+
+async def _watch_masters(cluster: Cluster, history: History, clock: Callable[[], float]
+                         ) -> None:
+    """Record the controllers' view of the set each time it changes, until cancelled."""
+    last: tuple[str | None, int, int] | None = None
+    while True:
+        view = await cluster.view()
+        if view is not None:
+            node = cluster.broker_at(view.master_address)
+            now = (node.name if node else None, view.epoch, view.in_sync)
+            if now != last:
+                last = now
+                history.master(MasterEvent(clock(), now[0], view.epoch, view.in_sync,
+                                           view.master_address))
+        await trio.sleep(WATCH_INTERVAL)
+
+
+async def _until_in_sync(cluster: Cluster) -> None:
+    """Wait (within ``IN_SYNC_TIMEOUT``) until a master is named with every broker in its
+    in-sync set: a broker that rejoined has cut its log back by then, so the slaves' logs
+    can be held to being a prefix of the master's. What is found at the bound is judged."""
+    with trio.move_on_after(IN_SYNC_TIMEOUT):
+        while True:
+            view = await cluster.view()
+            if view is not None and view.master_address and \
+                    view.in_sync == len(cluster.brokers):
+                return
+            await trio.sleep(WATCH_INTERVAL)

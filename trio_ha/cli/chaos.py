@@ -44,6 +44,13 @@ def chaos_run(
                                  help="seconds the consumer goes on after the producers stop"),
     overlap: bool = typer.Option(False, "--overlap",
                                  help="let a fault start while others still last"),
+    controller: str = typer.Option(
+        None, "--controller", metavar="embedded|etcd|rocketmq",
+        help="controller mode: the brokers take their roles from a controller that fails "
+             "the master over (embedded: in the name server, its journal on disk; etcd: "
+             "three trio-ha controllers over a 3-member etcd; rocketmq: RocketMQ 5.3.3's "
+             "controller and brokers, on loopback). "
+             "Faults on 'the master' land on the master of that moment"),
     replay: str = typer.Option(None, "--replay", metavar="RUN_DIR",
                                help="run an earlier run's configuration again (its seed, "
                                     "kinds and timing: the same faults at the same times)"),
@@ -60,30 +67,31 @@ def chaos_run(
     import tempfile
     from pathlib import Path
 
-    from ..chaos.plan import ChaosConfig, FaultKind
+    from ..chaos.plan import ChaosConfig, FaultKind, default_kinds
     from ..chaos.run import capabilities, replay_config, run_chaos
 
     if list_kinds:
         try:
-            _, missing = capabilities(ChaosConfig(network=network))
+            _, missing = capabilities(ChaosConfig(network=network, controller=controller,
+                                                  kinds=tuple(FaultKind)))
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         for kind in FaultKind:
             why_not = missing.get(kind.value)
-            print(f"{kind.value:18} {f'not here: {why_not}' if why_not else 'yes'}")
+            print(f"{kind.value:26} {f'not here: {why_not}' if why_not else 'yes'}")
         return
     try:
         if replay:
             config = replay_config(Path(replay))
         else:
             chosen = (tuple(FaultKind(k.strip()) for k in kinds.split(",")) if kinds
-                      else tuple(FaultKind))
+                      else default_kinds(controller))
             config = ChaosConfig(role=role, flush=flush, slaves=slaves, sync_acks=sync_acks,
                                  seconds=minutes * 60 if minutes else seconds, seed=seed,
                                  fault_interval=fault_interval, producers=producers,
                                  rate=rate, ha_housekeeping_ms=ha_housekeeping_ms,
                                  kinds=chosen, overlap=overlap, network=network,
-                                 settle_seconds=settle)
+                                 settle_seconds=settle, controller=controller)
         capabilities(config)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -119,7 +127,9 @@ def chaos_check(
     from ..chaos.run import check_run
 
     path = Path(run_dir)
-    for needed in ("config.json", "history.jsonl", "master.conf"):
+    for needed in ("config.json", "history.jsonl"):
         if not (path / needed).is_file():
             raise typer.BadParameter(f"{path} has no {needed}: not a chaos run directory")
+    if not any((path / conf).is_file() for conf in ("master.conf", "broker0.conf")):
+        raise typer.BadParameter(f"{path} has no broker conf files: not a chaos run directory")
     _show(check_run(path), path, as_json)

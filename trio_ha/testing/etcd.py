@@ -184,10 +184,12 @@ class EtcdCluster:
     timeout: float = 30.0
 
     @classmethod
-    def start(cls, root: str | os.PathLike[str], *, size: int = 3,
-              timeout: float = 30.0) -> EtcdCluster:
+    def start(cls, root: str | os.PathLike[str], *, size: int = 3, timeout: float = 30.0,
+              host: str = "127.0.0.1") -> EtcdCluster:
         """Start ``size`` members under ``root`` and wait (at most ``timeout`` seconds) until
-        every one is healthy. Raises :class:`EtcdNotInstalled` without an etcd binary."""
+        every one is healthy. Raises :class:`EtcdNotInstalled` without an etcd binary.
+        ``host``: the address they listen on (the chaos harness's gateway on its test
+        network, so that controllers on test hosts reach them)."""
         binary = etcd_binary()
         if size < 1:
             raise ValueError("an etcd cluster needs at least one member")
@@ -197,7 +199,7 @@ class EtcdCluster:
         for index in range(size):
             port = free_broker_port()  # reserves port - 2 .. port + 1: client and peer here
             members.append(EtcdMember(f"etcd{index}", port, port + 1, root / f"etcd{index}",
-                                      root / f"etcd{index}.log"))
+                                      root / f"etcd{index}.log", host))
         cluster = cls(binary, root, members, timeout)
         try:
             for member in members:

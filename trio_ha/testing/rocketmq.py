@@ -478,6 +478,13 @@ class RocketMQ:
 
     # --- processes ---------------------------------------------------------------------------
 
+    def java_command(self, jvm: Iterable[str], run_dir: Path) -> list[str]:
+        """The ``java`` command line (before the main class) of a server of this version
+        whose scratch directory is ``run_dir``: for a harness that runs the process itself
+        (the chaos harness's nodes), as :meth:`start_broker` would."""
+        self._check_servers()
+        return self._java(jvm, run_dir)
+
     def _java(self, jvm: Iterable[str], run_dir: Path, *, classpath: str | None = None,
               properties: Mapping[str, object] | None = None) -> list[str]:
         props = [f"-D{k}={v}" for k, v in (properties or {}).items()]
