@@ -22,14 +22,14 @@ def run_chaos_cli(tmp_path, *args, timeout: float = 900):
         capture_output=True, text=True, timeout=timeout)
 
 
-def _injectable(kinds: set[str], network: str) -> set[str]:
-    """The kinds that can be injected here. Under TRIO_HA_REQUIRE_CHAOS=1 (CI, root with
-    nftables) every kind must be; elsewhere the root-only ones are left out, and the test
-    skips only when nothing is left."""
+def _injectable(kinds: set[str], network: str, controller: str | None = None) -> set[str]:
+    """The kinds that can be injected here (in ``controller`` mode, if one is named). Under
+    TRIO_HA_REQUIRE_CHAOS=1 (CI, root with nftables) every kind must be; elsewhere the
+    root-only ones are left out, and the test skips only when nothing is left."""
     from trio_ha.chaos.run import capabilities
 
     try:
-        _, missing = capabilities(ChaosConfig(network=network,
+        _, missing = capabilities(ChaosConfig(network=network, controller=controller,
                                               kinds=tuple(FaultKind(k) for k in kinds)))
     except ValueError as exc:
         missing = dict.fromkeys(kinds, str(exc))

@@ -255,7 +255,7 @@ def _controlled_run(tmp_path, controller: str, kinds: set[str], seconds: int, se
     except ValueError as exc:  # (etcd not installed)
         pytest.skip(str(exc))
     network = "hosts" if testnet.unavailable() is None else "loopback"
-    kinds = _injectable(kinds, network)
+    kinds = _injectable(kinds, network, controller)
     done = run_chaos_cli(tmp_path, "--controller", controller, "--seconds", seconds,
                          "--fault-interval", 3, "--ha-housekeeping-ms", 2000, "--seed", seed,
                          "--slaves", 1, "--network", network, "--kinds",
