@@ -342,6 +342,10 @@ async def test_trio_ha_admin_controller_verbs_sign_with_the_global_account(tmp_p
                            "--json")
         assert config.returncode == 0, config
         assert {"key": "aclEnable", "value": "true"} in json.loads(config.stdout)
+        meta = await cli("admin", "controller-metadata", "-a", ctl.address, "--json")
+        assert meta.returncode == 0, meta  # (a read: no account)
+        assert {"key": "controllerLeaderAddress", "value": ctl.address} in json.loads(
+            meta.stdout)
 
 
 @pytest.mark.interop

@@ -420,16 +420,8 @@ async def _run(config: ChaosConfig, run_dir: Path, history: History) -> Verdict:
                 await _load_and_faults(config, cluster, history)
         finally:
             # Everything at once, as a crash of every machine would: what is checked is
-            # what survives that. (Each is killed even if another's kill fails.)
-            with trio.CancelScope(shield=True):
-                failures = []
-                for node in nodes:
-                    try:
-                        await trio.to_thread.run_sync(node.kill)
-                    except OSError as exc:
-                        failures.append(exc)
-                if failures:
-                    raise failures[0]
+            # what survives that.
+            await _kill_all(nodes)
         # (while the small disks are still mounted: the checker reads the files too)
         return await _judge(config, history, run_dir)
 

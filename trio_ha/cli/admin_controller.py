@@ -56,35 +56,34 @@ async def _leader(addresses: str) -> str:
     raise _fail("no controller named a leader (" + "; ".join(tried) + ")")
 
 
+async def _call(address: str, code: int, fields: dict[str, Any] | None = None,
+                body: bytes = b"", *, ok: tuple[int, ...] = (ResponseCode.SUCCESS,)
+                ) -> RemotingCommand:
+    """One request to the controller at ``address``; a code outside ``ok`` is an error."""
+    from ..remoting import open_remoting_client
+
+    async with open_remoting_client(address, **client_options()) as client:
+        reply = await client.invoke(RemotingCommand.request(code, fields, body), TIMEOUT)
+    if reply.code not in ok:
+        raise _fail(f"controller {address} answered {_code_name(reply.code)}: "
+                    f"{reply.remark or ''}")
+    return reply
+
+
 async def _leader_call(addresses: str, code: int, fields: dict[str, Any] | None = None,
                        body: bytes = b"", *, ok: tuple[int, ...] = (ResponseCode.SUCCESS,)
                        ) -> RemotingCommand:
-    from ..remoting import open_remoting_client
-
-    leader = await _leader(addresses)
-    async with open_remoting_client(leader, **client_options()) as client:
-        reply = await client.invoke(RemotingCommand.request(code, fields, body), TIMEOUT)
-    if reply.code not in ok:
-        raise _fail(f"controller {leader} answered {_code_name(reply.code)}: "
-                    f"{reply.remark or ''}")
-    return reply
+    return await _call(await _leader(addresses), code, fields, body, ok=ok)
 
 
 @admin_app.command("controller-metadata")
 def controller_metadata(controller: str = controller_option(),
                         as_json: bool = json_option()) -> None:
     """Who leads the controllers (mqadmin getControllerMetaData)."""
-    from ..remoting import open_remoting_client
-
     address = controller.split(";")[0].strip()
 
     async def work() -> dict[str, str]:
-        async with open_remoting_client(address, **client_options()) as client:
-            reply = await client.invoke(RemotingCommand.request(
-                RequestCode.CONTROLLER_GET_METADATA_INFO), TIMEOUT)
-        if reply.code != ResponseCode.SUCCESS:
-            raise _fail(f"controller {address} answered {_code_name(reply.code)}: "
-                        f"{reply.remark or ''}")
+        reply = await _call(address, RequestCode.CONTROLLER_GET_METADATA_INFO)
         return dict(reply.ext_fields)
 
     fields = run_client(work)
@@ -185,14 +184,7 @@ def controller_config(controller: str = controller_option(),
     address = controller.split(";")[0].strip()
 
     async def work() -> dict[str, str]:
-        from ..remoting import open_remoting_client
-
-        async with open_remoting_client(address, **client_options()) as client:
-            reply = await client.invoke(RemotingCommand.request(
-                RequestCode.GET_CONTROLLER_CONFIG), TIMEOUT)
-        if reply.code != ResponseCode.SUCCESS:
-            raise _fail(f"controller {address} answered {_code_name(reply.code)}: "
-                        f"{reply.remark or ''}")
+        reply = await _call(address, RequestCode.GET_CONTROLLER_CONFIG)
         return dict(parse_properties_text(reply.body.decode("utf-8", "replace")))
 
     table = run_client(work)
