@@ -220,6 +220,20 @@ async def test_the_acl_settings_are_read_and_a_missing_file_stops_the_start(tmp_
     assert len(refused) == 1 and "absent.yml" in refused[0], refused
 
 
+def start_acl_controller_and_namesrv(tmp_path: Path, logs: str, nodes: list[NodeProcess]
+                                     ) -> tuple[NodeProcess, NodeProcess]:
+    """An ACL controller (memory store) and a name server as processes, added to ``nodes``
+    (which the caller stops)."""
+    ctl = NodeProcess.start("ctl", {"kind": "controller", "log_level": "INFO", "properties": {
+        "controllerType": "memory", "listenPort": str(free_broker_port()),
+        "aclEnable": "true", "plainAclFile": acl_file(tmp_path)}}, log_dir=logs)
+    nodes.append(ctl)
+    namesrv = NodeProcess.start("ns", {"kind": "namesrv", "port": free_broker_port()},
+                                log_dir=logs)
+    nodes.append(namesrv)
+    return ctl, namesrv
+
+
 def test_our_brokers_sign_and_fail_over_under_an_acl_controller(tmp_path):
     """A controller process with aclEnable and two of our brokers signing with
     innerClientAuthenticationCredentials (an admin account): the first is master, the
@@ -232,13 +246,7 @@ def test_our_brokers_sign_and_fail_over_under_an_acl_controller(tmp_path):
     addrs = [f"127.0.0.1:{p}" for p in ports]
     nodes: list[NodeProcess] = []
     try:
-        ctl = NodeProcess.start("ctl", {"kind": "controller", "log_level": "INFO", "properties": {
-            "controllerType": "memory", "listenPort": str(free_broker_port()),
-            "aclEnable": "true", "plainAclFile": acl_file(tmp_path)}}, log_dir=logs)
-        nodes.append(ctl)
-        namesrv = NodeProcess.start("ns", {"kind": "namesrv", "port": free_broker_port()},
-                                    log_dir=logs)
-        nodes.append(namesrv)
+        ctl, namesrv = start_acl_controller_and_namesrv(tmp_path, logs, nodes)
         credentials = json.dumps({"accessKey": ADMIN.access_key,
                                   "secretKey": ADMIN.secret_key})
 
@@ -361,13 +369,7 @@ def test_real_5_3_3_brokers_sign_their_requests_to_an_acl_controller(rocketmq5, 
     nodes: list[NodeProcess] = []
     java = []
     try:
-        ctl = NodeProcess.start("ctl", {"kind": "controller", "log_level": "INFO", "properties": {
-            "controllerType": "memory", "listenPort": str(free_broker_port()),
-            "aclEnable": "true", "plainAclFile": acl_file(tmp_path)}}, log_dir=logs)
-        nodes.append(ctl)
-        namesrv = NodeProcess.start("ns", {"kind": "namesrv", "port": free_broker_port()},
-                                    log_dir=logs)
-        nodes.append(namesrv)
+        ctl, namesrv = start_acl_controller_and_namesrv(tmp_path, logs, nodes)
 
         def broker(i: int, signed: bool) -> None:
             properties: dict[str, object] = {

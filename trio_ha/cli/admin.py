@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
@@ -100,6 +100,12 @@ def emit(rows: Rows, *, as_json: bool, title: str | None = None,
         table.add_row(*("" if row.get(n) is None else str(row.get(n)) for n in names))
     # A pipe or a file gets the whole table, not one folded to 80 columns.
     Console(width=None if sys.stdout.isatty() else 240).print(table)
+
+
+def emit_fields(fields: Mapping[str, Any], *, as_json: bool, title: str | None = None) -> None:
+    """Print a mapping as key/value rows, sorted by key (``emit``)."""
+    emit([{"key": k, "value": v} for k, v in sorted(fields.items())], as_json=as_json,
+         title=title)
 
 
 def tps_text(put_tps: object) -> str | None:
@@ -352,8 +358,7 @@ def broker_status(broker: str = typer.Option(..., "-b", "--broker", help="broker
             return await admin.runtime_info(broker)
 
     table = run_client(work)
-    emit([{"key": k, "value": v} for k, v in sorted(table.items())], as_json=as_json,
-         title=f"broker {broker}")
+    emit_fields(table, as_json=as_json, title=f"broker {broker}")
 
 
 _alias(broker_status, "brokerStatus")
@@ -370,8 +375,7 @@ def broker_config(broker: str = typer.Option(..., "-b", "--broker", help="broker
             return await admin.broker_config(broker)
 
     table = run_client(work)
-    emit([{"key": k, "value": v} for k, v in sorted(table.items())], as_json=as_json,
-         title=f"config of {broker}")
+    emit_fields(table, as_json=as_json, title=f"config of {broker}")
 
 
 _alias(broker_config, "getBrokerConfig")
@@ -687,8 +691,7 @@ def kv_config(namespace: str = typer.Option(..., "-s", "--namespace",
             return await admin.kv_config(namespace)
 
     entries = run_client(work)
-    emit([{"key": k, "value": v} for k, v in sorted(entries.items())], as_json=as_json,
-         title=namespace)
+    emit_fields(entries, as_json=as_json, title=namespace)
 
 
 @admin_app.command("namesrv-config")

@@ -18,7 +18,7 @@ import typer
 
 from ..wire.remoting import RemotingCommand, RequestCode, ResponseCode
 from ._app import client_options
-from .admin import _alias, _fail, admin_app, emit, json_option, run_client
+from .admin import _alias, _fail, admin_app, emit, emit_fields, json_option, run_client
 
 #: each request to a controller is bounded by this (s)
 TIMEOUT = 10.0
@@ -87,8 +87,7 @@ def controller_metadata(controller: str = controller_option(),
         return dict(reply.ext_fields)
 
     fields = run_client(work)
-    emit([{"key": k, "value": v} for k, v in sorted(fields.items())], as_json=as_json,
-         title=f"controller {address}")
+    emit_fields(fields, as_json=as_json, title=f"controller {address}")
 
 
 _alias(controller_metadata, "getControllerMetaData")
@@ -141,8 +140,7 @@ def elect_master(controller: str = controller_option(),
         return dict(reply.ext_fields)
 
     fields = run_client(work)
-    emit([{"key": k, "value": v} for k, v in sorted(fields.items())], as_json=as_json,
-         title=f"{broker_name}: elected")
+    emit_fields(fields, as_json=as_json, title=f"{broker_name}: elected")
 
 
 _alias(elect_master, "electMaster")
@@ -188,8 +186,7 @@ def controller_config(controller: str = controller_option(),
         return dict(parse_properties_text(reply.body.decode("utf-8", "replace")))
 
     table = run_client(work)
-    emit([{"key": k, "value": v} for k, v in sorted(table.items())], as_json=as_json,
-         title=f"controller {address}")
+    emit_fields(table, as_json=as_json, title=f"controller {address}")
 
 
 _alias(controller_config, "getControllerConfig")
