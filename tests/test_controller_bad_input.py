@@ -620,15 +620,18 @@ async def test_slow_etcd_answers_stay_true(etcd3):
     async with open_controller(etcd_config(etcd3)) as ctl:
         await wait_until(lambda: _leading(ctl), "the controller leading", timeout=20)
         async with a_set(ctl, in_sync=False) as (admin, b1, b2, nursery):
+            paused = trio.Event()
+
             async def hiccup() -> None:
                 _pause_all(etcd3)
+                paused.set()
                 try:
-                    await trio.sleep(1.0)
+                    await trio.sleep(1.0)  # (how long etcd is slow)
                 finally:
                     _resume_all(etcd3)
 
             nursery.start_soon(hiccup)
-            await trio.sleep(0.1)
+            await paused.wait()
             asked = trio.current_time()
             with trio.fail_after(60):
                 reply = await alter(b1.client, {1, 2}, set_epoch=1, timeout=60)
